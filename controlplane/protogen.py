@@ -1,0 +1,88 @@
+"""Regenerate the committed protobuf/gRPC modules from ``proto/``.
+
+Run ``python -m controlplane.protogen`` after editing a ``.proto`` file; a test
+regenerates into a temporary directory and fails if the committed files differ.
+
+protoc emits absolute imports named after the proto package
+(``from burstgate.v1 import x_pb2``); we generate under
+``controlplane/_proto/`` so the import path keeps the proto package's shape,
+and rewrite those imports to ``controlplane._proto.burstgate.v1`` so the
+package needs no ``sys.path`` tricks.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_DIR = ROOT / "proto"
+OUT_DIR = Path(__file__).resolve().parent / "_proto"
+PACKAGE_PREFIX = "controlplane._proto."
+
+_IMPORT_RE = re.compile(r"^from burstgate\.", re.MULTILINE)
+_IMPORT_RE2 = re.compile(r"^import burstgate\.", re.MULTILINE)
+
+
+def _rewrite(text: str) -> str:
+    text = _IMPORT_RE.sub(f"from {PACKAGE_PREFIX}burstgate.", text)
+    return _IMPORT_RE2.sub(f"import {PACKAGE_PREFIX}burstgate.", text)
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Generate all modules into ``out_dir`` (created); return the files written."""
+    import grpc_tools
+    from grpc_tools import protoc  # test/dev dependency only
+
+    protos = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))
+    well_known = Path(grpc_tools.__file__).parent / "_proto"
+    plugin_dir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [
+            "grpc_tools.protoc",
+            f"-I{PROTO_DIR}",
+            f"-I{well_known}",
+            f"--python_out={tmp}",
+            f"--grpc_python_out={tmp}",
+            f"--plugin=protoc-gen-mypy={plugin_dir / 'protoc-gen-mypy'}",
+            f"--plugin=protoc-gen-mypy_grpc={plugin_dir / 'protoc-gen-mypy_grpc'}",
+            f"--mypy_out={tmp}",
+            f"--mypy_grpc_out={tmp}",
+            *protos,
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError("protoc failed: " + " ".join(args))
+        written: list[Path] = []
+        for src in sorted(Path(tmp).rglob("*")):
+            if src.is_dir() or src.suffix not in {".py", ".pyi"}:
+                continue
+            rel = src.relative_to(tmp)
+            dst = out_dir / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(_rewrite(src.read_text()))
+            written.append(dst)
+        for pkg_dir in {p.parent for p in written} | {out_dir}:
+            d = pkg_dir
+            while True:
+                init = d / "__init__.py"
+                if not init.exists():
+                    init.write_text("")
+                    written.append(init)
+                if d == out_dir:
+                    break
+                d = d.parent
+        return written
+
+
+def main() -> None:
+    if OUT_DIR.exists():
+        shutil.rmtree(OUT_DIR)
+    for path in generate(OUT_DIR):
+        print(path.relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    main()
