@@ -1,0 +1,546 @@
+"""Pure-Python reference of the per-tenant token buckets, quotas and concurrency counters.
+
+This module defines the semantics; ``_buckets_c.pyx`` is the compiled copy and must give
+bit-identical results (the property tests drive both with the same operation sequences).
+All arithmetic is integer fixed point: time in nanoseconds supplied by the caller (the
+table never reads a clock), bucket levels in milli-tokens (mtok), costs and quotas in
+whole tokens.  Integer arguments are converted as the compiled build converts them
+(``operator.index``: ``TypeError`` for floats and other non-integers, ``OverflowError``
+outside int64), so both builds fail alike on bad input too.
+
+Every helper divides only non-negative numbers, because C division truncates toward
+zero where Python's floors; on non-negative operands the two agree.
+"""
+
+from __future__ import annotations
+
+from operator import index as _index
+from typing import TYPE_CHECKING, Final, cast
+
+from fastpath.codes import (
+    MAX_BURST_MTOK,
+    MAX_NOW_NS,
+    MAX_RATE_MTOK_PER_S,
+    MAX_REQUEST_TOKENS,
+    MAX_SLOTS,
+    MTOK_PER_TOKEN,
+    NS_PER_DAY,
+    NS_PER_HOUR,
+    NS_PER_S,
+    RETRY_AFTER_NS_MAX,
+    Reason,
+)
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import numpy as np
+    import numpy.typing as npt
+    from typing_extensions import Buffer
+
+    # What admit_batch takes: a 1-D int64 buffer (numpy's stubs only declare ndarray a
+    # Buffer from Python 3.12 on, hence the union).
+    Int64Array: TypeAlias = Buffer | npt.NDArray[np.int64]
+
+__all__ = ["AdmitResult", "TokenBucketTable"]
+
+# (reason, reserved_tokens, retry_after_ns, bucket_remaining_tokens, hour_remaining,
+#  day_remaining); reason is a plain int equal to a ``Reason`` value.
+AdmitResult = tuple[int, int, int, int, int, int]
+
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+# Largest whole-second part of a wait that still leaves room for the sub-second part
+# (< 1e9 ns) without passing int64; beyond it the wait saturates at RETRY_AFTER_NS_MAX.
+_WAIT_S_MAX: Final = (_I64_MAX - NS_PER_S) // NS_PER_S
+_OK: Final = int(Reason.OK)
+_TOKEN_RATE: Final = int(Reason.TOKEN_RATE)
+_HOURLY_QUOTA: Final = int(Reason.HOURLY_QUOTA)
+_DAILY_QUOTA: Final = int(Reason.DAILY_QUOTA)
+_CONCURRENCY: Final = int(Reason.CONCURRENCY)
+_MAX_TOKENS: Final = int(Reason.MAX_TOKENS)
+# Buffer formats that are a native signed 64-bit integer (numpy int64 shows as "l").
+_I64_FORMATS: Final = frozenset({"q", "@q", "=q", "l", "@l"})
+
+
+def _i64(value: int) -> int:
+    """``value`` as a plain int, failing like a C ``long long`` parameter would."""
+    v = _index(value)
+    if not _I64_MIN <= v <= _I64_MAX:
+        raise OverflowError(f"{v} does not fit in a signed 64-bit integer")
+    return v
+
+
+def _check_now(name: str, now_ns: int) -> None:
+    if not 0 <= now_ns <= MAX_NOW_NS:
+        raise ValueError(f"{name} must be in [0, {MAX_NOW_NS}], got {now_ns}")
+
+
+def _check_tokens(name: str, tokens: int) -> None:
+    if not 0 <= tokens <= MAX_REQUEST_TOKENS:
+        raise ValueError(f"{name} must be in [0, {MAX_REQUEST_TOKENS}], got {tokens}")
+
+
+def _i64_view(obj: Int64Array, name: str, writable: bool) -> memoryview:
+    try:
+        view = memoryview(cast("Buffer", obj))  # ndarray is a Buffer at runtime
+    except TypeError as exc:
+        raise TypeError(f"{name} must be a 1-D int64 buffer (numpy int64 or array('q'))") from exc
+    if view.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got {view.ndim} dimensions")
+    if view.itemsize != 8 or view.format not in _I64_FORMATS:
+        raise ValueError(f"{name} must hold int64 items, got format {view.format!r}")
+    if writable and view.readonly:
+        raise ValueError(f"{name} is read-only")
+    return view
+
+
+class _Slot:
+    """One tenant's bucket, quota windows and in-flight counters (all ints)."""
+
+    __slots__ = (
+        "burst",
+        "daily_quota",
+        "day_idx",
+        "day_used",
+        "hour_idx",
+        "hour_used",
+        "hourly_quota",
+        "inflight",
+        "inflight_tokens",
+        "last_ns",
+        "level",
+        "max_concurrency",
+        "max_tokens_per_request",
+        "rate",
+        "rem",
+    )
+
+    def __init__(self, now_ns: int, rate: int, burst: int) -> None:
+        self.rate = rate  # refill, mtok per second
+        self.burst = burst  # capacity, mtok
+        self.hourly_quota = 0  # tokens per UTC hour, 0 = unlimited
+        self.daily_quota = 0  # tokens per UTC day, 0 = unlimited
+        self.max_concurrency = 0  # requests in flight, 0 = unlimited
+        self.max_tokens_per_request = 0  # cap on the generation estimate, 0 = none
+        self.level = burst  # mtok; in [-burst, burst], negative while in debt
+        self.rem = 0  # refill remainder, mtok*ns/1e9, in [0, 1e9); 0 when full
+        self.last_ns = now_ns  # refilled up to here; never moves backwards
+        self.hour_idx = now_ns // NS_PER_HOUR
+        self.hour_used = 0
+        self.day_idx = now_ns // NS_PER_DAY
+        self.day_used = 0
+        self.inflight = 0
+        self.inflight_tokens = 0
+
+
+def _refill(s: _Slot, now_ns: int) -> None:
+    """Bring ``s.level`` up to ``now_ns``; exact, carrying the sub-mtok remainder.
+
+    Path independent: refilling to t1 then to t2 gives the same state as refilling to
+    t2 at once, which is what makes ``retry_after_ns`` exact.
+    """
+    if now_ns <= s.last_ns:
+        return  # time never goes backwards; last_ns is not moved back
+    dt = now_ns - s.last_ns
+    s.last_ns = now_ns
+    burst = s.burst
+    level = s.level
+    if level >= burst:
+        s.rem = 0
+        return
+    secs = dt // NS_PER_S
+    sub_ns = dt - secs * NS_PER_S
+    rate = s.rate
+    # burst - level > 0 and <= 2 * MAX_BURST_MTOK; past this many seconds the bucket is full
+    # whatever the remainder, and stopping here keeps rate * secs below 2e15.
+    if secs >= (burst - level) // rate + 1:
+        s.level = burst
+        s.rem = 0
+        return
+    acc = rate * sub_ns + s.rem  # < 1e18 + 1e9
+    level += rate * secs + acc // NS_PER_S
+    if level >= burst:
+        s.level = burst
+        s.rem = 0
+    else:
+        s.level = level
+        s.rem = acc % NS_PER_S
+
+
+def _roll_windows(s: _Slot, now_ns: int) -> None:
+    """Start a new UTC hour/day quota window if ``now_ns`` is past the stored one."""
+    hour_idx = now_ns // NS_PER_HOUR
+    if hour_idx > s.hour_idx:
+        s.hour_idx = hour_idx
+        s.hour_used = 0
+    day_idx = now_ns // NS_PER_DAY
+    if day_idx > s.day_idx:
+        s.day_idx = day_idx
+        s.day_used = 0
+
+
+def _token_wait_ns(s: _Slot, need_mtok: int, now_ns: int) -> int:
+    """Smallest ns after ``now_ns`` at which ``_refill`` brings the level to ``need_mtok``.
+
+    The refill adds floor((rate * t + rem) / 1e9) mtok over t ns, so the answer is
+    ceil((deficit * 1e9 - rem) / rate), computed as q * 1e9 + ceil((m * 1e9 - rem) / rate)
+    with q, m = divmod(deficit, rate) so no product passes int64.  When the clock went
+    backwards (now < last_ns) nothing refills until last_ns, so that gap is added.
+    """
+    deficit = need_mtok - s.level  # > 0, <= 2 * MAX_BURST_MTOK
+    rate = s.rate
+    q = deficit // rate
+    m = deficit - q * rate
+    if q > _WAIT_S_MAX:
+        return RETRY_AFTER_NS_MAX
+    x = m * NS_PER_S - s.rem  # in (-1e9, 1e18); when negative, q >= 1 as deficit * 1e9 > rem
+    # ceil(x / rate), dividing only non-negative numbers.
+    wait = q * NS_PER_S + ((x + rate - 1) // rate if x >= 0 else -((-x) // rate))
+    if s.last_ns > now_ns:
+        gap = s.last_ns - now_ns
+        if wait > RETRY_AFTER_NS_MAX - gap:
+            return RETRY_AFTER_NS_MAX
+        wait += gap
+    return wait
+
+
+def _decide(s: _Slot, now_ns: int, prompt_tokens: int, max_tokens: int) -> AdmitResult:
+    """One admission decision; charges the slot only when the answer is OK."""
+    _refill(s, now_ns)
+    _roll_windows(s, now_ns)
+    per_request = s.max_tokens_per_request
+    estimate = max_tokens if per_request == 0 or max_tokens < per_request else per_request
+    hourly = s.hourly_quota
+    daily = s.daily_quota
+    reason = _OK
+    cost = 0
+    retry_ns = 0
+    if (
+        prompt_tokens > MAX_REQUEST_TOKENS
+        or estimate > MAX_REQUEST_TOKENS - prompt_tokens
+        or (per_request > 0 and prompt_tokens > per_request)
+    ):
+        reason = _MAX_TOKENS
+    else:
+        cost = prompt_tokens + estimate
+        need = cost * MTOK_PER_TOKEN
+        if need > s.burst or (0 < daily < cost) or (0 < hourly < cost):
+            reason = _MAX_TOKENS
+        elif daily > 0 and s.day_used + cost > daily:
+            reason = _DAILY_QUOTA
+            retry_ns = (s.day_idx + 1) * NS_PER_DAY - now_ns
+        elif hourly > 0 and s.hour_used + cost > hourly:
+            reason = _HOURLY_QUOTA
+            retry_ns = (s.hour_idx + 1) * NS_PER_HOUR - now_ns
+        elif s.max_concurrency > 0 and s.inflight >= s.max_concurrency:
+            reason = _CONCURRENCY
+        elif s.level < need:
+            reason = _TOKEN_RATE
+            retry_ns = _token_wait_ns(s, need, now_ns)
+        else:
+            s.level -= need
+            s.hour_used += cost
+            s.day_used += cost
+            s.inflight += 1
+            s.inflight_tokens += cost
+    if reason != _OK:
+        cost = 0
+    level = s.level
+    return (
+        reason,
+        cost,
+        retry_ns,
+        level // MTOK_PER_TOKEN if level > 0 else 0,
+        (hourly - s.hour_used if s.hour_used < hourly else 0) if hourly > 0 else -1,
+        (daily - s.day_used if s.day_used < daily else 0) if daily > 0 else -1,
+    )
+
+
+class TokenBucketTable:
+    """Per-tenant token buckets, UTC hour/day quotas and concurrency counters.
+
+    Tenants live in small-integer *slots* chosen by the caller.  The table grows when a
+    slot at or past its capacity is configured.  Not thread-safe: one event loop owns it.
+    """
+
+    __slots__ = ("_slots", "_total_inflight_tokens")
+
+    def __init__(self, capacity: int = 64) -> None:
+        capacity = _i64(capacity)
+        if not 1 <= capacity <= MAX_SLOTS:
+            raise ValueError(f"capacity must be in [1, {MAX_SLOTS}], got {capacity}")
+        self._slots: list[_Slot | None] = [None] * capacity
+        self._total_inflight_tokens = 0
+
+    @property
+    def capacity(self) -> int:
+        """Number of slots allocated (configured or not)."""
+        return len(self._slots)
+
+    def _get(self, slot: int) -> _Slot:
+        if 0 <= slot < len(self._slots):
+            s = self._slots[slot]
+            if s is not None:
+                return s
+        raise KeyError(f"slot {slot} is not configured")
+
+    def configure(
+        self,
+        slot: int,
+        now_ns: int,
+        rate_mtok_per_s: int,
+        burst_mtok: int,
+        hourly_quota: int,
+        daily_quota: int,
+        max_concurrency: int,
+        max_tokens_per_request: int,
+    ) -> None:
+        """Create or live-reconfigure ``slot``; a new slot starts with a full bucket.
+
+        Reconfiguring keeps the bucket (refilled to ``now_ns`` at the old rate, then
+        clamped into [-new burst, new burst]), the quota counters and the in-flight counts.
+        """
+        slot = _i64(slot)
+        now_ns = _i64(now_ns)
+        rate = _i64(rate_mtok_per_s)
+        burst = _i64(burst_mtok)
+        hourly_quota = _i64(hourly_quota)
+        daily_quota = _i64(daily_quota)
+        max_concurrency = _i64(max_concurrency)
+        max_tokens_per_request = _i64(max_tokens_per_request)
+        if not 0 <= slot < MAX_SLOTS:
+            raise ValueError(f"slot must be in [0, {MAX_SLOTS}), got {slot}")
+        _check_now("now_ns", now_ns)
+        if not 1 <= rate <= MAX_RATE_MTOK_PER_S:
+            raise ValueError(f"rate_mtok_per_s must be in [1, {MAX_RATE_MTOK_PER_S}], got {rate}")
+        if not MTOK_PER_TOKEN <= burst <= MAX_BURST_MTOK:
+            raise ValueError(
+                f"burst_mtok must be in [{MTOK_PER_TOKEN}, {MAX_BURST_MTOK}], got {burst}"
+            )
+        if hourly_quota < 0:
+            raise ValueError(f"hourly_quota must be >= 0 (0 = unlimited), got {hourly_quota}")
+        if daily_quota < 0:
+            raise ValueError(f"daily_quota must be >= 0 (0 = unlimited), got {daily_quota}")
+        if max_concurrency < 0:
+            raise ValueError(f"max_concurrency must be >= 0 (0 = unlimited), got {max_concurrency}")
+        if not 0 <= max_tokens_per_request <= MAX_REQUEST_TOKENS:
+            raise ValueError(
+                f"max_tokens_per_request must be in [0, {MAX_REQUEST_TOKENS}] (0 = no cap), "
+                f"got {max_tokens_per_request}"
+            )
+        if slot >= len(self._slots):
+            new_capacity = max(slot + 1, min(2 * len(self._slots), MAX_SLOTS))
+            self._slots.extend([None] * (new_capacity - len(self._slots)))
+        s = self._slots[slot]
+        if s is None:
+            s = _Slot(now_ns, rate, burst)
+            self._slots[slot] = s
+        else:
+            _refill(s, now_ns)  # at the old rate, up to now
+            s.rate = rate
+            s.burst = burst
+            if s.level >= burst:
+                s.level = burst
+                s.rem = 0
+            elif s.level < -burst:
+                s.level = -burst
+        s.hourly_quota = hourly_quota
+        s.daily_quota = daily_quota
+        s.max_concurrency = max_concurrency
+        s.max_tokens_per_request = max_tokens_per_request
+
+    def is_configured(self, slot: int) -> bool:
+        slot = _i64(slot)
+        return 0 <= slot < len(self._slots) and self._slots[slot] is not None
+
+    def remove(self, slot: int) -> None:
+        """Forget ``slot``; configuring it again starts a fresh, full bucket."""
+        slot = _i64(slot)
+        s = self._get(slot)
+        self._total_inflight_tokens -= s.inflight_tokens
+        self._slots[slot] = None
+
+    def admit(self, slot: int, now_ns: int, prompt_tokens: int, max_tokens: int) -> AdmitResult:
+        """Decide one request; on OK its cost is reserved (taken from bucket and quotas).
+
+        Returns ``(reason, reserved_tokens, retry_after_ns, bucket_remaining_tokens,
+        hour_remaining, day_remaining)``; the remaining quotas are -1 when unlimited.
+        """
+        slot = _i64(slot)
+        now_ns = _i64(now_ns)
+        prompt_tokens = _i64(prompt_tokens)
+        max_tokens = _i64(max_tokens)
+        _check_now("now_ns", now_ns)
+        if prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens must be >= 0, got {prompt_tokens}")
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        result = _decide(self._get(slot), now_ns, prompt_tokens, max_tokens)
+        self._total_inflight_tokens += result[1]
+        return result
+
+    def admit_batch(
+        self,
+        now_ns: int,
+        slots: Int64Array,
+        prompt: Int64Array,
+        max_tokens: Int64Array,
+        out_reason: Int64Array,
+        out_reserved: Int64Array,
+        out_retry_ns: Int64Array,
+        out_bucket_rem: Int64Array,
+        out_hour_rem: Int64Array,
+        out_day_rem: Int64Array,
+    ) -> int:
+        """``admit`` for each entry in order; returns how many were admitted.
+
+        All arrays are 1-D int64 of one length (numpy int64 or ``array('q')``).  Entries
+        with a negative slot are skipped and their outputs left untouched.  Bad input
+        (negative tokens, unconfigured slot) raises before any entry is decided.
+        """
+        now_ns = _i64(now_ns)
+        v_slots = _i64_view(slots, "slots", False)
+        v_prompt = _i64_view(prompt, "prompt", False)
+        v_max = _i64_view(max_tokens, "max_tokens", False)
+        outs = [
+            _i64_view(out_reason, "out_reason", True),
+            _i64_view(out_reserved, "out_reserved", True),
+            _i64_view(out_retry_ns, "out_retry_ns", True),
+            _i64_view(out_bucket_rem, "out_bucket_rem", True),
+            _i64_view(out_hour_rem, "out_hour_rem", True),
+            _i64_view(out_day_rem, "out_day_rem", True),
+        ]
+        n = len(v_slots)
+        if len(v_prompt) != n or len(v_max) != n or any(len(v) != n for v in outs):
+            raise ValueError("admit_batch arrays must all have the same length")
+        _check_now("now_ns", now_ns)
+        slot_list: list[int] = v_slots.tolist()
+        prompt_list: list[int] = v_prompt.tolist()
+        max_list: list[int] = v_max.tolist()
+        for i in range(n):
+            if slot_list[i] < 0:
+                continue
+            if prompt_list[i] < 0:
+                raise ValueError(f"prompt[{i}] must be >= 0, got {prompt_list[i]}")
+            if max_list[i] < 0:
+                raise ValueError(f"max_tokens[{i}] must be >= 0, got {max_list[i]}")
+            self._get(slot_list[i])
+        admitted = 0
+        for i in range(n):
+            slot = slot_list[i]
+            if slot < 0:
+                continue
+            result = _decide(self._get(slot), now_ns, prompt_list[i], max_list[i])
+            for out, value in zip(outs, result, strict=True):
+                out[i] = value
+            self._total_inflight_tokens += result[1]
+            if result[0] == _OK:
+                admitted += 1
+        return admitted
+
+    def settle(
+        self,
+        slot: int,
+        now_ns: int,
+        reserved_tokens: int,
+        actual_tokens: int,
+        admitted_ns: int,
+    ) -> int:
+        """Report a finished request's real usage; returns the refunded tokens (>= 0).
+
+        Unused tokens go back to the bucket and, if still in the window they were charged
+        to, to the quotas.  Overuse is charged extra, the bucket going at most ``burst``
+        into debt.  The request stops counting as in flight.
+        """
+        slot = _i64(slot)
+        now_ns = _i64(now_ns)
+        reserved_tokens = _i64(reserved_tokens)
+        actual_tokens = _i64(actual_tokens)
+        admitted_ns = _i64(admitted_ns)
+        _check_now("now_ns", now_ns)
+        _check_tokens("reserved_tokens", reserved_tokens)
+        _check_tokens("actual_tokens", actual_tokens)
+        _check_now("admitted_ns", admitted_ns)
+        s = self._get(slot)
+        _refill(s, now_ns)
+        _roll_windows(s, now_ns)
+        refund = 0
+        if actual_tokens < reserved_tokens:
+            refund = reserved_tokens - actual_tokens
+            level = s.level + refund * MTOK_PER_TOKEN
+            if level >= s.burst:
+                s.level = s.burst
+                s.rem = 0
+            else:
+                s.level = level
+            if admitted_ns // NS_PER_HOUR == s.hour_idx:
+                s.hour_used = s.hour_used - refund if s.hour_used > refund else 0
+            if admitted_ns // NS_PER_DAY == s.day_idx:
+                s.day_used = s.day_used - refund if s.day_used > refund else 0
+        elif actual_tokens > reserved_tokens:
+            extra = actual_tokens - reserved_tokens
+            level = s.level - extra * MTOK_PER_TOKEN
+            s.level = level if level > -s.burst else -s.burst
+            s.hour_used += extra
+            s.day_used += extra
+        self._finish(s, reserved_tokens)
+        return refund
+
+    def release(self, slot: int, now_ns: int, reserved_tokens: int) -> None:
+        """Drop an expired, never-settled reservation: no refund, just not in flight."""
+        slot = _i64(slot)
+        now_ns = _i64(now_ns)
+        reserved_tokens = _i64(reserved_tokens)
+        _check_now("now_ns", now_ns)
+        _check_tokens("reserved_tokens", reserved_tokens)
+        s = self._get(slot)
+        _refill(s, now_ns)
+        self._finish(s, reserved_tokens)
+
+    def _finish(self, s: _Slot, reserved_tokens: int) -> None:
+        if s.inflight > 0:
+            s.inflight -= 1
+        dec = reserved_tokens if reserved_tokens < s.inflight_tokens else s.inflight_tokens
+        s.inflight_tokens -= dec
+        self._total_inflight_tokens -= dec
+
+    def level_mtok(self, slot: int, now_ns: int) -> int:
+        """Bucket level in mtok after refilling to ``now_ns`` (negative while in debt)."""
+        slot = _i64(slot)
+        now_ns = _i64(now_ns)
+        _check_now("now_ns", now_ns)
+        s = self._get(slot)
+        _refill(s, now_ns)
+        return s.level
+
+    def inflight(self, slot: int) -> int:
+        return self._get(_i64(slot)).inflight
+
+    def inflight_tokens(self, slot: int) -> int:
+        return self._get(_i64(slot)).inflight_tokens
+
+    def total_inflight_tokens(self) -> int:
+        """Tokens reserved by in-flight requests over all configured slots."""
+        return self._total_inflight_tokens
+
+    def snapshot(self, slot: int) -> dict[str, int]:
+        """Every state and config field of ``slot`` (no refill; a pure read)."""
+        s = self._get(_i64(slot))
+        return {
+            "rate_mtok_per_s": s.rate,
+            "burst_mtok": s.burst,
+            "hourly_quota": s.hourly_quota,
+            "daily_quota": s.daily_quota,
+            "max_concurrency": s.max_concurrency,
+            "max_tokens_per_request": s.max_tokens_per_request,
+            "level_mtok": s.level,
+            "rem": s.rem,
+            "last_ns": s.last_ns,
+            "hour_idx": s.hour_idx,
+            "hour_used": s.hour_used,
+            "day_idx": s.day_idx,
+            "day_used": s.day_used,
+            "inflight": s.inflight,
+            "inflight_tokens": s.inflight_tokens,
+        }

@@ -1,0 +1,60 @@
+"""Decision reasons and the fixed-point units and limits shared by both fastpath builds.
+
+Every number the bucket arithmetic depends on lives here.  The compiled module
+(`_buckets_c.pyx`) repeats them as C constants because C arithmetic needs them at
+compile time; a unit test asserts the two copies agree.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Final
+
+__all__ = [
+    "MAX_BURST_MTOK",
+    "MAX_NOW_NS",
+    "MAX_RATE_MTOK_PER_S",
+    "MAX_REQUEST_TOKENS",
+    "MAX_SLOTS",
+    "MTOK_PER_TOKEN",
+    "NS_PER_DAY",
+    "NS_PER_HOUR",
+    "NS_PER_S",
+    "RETRY_AFTER_NS_MAX",
+    "Reason",
+]
+
+
+class Reason(IntEnum):
+    """Why an admission was refused (``OK`` when it was not).
+
+    0-5 are produced by the fastpath; 6+ are reserved for the service layer and
+    defined here only so that the numbering lives in one place.
+    """
+
+    OK = 0
+    TOKEN_RATE = 1  # the token bucket holds less than the request's cost
+    HOURLY_QUOTA = 2  # the current UTC hour's token quota would be exceeded
+    DAILY_QUOTA = 3  # the current UTC day's token quota would be exceeded
+    CONCURRENCY = 4  # the tenant already has max_concurrency requests in flight
+    MAX_TOKENS = 5  # the request can never be admitted (too large for some limit)
+    UNKNOWN_TENANT = 6  # service layer only: no such tenant
+    TENANT_DISABLED = 7  # service layer only: tenant exists but is switched off
+
+
+# Time is integer nanoseconds (the caller's clock, e.g. time.time_ns()).
+NS_PER_S: Final = 1_000_000_000
+NS_PER_HOUR: Final = 3_600 * NS_PER_S
+NS_PER_DAY: Final = 86_400 * NS_PER_S  # quota days are UTC days: epoch-aligned, no leap seconds
+
+# Bucket levels are integer milli-tokens, so fractional refill never needs floats.
+MTOK_PER_TOKEN: Final = 1_000
+
+# Limits.  Each keeps every int64 product and sum in the bucket arithmetic in range,
+# so the C build never overflows and agrees bit for bit with Python's big ints.
+MAX_RATE_MTOK_PER_S: Final = 1_000_000_000  # 1e6 tokens/s; rate * (ns < 1e9) stays < 1e18
+MAX_BURST_MTOK: Final = 10**15  # 1e12 tokens; levels stay in [-1e15, 1e15], deficits < 2e15
+MAX_REQUEST_TOKENS: Final = 10_000_000  # cap on prompt+estimate; cost * 1000 <= 1e10, sums tiny
+MAX_NOW_NS: Final = 2**62  # year 2116; now + a day (next-window start) stays below 2**63
+MAX_SLOTS: Final = 1 << 20  # slots are tenant indexes; caps the C slot array at 128 MiB
+RETRY_AFTER_NS_MAX: Final = 2**63 - 1  # a wait beyond int64 ns (292 years) saturates: "never"
