@@ -1,0 +1,3 @@
+from controlplane.cli import main
+
+main()

@@ -1,0 +1,103 @@
+"""Plain data the service layer speaks: tenant and lane configuration,
+decisions and settlements. No protobuf, no ORM."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from decimal import Decimal
+
+from fastpath import Reason
+
+# Identifier limits at the edge: long enough for UUIDs and prefixed ids, short
+# enough that a hostile caller cannot make us keep megabytes per request.
+MAX_ID_LEN = 128
+MAX_MODEL_LEN = 256
+# The fast path's own bound (fastpath.codes.MAX_REQUEST_TOKENS): anything
+# larger is a client bug, not a real LLM request.
+MAX_TOKENS_PER_FIELD = 10_000_000
+
+
+class Decision(enum.IntEnum):
+    # Same numbering as burstgate.v1.Decision.
+    ADMIT = 1
+    REJECT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class LaneConfig:
+    name: str
+    priority: int
+    weight: Decimal
+    wait_target_ms: int
+    fail_open: bool
+    degradable: bool
+    max_queued: int | None = None  # None = the policy's lane_queue_limit
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """A tenant's limits; ``None`` means unlimited."""
+
+    tenant_id: str
+    token_rate: Decimal  # tokens per second
+    burst_tokens: int
+    enabled: bool = True
+    hourly_quota: int | None = None
+    daily_quota: int | None = None
+    max_concurrency: int | None = None
+    max_queued: int | None = None
+    max_tokens_per_request: int | None = None
+    default_lane: str = "standard"
+    shadow_mode: bool = False
+    dedicated_quota: int | None = None
+    fallback_model: str | None = None
+    display_name: str = ""
+    max_wait_ms: int | None = None  # None = the lane's wait target
+    long_request_tokens: int | None = None  # None = the policy's threshold
+    demote_long_requests: bool = True
+
+    @property
+    def rate_mtok_per_s(self) -> int:
+        # The fast path counts milli-tokens; token_rate has 3 decimals.
+        return int(self.token_rate * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitDecision:
+    request_id: str
+    decision: Decision
+    reason: Reason
+    retry_after_ns: int
+    reserved_tokens: int
+    reservation_id: int
+    granted_max_tokens: int
+    bucket_remaining: int
+    hourly_remaining: int
+    daily_remaining: int
+    lane: str
+    message: str = ""
+    duplicate: bool = False
+    pricing_multiplier: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    request_id: str
+    reserved_tokens: int
+    actual_tokens: int
+    refunded_tokens: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    pool: str
+    engine_id: str
+    batch_tokens: int
+    max_batch_tokens: int
+    queue_depth: int
+    queue_capacity: int
+    kv_cache_miss_rate: float
+    gpu_utilization: float
+    received_ns: int

@@ -1,0 +1,30 @@
+"""Domain errors. The RPC adapters map them to gRPC status codes in one
+place (controlplane/rpc/errors.py); nothing below the adapters knows gRPC."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base class: the call itself failed (as opposed to a denial, which is data)."""
+
+
+class InvalidArgument(DomainError):
+    """Bad input; ``field`` names the offending request field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class NotFound(DomainError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class FailedPrecondition(DomainError):
+    pass
+
+
+class AlreadyExists(DomainError):
+    pass

@@ -1,0 +1,81 @@
+"""The burst-shaping policy: backpressure, degradation, queue bounds, shadow
+mode and the global watermark (SPEC sections 1-2).
+
+Defaults live here (they are the spec's defaults); ``BURSTGATE_POLICY__<KEY>``
+environment variables override them at start, and operators override them
+live through the ``policy_overrides`` table (admin API / CLI). The effective
+policy is validated as a whole, so a bad combination (weights that do not sum
+to 1, a soft threshold above the hard one) is refused naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controlplane.errors import InvalidArgument
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # B = alpha*batch_tokens/max_batch_tokens + beta*queue_depth/queue_capacity
+    #   + gamma*kv_cache_miss_rate  (SPEC section 2; alpha + beta + gamma = 1)
+    bp_alpha: float = Field(default=0.4, ge=0, le=1)
+    bp_beta: float = Field(default=0.3, ge=0, le=1)
+    bp_gamma: float = Field(default=0.3, ge=0, le=1)
+    # Between soft and hard the lowest lanes are held in their queues, lowest
+    # first; above hard, non-premium lanes are refused with BACKPRESSURE.
+    bp_soft_threshold: float = Field(default=0.70, ge=0, le=1)
+    bp_hard_threshold: float = Field(default=0.85, ge=0, le=1)
+    # Cap on the retry_after of a BACKPRESSURE refusal (seconds).
+    bp_retry_cap_s: float = Field(default=30.0, gt=0, le=3600)
+    # A pool whose load reports are stale (or that never reported): fail_open
+    # ignores backpressure, fail_closed treats the pool as fully loaded.
+    stale_policy: Literal["fail_open", "fail_closed"] = "fail_open"
+
+    # Graceful degradation triggers (per pool) and the instructions given.
+    degrade_queue_depth: int = Field(default=5000, ge=0)
+    degrade_gpu_util: float = Field(default=0.92, ge=0, le=1)
+    degrade_max_tokens: int = Field(default=32000, ge=1)
+    degrade_page_tokens: int = Field(default=1024, ge=1)
+
+    # Sum of all tenants' in-flight (reserved) tokens never passes this; 0 = off.
+    global_inflight_tokens: int = Field(default=0, ge=0)
+    # Shadow mode for everyone: decide and count, but admit.
+    shadow_mode: bool = False
+
+    # Queue bounds: all lanes together, per lane (unless the lane sets its
+    # own), per tenant (unless the tenant sets max_queued).
+    queue_limit: int = Field(default=10_000, ge=0)
+    lane_queue_limit: int = Field(default=5_000, ge=0)
+    tenant_queue_limit: int = Field(default=1_000, ge=0)
+    # Length-aware placement: prompt + max_tokens above this goes to the
+    # lowest lane (tenants may override or opt out).
+    long_request_tokens: int = Field(default=16_000, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        total = self.bp_alpha + self.bp_beta + self.bp_gamma
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"bp_alpha + bp_beta + bp_gamma must be 1, got {total:g}")
+        if self.bp_soft_threshold > self.bp_hard_threshold:
+            raise ValueError("bp_soft_threshold must not exceed bp_hard_threshold")
+        return self
+
+
+POLICY_KEYS = frozenset(Policy.model_fields)
+
+
+def effective_policy(base: Policy, overrides: dict[str, Any]) -> Policy:
+    """``base`` with ``overrides`` applied and the whole re-validated."""
+    unknown = set(overrides) - POLICY_KEYS
+    if unknown:
+        raise InvalidArgument(sorted(unknown)[0], "unknown policy key")
+    try:
+        return Policy.model_validate(base.model_dump() | overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "policy"
+        raise InvalidArgument(field, first["msg"]) from exc

@@ -1,0 +1,188 @@
+"""Config repository: tenants and lanes between the database and the domain."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.errors import AlreadyExists, InvalidArgument, NotFound
+from controlplane.policy import Policy, effective_policy
+from controlplane.store.models import Lane, PolicyOverride, Tenant
+
+# TenantConfig fields that map 1:1 onto Tenant columns.
+TENANT_FIELDS = (
+    "display_name",
+    "enabled",
+    "token_rate",
+    "burst_tokens",
+    "hourly_quota",
+    "daily_quota",
+    "max_concurrency",
+    "max_queued",
+    "max_tokens_per_request",
+    "default_lane",
+    "shadow_mode",
+    "dedicated_quota",
+    "fallback_model",
+    "max_wait_ms",
+    "long_request_tokens",
+    "demote_long_requests",
+)
+LANE_FIELDS = ("priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued")
+# The fast path's bounds (fastpath/codes.py), in tokens.
+MAX_RATE_TOKENS_PER_S = Decimal(1_000_000)
+MAX_BURST_TOKENS = 10**12
+
+
+def tenant_to_domain(row: Tenant) -> TenantConfig:
+    return TenantConfig(tenant_id=row.tenant_id, **{f: getattr(row, f) for f in TENANT_FIELDS})
+
+
+def lane_to_domain(row: Lane) -> LaneConfig:
+    return LaneConfig(name=row.name, **{f: getattr(row, f) for f in LANE_FIELDS})
+
+
+def validate_tenant(cfg: TenantConfig, lanes: Iterable[str]) -> None:
+    """Check a tenant's limits; raise InvalidArgument naming the field."""
+    from controlplane.service.validate import check_id
+
+    check_id("tenant_id", cfg.tenant_id)
+    if not (Decimal("0.001") <= cfg.token_rate <= MAX_RATE_TOKENS_PER_S):
+        raise InvalidArgument(
+            "token_rate", f"must be between 0.001 and {MAX_RATE_TOKENS_PER_S} tokens/s"
+        )
+    if cfg.token_rate != cfg.token_rate.quantize(Decimal("0.001")):
+        raise InvalidArgument("token_rate", "at most 3 decimal places (milli-tokens)")
+    if not (1 <= cfg.burst_tokens <= MAX_BURST_TOKENS):
+        raise InvalidArgument("burst_tokens", f"must be between 1 and {MAX_BURST_TOKENS}")
+    for name in (
+        "hourly_quota",
+        "daily_quota",
+        "max_concurrency",
+        "max_queued",
+        "max_tokens_per_request",
+        "dedicated_quota",
+        "long_request_tokens",
+    ):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise InvalidArgument(name, f"must be > 0 or unset (unlimited), got {value}")
+    if cfg.max_wait_ms is not None and cfg.max_wait_ms < 0:
+        raise InvalidArgument("max_wait_ms", f"must be >= 0 or unset, got {cfg.max_wait_ms}")
+    lane_names = set(lanes)
+    if cfg.default_lane not in lane_names:
+        raise InvalidArgument(
+            "default_lane",
+            f"unknown lane {cfg.default_lane!r}; configured: {', '.join(sorted(lane_names))}",
+        )
+
+
+class ConfigRepository:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def lanes(self) -> list[LaneConfig]:
+        with Session(self.engine) as s:
+            rows = s.scalars(select(Lane).order_by(Lane.priority, Lane.name)).all()
+            return [lane_to_domain(r) for r in rows]
+
+    def tenants(self) -> list[TenantConfig]:
+        with Session(self.engine) as s:
+            rows = s.scalars(select(Tenant).order_by(Tenant.tenant_id)).all()
+            return [tenant_to_domain(r) for r in rows]
+
+    def get_tenant(self, tenant_id: str) -> TenantConfig:
+        with Session(self.engine) as s:
+            row = s.scalar(select(Tenant).where(Tenant.tenant_id == tenant_id))
+            if row is None:
+                raise NotFound("tenant_id", f"unknown tenant {tenant_id!r}")
+            return tenant_to_domain(row)
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        """Cheap change detector the server polls: row counts and newest
+        update time of the config tables."""
+        with Session(self.engine) as s:
+            t = s.execute(select(func.count(Tenant.id), func.max(Tenant.updated_at))).one()
+            la = s.execute(select(func.count(Lane.name), func.max(Lane.updated_at))).one()
+            po = s.execute(
+                select(func.count(PolicyOverride.key), func.max(PolicyOverride.updated_at))
+            ).one()
+            return (*t, *la, *po)
+
+    def add_tenant(self, cfg: TenantConfig) -> TenantConfig:
+        validate_tenant(cfg, (lane.name for lane in self.lanes()))
+        with Session(self.engine) as s:
+            s.add(Tenant(tenant_id=cfg.tenant_id, **{f: getattr(cfg, f) for f in TENANT_FIELDS}))
+            try:
+                s.commit()
+            except IntegrityError as exc:
+                raise AlreadyExists(f"tenant_id: tenant {cfg.tenant_id!r} already exists") from exc
+        return cfg
+
+    def upsert_tenant(self, cfg: TenantConfig) -> bool:
+        """Create or replace a tenant's limits; True when it was created."""
+        validate_tenant(cfg, (lane.name for lane in self.lanes()))
+        with Session(self.engine) as s:
+            row = s.scalar(select(Tenant).where(Tenant.tenant_id == cfg.tenant_id))
+            created = row is None
+            if row is None:
+                row = Tenant(tenant_id=cfg.tenant_id)
+                s.add(row)
+            for f in TENANT_FIELDS:
+                setattr(row, f, getattr(cfg, f))
+            s.commit()
+            return created
+
+    def set_enabled(self, tenant_id: str, enabled: bool) -> None:
+        with Session(self.engine) as s:
+            row = s.scalar(select(Tenant).where(Tenant.tenant_id == tenant_id))
+            if row is None:
+                raise NotFound("tenant_id", f"unknown tenant {tenant_id!r}")
+            row.enabled = enabled
+            s.commit()
+
+    def upsert_lane(self, lane: LaneConfig) -> None:
+        if not (Decimal(0) < lane.weight <= 1):
+            raise InvalidArgument("weight", f"must be in (0, 1], got {lane.weight}")
+        if lane.wait_target_ms < 0:
+            raise InvalidArgument("wait_target_ms", "must be >= 0")
+        if lane.max_queued is not None and lane.max_queued < 0:
+            raise InvalidArgument("max_queued", "must be >= 0 or unset")
+        with Session(self.engine) as s:
+            row = s.get(Lane, lane.name)
+            if row is None:
+                row = Lane(name=lane.name)
+                s.add(row)
+            for f in LANE_FIELDS:
+                setattr(row, f, getattr(lane, f))
+            s.commit()
+
+    def policy_overrides(self) -> dict[str, Any]:
+        with Session(self.engine) as s:
+            return {r.key: json.loads(r.value) for r in s.scalars(select(PolicyOverride))}
+
+    def set_policy_overrides(self, base: Policy, changes: dict[str, Any]) -> Policy:
+        """Apply ``changes`` (a value of None removes the override) after
+        validating the resulting policy as a whole; returns it."""
+        with Session(self.engine) as s:
+            current = {r.key: json.loads(r.value) for r in s.scalars(select(PolicyOverride))}
+            merged = {k: v for k, v in (current | changes).items() if v is not None}
+            policy = effective_policy(base, merged)
+            for key, value in changes.items():
+                row = s.get(PolicyOverride, key)
+                if value is None:
+                    if row is not None:
+                        s.delete(row)
+                elif row is None:
+                    s.add(PolicyOverride(key=key, value=json.dumps(value)))
+                else:
+                    row.value = json.dumps(value)
+            s.commit()
+            return policy
