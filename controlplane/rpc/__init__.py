@@ -1,0 +1,1 @@
+"""gRPC adapters: protobuf <-> domain, and error mapping in one place."""

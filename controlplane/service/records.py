@@ -1,0 +1,129 @@
+"""What the plane remembers about each (tenant_id, request_id).
+
+A record is the decision as it was sent plus, for an admitted request, its
+open reservation; it is kept until the reservation TTL (admitted requests,
+settled or not) or the replay window (refusals) passes. At the AdmitStream
+rates millions are alive at once (rate x TTL), so a record is a plain tuple
+of ints and strings: CPython stops tracking such tuples in the cyclic GC
+after the first collection they survive. An instance of a class per record
+stays tracked, and full collections over millions of them paused the server
+for seconds (BENCHMARKS.md, "AdmitStream").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+Key = tuple[str, str]  # (tenant_id, request_id)
+Record = tuple[Any, ...]
+
+# Record fields (tuple indexes).
+STATE = 0
+REASON = 1
+RETRY_NS = 2
+RESERVED = 3
+RID = 4  # reservation id, 0 when refused
+GRANTED = 5  # granted max_tokens
+BUCKET = 6  # remaining after the decision: bucket tokens, hourly, daily (-1 = unlimited)
+HOUR = 7
+DAY = 8
+LANE = 9
+SLOT = 10  # the tenant's fast-path slot, -1 for unknown tenants
+DECIDED_NS = 11
+POOL = 12
+MODEL = 13
+MULTIPLIER = 14  # pricing multiplier locked at admission
+WINDOW = 15  # pricing window id
+ACTUAL = 16  # settlement: actual tokens (-1 while open)
+REFUNDED = 17  # settlement: refunded tokens
+FIELDS = 18
+
+# States.
+OPEN = 0  # admitted, reservation not settled yet
+SETTLED = 1
+REJECTED = 2
+
+
+class RequestLog:
+    """Records by key, with O(1) expiry: the TTL and the replay window are
+    constants, so records expire in the order they were made and a FIFO of
+    (decided_ns, keys decided at that time) per kind is an exact expiry queue.
+    A batch adds one FIFO entry for all its keys."""
+
+    def __init__(self, ttl_ns: int, replay_ns: int) -> None:
+        self.records: dict[Key, Record] = {}
+        self._admitted: deque[tuple[int, list[Key]]] = deque()
+        self._rejected: deque[tuple[int, list[Key]]] = deque()
+        self._ttl_ns = ttl_ns
+        self._replay_ns = replay_ns
+        self.open_count = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def replay(self, key: Key, now: int) -> Record | None:
+        """The earlier decision for ``key`` if it still stands. A refusal
+        stands until its retry_after has passed; then the request is decided
+        anew (a client backing off with the same id is not refused forever)."""
+        rec = self.records.get(key)
+        if rec is not None and rec[STATE] == REJECTED and now >= rec[DECIDED_NS] + rec[RETRY_NS]:
+            del self.records[key]
+            return None
+        return rec
+
+    @property
+    def remembers_rejections(self) -> bool:
+        return self._replay_ns > 0
+
+    def add_admitted(self, key: Key, rec: Record) -> None:
+        self.records[key] = rec
+        self._admitted.append((rec[DECIDED_NS], [key]))
+        self.open_count += 1
+
+    def add_rejected(self, key: Key, rec: Record) -> None:
+        if self._replay_ns > 0:
+            self.records[key] = rec
+            self._rejected.append((rec[DECIDED_NS], [key]))
+
+    def note_batch(self, now: int, admitted: list[Key], rejected: list[Key]) -> None:
+        """Queue the expiry of records a batch stored in ``records`` itself
+        (all decided at ``now``)."""
+        if admitted:
+            self._admitted.append((now, admitted))
+            self.open_count += len(admitted)
+        if rejected:
+            self._rejected.append((now, rejected))
+
+    def settle(self, key: Key, rec: Record, actual: int, refunded: int) -> Record:
+        settled = (SETTLED, *rec[1:ACTUAL], actual, refunded)
+        self.records[key] = settled
+        self.open_count -= 1
+        return settled
+
+    def expire(self, now: int) -> list[Record]:
+        """Forget records past their window; return the admitted ones whose
+        reservation was still open (the caller gives their slot back)."""
+        released: list[Record] = []
+        records = self.records
+        fifo = self._admitted
+        horizon = now - self._ttl_ns
+        while fifo and fifo[0][0] <= horizon:
+            decided, keys = fifo.popleft()
+            for key in keys:
+                rec = records.get(key)
+                # The key may since have been re-decided: only drop this decision.
+                if rec is not None and rec[DECIDED_NS] == decided and rec[STATE] != REJECTED:
+                    del records[key]
+                    if rec[STATE] == OPEN:
+                        self.open_count -= 1
+                        released.append(rec)
+        rfifo = self._rejected
+        horizon = now - self._replay_ns
+        while rfifo and rfifo[0][0] <= horizon:
+            decided, keys = rfifo.popleft()
+            for key in keys:
+                rec = records.get(key)
+                if rec is not None and rec[DECIDED_NS] == decided and rec[STATE] == REJECTED:
+                    del records[key]
+        return released
