@@ -1,0 +1,151 @@
+"""Shared fixtures: databases (SQLite and a real PostgreSQL), fake clock,
+and a real gRPC server on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from controlplane.settings import Settings
+from controlplane.store.db import upgrade
+
+# An existing DSN from the environment is honoured; the default is the local
+# server these machines run (trust auth). Each test gets its own database.
+PG_ADMIN_DSN = os.environ.get(
+    "BURSTGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+T = TypeVar("T")
+
+
+class FakeClock:
+    """Injected wall clock in nanoseconds; starts mid-hour on a fixed day."""
+
+    def __init__(self, start_ns: int = 1_700_000_123_000_000_000) -> None:
+        self.now_ns = start_ns
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            return self.now_ns
+
+    def advance(self, ns: int) -> None:
+        with self._lock:
+            self.now_ns += ns
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn() -> str:
+    try:
+        psycopg.connect(PG_ADMIN_DSN, connect_timeout=5).close()
+    except psycopg.OperationalError as exc:
+        pytest.fail(
+            f"PostgreSQL is not reachable at {PG_ADMIN_DSN} ({exc}). `make test` starts the "
+            "local server; elsewhere set BURSTGATE_TEST_PG_DSN to an admin DSN."
+        )
+    return PG_ADMIN_DSN
+
+
+@pytest.fixture
+def pg_url(pg_admin_dsn: str) -> Iterator[str]:
+    name = f"burstgate_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(pg_admin_dsn).set(database=name).render_as_string(hide_password=False)
+    yield url
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Any) -> str:
+    return f"sqlite:///{tmp_path}/burstgate.db"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
+@pytest.fixture
+def migrated_url(db_url: str) -> str:
+    upgrade(db_url)
+    return db_url
+
+
+class ServerThread:
+    """A ControlPlane running on its own event loop in a background thread,
+    bound to a free port. ``on_loop`` runs a function on the loop thread (the
+    service is not thread-safe, exactly as in production)."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], int]) -> None:
+        from controlplane.server import ControlPlane
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.plane = self._run(self._make(ControlPlane, settings, clock))
+        self.port: int = self._run(self.plane.start())
+        self.target = f"127.0.0.1:{self.port}"
+
+    @staticmethod
+    async def _make(cls: Any, settings: Settings, clock: Callable[[], int]) -> Any:
+        return cls(settings, clock=clock)
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def on_loop(self, fn: Callable[[], T]) -> T:
+        fut: Future[T] = Future()
+
+        def call() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(call)
+        return fut.result(timeout=30)
+
+    def stop(self) -> None:
+        self._run(self.plane.stop(0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., ServerThread]]:
+    started: list[ServerThread] = []
+
+    def make(
+        database_url: str, clock: Callable[[], int] | None = None, **overrides: Any
+    ) -> ServerThread:
+        import time
+
+        settings = Settings(
+            database_url=database_url, host="127.0.0.1", port=0, metrics_port=-1, **overrides
+        )
+        srv = ServerThread(settings, clock or time.time_ns)
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        srv.stop()

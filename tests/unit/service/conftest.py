@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.service import AdmissionService
+from controlplane.settings import Settings
+
+LANES = [
+    LaneConfig("premium", 0, Decimal("0.40"), 200, True, False),
+    LaneConfig("standard", 1, Decimal("0.45"), 800, False, True),
+    LaneConfig("batch", 2, Decimal("0.15"), 5000, False, True),
+]
+
+
+def tenant(tenant_id: str = "acme", **kw: Any) -> TenantConfig:
+    kw.setdefault("token_rate", Decimal(1000))
+    kw.setdefault("burst_tokens", 10_000)
+    return TenantConfig(tenant_id=tenant_id, **kw)
+
+
+@pytest.fixture
+def make_service(clock: Any) -> Any:
+    def make(*tenants: TenantConfig, **settings: Any) -> AdmissionService:
+        svc = AdmissionService(Settings(**settings), clock=clock)
+        svc.apply_config(list(tenants) or [tenant()], LANES)
+        return svc
+
+    return make

@@ -1,0 +1,336 @@
+"""AdmissionService with an injected clock: no I/O, no gRPC."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.domain import Decision
+from controlplane.errors import FailedPrecondition, InvalidArgument, NotFound
+from fastpath import Reason
+
+from .conftest import LANES, tenant
+
+NS = 1_000_000_000
+MS = 1_000_000
+
+
+def test_admit_reserves_prompt_plus_max_tokens(make_service: Any) -> None:
+    svc = make_service(tenant(burst_tokens=10_000))
+    d = svc.admit("acme", "r1", "", 1000, 500)
+    assert d.decision == Decision.ADMIT
+    assert d.reason == Reason.OK
+    assert d.reserved_tokens == 1500
+    assert d.granted_max_tokens == 500
+    assert d.bucket_remaining == 8500
+    assert d.lane == "standard"  # tenant default
+    assert d.reservation_id > 0
+    assert d.hourly_remaining == -1 and d.daily_remaining == -1
+
+
+def test_token_rate_refusal_has_exact_refill_retry_after(make_service: Any, clock: Any) -> None:
+    svc = make_service(tenant(token_rate=Decimal(1000), burst_tokens=10_000))
+    assert svc.admit("acme", "r1", "", 9000, 0).decision == Decision.ADMIT
+    d = svc.admit("acme", "r2", "", 3000, 0)  # 1,000 left, 2,000 short at 1,000 tokens/s
+    assert (d.decision, d.reason) == (Decision.REJECT, Reason.TOKEN_RATE)
+    assert d.retry_after_ns == 2 * NS
+    assert d.reserved_tokens == 0 and d.reservation_id == 0
+    clock.advance(2 * NS - 1)
+    assert svc.admit("acme", "r3", "", 3000, 0).reason == Reason.TOKEN_RATE
+    clock.advance(1)
+    assert svc.admit("acme", "r4", "", 3000, 0).decision == Decision.ADMIT
+
+
+def test_max_tokens_capped_by_tenant_per_request_limit(make_service: Any) -> None:
+    svc = make_service(tenant(max_tokens_per_request=2000))
+    d = svc.admit("acme", "r1", "", 100, 8000)
+    assert d.decision == Decision.ADMIT
+    assert d.granted_max_tokens == 2000
+    assert d.reserved_tokens == 2100
+    refused = svc.admit("acme", "r2", "", 2500, 10)
+    assert refused.reason == Reason.MAX_TOKENS
+    assert refused.retry_after_ns == 0
+
+
+def test_duplicate_admit_replays_and_takes_nothing(make_service: Any) -> None:
+    svc = make_service()
+    first = svc.admit("acme", "r1", "", 1000, 1000)
+    again = svc.admit("acme", "r1", "", 1000, 1000)
+    assert again.duplicate and not first.duplicate
+    assert again.reservation_id == first.reservation_id
+    assert again.bucket_remaining == first.bucket_remaining
+    assert svc.tenant_state("acme")["inflight"] == 1
+    # the same request id of another tenant is another request
+    svc.apply_config([tenant(), tenant("beta")], LANES)
+    assert not svc.admit("beta", "r1", "", 1000, 1000).duplicate
+
+
+def test_refusal_replays_until_retry_after_then_is_decided_again(
+    make_service: Any, clock: Any
+) -> None:
+    svc = make_service(tenant(token_rate=Decimal(1000), burst_tokens=2000))
+    svc.admit("acme", "big", "", 2000, 0)
+    refused = svc.admit("acme", "r1", "", 500, 0)
+    assert refused.reason == Reason.TOKEN_RATE and refused.retry_after_ns == 500 * MS
+    clock.advance(100 * MS)
+    replay = svc.admit("acme", "r1", "", 500, 0)
+    assert replay.duplicate and replay.reason == Reason.TOKEN_RATE
+    clock.advance(400 * MS)
+    fresh = svc.admit("acme", "r1", "", 500, 0)
+    assert not fresh.duplicate and fresh.decision == Decision.ADMIT
+
+
+def test_complete_refunds_unused_reservation(make_service: Any) -> None:
+    svc = make_service(tenant(burst_tokens=10_000, hourly_quota=100_000))
+    d = svc.admit("acme", "r1", "", 1000, 4000)
+    assert d.bucket_remaining == 5000 and d.hourly_remaining == 95_000
+    s = svc.complete("acme", "r1", 0, 1000, 1200)
+    assert (s.reserved_tokens, s.actual_tokens, s.refunded_tokens) == (5000, 2200, 2800)
+    state = svc.tenant_state("acme")
+    assert state["level_mtok"] == (10_000 - 2200) * 1000
+    assert state["hour_used"] == 2200
+    assert state["inflight"] == 0
+
+
+def test_complete_is_idempotent(make_service: Any) -> None:
+    svc = make_service()
+    svc.admit("acme", "r1", "", 1000, 4000)
+    first = svc.complete("acme", "r1", 0, 1000, 100)
+    level = svc.tenant_state("acme")["level_mtok"]
+    second = svc.complete("acme", "r1", 0, 1000, 100)
+    assert second.duplicate and not first.duplicate
+    assert second.refunded_tokens == first.refunded_tokens
+    assert svc.tenant_state("acme")["level_mtok"] == level
+
+
+def test_complete_errors(make_service: Any) -> None:
+    svc = make_service(tenant(burst_tokens=1000))
+    with pytest.raises(NotFound, match="request_id"):
+        svc.complete("acme", "never", 0, 1, 1)
+    svc.admit("acme", "too-big", "", 5000, 0)
+    with pytest.raises(FailedPrecondition, match="refused"):
+        svc.complete("acme", "too-big", 0, 1, 1)
+    d = svc.admit("acme", "ok", "", 10, 10)
+    svc.admit("acme", "ok2", "", 10, 10)
+    with pytest.raises(InvalidArgument, match="reservation_id"):
+        svc.complete("acme", "ok2", d.reservation_id, 1, 1)
+    with pytest.raises(InvalidArgument, match="cached_prompt_tokens"):
+        svc.complete("acme", "ok", 0, 10, 1, cached_prompt_tokens=11)
+    with pytest.raises(InvalidArgument, match="kv_cache_miss_rate"):
+        svc.complete("acme", "ok", 0, 10, 1, kv_cache_miss_rate=float("nan"))
+    # none of the failed calls settled anything
+    assert svc.tenant_state("acme")["inflight"] == 2
+    # settling by reservation id alone works
+    assert svc.complete("acme", "ok", d.reservation_id, 10, 5).refunded_tokens == 5
+
+
+def test_concurrency_limit_and_release_on_complete(make_service: Any) -> None:
+    svc = make_service(tenant(max_concurrency=2), concurrency_retry_ms=250)
+    assert svc.admit("acme", "a", "", 10, 10).decision == Decision.ADMIT
+    assert svc.admit("acme", "b", "", 10, 10).decision == Decision.ADMIT
+    refused = svc.admit("acme", "c", "", 10, 10)
+    assert refused.reason == Reason.CONCURRENCY and refused.retry_after_ns == 250 * MS
+    svc.complete("acme", "a", 0, 10, 10)
+    assert svc.admit("acme", "d", "", 10, 10).decision == Decision.ADMIT
+
+
+def test_unsettled_reservations_expire_and_free_their_slot(make_service: Any, clock: Any) -> None:
+    svc = make_service(tenant(max_concurrency=1), reservation_ttl_s=60)
+    svc.admit("acme", "a", "", 10, 10)
+    assert svc.admit("acme", "b", "", 10, 10).reason == Reason.CONCURRENCY
+    clock.advance(59 * NS)
+    assert svc.expire() == 0
+    clock.advance(1 * NS)
+    assert svc.expire() == 1
+    assert svc.open_reservations == 0
+    assert svc.admit("acme", "c", "", 10, 10).decision == Decision.ADMIT
+    with pytest.raises(NotFound, match="expired"):
+        svc.complete("acme", "a", 0, 10, 10)
+
+
+def test_hourly_quota_refusal_retries_at_next_hour(make_service: Any, clock: Any) -> None:
+    svc = make_service(tenant(burst_tokens=100_000, token_rate=Decimal(100_000), hourly_quota=5000))
+    assert svc.admit("acme", "a", "", 4000, 0).decision == Decision.ADMIT
+    d = svc.admit("acme", "b", "", 2000, 0)
+    assert d.reason == Reason.HOURLY_QUOTA
+    hour = 3600 * NS
+    assert d.retry_after_ns == hour - clock.now_ns % hour
+    # a refund inside the same hour gives quota back
+    svc.complete("acme", "a", 0, 2000, 0)
+    assert svc.admit("acme", "c", "", 2000, 0).decision == Decision.ADMIT
+
+
+def test_unknown_and_disabled_tenants(make_service: Any) -> None:
+    svc = make_service(tenant(), tenant("off", enabled=False))
+    unknown = svc.admit("nobody", "r", "", 1, 1)
+    assert (unknown.decision, unknown.reason) == (Decision.REJECT, Reason.UNKNOWN_TENANT)
+    assert svc.admit("off", "r", "", 1, 1).reason == Reason.TENANT_DISABLED
+
+
+def test_default_tenant_policy_admits_unknown_ids_on_one_shared_bucket(make_service: Any) -> None:
+    svc = make_service(tenant(), tenant("anon", burst_tokens=1000), default_tenant="anon")
+    assert svc.admit("stranger-1", "r", "", 600, 0).decision == Decision.ADMIT
+    assert svc.admit("stranger-2", "r", "", 600, 0).reason == Reason.TOKEN_RATE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"tenant_id": ""}, "tenant_id"),
+        ({"tenant_id": "x" * 129}, "tenant_id"),
+        ({"request_id": ""}, "request_id"),
+        ({"request_id": "bad\x00id"}, "request_id"),
+        ({"prompt_tokens": -1}, "prompt_tokens"),
+        ({"max_tokens": 10_000_001}, "max_tokens"),
+        ({"lane": "gold"}, "lane"),
+        ({"model": "m" * 257}, "model"),
+    ],
+)
+def test_bad_input_names_the_field_and_changes_nothing(
+    make_service: Any, kwargs: dict[str, Any], field: str
+) -> None:
+    svc = make_service()
+    before = svc.tenant_state("acme")
+    args = {
+        "tenant_id": "acme",
+        "request_id": "r",
+        "lane": "",
+        "prompt_tokens": 1,
+        "max_tokens": 1,
+    } | kwargs
+    with pytest.raises(InvalidArgument) as err:
+        svc.admit(**args)
+    assert err.value.field == field
+    assert svc.tenant_state("acme") == before
+
+
+def test_reconfigure_keeps_bucket_level(make_service: Any, clock: Any) -> None:
+    svc = make_service(tenant(burst_tokens=10_000))
+    svc.admit("acme", "a", "", 6000, 0)
+    svc.apply_config([tenant(burst_tokens=20_000, max_concurrency=5)], LANES)
+    assert svc.tenant_state("acme")["level_mtok"] == 4000 * 1000
+    svc.apply_config([tenant(burst_tokens=3000)], LANES)  # shrink: clamp to the new burst
+    assert svc.tenant_state("acme")["level_mtok"] == 3000 * 1000
+
+
+def test_removed_tenant_is_unknown_but_can_still_settle(make_service: Any) -> None:
+    svc = make_service(tenant(), tenant("beta"))
+    svc.admit("beta", "r", "", 10, 10)
+    svc.apply_config([tenant()], LANES)
+    assert svc.admit("beta", "r2", "", 1, 1).reason == Reason.UNKNOWN_TENANT
+    assert svc.complete("beta", "r", 0, 10, 0).refunded_tokens == 10
+
+
+# ------------------------------------------------------------------ batches
+
+
+def test_batch_validation_rejects_whole_batch_without_state_change(make_service: Any) -> None:
+    svc = make_service()
+    before = svc.tenant_state("acme")
+    cases = [
+        (["acme", "acme"], ["a"], [], [1, 1], [1, 1], "request_id"),
+        (["acme", "acme"], ["a", "b"], [], [1, -5], [1, 1], "prompt_tokens[1]"),
+        (["acme", "acme"], ["a", "a"], [], [1, 1], [1, 1], "request_id[1]"),
+        (["acme", ""], ["a", "b"], [], [1, 1], [1, 1], "tenant_id[1]"),
+        (["acme", "acme"], ["a", "b"], ["standard", "gold"], [1, 1], [1, 1], "lane[1]"),
+        (["acme", "acme"], ["a", "b"], ["x", "y", "z"], [1, 1], [1, 1], "lane"),
+    ]
+    for tenants, rids, lanes, prompt, maxt, field in cases:
+        with pytest.raises(InvalidArgument) as err:
+            svc.admit_batch(tenants, rids, lanes, prompt, maxt)
+        assert err.value.field == field
+    assert svc.tenant_state("acme") == before
+    assert svc.open_reservations == 0
+
+
+def test_batch_with_duplicates_unknown_and_disabled(make_service: Any) -> None:
+    svc = make_service(tenant(), tenant("off", enabled=False))
+    svc.admit("acme", "seen", "", 10, 10)
+    r = svc.admit_batch(
+        ["acme", "nobody", "off", "acme"],
+        ["seen", "x", "y", "new"],
+        ["batch"],
+        [10, 10, 10, 10],
+        [10, 10, 10, 10],
+    )
+    assert r.duplicate == [True, False, False, False]
+    assert r.reason == [Reason.OK, Reason.UNKNOWN_TENANT, Reason.TENANT_DISABLED, Reason.OK]
+    assert r.decision == [Decision.ADMIT, Decision.REJECT, Decision.REJECT, Decision.ADMIT]
+    assert len(set(r.reservation_id)) == 4 - 1  # two refusals share id 0
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["acme", "beta", "ghost"]),
+        st.integers(0, 12),  # request id (small range: duplicates happen)
+        st.integers(0, 3000),  # prompt tokens
+        st.integers(0, 3000),  # max tokens
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(requests=ops, split=st.integers(1, 40))
+def test_batch_decides_exactly_like_unary_calls_in_order(
+    make_service: Any, requests: list[tuple[str, int, int, int]], split: int
+) -> None:
+    tenants = [tenant(burst_tokens=8000, max_concurrency=6), tenant("beta", burst_tokens=5000)]
+    unary = make_service(*tenants)
+    batched = make_service(*tenants)
+    expected = [unary.admit(t, f"r{i}", "", p, m) for t, i, p, m in requests]
+    got: list[tuple[int, int, int, bool]] = []
+    # deduplicate inside each chunk the way a sidecar must (duplicates in one batch are refused)
+    chunk: list[tuple[str, int, int, int]] = []
+
+    def flush() -> None:
+        if chunk:
+            r = batched.admit_batch(
+                [c[0] for c in chunk],
+                [f"r{c[1]}" for c in chunk],
+                [],
+                [c[2] for c in chunk],
+                [c[3] for c in chunk],
+            )
+            got.extend(
+                zip(r.reason, r.reserved_tokens, r.bucket_remaining, r.duplicate, strict=True)
+            )
+            chunk.clear()
+
+    for req in requests:
+        if len(chunk) >= split or any((c[0], c[1]) == (req[0], req[1]) for c in chunk):
+            flush()
+        chunk.append(req)
+    flush()
+    assert got == [
+        (int(d.reason), d.reserved_tokens, d.bucket_remaining, d.duplicate) for d in expected
+    ]
+    for t in ("acme", "beta"):
+        assert unary.tenant_state(t) == batched.tenant_state(t)
+
+
+def test_report_load_validates_and_counts_fresh_engines(make_service: Any, clock: Any) -> None:
+    svc = make_service(load_report_stale_s=10)
+    assert svc.report_load("p1", "e1", 100, 1000, 5, 100, 0.1, 0.5) == 1
+    assert svc.report_load("p1", "e2", 100, 1000, 5, 100, 0.1, 0.5) == 2
+    clock.advance(11 * NS)
+    assert svc.report_load("p1", "e2", 100, 1000, 5, 100, 0.1, 0.5) == 1
+    for args, field in [
+        (("p1", "e1", -1, 1000, 0, 1, 0.0, 0.0), "batch_tokens"),
+        (("p1", "e1", 1, 0, 0, 1, 0.0, 0.0), "max_batch_tokens"),
+        (("p1", "e1", 1, 1, -3, 1, 0.0, 0.0), "queue_depth"),
+        (("p1", "e1", 1, 1, 0, 0, 0.0, 0.0), "queue_capacity"),
+        (("p1", "e1", 1, 1, 0, 1, 1.5, 0.0), "kv_cache_miss_rate"),
+        (("p1", "e1", 1, 1, 0, 1, 0.0, -0.1), "gpu_utilization"),
+        (("", "e1", 1, 1, 0, 1, 0.0, 0.0), "pool"),
+    ]:
+        with pytest.raises(InvalidArgument) as err:
+            svc.report_load(*args)
+        assert err.value.field == field
