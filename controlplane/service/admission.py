@@ -248,7 +248,7 @@ class AdmissionService:
     ) -> Record:
         rec = (
             R.REJECTED, reason, retry_ns, 0, 0, 0, bucket, hour, day, lane, slot, now,
-            "", "", 1.0, 0, -1, 0,
+            "", "", 1.0, 0, -1, 0, now,
         )  # fmt: skip
         self._log.add_rejected(key, rec)
         return rec
@@ -290,7 +290,7 @@ class AdmissionService:
                 price = self.pricing.quote(pool, model, now)
                 rec = (
                     R.OPEN, _OK, 0, reserved, rid, reserved - prompt_tokens, bucket, hour, day,
-                    lane, entry.slot, now, pool, model, price.multiplier, price.window_id, -1, 0,
+                    lane, entry.slot, now, pool, model, price.multiplier, price.window_id, -1, 0, now,
                 )  # fmt: skip
                 self._log.add_admitted(key, rec)
             else:
@@ -445,7 +445,7 @@ class AdmissionService:
                     records[key] = (
                         R.OPEN, _OK, 0, reserved_l[i], rid, granted_l[i], bucket_l[i],
                         hour_l[i], day_l[i], lane_of[i], tenant_slot[i], now, pool, model,
-                        mult, window, -1, 0,
+                        mult, window, -1, 0, now,
                     )  # fmt: skip
                     admitted_keys.append(key)
                     decision[i] = _ADMIT
@@ -460,7 +460,7 @@ class AdmissionService:
                     key = keys[i]
                     records[key] = (
                         R.REJECTED, reason, retry_l[i], 0, 0, 0, bucket_l[i], hour_l[i],
-                        day_l[i], lane_of[i], tenant_slot[i], now, "", "", 1.0, 0, -1, 0,
+                        day_l[i], lane_of[i], tenant_slot[i], now, "", "", 1.0, 0, -1, 0, now,
                     )  # fmt: skip
                     rejected_keys.append(key)
                 continue

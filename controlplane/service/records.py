@@ -37,7 +37,8 @@ MULTIPLIER = 14  # pricing multiplier locked at admission
 WINDOW = 15  # pricing window id
 ACTUAL = 16  # settlement: actual tokens (-1 while open)
 REFUNDED = 17  # settlement: refunded tokens
-FIELDS = 18
+ARRIVED_NS = 18  # when the Admit reached the plane (before any queueing)
+FIELDS = 19
 
 # States.
 OPEN = 0  # admitted, reservation not settled yet
@@ -96,7 +97,7 @@ class RequestLog:
             self._rejected.append((now, rejected))
 
     def settle(self, key: Key, rec: Record, actual: int, refunded: int) -> Record:
-        settled = (SETTLED, *rec[1:ACTUAL], actual, refunded)
+        settled = (SETTLED, *rec[1:ACTUAL], actual, refunded, *rec[REFUNDED + 1 :])
         self.records[key] = settled
         self.open_count -= 1
         return settled

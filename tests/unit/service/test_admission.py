@@ -334,3 +334,17 @@ def test_report_load_validates_and_counts_fresh_engines(make_service: Any, clock
         with pytest.raises(InvalidArgument) as err:
             svc.report_load(*args)
         assert err.value.field == field
+
+
+def test_every_record_has_every_field(make_service: Any) -> None:
+    from controlplane.service import records as R
+
+    svc = make_service(tenant(burst_tokens=1000))
+    svc.admit("acme", "ok", "", 10, 10)
+    svc.admit("acme", "refused", "", 5000, 0)
+    svc.admit_batch(["acme", "acme"], ["b-ok", "b-refused"], [], [10, 5000], [10, 0])
+    svc.complete("acme", "ok", 0, 10, 5)
+    recs = svc._log.records
+    assert {len(r) for r in recs.values()} == {R.FIELDS}
+    assert recs[("acme", "ok")][R.STATE] == R.SETTLED
+    assert recs[("acme", "ok")][R.ARRIVED_NS] == recs[("acme", "ok")][R.DECIDED_NS]
