@@ -1,0 +1,818 @@
+"""gRPC benchmark of burstgate's AdmissionService vs an empty handler.
+
+    .venv/bin/python bench/bench_grpc.py            # full run, ~4 minutes
+    .venv/bin/python bench/bench_grpc.py --quick    # smoke run, < 60 s
+    .venv/bin/python bench/bench_grpc.py --profile  # + cProfile of our server
+
+Prints a markdown report on stdout (progress goes to stderr). Nothing here
+asserts a time: it is run on demand and its figures go to BENCHMARKS.md.
+
+Processes (all spawned, all on 127.0.0.1):
+
+* "ours": ``controlplane.server.ControlPlane`` -- the production wiring
+  (grpc.aio on uvloop, health, reflection, expiry and config-poll tasks) over
+  a temporary SQLite database migrated with ``controlplane.store.db.upgrade``
+  and holding four tenants (three generous ones, one tight one that gets one
+  row in ten and refuses it almost always).
+* "empty": ``controlplane.server.create_server`` with the servicer swapped
+  for ``_grpc_empty.EmptyAdmissionServicer`` (same messages, pre-built
+  answers of the same size, no decisions), also on uvloop.
+* the load generator (``_loadgen``), which drives one server at a time.
+
+Both servers run for the whole benchmark. Each scenario runs ``rounds``
+rounds; a round measures ours and the empty server back to back, in
+alternating order (ours first in even rounds), after waiting for both
+servers to go idle. Tables show the median across rounds and the ratio
+ours/empty of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import gc
+import io
+import multiprocessing as mp
+import os
+import platform
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import _loadgen as lg
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Targets from issue 2, "Performance (benchmark, not a timed test)".
+TARGET_STREAM_DPS = 300_000
+TARGET_P99_MS = 1.0
+TARGET_RATIO = 1.15
+
+GENEROUS_TENANTS = ("bench-a", "bench-b", "bench-c")
+TIGHT_TENANT = "bench-d"
+
+
+# ------------------------------------------------------------ server process
+
+
+class _GcTimer:
+    """gc.callbacks hook: total and longest collection pause."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self.max_s = 0.0
+        self.collections = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._t0
+        self.total_s += pause
+        self.max_s = max(self.max_s, pause)
+        self.collections[info["generation"]] += 1
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def server_main(mode: str, db_url: str, ttl_s: float | None, conn: Connection) -> None:
+    """Process entry point of the "ours" and "empty" servers."""
+    os.dup2(2, 1)  # stdout belongs to the report
+    from controlplane import logs
+
+    logs.configure("console", "warning")
+    import uvloop
+
+    uvloop.run(_serve(mode, db_url, ttl_s, conn))
+
+
+async def _serve(mode: str, db_url: str, ttl_s: float | None, conn: Connection) -> None:
+    from _grpc_empty import create_empty_server
+
+    from controlplane.server import ControlPlane
+    from controlplane.service import AdmissionService
+    from controlplane.settings import Settings
+
+    overrides: dict[str, Any] = {} if ttl_s is None else {"reservation_ttl_s": ttl_s}
+    settings = Settings(database_url=db_url, host="127.0.0.1", port=0, metrics_port=-1, **overrides)
+    gc_timer = _GcTimer()
+    gc.callbacks.append(gc_timer)
+    plane: ControlPlane | None = None
+    server: Any = None
+    if mode == "ours":
+        plane = ControlPlane(settings)
+        port = await plane.start()
+        implementation = plane.service.implementation
+    else:
+        service = AdmissionService(settings)
+        server, port = create_empty_server(service, "127.0.0.1:0")
+        await server.start()
+        implementation = service.implementation
+    conn.send(("ready", port, os.getpid(), implementation, settings.reservation_ttl_s))
+
+    profiler: cProfile.Profile | None = None
+    while True:
+        try:
+            cmd = await asyncio.to_thread(conn.recv)
+        except EOFError:
+            break
+        if cmd[0] == "stop":
+            break
+        if cmd[0] == "stats":
+            stats: dict[str, Any] = {
+                "gc_total_s": gc_timer.total_s,
+                "gc_max_s": gc_timer.max_s,
+                "gc_collections": list(gc_timer.collections),
+                "rss_mb": _rss_mb(),
+                "open_reservations": plane.service.open_reservations if plane else 0,
+                # request ids remembered (admitted until the TTL, refused ~1 s)
+                "records": plane.service.remembered_requests if plane else 0,
+                # O(objects): only when asked, outside any measured window
+                "tracked_objects": len(gc.get_objects()) if cmd[1:] == ("full",) else -1,
+            }
+            gc_timer.max_s = 0.0  # the max is per interval between two "stats"
+            conn.send(stats)
+        elif cmd[0] == "profile_on":
+            profiler = cProfile.Profile()
+            profiler.enable()  # on the event-loop thread, where every RPC runs
+            conn.send("ok")
+        elif cmd[0] == "profile_off":
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(cmd[1])
+            profiler = None
+            conn.send("ok")
+        else:
+            conn.send(f"unknown command {cmd!r}")
+    if plane is not None:
+        await plane.stop(0)
+    if server is not None:
+        await server.stop(0)
+
+
+@dataclass
+class ServerHandle:
+    mode: str
+    proc: BaseProcess
+    conn: Connection
+    port: int = 0
+    pid: int = 0
+    implementation: str = ""
+    ttl_s: float = 0.0
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def call(self, *cmd: Any, timeout: float = 30.0) -> Any:
+        self.conn.send(cmd)
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"{self.mode} server did not answer {cmd[0]!r}")
+        return self.conn.recv()
+
+
+def start_server(ctx: Any, mode: str, db_url: str, ttl_s: float | None) -> ServerHandle:
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(
+        target=server_main, args=(mode, db_url, ttl_s, child), name=f"bench-{mode}", daemon=True
+    )
+    proc.start()
+    child.close()
+    return ServerHandle(mode, proc, parent)
+
+
+def await_ready(h: ServerHandle, timeout: float = 60.0) -> None:
+    if not h.conn.poll(timeout):
+        raise TimeoutError(f"{h.mode} server did not start within {timeout:.0f} s")
+    _, h.port, h.pid, h.implementation, h.ttl_s = h.conn.recv()
+
+
+def stop_process(proc: BaseProcess, conn: Connection, msg: Any) -> None:
+    with contextlib.suppress(OSError, BrokenPipeError):
+        conn.send(msg)
+    proc.join(15)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+
+
+# ------------------------------------------------------------------ loadgen
+
+
+@dataclass
+class Loadgen:
+    proc: BaseProcess
+    conn: Connection
+
+    def run(self, params: lg.StreamParams | lg.UnaryParams, timeout: float) -> Any:
+        self.conn.send(params)
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"load generator did not finish {params!r} in {timeout:.0f} s")
+        result = self.conn.recv()
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+def start_loadgen(ctx: Any) -> Loadgen:
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=lg.loadgen_main, args=(child,), name="bench-loadgen", daemon=True)
+    proc.start()
+    child.close()
+    return Loadgen(proc, parent)
+
+
+# -------------------------------------------------------------- orchestration
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    stream_seconds: float
+    unary_seconds: float
+    unary_warmup_s: float
+    window: int
+    batch_sizes: tuple[int, ...] = (100, 1000)
+    rates: tuple[int, ...] = (1000, 2000)
+    # Longest wait for an idle machine before each measurement.
+    quiesce_s: float = 2.0
+    # Upper bound on decisions per stream round (the time bound is seconds).
+    max_stream_decisions_per_s: int = 3_000_000
+
+
+@dataclass
+class Sample:
+    result: Any  # lg.StreamResult | lg.UnaryResult
+    gc_total_s: float
+    gc_max_s: float
+    rss_mb: float
+    quiet: bool  # both servers and the machine were idle before the round
+
+
+@dataclass
+class Scenario:
+    kind: str  # "stream" | "unary"
+    size: int  # batch size or offered rate
+    samples: dict[str, list[Sample]] = field(default_factory=lambda: {"ours": [], "empty": []})
+
+
+def quiesce(
+    pids: Sequence[int], max_wait_s: float = 4.0, window_s: float = 0.25, machine_cores: float = 0.5
+) -> bool:
+    """Wait (bounded) until every process in ``pids`` uses < ~10% of a core
+    and the whole machine < ``machine_cores``; False if it never got there."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        before = [lg.proc_cpu_s(p) for p in pids]
+        busy0 = lg.machine_busy_s()
+        time.sleep(window_s)
+        after = [lg.proc_cpu_s(p) for p in pids]
+        busy = (lg.machine_busy_s() - busy0) / window_s
+        idle = all((a - b) / window_s < 0.1 for a, b in zip(after, before, strict=True))
+        if idle and busy < machine_cores:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+
+
+def run_one(
+    sc: Scenario,
+    mode: str,
+    rnd: int,
+    plan: Plan,
+    servers: dict[str, ServerHandle],
+    loadgen: Loadgen,
+) -> Sample:
+    srv = servers[mode]
+    quiet = quiesce([s.pid for s in servers.values()], plan.quiesce_s)
+    before = srv.call("stats")
+    # Unique request ids across every round of every scenario.
+    prefix = f"{sc.kind[0]}{sc.size}r{rnd}{mode[0]}-"
+    params: lg.StreamParams | lg.UnaryParams
+    if sc.kind == "stream":
+        max_batches = int(plan.max_stream_decisions_per_s * plan.stream_seconds / sc.size) + 50
+        params = lg.StreamParams(
+            target=srv.target,
+            server_pid=srv.pid,
+            batch=sc.size,
+            window=plan.window,
+            seconds=plan.stream_seconds,
+            max_batches=max_batches,
+            warmup_batches=max(20, 20_000 // sc.size),
+            id_prefix=prefix,
+            check_batch_ids=mode == "ours",
+        )
+        timeout = plan.stream_seconds + 60
+    else:
+        params = lg.UnaryParams(
+            target=srv.target,
+            server_pid=srv.pid,
+            rate=float(sc.size),
+            seconds=plan.unary_seconds,
+            warmup_s=plan.unary_warmup_s,
+            id_prefix=prefix,
+        )
+        timeout = plan.unary_seconds + plan.unary_warmup_s + 60
+    result = loadgen.run(params, timeout)
+    after = srv.call("stats")
+    return Sample(
+        result=result,
+        gc_total_s=after["gc_total_s"] - before["gc_total_s"],
+        gc_max_s=after["gc_max_s"],
+        rss_mb=after["rss_mb"],
+        quiet=quiet,
+    )
+
+
+def run_all(plan: Plan, servers: dict[str, ServerHandle], loadgen: Loadgen) -> list[Scenario]:
+    scenarios = [Scenario("stream", n) for n in plan.batch_sizes]
+    scenarios += [Scenario("unary", r) for r in plan.rates]
+    for sc in scenarios:
+        for rnd in range(plan.rounds):
+            order = ("ours", "empty") if rnd % 2 == 0 else ("empty", "ours")
+            for mode in order:
+                s = run_one(sc, mode, rnd, plan, servers, loadgen)
+                sc.samples[mode].append(s)
+                _progress(sc, mode, rnd, s)
+    return scenarios
+
+
+def _progress(sc: Scenario, mode: str, rnd: int, s: Sample) -> None:
+    r = s.result
+    if sc.kind == "stream":
+        what = f"{r.decisions_per_s:,.0f} decisions/s p99 {r.p99_ms:.3f} ms"
+    else:
+        what = f"p50 {r.p50_ms:.3f} ms p99 {r.p99_ms:.3f} ms errors {r.errors}"
+    print(
+        f"  {sc.kind} {sc.size} round {rnd} {mode:5s}: {what}"
+        f" server cpu {r.server_cpu_s:.2f} s gc max {s.gc_max_s * 1e3:.1f} ms",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def prepare_db(url: str) -> None:
+    from controlplane.domain import TenantConfig
+    from controlplane.store.db import make_engine, upgrade
+    from controlplane.store.repo import ConfigRepository
+
+    with contextlib.redirect_stdout(sys.stderr):
+        upgrade(url)
+        engine = make_engine(url)
+        try:
+            repo = ConfigRepository(engine)
+            for tenant_id in GENEROUS_TENANTS:
+                repo.add_tenant(
+                    TenantConfig(
+                        tenant_id=tenant_id, token_rate=Decimal(1_000_000), burst_tokens=10**12
+                    )
+                )
+            # ~13 requests of 150 tokens, then ~7 per second: mostly refused.
+            repo.add_tenant(
+                TenantConfig(tenant_id=TIGHT_TENANT, token_rate=Decimal(1000), burst_tokens=2_000)
+            )
+        finally:
+            engine.dispose()
+
+
+# ------------------------------------------------------------------ profile
+
+
+def profile_ours(
+    plan: Plan, servers: dict[str, ServerHandle], loadgen: Loadgen, tmp: Path
+) -> list[tuple[str, str]]:
+    """cProfile the ours server's event-loop thread for one stream round
+    (batch 100) and one unary round (2,000/s); return (label, top table)."""
+    ours = servers["ours"]
+    out: list[tuple[str, str]] = []
+    stream = lg.StreamParams(
+        target=ours.target,
+        server_pid=ours.pid,
+        batch=100,
+        window=plan.window,
+        seconds=min(3.0, plan.stream_seconds),
+        max_batches=100_000,
+        warmup_batches=200,
+        id_prefix="p100-",
+        check_batch_ids=True,
+    )
+    unary = lg.UnaryParams(
+        target=ours.target,
+        server_pid=ours.pid,
+        rate=2000.0,
+        seconds=min(3.0, plan.unary_seconds),
+        warmup_s=0.2,
+        id_prefix="pu2000-",
+    )
+    for label, params in (
+        ("AdmitStream, batch 100", stream),
+        ("unary Admit, 2,000/s", unary),
+    ):
+        quiesce([s.pid for s in servers.values()], plan.quiesce_s)
+        path = tmp / f"profile-{len(out)}.pstats"
+        ours.call("profile_on")
+        result = loadgen.run(params, 120)
+        ours.call("profile_off", str(path))
+        buf = io.StringIO()
+        stats = pstats.Stats(str(path), stream=buf)
+        stats.sort_stats("tottime").print_stats(18)
+        text = buf.getvalue().replace(str(REPO_ROOT) + "/", "")
+        text = text.replace(str(Path(sys.prefix)) + "/", "")
+        lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+        if isinstance(result, lg.StreamResult):
+            head = f"{result.decisions_per_s:,.0f} decisions/s under the profiler"
+        else:
+            head = f"p99 {result.p99_ms:.3f} ms under the profiler"
+        out.append((f"{label} ({head})", "\n".join(lines)))
+    return out
+
+
+# ------------------------------------------------------------------- report
+
+
+def _med(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "n/a"
+
+
+def _machine() -> list[str]:
+    from importlib.metadata import version
+
+    import google.protobuf
+    import grpc
+    from google.protobuf.internal import api_implementation
+
+    import fastpath
+
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return [
+        f"- CPU: {os.cpu_count()} logical cores (nproc), affinity "
+        f"{len(os.sched_getaffinity(0))}, {model or 'unknown model'}",
+        f"- Python {platform.python_version()} ({platform.python_implementation()}), "
+        f"grpcio {grpc.__version__}, protobuf {google.protobuf.__version__} "
+        f"({api_implementation.Type()} backend), uvloop {version('uvloop')}, "
+        f"numpy {version('numpy')}",
+        f"- fastpath implementation: `{fastpath.IMPLEMENTATION}` (bench process)",
+    ]
+
+
+def report(
+    plan: Plan,
+    scenarios: list[Scenario],
+    servers: dict[str, ServerHandle],
+    argv: Sequence[str],
+    elapsed_s: float,
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+    profiles: list[tuple[str, str]],
+    final: dict[str, dict[str, Any]],
+) -> str:
+    ours = servers["ours"]
+    lines = ["# burstgate gRPC benchmark", ""]
+    lines.append(f"Command: `{' '.join(argv)}` (run took {elapsed_s:.0f} s)")
+    lines.append("")
+    lines += _machine()
+    lines.append(
+        f"- servers: grpc.aio on uvloop, loopback 127.0.0.1; ours = `ControlPlane` "
+        f"(fastpath `{ours.implementation}`, reservation_ttl_s {ours.ttl_s:g}, SQLite); "
+        "empty = `create_server` with a no-op servicer"
+    )
+    lines.append(
+        f"- load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f} "
+        "(shared, noisy 2-core machine: compare ours and empty within this run only)"
+    )
+    lines.append(
+        f"- {plan.rounds} rounds per scenario, ours and empty back to back in alternating "
+        "order; tables are medians across rounds; ratio = ours median / empty median"
+    )
+    n_busy = sum(not s.quiet for sc in scenarios for ss in sc.samples.values() for s in ss)
+    if n_busy:
+        lines.append(
+            f"- note: {n_busy} round(s) started on a busy machine (other processes kept using "
+            f"> 0.5 core for {plan.quiesce_s:g} s); see the 'other load' column"
+        )
+    lines.append("")
+
+    # Stream.
+    lines.append(
+        f"## AdmitStream: closed loop, {plan.window} batches in flight on one stream, "
+        f"~{plan.stream_seconds:g} s per round"
+    )
+    lines.append("")
+    lines.append(
+        "| batch | server | decisions/s | p50 ms/batch | p99 ms/batch | max ms | "
+        "server CPU ns/decision | client CPU % | server GC max ms | admitted | "
+        "bytes req/resp | other load cores / steal |"
+    )
+    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for sc in (s for s in scenarios if s.kind == "stream"):
+        med: dict[str, dict[str, float]] = {}
+        for mode in ("ours", "empty"):
+            ss = sc.samples[mode]
+            rs: list[lg.StreamResult] = [s.result for s in ss]
+            m = {
+                "dps": _med([r.decisions_per_s for r in rs]),
+                "p50": _med([r.p50_ms for r in rs]),
+                "p99": _med([r.p99_ms for r in rs]),
+                "max": _med([r.max_ms for r in rs]),
+                "cpu": _med([r.server_cpu_s / r.decisions * 1e9 for r in rs if r.decisions]),
+                "ccpu": _med([r.client_cpu_s / r.elapsed_s * 100 for r in rs]),
+                "gc": _med([s.gc_max_s * 1e3 for s in ss]),
+                "adm": _med([r.admitted_fraction * 100 for r in rs]),
+                "oth": _med([r.other_cores for r in rs]),
+                "stl": _med([r.steal_fraction * 100 for r in rs]),
+            }
+            med[mode] = m
+            r0 = rs[-1]
+            lines.append(
+                f"| {sc.size:,} | {mode} | {m['dps']:,.0f} | {m['p50']:.3f} | {m['p99']:.3f} "
+                f"| {m['max']:.2f} | {m['cpu']:,.0f} | {m['ccpu']:.0f} | {m['gc']:.1f} "
+                f"| {m['adm']:.0f}% | {r0.request_bytes:,}/{r0.response_bytes:,} "
+                f"| {m['oth']:.2f} / {m['stl']:.0f}% |"
+            )
+        o, e = med["ours"], med["empty"]
+        lines.append(
+            f"| {sc.size:,} | **ours/empty** | **{_ratio(o['dps'], e['dps'])}** "
+            f"| {_ratio(o['p50'], e['p50'])} | **{_ratio(o['p99'], e['p99'])}** "
+            f"| {_ratio(o['max'], e['max'])} | {_ratio(o['cpu'], e['cpu'])} | | | | | |"
+        )
+    capped = sum(
+        s.result.hit_count_limit for sc in scenarios if sc.kind == "stream"
+        for ss in sc.samples.values() for s in ss
+    )  # fmt: skip
+    if capped:
+        lines.append("")
+        lines.append(f"{capped} stream round(s) stopped at the batch-count bound before the time.")
+    lines.append("")
+    lines.append("Per round (decisions/s; p99 ms; other load in cores):")
+    lines.append("")
+    for sc in (s for s in scenarios if s.kind == "stream"):
+        for mode in ("ours", "empty"):
+            rs = [s.result for s in sc.samples[mode]]
+            lines.append(
+                f"- batch {sc.size:,} {mode}: "
+                + ", ".join(
+                    f"{r.decisions_per_s:,.0f}; {r.p99_ms:.3f}; {r.other_cores:.2f}" for r in rs
+                )
+            )
+    lines.append("")
+
+    # Unary.
+    lines.append(
+        f"## Unary Admit: open loop (fixed schedule, latency from the scheduled send), "
+        f"~{plan.unary_seconds:g} s per round"
+    )
+    lines.append("")
+    lines.append(
+        "| offered/s | server | completed/s | p50 ms | p99 ms | max ms | "
+        "server CPU us/call | client CPU us/call | client send lag p99 ms | errors (all rounds) | "
+        "server GC max ms | admitted | other load cores / steal |"
+    )
+    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for sc in (s for s in scenarios if s.kind == "unary"):
+        umed: dict[str, dict[str, float]] = {}
+        for mode in ("ours", "empty"):
+            ss = sc.samples[mode]
+            us: list[lg.UnaryResult] = [s.result for s in ss]
+            m = {
+                "done": _med([r.completed_per_s for r in us]),
+                "p50": _med([r.p50_ms for r in us]),
+                "p99": _med([r.p99_ms for r in us]),
+                "max": _med([r.max_ms for r in us]),
+                "cpu": _med([r.server_cpu_s / r.calls * 1e6 for r in us if r.calls]),
+                "lag": _med([r.send_lag_p99_ms for r in us]),
+                "err": float(sum(r.errors for r in us)),
+                "gc": _med([s.gc_max_s * 1e3 for s in ss]),
+                "adm": _med([r.admitted_fraction * 100 for r in us]),
+                "ccpu": _med([r.client_cpu_s / r.calls * 1e6 for r in us if r.calls]),
+                "oth": _med([r.other_cores for r in us]),
+                "stl": _med([r.steal_fraction * 100 for r in us]),
+            }
+            umed[mode] = m
+            lines.append(
+                f"| {sc.size:,} | {mode} | {m['done']:,.0f} | {m['p50']:.3f} | {m['p99']:.3f} "
+                f"| {m['max']:.2f} | {m['cpu']:.0f} | {m['ccpu']:.0f} | {m['lag']:.3f} "
+                f"| {m['err']:.0f} | {m['gc']:.1f} | {m['adm']:.0f}% "
+                f"| {m['oth']:.2f} / {m['stl']:.0f}% |"
+            )
+        o, e = umed["ours"], umed["empty"]
+        lines.append(
+            f"| {sc.size:,} | **ours/empty** | | {_ratio(o['p50'], e['p50'])} "
+            f"| **{_ratio(o['p99'], e['p99'])}** | {_ratio(o['max'], e['max'])} "
+            f"| **{_ratio(o['cpu'], e['cpu'])}** | | | | | | |"
+        )
+    lines.append("")
+    lines.append("Per round (p99 ms; server CPU us/call; other load in cores):")
+    lines.append("")
+    for sc in (s for s in scenarios if s.kind == "unary"):
+        for mode in ("ours", "empty"):
+            us = [s.result for s in sc.samples[mode]]
+            lines.append(
+                f"- {sc.size:,}/s {mode}: "
+                + ", ".join(
+                    f"{r.p99_ms:.3f}; {r.server_cpu_s / r.calls * 1e6:.0f}; {r.other_cores:.2f}"
+                    for r in us
+                )
+            )
+    errs = sorted(
+        {e for sc in scenarios if sc.kind == "unary" for ss in sc.samples.values()
+         for s in ss for e in s.result.error_samples}
+    )  # fmt: skip
+    if errs:
+        lines.append("")
+        lines.append(
+            "Call errors seen (deadline 2 s; a server-side deadline shows as CANCELLED): "
+            + "; ".join(errs)
+        )
+    lines.append("")
+
+    # Targets.
+    lines.append("## Targets (issue 2)")
+    lines.append("")
+    lines += _targets(scenarios)
+    lines.append("")
+    fo, fe = final["ours"], final["empty"]
+    extra_mb = fo["rss_mb"] - fe["rss_mb"]
+    per_record = extra_mb * 2**20 / fo["records"] if fo["records"] else float("nan")
+    lines.append("## Server memory and GC (whole run)")
+    lines.append("")
+    lines.append(
+        "| server | RSS MB | request ids remembered | GC-tracked objects | "
+        "collections gen0/1/2 | GC pause total s |"
+    )
+    lines.append("|---|---:|---:|---:|---:|---:|")
+    for mode, st in (("ours", fo), ("empty", fe)):
+        lines.append(
+            f"| {mode} | {st['rss_mb']:,.0f} | {st['records']:,} | {st['tracked_objects']:,} "
+            f"| {'/'.join(str(c) for c in st['gc_collections'])} | {st['gc_total_s']:.2f} |"
+        )
+    lines.append("")
+    if fo["records"] >= 100_000:  # RSS does not shrink after expiry; small counts say nothing
+        lines.append(
+            f"Ours holds ~{per_record:,.0f} bytes of RSS per remembered request id "
+            f"(reservation_ttl_s {ours.ttl_s:g}); the 'server GC max ms' columns above are "
+            "the longest single collection pause in each round."
+        )
+    else:
+        lines.append(
+            "The 'server GC max ms' columns above are the longest single collection pause "
+            "in each round."
+        )
+    for label, table in profiles:
+        lines.append("")
+        lines.append(f"## Server profile, ours: {label}")
+        lines.append("")
+        lines.append("```")
+        lines.append(table)
+        lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
+def _targets(scenarios: list[Scenario]) -> list[str]:
+    def med(kind: str, size: int, mode: str, fn: Callable[[Any], float]) -> float | None:
+        for sc in scenarios:
+            if sc.kind == kind and sc.size == size:
+                return _med([fn(s.result) for s in sc.samples[mode]])
+        return None
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    out: list[str] = []
+    dps = med("stream", 100, "ours", lambda r: r.decisions_per_s)
+    p99 = med("stream", 100, "ours", lambda r: r.p99_ms)
+    edps = med("stream", 100, "empty", lambda r: r.decisions_per_s)
+    if dps is not None and p99 is not None and edps is not None:
+        out.append(
+            f"- AdmitStream batch 100: {dps:,.0f} decisions/s (target >= {TARGET_STREAM_DPS:,}), "
+            f"p99 {p99:.3f} ms/batch (target < {TARGET_P99_MS:g} ms): "
+            f"{verdict(dps >= TARGET_STREAM_DPS and p99 < TARGET_P99_MS)}; "
+            f"empty stream here: {edps:,.0f}/s (issue's reference: ~435,000/s)"
+        )
+    u1 = med("unary", 1000, "ours", lambda r: r.p99_ms)
+    if u1 is not None:
+        out.append(
+            f"- unary 1,000/s: p99 {u1:.3f} ms (target < {TARGET_P99_MS:g} ms): "
+            f"{verdict(u1 < TARGET_P99_MS)}"
+        )
+    o99 = med("unary", 2000, "ours", lambda r: r.p99_ms)
+    e99 = med("unary", 2000, "empty", lambda r: r.p99_ms)
+    ocpu = med("unary", 2000, "ours", lambda r: r.server_cpu_s / r.calls)
+    ecpu = med("unary", 2000, "empty", lambda r: r.server_cpu_s / r.calls)
+    if o99 is not None and e99 and ocpu is not None and ecpu:
+        out.append(
+            f"- unary 2,000/s: p99 {o99 / e99:.2f}x and server CPU/call {ocpu / ecpu:.2f}x the "
+            f"empty handler (target <= {TARGET_RATIO}x each): "
+            f"{verdict(o99 / e99 <= TARGET_RATIO and ocpu / ecpu <= TARGET_RATIO)}"
+        )
+    return out
+
+
+# --------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 short rounds per scenario (< 60 s)")
+    ap.add_argument("--rounds", type=int, help="rounds per scenario (default 4; quick: 2)")
+    ap.add_argument("--seconds", type=float, help="measured seconds per round (default 5)")
+    ap.add_argument("--window", type=int, default=2, help="AdmitStream batches in flight")
+    ap.add_argument(
+        "--reservation-ttl",
+        type=float,
+        default=None,
+        help="reservation_ttl_s of the ours server (default: the Settings default)",
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="also cProfile the ours server (extra rounds)"
+    )
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 4)
+    seconds = args.seconds or (2.0 if args.quick else 5.0)
+    if rounds < 1 or seconds <= 0 or not 1 <= args.window <= 64:
+        ap.error("need rounds >= 1, seconds > 0, 1 <= window <= 64")
+    plan = Plan(
+        rounds=rounds,
+        stream_seconds=seconds,
+        unary_seconds=seconds,
+        unary_warmup_s=0.3 if args.quick else 0.5,
+        window=args.window,
+        quiesce_s=0.5 if args.quick else 2.0,
+    )
+
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="burstgate-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        db_url = f"sqlite:///{tmp}/bench.db"
+        print(f"preparing {db_url}", file=sys.stderr, flush=True)
+        prepare_db(db_url)
+        servers = {
+            "ours": start_server(ctx, "ours", db_url, args.reservation_ttl),
+            "empty": start_server(ctx, "empty", db_url, None),
+        }
+        loadgen = start_loadgen(ctx)
+        try:
+            for h in servers.values():
+                await_ready(h)
+            print(
+                f"servers up: ours {servers['ours'].target}, empty {servers['empty'].target}",
+                file=sys.stderr,
+                flush=True,
+            )
+            scenarios = run_all(plan, servers, loadgen)
+            profiles = profile_ours(plan, servers, loadgen, tmp) if args.profile else []
+            final = {mode: h.call("stats", "full") for mode, h in servers.items()}
+            load_after = os.getloadavg()
+        finally:
+            stop_process(loadgen.proc, loadgen.conn, None)
+            for h in servers.values():
+                stop_process(h.proc, h.conn, ("stop",))
+    text = report(
+        plan,
+        scenarios,
+        servers,
+        [
+            os.path.relpath(sys.executable),
+            os.path.relpath(__file__),
+            *(sys.argv[1:] if argv is None else argv),
+        ],
+        time.monotonic() - started,
+        load_before,
+        load_after,
+        profiles,
+        final,
+    )
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
