@@ -1,0 +1,253 @@
+"""``burstgate analyze | plan | forecast``: registered on the main Typer app.
+
+Exit codes: 0 on success, 2 for bad input (missing file, no timestamp
+column, a bad row under ``--on-bad-row fail``, inconsistent options).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import numpy as np
+import typer
+
+from controlplane.analysis.bursts import (
+    DEFAULT_BASELINE_SECONDS,
+    DEFAULT_K,
+    DEFAULT_MIN_SECONDS,
+    BurstRule,
+)
+from controlplane.analysis.forecast import (
+    DEFAULT_HORIZON_S,
+    DEFAULT_TRAIN_FRACTION,
+    AxisForecast,
+    forecast_axis,
+)
+from controlplane.analysis.jsonout import analysis_to_dict, forecast_to_dict, plan_to_dict
+from controlplane.analysis.plan import DEFAULT_LEAD_TIME_S, EngineCapacity, plan_capacity
+from controlplane.analysis.reader import LogReadError, RequestLog, read_log
+from controlplane.analysis.stats import make_timeline, per_second
+from controlplane.analysis.summary import (
+    DEFAULT_MAX_TENANTS,
+    AnalysisParams,
+    RateSeries,
+    analyze,
+    tenant_rows,
+)
+from controlplane.analysis.terminal import analysis_text, forecast_text, plan_text
+
+BAD_INPUT_EXIT = 2
+# Smaller files read in well under a second: a bar would only flicker.
+PROGRESS_MIN_BYTES = 8 * 1024 * 1024
+
+
+class OnBadRow(StrEnum):
+    skip = "skip"
+    fail = "fail"
+
+
+LogArg = Annotated[Path, typer.Argument(help="Request log: CSV or JSON Lines (optionally .gz).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+BadRowOpt = Annotated[
+    OnBadRow, typer.Option("--on-bad-row", help="Skip bad rows (reported) or fail on the first.")
+]
+NoProgressOpt = Annotated[
+    bool, typer.Option("--no-progress", help="No progress bar (it is off anyway when not a TTY).")
+]
+KOpt = Annotated[
+    float, typer.Option("--burst-k", help="Sigmas above the baseline that make a second hot.")
+]
+MinSecondsOpt = Annotated[
+    int,
+    typer.Option(
+        "--burst-min-seconds",
+        help="Seconds the rate is averaged over, and must stay high, to count as a burst.",
+    ),
+]
+BaselineOpt = Annotated[
+    int, typer.Option("--baseline-seconds", help="Trailing baseline window in seconds.")
+]
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(BAD_INPUT_EXIT)
+
+
+def _load(path: Path, on_bad_row: OnBadRow, no_progress: bool) -> RequestLog:
+    show = (
+        not no_progress
+        and sys.stderr.isatty()
+        and path.is_file()
+        and path.stat().st_size >= PROGRESS_MIN_BYTES
+    )
+    try:
+        return read_log(path, on_bad_row=on_bad_row.value, progress=show)
+    except LogReadError as exc:
+        _fail(str(exc))
+
+
+def _rule(k: float, min_seconds: int, baseline_seconds: int) -> BurstRule:
+    try:
+        return BurstRule(k=k, min_seconds=min_seconds, baseline_seconds=baseline_seconds)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _emit_json(document: dict[str, Any]) -> None:
+    typer.echo(json.dumps(document, indent=2, allow_nan=False))
+
+
+def analyze_command(
+    log: LogArg,
+    json_out: JsonOpt = False,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Write DIR/index.html with embedded plots.")
+    ] = None,
+    per_tenant: Annotated[
+        bool, typer.Option("--per-tenant/--no-per-tenant", help="Break figures down by tenant.")
+    ] = True,
+    burst_k: KOpt = DEFAULT_K,
+    burst_min_seconds: MinSecondsOpt = DEFAULT_MIN_SECONDS,
+    baseline_seconds: BaselineOpt = DEFAULT_BASELINE_SECONDS,
+    max_tenants: Annotated[
+        int, typer.Option("--max-tenants", help="Tenants analysed one by one, largest first.")
+    ] = DEFAULT_MAX_TENANTS,
+    on_bad_row: BadRowOpt = OnBadRow.skip,
+    no_progress: NoProgressOpt = False,
+) -> None:
+    """Burst statistics of a request log: rates, inter-arrivals, lengths, incidents."""
+    rule = _rule(burst_k, burst_min_seconds, baseline_seconds)
+    if max_tenants < 1:
+        _fail("--max-tenants must be at least 1")
+    request_log = _load(log, on_bad_row, no_progress)
+    analysis = analyze(
+        request_log, AnalysisParams(rule=rule, per_tenant=per_tenant, max_tenants=max_tenants)
+    )
+    if json_out:
+        _emit_json(analysis_to_dict(analysis))
+    else:
+        typer.echo(analysis_text(analysis), nl=False)
+    if html is not None:
+        # Imported here: matplotlib costs ~0.5 s and ~25 MB that a text run does not need.
+        from controlplane.analysis.report import write_report
+
+        path = write_report(analysis, html)
+        typer.echo(f"HTML report: {path}", err=json_out)
+
+
+def plan_command(
+    log: LogArg,
+    prefill_tps: Annotated[
+        float | None, typer.Option("--prefill-tps", help="Prompt tokens/s one engine prefills.")
+    ] = None,
+    decode_tps: Annotated[
+        float | None, typer.Option("--decode-tps", help="Output tokens/s one engine decodes.")
+    ] = None,
+    rps: Annotated[
+        float | None, typer.Option("--rps", help="Requests/s one engine serves.")
+    ] = None,
+    lead_time_s: Annotated[
+        int, typer.Option("--lead-time-s", help="Seconds from scale-up trigger to a ready engine.")
+    ] = DEFAULT_LEAD_TIME_S,
+    json_out: JsonOpt = False,
+    on_bad_row: BadRowOpt = OnBadRow.skip,
+    no_progress: NoProgressOpt = False,
+) -> None:
+    """Base pool from the 10-minute P95, elastic pool for bursts, and what the mean misses."""
+    try:
+        capacity = EngineCapacity(rps=rps, prefill_tps=prefill_tps, decode_tps=decode_tps)
+    except ValueError as exc:
+        _fail(str(exc))
+    if lead_time_s < 0:
+        _fail("--lead-time-s must be >= 0")
+    request_log = _load(log, on_bad_row, no_progress)
+    if rps is None and not request_log.has_tokens:
+        _fail("the log has no token columns; plan with --rps")
+    analysis = analyze(request_log, AnalysisParams(per_tenant=False))
+    plan = None
+    if analysis.series is not None:
+        plan = plan_capacity(analysis.series, capacity, lead_time_s)
+    if json_out:
+        _emit_json(plan_to_dict(plan, request_log.source))
+    else:
+        typer.echo(plan_text(plan, request_log.source), nl=False)
+
+
+def _series_for(log: RequestLog, tenant: str | None) -> tuple[RateSeries, int] | None:
+    """Per-second series on the log's timeline (optionally one tenant) and its row count."""
+    timeline = make_timeline(log.ts_us)
+    if timeline is None:
+        return None
+    if tenant is None:
+        rows = np.arange(len(log), dtype=np.int64)
+    else:
+        groups = dict(tenant_rows(log)) if log.has_tenants else {}
+        if tenant not in groups:
+            known = ", ".join(list(groups)[:10]) or "none: the log has no tenant column"
+            _fail(f"no tenant {tenant!r} in the log (tenants: {known})")
+        rows = groups[tenant]
+    bins = timeline.bins(log.ts_us[rows])
+    series = RateSeries(
+        requests=per_second(bins, timeline.n_bins),
+        prompt_tokens=per_second(bins, timeline.n_bins, log.prompt_tokens[rows]),
+        output_tokens=per_second(bins, timeline.n_bins, log.output_tokens[rows]),
+    )
+    return series, int(rows.size)
+
+
+def forecast_command(
+    log: LogArg,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Forecast one tenant (default: all traffic).")
+    ] = None,
+    horizon_s: Annotated[
+        int, typer.Option("--horizon-s", help="Seconds ahead to forecast and alarm.")
+    ] = DEFAULT_HORIZON_S,
+    train_fraction: Annotated[
+        float, typer.Option("--train-fraction", help="Leading share of the log used to fit.")
+    ] = DEFAULT_TRAIN_FRACTION,
+    burst_k: KOpt = DEFAULT_K,
+    burst_min_seconds: MinSecondsOpt = DEFAULT_MIN_SECONDS,
+    baseline_seconds: BaselineOpt = DEFAULT_BASELINE_SECONDS,
+    json_out: JsonOpt = False,
+    on_bad_row: BadRowOpt = OnBadRow.skip,
+    no_progress: NoProgressOpt = False,
+) -> None:
+    """Forecast request and token rate; evaluate burst alarms on a held-out tail."""
+    rule = _rule(burst_k, burst_min_seconds, baseline_seconds)
+    if horizon_s < 1:
+        _fail("--horizon-s must be at least 1")
+    if not 0 < train_fraction < 1:
+        _fail("--train-fraction must be between 0 and 1")
+    request_log = _load(log, on_bad_row, no_progress)
+    found = _series_for(request_log, tenant)
+    axes: list[AxisForecast] = []
+    if found is not None:
+        series, count = found
+        axes.append(
+            forecast_axis("requests", series.requests, rule, 1.0, horizon_s, train_fraction)
+        )
+        tokens_per_request = float(series.tokens.sum()) / count if count else 0.0
+        if request_log.has_tokens and tokens_per_request > 0:
+            axes.append(
+                forecast_axis(
+                    "tokens", series.tokens, rule, tokens_per_request, horizon_s, train_fraction
+                )
+            )
+    if json_out:
+        _emit_json(forecast_to_dict(request_log.source, tenant, axes))
+    else:
+        text = forecast_text(request_log.source, tenant, axes)
+        typer.echo(text if axes else text + "no requests to forecast\n", nl=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``analyze``, ``plan`` and ``forecast`` to the ``burstgate`` app."""
+    app.command("analyze")(analyze_command)
+    app.command("plan")(plan_command)
+    app.command("forecast")(forecast_command)

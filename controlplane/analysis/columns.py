@@ -1,0 +1,190 @@
+"""Accumulate parsed requests into compact typed columns.
+
+Rows arrive either one at a time (the scalar path: JSON Lines, and CSV
+chunks the fast path declined) or as whole CSV chunks parsed in NumPy. Both
+end up as NumPy chunks in file order; string labels are interned to int32
+codes shared by both paths.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable, Mapping
+from operator import itemgetter
+from types import MappingProxyType
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.analysis.parsing import (
+    fast_counts,
+    fast_optional_floats,
+    fast_optional_timestamps,
+    fast_timestamps,
+    parse_optional_float,
+    parse_optional_ts,
+    parse_timestamp_us,
+    parse_tokens,
+)
+
+LABELS = ("tenant", "lane", "decision")
+US_PER_MS = 1000
+
+
+# Column -> dtype. ts/prompt/output and labels are integers, waits floats.
+_INT64 = ("ts", "prompt", "output")
+_FLOAT = ("queue_wait", "latency")
+_DTYPES: Mapping[str, type[np.generic]] = MappingProxyType(
+    {
+        **dict.fromkeys(_INT64, np.int64),
+        **dict.fromkeys(_FLOAT, np.float64),
+        **dict.fromkeys(LABELS, np.int32),
+    }
+)
+
+
+class ColumnBuilder:
+    """Typed columns for one log; ``columns()`` concatenates them at the end."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, dict[str, int]] = {name: {} for name in LABELS}
+        self._chunks: dict[str, list[npt.NDArray[np.generic]]] = {name: [] for name in _DTYPES}
+        self._ints, self._floats = self._fresh_rows()
+
+    @staticmethod
+    def _fresh_rows() -> tuple[dict[str, array[int]], dict[str, array[float]]]:
+        ints = {name: array("q") for name in _INT64} | {name: array("i") for name in LABELS}
+        return ints, {name: array("d") for name in _FLOAT}
+
+    def intern(self, field: str, label: object) -> int:
+        index = self.labels[field]
+        text = "" if label is None else str(label).strip()
+        code = index.get(text)
+        if code is None:
+            code = len(index)
+            index[text] = code
+        return code
+
+    # ------------------------------------------------------------------ scalar path
+
+    def add_row(self, get: Callable[[str], object], present: Mapping[str, object]) -> None:
+        """Parse one row through ``get(canonical)``; raises ValueError if bad.
+
+        Every field is parsed before anything is appended, so a bad row
+        leaves the columns untouched.
+        """
+        ts = parse_timestamp_us(get("timestamp"))
+        prompt = parse_tokens(get("prompt_tokens")) if "prompt_tokens" in present else 0
+        output = parse_tokens(get("output_tokens")) if "output_tokens" in present else 0
+        wait = latency = math.nan
+        if "queue_wait_ms" in present:
+            wait = parse_optional_float(get("queue_wait_ms"))
+        if "latency_ms" in present:
+            latency = parse_optional_float(get("latency_ms"))
+        if math.isnan(wait) and "queue_start" in present and "exec_start" in present:
+            q_start = parse_optional_ts(get("queue_start"))
+            x_start = parse_optional_ts(get("exec_start"))
+            if q_start is not None and x_start is not None:
+                wait = max(0, x_start - q_start) / US_PER_MS
+        if math.isnan(latency) and "end" in present:
+            end = parse_optional_ts(get("end"))
+            if end is not None:
+                latency = max(0, end - ts) / US_PER_MS  # arrival to completion
+        codes = [self.intern(name, get(name)) if name in present else 0 for name in LABELS]
+        ints, floats = self._ints, self._floats
+        for name, value in zip((*_INT64, *LABELS), (ts, prompt, output, *codes), strict=True):
+            ints[name].append(value)
+        floats["queue_wait"].append(wait)
+        floats["latency"].append(latency)
+
+    def _flush_rows(self) -> None:
+        if not len(self._ints["ts"]):
+            return
+        buffers: dict[str, array[int] | array[float]] = {**self._ints, **self._floats}
+        for name, values in buffers.items():
+            self._chunks[name].append(np.frombuffer(values, dtype=_DTYPES[name]).copy())
+        self._ints, self._floats = self._fresh_rows()
+
+    # ------------------------------------------------------------------ vector path
+
+    def add_csv_chunk(self, rows: list[list[str]], index: Mapping[str, int]) -> bool:
+        """Parse a chunk of CSV rows in NumPy; False (nothing added) if unsure."""
+        n = len(rows)
+
+        def column(name: str) -> list[str]:
+            return list(map(itemgetter(index[name]), rows))
+
+        ts = fast_timestamps(column("timestamp"))
+        if ts is None:
+            return False
+        counts: dict[str, npt.NDArray[np.int64]] = {}
+        for name, field in (("prompt", "prompt_tokens"), ("output", "output_tokens")):
+            parsed = fast_counts(column(field)) if field in index else np.zeros(n, np.int64)
+            if parsed is None:
+                return False
+            counts[name] = parsed
+        floats: dict[str, npt.NDArray[np.float64]] = {}
+        for name, field in (("queue_wait", "queue_wait_ms"), ("latency", "latency_ms")):
+            values = fast_optional_floats(column(field)) if field in index else np.full(n, np.nan)
+            if values is None:
+                return False
+            floats[name] = values
+        if not self._derive_chunk(floats, ts, column, index):
+            return False
+        self._flush_rows()  # keep file order: earlier scalar rows first
+        self._chunks["ts"].append(ts)
+        for name, values in counts.items():
+            self._chunks[name].append(values)
+        for name, floating in floats.items():
+            self._chunks[name].append(floating)
+        for name in LABELS:
+            self._chunks[name].append(
+                self._label_codes(name, column(name)) if name in index else np.zeros(n, np.int32)
+            )
+        return True
+
+    def _derive_chunk(
+        self,
+        floats: dict[str, npt.NDArray[np.float64]],
+        ts: npt.NDArray[np.int64],
+        column: Callable[[str], list[str]],
+        index: Mapping[str, int],
+    ) -> bool:
+        """Queue wait and latency from timestamps where not given directly."""
+        wait = floats["queue_wait"]
+        if "queue_start" in index and "exec_start" in index and np.isnan(wait).any():
+            q_start = fast_optional_timestamps(column("queue_start"))
+            x_start = fast_optional_timestamps(column("exec_start"))
+            if q_start is None or x_start is None:
+                return False
+            fill = np.isnan(wait) & q_start[1] & x_start[1]
+            wait[fill] = np.maximum(0, x_start[0][fill] - q_start[0][fill]) / US_PER_MS
+        latency = floats["latency"]
+        if "end" in index and np.isnan(latency).any():
+            end = fast_optional_timestamps(column("end"))
+            if end is None:
+                return False
+            fill = np.isnan(latency) & end[1]
+            latency[fill] = np.maximum(0, end[0][fill] - ts[fill]) / US_PER_MS
+        return True
+
+    def _label_codes(self, field: str, values: list[str]) -> npt.NDArray[np.int32]:
+        # dict.fromkeys keeps first-appearance order, so codes match the scalar path.
+        mapping = {raw: self.intern(field, raw) for raw in dict.fromkeys(values)}
+        return np.fromiter(map(mapping.__getitem__, values), dtype=np.int32, count=len(values))
+
+    # ------------------------------------------------------------------ result
+
+    def columns(self) -> dict[str, npt.NDArray[np.generic]]:
+        self._flush_rows()
+        out: dict[str, npt.NDArray[np.generic]] = {}
+        for name, chunks in self._chunks.items():
+            dtype = _DTYPES[name]
+            out[name] = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
+            chunks.clear()  # release chunk memory as soon as it is copied
+        return out
+
+    def names(self, field: str) -> list[str]:
+        ordered = sorted(self.labels[field].items(), key=lambda item: item[1])
+        return [name for name, _ in ordered] or [""]

@@ -1,0 +1,451 @@
+"""Self-contained HTML report: one ``index.html`` with the PNGs embedded as
+base64 data URIs, so the file can be mailed or attached to a ticket alone.
+
+Every figure shown in a table cell carries ``data-metric="..."`` with the key
+it reports, and the full ``--json`` document is embedded in
+``<script type="application/json" id="burstgate-data">``, so tests and tools
+can check the report against an independent computation.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from html import escape
+from pathlib import Path
+
+from controlplane.analysis import plots
+from controlplane.analysis.jsonout import analysis_to_dict
+from controlplane.analysis.parsing import format_timestamp_us
+from controlplane.analysis.stats import Distribution, SeriesStats
+from controlplane.analysis.summary import Analysis, EntitySummary, Incident
+from controlplane.analysis.terminal import CV_BURSTY, PEAK_TO_MEAN_LIMIT, num, pct
+
+# The most severe incidents (by excess requests) get a zoom plot each; the
+# rest get their table. Keeps a noisy day's report a few MB at most.
+MAX_INCIDENT_PLOTS = 20
+
+_STYLE = """
+body{font:15px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1080px;
+padding:0 1rem;color:#222}
+h1{margin-bottom:.2rem}h2{border-bottom:2px solid #ddd;padding-bottom:.2rem;margin-top:2.2rem}
+table{border-collapse:collapse;margin:.6rem 0;font-variant-numeric:tabular-nums}
+th,td{padding:.2rem .6rem;border-bottom:1px solid #eee;text-align:right}
+th:first-child,td:first-child{text-align:left}
+img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
+.meta{color:#666}.ok{color:#2a7a2a}.warn{color:#b35900;font-weight:600}
+.incident{border-left:4px solid #d62728;padding-left:1rem;margin:1.4rem 0}
+nav a{margin-right:.8rem}code{background:#f4f4f4;padding:0 .2rem}
+"""
+
+
+def _img(png: bytes | None, alt: str) -> str:
+    if png is None:
+        return f'<p class="meta">({escape(alt)}: not enough data to plot)</p>'
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _cell(value: float | int | None, key: str) -> str:
+    return f'<td data-metric="{escape(key)}">{num(value)}</td>'
+
+
+def _series_table(entity: EntitySummary, prefix: str) -> str:
+    rows = [
+        ("requests/s", "requests_per_s", entity.requests_per_s),
+        ("prompt tokens/s", "prompt_tokens_per_s", entity.prompt_tokens_per_s),
+        ("output tokens/s", "output_tokens_per_s", entity.output_tokens_per_s),
+        ("tokens/s", "tokens_per_s", entity.tokens_per_s),
+    ]
+    fields = ("mean", "std", "p50", "p95", "p99", "max", "cv", "peak_to_mean")
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("per second", "mean", "std", "P50", "P95", "P99", "max", "CV", "peak/mean")
+    )
+    body = []
+    for label, key, stats in rows:
+        if stats is None:
+            continue
+        cells = "".join(_cell(_field(stats, f), f"{prefix}{key}.{f}") for f in fields)
+        body.append(f"<tr><td>{label}</td>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _field(stats: SeriesStats | Distribution, name: str) -> float | int | None:
+    value: float | int | None = getattr(stats, name)
+    return value
+
+
+def _dist_table(rows: list[tuple[str, str, Distribution | None]]) -> str:
+    fields = ("count", "mean", "p50", "p90", "p95", "p99", "max")
+    head = "".join(
+        f"<th>{h}</th>" for h in ("per request", "count", "mean", "P50", "P90", "P95", "P99", "max")
+    )
+    body = [
+        f"<tr><td>{label}</td>"
+        + "".join(_cell(_field(d, f), f"{key}.{f}") for f in fields)
+        + "</tr>"
+        for label, key, d in rows
+        if d is not None
+    ]
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>" if body else ""
+
+
+def _verdict(what: str, s: SeriesStats | None) -> str:
+    if s is None or s.cv is None or s.peak_to_mean is None:
+        return f'<li class="meta">{what}: not enough traffic to judge.</li>'
+    cv_class = "warn" if s.cv > CV_BURSTY else "ok"
+    pm_class = "warn" if s.peak_to_mean > PEAK_TO_MEAN_LIMIT else "ok"
+    cv_text = "strongly bursty" if s.cv > CV_BURSTY else "not strongly bursty"
+    pm_text = (
+        "do not plan capacity from the mean"
+        if s.peak_to_mean > PEAK_TO_MEAN_LIMIT
+        else "the mean understates the peak, by less than 3x"
+    )
+    return (
+        f'<li>{what}: <span class="{cv_class}">CV {s.cv:.2f}, {cv_text}</span>; '
+        f'<span class="{pm_class}">peak-to-mean {s.peak_to_mean:.2f}, {pm_text}</span>.</li>'
+    )
+
+
+def _verdicts(entity: EntitySummary) -> str:
+    items = _verdict("Requests/s", entity.requests_per_s)
+    if entity.tokens_per_s is not None:
+        items += _verdict("Tokens/s", entity.tokens_per_s)
+    return (
+        f'<ul>{items}</ul><p class="meta">SPEC thresholds: CV &gt; 1 is strongly bursty; '
+        "peak-to-mean &gt; 3 means capacity cannot be planned from the mean.</p>"
+    )
+
+
+def _section(ident: str, title: str, body: str) -> str:
+    return f'<section id="{ident}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+def _clock(ts_us: int) -> str:
+    """UTC time to the second, readable: 2023-11-16 18:15:46."""
+    return format_timestamp_us(ts_us)[:19].replace("T", " ")
+
+
+def _at(analysis: Analysis, index: int) -> str:
+    assert analysis.timeline is not None
+    return _clock(analysis.timeline.bin_start_us(index))
+
+
+def _incident_html(analysis: Analysis, inc: Incident, png: bytes | None) -> str:
+    rule = analysis.params.rule
+    story = [
+        f"From {_at(analysis, inc.start)} to {_at(analysis, inc.end)} UTC ({inc.duration_s} s) "
+        f"requests averaged {inc.mean_rps:.1f}/s against a baseline of {inc.baseline_rps:.1f}/s "
+        f"(peak {inc.peak_rps:.0f}/s): {inc.requests:,} requests, about "
+        f"{inc.excess_requests:,.0f} more than the baseline rate would have brought."
+    ]
+    if analysis.log.has_tokens:
+        story.append(
+            f"Tokens averaged {inc.mean_tokens_per_s:,.0f}/s (baseline "
+            f"{inc.baseline_tokens_per_s:,.0f}/s, peak {inc.peak_tokens_per_s:,.0f}/s)."
+        )
+    story.append(
+        f"Triggered on {' and '.join(inc.axes)}; a reactive detector ({rule.min_seconds}-s "
+        f"average over baseline + {rule.k:g} sigma) would have fired at "
+        f"{_at(analysis, inc.detected_at + 1)}, {inc.detected_at + 1 - inc.start} s in."
+    )
+    if inc.top_tenants:
+        story.append(
+            "Top tenants: "
+            + "; ".join(
+                f"{escape(t.tenant or '(blank)')} {t.requests:,} requests ({pct(t.share)} of the "
+                f"burst, {pct(t.usual_share)} of the log)"
+                for t in inc.top_tenants
+            )
+            + "."
+        )
+    if inc.decisions:
+        story.append(
+            "Decisions: "
+            + ", ".join(f"{escape(k or '(blank)')} {v:,}" for k, v in inc.decisions.items())
+            + "."
+        )
+    key = f"incidents.{inc.number}"
+    table = _dist_table(
+        [
+            ("queue wait (ms)", f"{key}.queue_wait_ms", inc.queue_wait_ms),
+            ("latency (ms)", f"{key}.latency_ms", inc.latency_ms),
+        ]
+    )
+    plot = _img(png, f"incident {inc.number} zoom") if png else ""
+    return (
+        f'<article class="incident" id="incident-{inc.number}">'
+        f"<h3>Incident {inc.number}: {_at(analysis, inc.start)} UTC, {inc.duration_s} s</h3>"
+        f"<p>{' '.join(story)}</p>{table}{plot}</article>"
+    )
+
+
+def _tenant_table(analysis: Analysis) -> str:
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "tenant",
+            "requests",
+            "mean/s",
+            "P95/s",
+            "P99/s",
+            "max/s",
+            "CV",
+            "peak/mean",
+            "gap CV",
+            "tokens/s P99",
+            "bursts",
+        )
+    )
+    body = []
+    for t in analysis.tenants:
+        r = t.requests_per_s
+        key = f"tenants.{t.tenant}"
+        body.append(
+            f"<tr><td>{escape(t.tenant or '(blank)')}</td>{_cell(t.requests, key + '.requests')}"
+            + "".join(
+                _cell(_field(r, f) if r else None, f"{key}.requests_per_s.{f}")
+                for f in ("mean", "p95", "p99", "max", "cv", "peak_to_mean")
+            )
+            + _cell(t.interarrival.cv if t.interarrival else None, f"{key}.interarrival.cv")
+            + _cell(t.tokens_per_s.p99 if t.tokens_per_s else None, f"{key}.tokens_per_s.p99")
+            + _cell(len(t.bursts), f"{key}.bursts")
+            + "</tr>"
+        )
+    more = (
+        f'<p class="meta">{analysis.tenants_not_shown} smaller tenants not shown.</p>'
+        if analysis.tenants_not_shown
+        else ""
+    )
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
+
+
+def _windows_table(analysis: Analysis) -> str:
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "window",
+            "start (UTC)",
+            "seconds",
+            "requests",
+            "mean/s",
+            "P95/s",
+            "max/s",
+            "CV",
+            "tokens/s P95",
+        )
+    )
+    body = []
+    for w in analysis.overall.windows:
+        key = f"windows.{w.index}"
+        r = w.requests_per_s
+        body.append(
+            f"<tr><td>{w.index}</td><td>{_clock(w.start_us)}</td>"
+            f"{_cell(w.seconds, key + '.seconds')}{_cell(w.requests, key + '.requests')}"
+            + "".join(
+                _cell(_field(r, f), f"{key}.requests_per_s.{f}")
+                for f in ("mean", "p95", "max", "cv")
+            )
+            + _cell(w.tokens_per_s.p95 if w.tokens_per_s else None, f"{key}.tokens_per_s.p95")
+            + "</tr>"
+        )
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def render_html(analysis: Analysis) -> str:
+    log, overall, rule = analysis.log, analysis.overall, analysis.params.rule
+    title = f"burstgate burst report: {Path(log.source).name}"
+    span = (
+        "no requests"
+        if analysis.timeline is None
+        else f"{_at(analysis, 0)} to {_clock(int(log.ts_us.max()))}"
+        f" UTC, {analysis.timeline.n_bins:,} one-second bins"
+    )
+    header = (
+        f"<h1>{escape(title)}</h1>"
+        f'<p class="meta">{escape(log.source)} ({log.fmt}) - {len(log):,} requests, '
+        f"{log.bad_row_count:,} bad rows - {span}</p>"
+    )
+    sections = [
+        "summary",
+        "rates",
+        "interarrival",
+        "lengths",
+        "windows",
+        "tenants",
+        "incidents",
+        "data-quality",
+        "method",
+    ]
+    nav = (
+        "<nav>" + "".join(f'<a href="#{s}">{s.replace("-", " ")}</a>' for s in sections) + "</nav>"
+    )
+    parts = [header, nav]
+    if analysis.timeline is None:
+        parts.append(_section("summary", "Summary", "<p>The log holds no requests.</p>"))
+        for ident in sections[1:]:
+            parts.append(_section(ident, ident.replace("-", " ").capitalize(), "<p>No data.</p>"))
+        return _page(title, parts, analysis)
+
+    parts.append(
+        _section(
+            "summary",
+            "Summary",
+            _verdicts(overall)
+            + _series_table(overall, "overall.")
+            + f"<p>Burst incidents: {len(analysis.incidents)}; "
+            f"{'tenant column present' if log.has_tenants else 'no tenant column'}.</p>",
+        )
+    )
+    parts.append(
+        _section(
+            "rates",
+            "Request and token rate over time",
+            _img(plots.rate_figure(analysis), "request and token rate over time, bursts shaded"),
+        )
+    )
+    ia = overall.interarrival
+    ia_text = (
+        "<p>Fewer than two arrivals: no gaps to compare.</p>"
+        if ia is None
+        else f"<p>Mean gap {ia.mean_s:.3f} s, P50 {ia.p50_s:.3f} s, "
+        f'P99 <span data-metric="overall.interarrival.p99_s">{ia.p99_s:.3f}</span> s against '
+        f"{ia.exponential_p99_s:.3f} s for Poisson arrivals at the same rate; "
+        f'gap CV <span data-metric="overall.interarrival.cv">{num(ia.cv)}</span> (Poisson: 1); '
+        f"Kolmogorov-Smirnov distance to the exponential {num(ia.ks_distance, 3)}; "
+        f"per-second count dispersion (variance/mean) {num(ia.count_dispersion)} (Poisson: 1).</p>"
+    )
+    parts.append(
+        _section(
+            "interarrival",
+            "Inter-arrival times vs Poisson",
+            ia_text
+            + _img(plots.interarrival_figure(analysis), "inter-arrival histogram vs exponential"),
+        )
+    )
+    parts.append(
+        _section(
+            "lengths",
+            "Token density: prompt and output lengths",
+            _dist_table(
+                [
+                    ("prompt tokens", "overall.lengths.prompt_tokens", overall.prompt_tokens),
+                    ("output tokens", "overall.lengths.output_tokens", overall.output_tokens),
+                    ("queue wait (ms)", "overall.queue_wait_ms", overall.queue_wait_ms),
+                    ("latency (ms)", "overall.latency_ms", overall.latency_ms),
+                ]
+            )
+            + (
+                _img(plots.lengths_figure(log), "prompt and output length distributions")
+                if log.has_tokens
+                else "<p>The log has no token columns.</p>"
+            ),
+        )
+    )
+    parts.append(
+        _section(
+            "windows",
+            "10-minute windows",
+            _windows_table(analysis) + _img(plots.windows_figure(analysis), "10-minute windows"),
+        )
+    )
+    parts.append(
+        _section(
+            "tenants",
+            "Per-tenant breakdown",
+            _tenant_table(analysis) + _img(plots.tenants_figure(analysis), "per-tenant breakdown")
+            if analysis.tenants
+            else "<p>No per-tenant breakdown: the log has no tenant column "
+            "(or --no-per-tenant was given).</p>",
+        )
+    )
+    plotted = {
+        inc.number
+        for inc in sorted(analysis.incidents, key=lambda i: -i.excess_requests)[:MAX_INCIDENT_PLOTS]
+    }
+    incident_intro = (
+        f"<p>Rule: a burst is where the {rule.min_seconds}-second average of requests/s or "
+        f"tokens/s stays more than {rule.k:g} standard deviations above its trailing "
+        f"{rule.baseline_seconds}-second baseline for at least {rule.min_seconds} consecutive "
+        f"seconds (see the method section). {len(analysis.incidents)} found"
+        + (
+            f"; zoom plots for the {MAX_INCIDENT_PLOTS} largest"
+            if len(analysis.incidents) > MAX_INCIDENT_PLOTS
+            else ""
+        )
+        + ".</p>"
+    )
+    parts.append(
+        _section(
+            "incidents",
+            "Post-incident reports",
+            incident_intro
+            + "".join(
+                _incident_html(
+                    analysis,
+                    inc,
+                    plots.incident_figure(analysis, inc) if inc.number in plotted else None,
+                )
+                for inc in analysis.incidents
+            ),
+        )
+    )
+    parts.append(_section("data-quality", "Data quality", _quality_html(analysis)))
+    parts.append(_section("method", "Method", _method_html(analysis)))
+    return _page(title, parts, analysis)
+
+
+def _quality_html(analysis: Analysis) -> str:
+    log = analysis.log
+    items = [
+        f"<li>{log.rows_read:,} rows read, {len(log):,} analysed, {log.bad_row_count:,} bad.</li>",
+        f"<li>{analysis.out_of_order_rows:,} rows earlier than the row before them "
+        "(order does not matter to the analysis).</li>",
+        "<li>Columns: "
+        + ", ".join(
+            f"<code>{escape(k)}</code> from <code>{escape(v)}</code>"
+            for k, v in log.columns.items()
+        )
+        + ".</li>",
+    ]
+    items += [f"<li>line {b.line}: {escape(b.reason)}</li>" for b in log.bad_rows]
+    return f"<ul>{''.join(items)}</ul>"
+
+
+def _method_html(analysis: Analysis) -> str:
+    rule = analysis.params.rule
+    return (
+        "<p>Per-second bins start at the first arrival. Standard deviations are population "
+        "figures; percentiles interpolate linearly. CV = std/mean of the per-second series; "
+        "peak-to-mean = max/mean. Windows are 10 minutes from the first arrival (the last may "
+        "be shorter).</p>"
+        f"<p>Bursts: s(t) is the mean rate over the {rule.min_seconds} seconds ending at t. "
+        f"Its baseline is the mean and standard deviation of s over the {rule.baseline_seconds} "
+        "seconds before that window (sigma never below the Poisson value at the baseline rate). "
+        f"A second is hot when s(t) &gt; mean + {rule.k:g} sigma; a burst is a run of at least "
+        f"{rule.min_seconds} hot seconds on requests/s or tokens/s. Its edges are change points: "
+        "where the per-second excess over the threshold, summed from the first hot second, "
+        "peaks. It is detected when the run reaches its minimum length. "
+        "Full description: docs/analysis.md.</p>"
+    )
+
+
+def _page(title: str, parts: list[str], analysis: Analysis) -> str:
+    data = json.dumps(analysis_to_dict(analysis), allow_nan=False).replace("</", "<\\/")
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>"
+        + "".join(parts)
+        + f'<script type="application/json" id="burstgate-data">{data}</script>'
+        + "</body></html>\n"
+    )
+
+
+def write_report(analysis: Analysis, directory: str | Path) -> Path:
+    """Write ``DIR/index.html`` (creating DIR) and return its path."""
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / "index.html"
+    path.write_text(render_html(analysis), encoding="utf-8")
+    return path

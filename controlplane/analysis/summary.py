@@ -1,0 +1,364 @@
+"""``analyze``: turn a RequestLog into overall, per-tenant and per-incident figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.analysis.bursts import (
+    Baseline,
+    BurstRule,
+    MergedBurst,
+    compute_baseline,
+    detect_bursts,
+    merge_axes,
+)
+from controlplane.analysis.reader import RequestLog
+from controlplane.analysis.stats import (
+    WINDOW_SECONDS,
+    Distribution,
+    FloatArray,
+    IntArray,
+    InterArrivalStats,
+    SeriesStats,
+    Timeline,
+    WindowStats,
+    distribution,
+    interarrival_stats,
+    make_timeline,
+    per_second,
+    series_stats,
+    window_stats,
+)
+
+# Tenants analysed one by one (largest first); the rest are counted. Each
+# costs a pass over its rows and its own per-second series.
+DEFAULT_MAX_TENANTS = 50
+# Tenants named per incident: enough to see who drove it.
+TOP_TENANTS_PER_INCIDENT = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RateSeries:
+    """Per-second series of one entity on the log's timeline."""
+
+    requests: FloatArray
+    prompt_tokens: FloatArray
+    output_tokens: FloatArray
+
+    @property
+    def tokens(self) -> FloatArray:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EntitySummary:
+    """Figures for the whole log (tenant None) or one tenant."""
+
+    tenant: str | None
+    requests: int
+    requests_per_s: SeriesStats | None
+    prompt_tokens_per_s: SeriesStats | None
+    output_tokens_per_s: SeriesStats | None
+    tokens_per_s: SeriesStats | None
+    interarrival: InterArrivalStats | None
+    prompt_tokens: Distribution | None
+    output_tokens: Distribution | None
+    queue_wait_ms: Distribution | None
+    latency_ms: Distribution | None
+    decisions: dict[str, int]
+    lanes: dict[str, int]
+    windows: list[WindowStats]
+    bursts: list[MergedBurst]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantShare:
+    tenant: str
+    requests: int
+    share: float  # of the incident's requests
+    usual_share: float  # of the whole log's requests
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """One burst of the overall traffic: the post-incident record."""
+
+    number: int
+    start: int  # bin index, inclusive
+    end: int  # bin index, exclusive
+    detected_at: int
+    axes: tuple[str, ...]
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    peak_rps: float
+    mean_rps: float
+    baseline_rps: float
+    peak_tokens_per_s: float
+    mean_tokens_per_s: float
+    baseline_tokens_per_s: float
+    top_tenants: list[TenantShare]
+    queue_wait_ms: Distribution | None
+    latency_ms: Distribution | None
+    decisions: dict[str, int]
+
+    @property
+    def duration_s(self) -> int:
+        return self.end - self.start
+
+    @property
+    def excess_requests(self) -> float:
+        """Requests above what the baseline rate would have brought."""
+        return self.requests - self.baseline_rps * self.duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class AnalysisParams:
+    rule: BurstRule = field(default_factory=BurstRule)
+    per_tenant: bool = True
+    max_tenants: int = DEFAULT_MAX_TENANTS
+    window_seconds: int = WINDOW_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    log: RequestLog
+    params: AnalysisParams
+    timeline: Timeline | None
+    series: RateSeries | None
+    request_baseline: Baseline | None
+    token_baseline: Baseline | None
+    overall: EntitySummary
+    tenants: list[EntitySummary]
+    tenants_not_shown: int
+    incidents: list[Incident]
+    out_of_order_rows: int
+
+
+def _label_counts(codes: npt.NDArray[np.int32], names: list[str]) -> dict[str, int]:
+    counts = np.bincount(codes, minlength=len(names))
+    return {names[i]: int(c) for i, c in enumerate(counts) if c > 0}
+
+
+def _detect_both_axes(
+    series: RateSeries, rule: BurstRule, tokens_per_request: float, with_tokens: bool
+) -> list[MergedBurst]:
+    by_axis = {"requests": detect_bursts(series.requests, rule, unit=1.0)}
+    if with_tokens and tokens_per_request > 0:
+        by_axis["tokens"] = detect_bursts(series.tokens, rule, unit=tokens_per_request)
+    return merge_axes(by_axis, gap=rule.min_seconds)
+
+
+def summarise_entity(
+    log: RequestLog,
+    rows: IntArray | slice,
+    timeline: Timeline,
+    params: AnalysisParams,
+    tenant: str | None,
+) -> tuple[EntitySummary, RateSeries]:
+    """Figures for ``rows`` (indices into the log's columns, or a slice: a
+    slice selects views, so the whole log is summarised without copies)."""
+    ts = log.ts_us[rows]
+    bins = timeline.bins(ts)
+    prompt = log.prompt_tokens[rows]
+    output = log.output_tokens[rows]
+    series = RateSeries(
+        requests=per_second(bins, timeline.n_bins),
+        prompt_tokens=per_second(bins, timeline.n_bins, prompt),
+        output_tokens=per_second(bins, timeline.n_bins, output),
+    )
+    has_tokens = log.has_tokens
+    count = int(ts.size)
+    tokens_per_request = float((prompt + output).mean()) if count else 0.0
+    summary = EntitySummary(
+        tenant=tenant,
+        requests=count,
+        requests_per_s=series_stats(series.requests),
+        prompt_tokens_per_s=series_stats(series.prompt_tokens) if has_tokens else None,
+        output_tokens_per_s=series_stats(series.output_tokens) if has_tokens else None,
+        tokens_per_s=series_stats(series.tokens) if has_tokens else None,
+        interarrival=interarrival_stats(np.sort(ts), series.requests),
+        prompt_tokens=distribution(prompt) if has_tokens else None,
+        output_tokens=distribution(output) if has_tokens else None,
+        queue_wait_ms=distribution(log.queue_wait_ms[rows]),
+        latency_ms=distribution(log.latency_ms[rows]),
+        decisions=_label_counts(log.decision_codes[rows], log.decision_names)
+        if log.has_decisions
+        else {},
+        lanes=_label_counts(log.lane_codes[rows], log.lane_names) if log.has_lanes else {},
+        windows=window_stats(
+            timeline, series.requests, series.tokens if has_tokens else None, params.window_seconds
+        ),
+        bursts=_detect_both_axes(series, params.rule, tokens_per_request, has_tokens),
+    )
+    return summary, series
+
+
+def _empty_summary() -> EntitySummary:
+    return EntitySummary(
+        tenant=None,
+        requests=0,
+        requests_per_s=None,
+        prompt_tokens_per_s=None,
+        output_tokens_per_s=None,
+        tokens_per_s=None,
+        interarrival=None,
+        prompt_tokens=None,
+        output_tokens=None,
+        queue_wait_ms=None,
+        latency_ms=None,
+        decisions={},
+        lanes={},
+        windows=[],
+        bursts=[],
+    )
+
+
+def analyze(log: RequestLog, params: AnalysisParams | None = None) -> Analysis:
+    params = params or AnalysisParams()
+    timeline = make_timeline(log.ts_us)
+    if timeline is None:
+        return Analysis(
+            log=log,
+            params=params,
+            timeline=None,
+            series=None,
+            request_baseline=None,
+            token_baseline=None,
+            overall=_empty_summary(),
+            tenants=[],
+            tenants_not_shown=0,
+            incidents=[],
+            out_of_order_rows=0,
+        )
+    overall, series = summarise_entity(log, slice(None), timeline, params, None)
+    tokens_per_request = float(series.tokens.sum()) / len(log)
+    request_baseline = compute_baseline(series.requests, params.rule, 1.0)
+    token_baseline = (
+        compute_baseline(series.tokens, params.rule, tokens_per_request)
+        if log.has_tokens and tokens_per_request > 0
+        else None
+    )
+    tenants, not_shown = _tenant_summaries(log, timeline, params)
+    return Analysis(
+        log=log,
+        params=params,
+        timeline=timeline,
+        series=series,
+        request_baseline=request_baseline,
+        token_baseline=token_baseline,
+        overall=overall,
+        tenants=tenants,
+        tenants_not_shown=not_shown,
+        incidents=_incidents(
+            log, timeline, series, overall.bursts, request_baseline, token_baseline
+        ),
+        out_of_order_rows=int(np.count_nonzero(np.diff(log.ts_us) < 0)),
+    )
+
+
+def tenant_rows(log: RequestLog) -> list[tuple[str, IntArray]]:
+    """(tenant, row indices) for every tenant, most requests first."""
+    order = np.argsort(log.tenant_codes, kind="stable").astype(np.int64)
+    counts = np.bincount(log.tenant_codes, minlength=len(log.tenant_names))
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    ranked = sorted(range(len(counts)), key=lambda code: (-int(counts[code]), code))
+    return [
+        (log.tenant_names[code], order[bounds[code] : bounds[code + 1]])
+        for code in ranked
+        if counts[code] > 0
+    ]
+
+
+def _tenant_summaries(
+    log: RequestLog, timeline: Timeline, params: AnalysisParams
+) -> tuple[list[EntitySummary], int]:
+    if not (params.per_tenant and log.has_tenants):
+        return [], 0
+    groups = tenant_rows(log)
+    shown = groups[: params.max_tenants]
+    summaries = [summarise_entity(log, rows, timeline, params, name)[0] for name, rows in shown]
+    return summaries, len(groups) - len(shown)
+
+
+def _incidents(
+    log: RequestLog,
+    timeline: Timeline,
+    series: RateSeries,
+    bursts: list[MergedBurst],
+    req_base: Baseline,
+    tok_base: Baseline | None,
+) -> list[Incident]:
+    if not bursts:
+        return []
+    order = np.argsort(log.ts_us, kind="stable")
+    sorted_ts = log.ts_us[order]
+    total_by_tenant = np.bincount(log.tenant_codes, minlength=len(log.tenant_names))
+    out: list[Incident] = []
+    for number, burst in enumerate(bursts, start=1):
+        lo, hi = np.searchsorted(
+            sorted_ts,
+            [timeline.bin_start_us(burst.start), timeline.bin_start_us(burst.end)],
+            side="left",
+        )
+        rows = order[lo:hi]
+        req = series.requests[burst.start : burst.end]
+        tok = series.tokens[burst.start : burst.end]
+        out.append(
+            Incident(
+                number=number,
+                start=burst.start,
+                end=burst.end,
+                detected_at=burst.detected_at,
+                axes=burst.axes,
+                requests=int(rows.size),
+                prompt_tokens=int(log.prompt_tokens[rows].sum()),
+                output_tokens=int(log.output_tokens[rows].sum()),
+                peak_rps=float(req.max()),
+                mean_rps=float(req.mean()),
+                baseline_rps=_baseline_at(req_base, burst),
+                peak_tokens_per_s=float(tok.max()),
+                mean_tokens_per_s=float(tok.mean()),
+                baseline_tokens_per_s=0.0 if tok_base is None else _baseline_at(tok_base, burst),
+                top_tenants=_top_tenants(log, rows, total_by_tenant) if log.has_tenants else [],
+                queue_wait_ms=distribution(log.queue_wait_ms[rows]),
+                latency_ms=distribution(log.latency_ms[rows]),
+                decisions=_label_counts(log.decision_codes[rows], log.decision_names)
+                if log.has_decisions
+                else {},
+            )
+        )
+    return out
+
+
+def _baseline_at(baseline: Baseline, burst: MergedBurst) -> float:
+    """Baseline mean just before the burst: its windows end before ``start``.
+
+    Falls back to the detection second when the burst starts inside the
+    warm-up (possible on the other axis of a merged burst)."""
+    for index in (burst.start, burst.detected_at):
+        value = baseline.mean[index]
+        if not np.isnan(value):
+            return float(value)
+    return 0.0
+
+
+def _top_tenants(
+    log: RequestLog, rows: IntArray, total_by_tenant: npt.NDArray[np.int64]
+) -> list[TenantShare]:
+    counts = np.bincount(log.tenant_codes[rows], minlength=len(log.tenant_names))
+    total = max(int(counts.sum()), 1)
+    grand_total = max(int(total_by_tenant.sum()), 1)
+    ranked = sorted(np.flatnonzero(counts), key=lambda code: (-int(counts[code]), int(code)))
+    return [
+        TenantShare(
+            tenant=log.tenant_names[code],
+            requests=int(counts[code]),
+            share=int(counts[code]) / total,
+            usual_share=int(total_by_tenant[code]) / grand_total,
+        )
+        for code in ranked[:TOP_TENANTS_PER_INCIDENT]
+    ]
