@@ -2,7 +2,7 @@
 
 Run on demand (not a test; nothing here asserts on time):
 
-    .venv/bin/python bench/bench_fastpath.py [--rounds 9] [--tenants 1000]
+    .venv/bin/python bench/bench_fastpath.py [--rounds 9] [--tenants 1000] [--only admit|sched]
 
 Every contender decides the same pre-generated stream of requests (tenant, prompt
 tokens, max_tokens) over ``--tenants`` tenants, each request costing prompt + max_tokens
@@ -18,6 +18,11 @@ Contenders:
 * ``limits`` (MemoryStorage; FixedWindow and MovingWindow strategies, ``hit(cost=N)``);
 * ``pyrate-limiter`` (in-memory ``StateBucket`` with the ``TokenBucket`` algorithm, one
   bucket per tenant behind one ``Limiter``, ``try_acquire(weight=N, blocking=False)``).
+
+A second, smaller table times the scheduling primitives the service calls when capacity
+frees: ``FairQueue.pick`` (all flows backlogged; with and without an eligibility mask),
+``FairQueue.charge``, the pick-then-charge step, and ``backpressure_score_ppm``, for
+8 and 32 flows, compiled and pure-Python reference, measured the same way.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ import statistics
 import time
 from collections.abc import Callable
 from importlib.metadata import version
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 
-from fastpath import _buckets_c, _buckets_py
+from fastpath import _buckets_c, _buckets_py, _sched_c, _sched_py
 from fastpath.codes import MAX_BURST_MTOK, MAX_RATE_MTOK_PER_S, NS_PER_S
 
 T0 = 1_750_000_000 * NS_PER_S  # a fixed wall-clock start, so runs are repeatable
@@ -189,6 +195,66 @@ def setup_pyrate(tenants: int, requests: list[Request]) -> Setup:
     return setup
 
 
+# --- scheduling primitives -----------------------------------------------------------
+
+
+def fair_queue(module: Any, flows: int, seed: int) -> Any:
+    """``flows`` backlogged flows with assorted weights and some service history."""
+    rng = np.random.default_rng(seed)
+    queue = module.FairQueue(flows)
+    for flow, weight in enumerate(rng.integers(50_000, 1_000_001, flows).tolist()):
+        queue.set_weight(flow, weight)
+        queue.activate(flow)
+    for cost in rng.integers(16, 3_000, 10 * flows).tolist():
+        queue.charge(queue.pick(), cost)
+    return queue
+
+
+def setup_sched(module: Any, op: str, flows: int, seed: int, cap: int) -> Setup:
+    rng = np.random.default_rng(seed + 1)
+    work = list(
+        zip(
+            rng.integers(0, flows, cap).tolist(),
+            rng.integers(16, 3_000, cap).tolist(),
+            strict=True,
+        )
+    )
+    mask = bytearray(rng.integers(0, 2, flows).astype(np.uint8).tobytes())
+    mask[0] = 1  # at least one flow eligible
+
+    def setup() -> Runner:
+        queue = fair_queue(module, flows, seed)
+        pick, charge = queue.pick, queue.charge
+        score = module.backpressure_score_ppm
+
+        def run(n: int) -> int:
+            items = work[:n]
+            start = time.perf_counter_ns()
+            if op == "pick":
+                for _ in repeat(None, n):
+                    pick()
+            elif op == "pick(mask)":
+                for _ in repeat(None, n):
+                    pick(mask)
+            elif op == "charge":
+                for flow, cost in items:
+                    charge(flow, cost)
+            elif op == "pick+charge":
+                for _, cost in items:
+                    charge(pick(), cost)
+            elif op == "score":
+                for batch, depth in items:
+                    score(batch, 4_096, depth, 1_000, 250_000, 400_000, 300_000, 300_000)
+            else:  # loop only: the cost of iterating the (flow, cost) pairs
+                for _flow, _cost in items:
+                    pass
+            return time.perf_counter_ns() - start
+
+        return run
+
+    return setup
+
+
 def calibrate(setup: Setup, round_ms: float, quantum: int, cap: int) -> int:
     """Decisions per round so that a round takes about ``round_ms``."""
     run = setup()
@@ -199,16 +265,85 @@ def calibrate(setup: Setup, round_ms: float, quantum: int, cap: int) -> int:
     return max(quantum, min(n, cap // quantum * quantum))
 
 
+def interleaved(
+    contenders: list[tuple[str, Setup, int]], rounds: int, round_ms: float, cap: int
+) -> tuple[list[int], list[list[float]]]:
+    """Decisions per round and ns per decision of every round, for each contender."""
+    sizes = [calibrate(setup, round_ms, quantum, cap) for _, setup, quantum in contenders]
+    samples: list[list[float]] = [[] for _ in contenders]
+    gc_was_enabled = gc.isenabled()
+    for r in range(rounds):
+        order = list(range(len(contenders)))
+        order = order[r % len(order) :] + order[: r % len(order)]  # rotate who goes first
+        for i in order:
+            run = contenders[i][1]()
+            gc.collect()
+            gc.disable()
+            try:
+                elapsed = run(sizes[i])
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
+            samples[i].append(elapsed / sizes[i])
+    return sizes, samples
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (>= 7)")
     parser.add_argument("--tenants", type=int, default=1_000)
     parser.add_argument("--round-ms", type=float, default=40.0, help="target time per round")
     parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--only", choices=["admit", "sched"], help="run one table only")
     args = parser.parse_args(argv)
     if args.rounds < 7:
         parser.error("--rounds must be >= 7")
 
+    print(f"Python {platform.python_version()} on {platform.machine()} ({_cpu()}), "
+          f"numpy {np.__version__}, Cython-built fastpath")  # fmt: skip
+    if args.only != "sched":
+        admit_table(args)
+    if args.only != "admit":
+        sched_table(args)
+
+
+def sched_table(args: argparse.Namespace) -> None:
+    cap = 200_000
+    ops = ["pick", "pick(mask)", "charge", "pick+charge", "score"]
+    contenders: list[tuple[str, Setup, int]] = []
+    for flows in (8, 32):
+        for op in [*ops, "loop"]:
+            for build, module in (("compiled", _sched_c), ("reference", _sched_py)):
+                if op == "loop" and build == "reference":
+                    continue
+                setup = setup_sched(module, op, flows, args.seed, cap)
+                contenders.append((f"{op}|{flows}|{build}", setup, 1))
+    _, samples = interleaved(contenders, args.rounds, args.round_ms, cap)
+    median = {name: statistics.median(s) for (name, _, _), s in zip(contenders, samples,
+                                                                      strict=True)}  # fmt: skip
+    print()
+    print(f"Scheduling primitives: {args.rounds} interleaved rounds, all flows backlogged, "
+          f"GC off while timing; ns per call, median over rounds (loop overhead included: "
+          f"see the last row)")  # fmt: skip
+    print()
+    print("| operation | flows | compiled ns/call | reference ns/call | reference/compiled |")
+    print("|---|---:|---:|---:|---:|")
+    labels = {
+        "pick": "`FairQueue.pick()`",
+        "pick(mask)": "`FairQueue.pick(eligible)` (bytearray mask)",
+        "charge": "`FairQueue.charge(flow, cost)`",
+        "pick+charge": "`charge(pick(), cost)`",
+        "score": "`backpressure_score_ppm(...)`",
+    }
+    for flows in (8, 32):
+        for op in ops:
+            c, py = median[f"{op}|{flows}|compiled"], median[f"{op}|{flows}|reference"]
+            print(f"| {labels[op]} | {flows} | {c:,.1f} | {py:,.1f} | {py / c:.1f}x |")
+        loop = median[f"loop|{flows}|compiled"]
+        print(f"| (loop only: iterating (flow, cost) pairs) | {flows} | {loop:,.1f} | | |")
+
+
+def admit_table(args: argparse.Namespace) -> None:
     cap = 400_000
     requests = make_requests(cap, args.tenants, args.seed)
     tenants = args.tenants
@@ -223,30 +358,13 @@ def main(argv: list[str] | None = None) -> None:
          setup_pyrate(tenants, requests), 1),
         ("(loop only: iterating the request list)", setup_loop_only(requests), 1),
     ]  # fmt: skip
-    sizes = [calibrate(setup, args.round_ms, quantum, cap) for _, setup, quantum in contenders]
-    samples: list[list[float]] = [[] for _ in contenders]
-
-    gc_was_enabled = gc.isenabled()
-    for r in range(args.rounds):
-        order = list(range(len(contenders)))
-        order = order[r % len(order) :] + order[: r % len(order)]  # rotate who goes first
-        for i in order:
-            run = contenders[i][1]()
-            gc.collect()
-            gc.disable()
-            try:
-                elapsed = run(sizes[i])
-            finally:
-                if gc_was_enabled:
-                    gc.enable()
-            samples[i].append(elapsed / sizes[i])
+    sizes, samples = interleaved(contenders, args.rounds, args.round_ms, cap)
 
     medians = [statistics.median(s) for s in samples]
     base = medians[0]
-    print(f"Python {platform.python_version()} on {platform.machine()} ({_cpu()}), "
-          f"numpy {np.__version__}, Cython-built fastpath, limits {version('limits')}, "
-          f"pyrate-limiter {version('pyrate-limiter')}")  # fmt: skip
-    print(f"{args.tenants} tenants, {args.rounds} interleaved rounds, fresh state per round, "
+    print()
+    print(f"Admission: limits {version('limits')}, pyrate-limiter {version('pyrate-limiter')}, "
+          f"{args.tenants} tenants, {args.rounds} interleaved rounds, fresh state per round, "
           f"GC off while timing; ns per decision, median (min-max) over rounds")  # fmt: skip
     print()
     print("| implementation | decisions/round | ns/decision | min-max | vs compiled `admit` |")

@@ -1,10 +1,13 @@
-"""burstgate's hot path: per-tenant token buckets, hour/day quotas, concurrency counters.
+"""burstgate's hot path: token buckets, quotas and concurrency; backpressure and fair queueing.
 
-Two builds with identical behaviour: the compiled ``fastpath._buckets_c`` (the default)
-and the pure-Python reference ``fastpath._buckets_py``.  ``BURSTGATE_FASTPATH=python``
-selects the reference on purpose; otherwise the compiled module must import, and there
-is no silent fallback, so a missing build fails loudly.  ``IMPLEMENTATION`` says which
-one is live (the service reports it).
+Two modules, each in two builds with identical behaviour: the token-bucket table
+(compiled ``fastpath._buckets_c``, reference ``fastpath._buckets_py``) and the scheduling
+primitives (compiled ``fastpath._sched_c``, reference ``fastpath._sched_py``).  The
+compiled builds are the default.  ``BURSTGATE_FASTPATH=python`` selects both references
+on purpose; otherwise both compiled modules must import, and there is no silent
+fallback (not even for one of the two), so a missing build fails loudly.
+``IMPLEMENTATION`` says which builds are live, for both modules at once (the service
+reports it).
 
 The fastpath is pure: callers pass the time (``now_ns``) in; nothing here reads a clock,
 logs or does I/O.
@@ -15,9 +18,22 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Final, Literal
 
+# Typed-dict shapes of FairQueue.snapshot(): plain dicts at run time, alike in both builds.
+from fastpath._sched_py import FairQueueSnapshot, FlowState
 from fastpath.codes import Reason
 
-__all__ = ["ENV_VAR", "IMPLEMENTATION", "Reason", "TokenBucketTable"]
+__all__ = [
+    "ENV_VAR",
+    "IMPLEMENTATION",
+    "FairQueue",
+    "FairQueueSnapshot",
+    "FlowState",
+    "Reason",
+    "TokenBucketTable",
+    "backpressure_retry_ns",
+    "backpressure_score_ppm",
+    "shed_threshold_ppm",
+]
 
 ENV_VAR: Final = "BURSTGATE_FASTPATH"
 
@@ -29,18 +45,31 @@ if _choice not in ("", "cython", "python"):
     )
 
 IMPLEMENTATION: Literal["cython", "python"]
-# Type checkers always see the reference, whose signatures the compiled stub mirrors.
+# Type checkers always see the references, whose signatures the compiled stubs mirror.
 if TYPE_CHECKING or _choice == "python":
     from fastpath._buckets_py import TokenBucketTable
+    from fastpath._sched_py import (
+        FairQueue,
+        backpressure_retry_ns,
+        backpressure_score_ppm,
+        shed_threshold_ppm,
+    )
 
     IMPLEMENTATION = "python"
 else:
     try:
         from fastpath._buckets_c import TokenBucketTable
+        from fastpath._sched_c import (
+            FairQueue,
+            backpressure_retry_ns,
+            backpressure_score_ppm,
+            shed_threshold_ppm,
+        )
     except ImportError as exc:
         raise ImportError(
-            "burstgate's compiled fastpath (fastpath._buckets_c) is not built or failed to "
-            f"load: {exc}. Build it with `pip install -e .` (needs Cython and a C compiler), "
-            f"or set {ENV_VAR}=python to run the slower pure-Python reference on purpose."
+            f"burstgate's compiled fastpath ({exc.name or 'fastpath._buckets_c/_sched_c'}) "
+            f"is not built or failed to load: {exc}. Build it with `pip install -e .` (needs "
+            f"Cython and a C compiler), or set {ENV_VAR}=python to run the slower pure-Python "
+            f"reference on purpose."
         ) from exc
     IMPLEMENTATION = "cython"

@@ -28,7 +28,7 @@ cdef struct BucketSlot:
 
 cdef struct Decision:
     int64_t reason                  # a fastpath.codes.Reason value
-    int64_t reserved                # tokens charged (0 unless reason == OK)
+    int64_t reserved                # tokens charged (0 unless reason == OK, or shadow)
     int64_t retry_ns
     int64_t bucket_rem              # whole tokens left in the bucket, >= 0
     int64_t hour_rem                # -1 when unlimited
@@ -39,7 +39,10 @@ cdef class TokenBucketTable:
     cdef BucketSlot* _slots         # _capacity entries, grown with realloc
     cdef Py_ssize_t _capacity
     cdef int64_t _total_inflight_tokens
+    cdef int64_t _global_limit      # watermark on _total_inflight_tokens; 0 = off
 
     cdef int _grow(self, Py_ssize_t min_capacity) except -1
     cdef BucketSlot* _get(self, int64_t slot) except NULL
     cdef void _finish(self, BucketSlot* s, int64_t reserved_tokens) noexcept
+    cdef tuple _one(self, object slot, object now_ns, object prompt_tokens,
+                    object max_tokens, bint shadow)

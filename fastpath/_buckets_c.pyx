@@ -30,6 +30,7 @@ cdef extern from *:
     #define BG_MAX_NOW_NS 4611686018427387904LL
     #define BG_MAX_SLOTS 1048576LL
     #define BG_RETRY_AFTER_NS_MAX 9223372036854775807LL
+    #define BG_MAX_GLOBAL_INFLIGHT_TOKENS 1000000000000000LL
     /* whole seconds of a wait that still fit in int64 with the sub-second part added */
     #define BG_WAIT_S_MAX ((BG_RETRY_AFTER_NS_MAX - BG_NS_PER_S) / BG_NS_PER_S)
     """
@@ -43,6 +44,7 @@ cdef extern from *:
     int64_t BG_MAX_NOW_NS
     int64_t BG_MAX_SLOTS
     int64_t BG_RETRY_AFTER_NS_MAX
+    int64_t BG_MAX_GLOBAL_INFLIGHT_TOKENS
     int64_t BG_WAIT_S_MAX
 
 # fastpath.codes.Reason values the fastpath can return.
@@ -53,6 +55,7 @@ cdef enum:
     R_DAILY_QUOTA = 3
     R_CONCURRENCY = 4
     R_MAX_TOKENS = 5
+    R_GLOBAL_WATERMARK = 8
 
 
 def _c_constants():
@@ -68,12 +71,14 @@ def _c_constants():
         "MAX_NOW_NS": BG_MAX_NOW_NS,
         "MAX_SLOTS": BG_MAX_SLOTS,
         "RETRY_AFTER_NS_MAX": BG_RETRY_AFTER_NS_MAX,
+        "MAX_GLOBAL_INFLIGHT_TOKENS": BG_MAX_GLOBAL_INFLIGHT_TOKENS,
         "OK": R_OK,
         "TOKEN_RATE": R_TOKEN_RATE,
         "HOURLY_QUOTA": R_HOURLY_QUOTA,
         "DAILY_QUOTA": R_DAILY_QUOTA,
         "CONCURRENCY": R_CONCURRENCY,
         "MAX_TOKENS": R_MAX_TOKENS,
+        "GLOBAL_WATERMARK": R_GLOBAL_WATERMARK,
     }
 
 
@@ -139,16 +144,24 @@ cdef inline int64_t _token_wait_ns(
 
 
 cdef inline void _decide(
-    BucketSlot* s, int64_t now_ns, int64_t prompt, int64_t max_tokens, Decision* d
+    BucketSlot* s,
+    int64_t now_ns,
+    int64_t prompt,
+    int64_t max_tokens,
+    int64_t global_limit,
+    int64_t total_inflight,
+    bint shadow,
+    Decision* d,
 ) noexcept nogil:
     # Mirrors _buckets_py._decide.  Inputs are validated: now_ns in [0, MAX_NOW_NS],
-    # prompt and max_tokens >= 0.
+    # prompt and max_tokens >= 0, global_limit in [0, MAX_GLOBAL_INFLIGHT_TOKENS],
+    # total_inflight >= 0.
     cdef int64_t per_request = s.max_tokens_per_request
     cdef int64_t estimate = max_tokens
     cdef int64_t hourly = s.hourly_quota
     cdef int64_t daily = s.daily_quota
     cdef int64_t cost = 0
-    cdef int64_t need
+    cdef int64_t need, level
     cdef int64_t reason = R_OK
     cdef int64_t retry_ns = 0
     _refill(s, now_ns)
@@ -161,10 +174,20 @@ cdef inline void _decide(
         or (per_request > 0 and prompt > per_request)
     ):
         reason = R_MAX_TOKENS
+        # Only a shadow charge uses it: capped at the largest reservation settle accepts.
+        if prompt > BG_MAX_REQUEST_TOKENS or estimate > BG_MAX_REQUEST_TOKENS - prompt:
+            cost = BG_MAX_REQUEST_TOKENS
+        else:
+            cost = prompt + estimate
     else:
         cost = prompt + estimate
         need = cost * BG_MTOK_PER_TOKEN
-        if need > s.burst or (daily > 0 and cost > daily) or (hourly > 0 and cost > hourly):
+        if (
+            need > s.burst
+            or (daily > 0 and cost > daily)
+            or (hourly > 0 and cost > hourly)
+            or (global_limit > 0 and cost > global_limit)
+        ):
             reason = R_MAX_TOKENS
         elif daily > 0 and s.day_used + cost > daily:
             reason = R_DAILY_QUOTA
@@ -177,14 +200,22 @@ cdef inline void _decide(
         elif s.level < need:
             reason = R_TOKEN_RATE
             retry_ns = _token_wait_ns(s, need, now_ns)
-        else:
-            s.level -= need
-            s.hour_used += cost
-            s.day_used += cost
-            s.inflight += 1
-            s.inflight_tokens += cost
+        elif global_limit > 0 and cost > global_limit - total_inflight:
+            # limit - total cannot overflow: both are in [0, 2**63).
+            reason = R_GLOBAL_WATERMARK
+    if reason == R_OK or shadow:
+        # level >= -burst >= -1e15 and cost * 1000 <= 1e10: no overflow; when OK the
+        # level is >= the cost and the debt floor never binds.
+        level = s.level - cost * BG_MTOK_PER_TOKEN
+        s.level = level if level > -s.burst else -s.burst
+        s.hour_used += cost
+        s.day_used += cost
+        s.inflight += 1
+        s.inflight_tokens += cost
+    else:
+        cost = 0
     d.reason = reason
-    d.reserved = cost if reason == R_OK else 0
+    d.reserved = cost
     d.retry_ns = retry_ns
     d.bucket_rem = s.level // BG_MTOK_PER_TOKEN if s.level > 0 else 0
     if hourly > 0:
@@ -239,6 +270,7 @@ cdef class TokenBucketTable:
             raise MemoryError()
         self._capacity = <Py_ssize_t>c_capacity
         self._total_inflight_tokens = 0
+        self._global_limit = 0
 
     def __dealloc__(self):
         free(self._slots)
@@ -362,8 +394,22 @@ cdef class TokenBucketTable:
         self._total_inflight_tokens -= s.inflight_tokens
         memset(s, 0, sizeof(BucketSlot))
 
-    def admit(self, slot, now_ns, prompt_tokens, max_tokens):
-        """Decide one request; see _buckets_py.TokenBucketTable.admit."""
+    def set_global_inflight_limit(self, tokens):
+        """Set the global safe watermark on in-flight tokens over all slots (0 = off)."""
+        cdef int64_t c_tokens = _i64(tokens)
+        if c_tokens < 0 or c_tokens > BG_MAX_GLOBAL_INFLIGHT_TOKENS:
+            raise ValueError(
+                f"tokens must be in [0, {BG_MAX_GLOBAL_INFLIGHT_TOKENS}] (0 = off), "
+                f"got {c_tokens}"
+            )
+        self._global_limit = c_tokens
+
+    def global_inflight_limit(self):
+        """The global in-flight watermark in tokens, 0 when off."""
+        return self._global_limit
+
+    cdef tuple _one(self, object slot, object now_ns, object prompt_tokens,
+                    object max_tokens, bint shadow):
         cdef int64_t c_slot = _i64(slot)
         cdef int64_t c_now = _i64(now_ns)
         cdef int64_t c_prompt = _i64(prompt_tokens)
@@ -374,33 +420,46 @@ cdef class TokenBucketTable:
             raise ValueError(f"prompt_tokens must be >= 0, got {c_prompt}")
         if c_max < 0:
             raise ValueError(f"max_tokens must be >= 0, got {c_max}")
-        _decide(self._get(c_slot), c_now, c_prompt, c_max, &d)
+        _decide(
+            self._get(c_slot), c_now, c_prompt, c_max,
+            self._global_limit, self._total_inflight_tokens, shadow, &d,
+        )
         self._total_inflight_tokens += d.reserved
         return (d.reason, d.reserved, d.retry_ns, d.bucket_rem, d.hour_rem, d.day_rem)
+
+    def admit(self, slot, now_ns, prompt_tokens, max_tokens):
+        """Decide one request; see _buckets_py.TokenBucketTable.admit."""
+        return self._one(slot, now_ns, prompt_tokens, max_tokens, False)
+
+    def charge(self, slot, now_ns, prompt_tokens, max_tokens):
+        """Shadow mode: ``admit``'s answer, the cost always reserved; see the reference."""
+        return self._one(slot, now_ns, prompt_tokens, max_tokens, True)
 
     def admit_batch(
         self,
         now_ns,
-        const long long[:] slots,
-        const long long[:] prompt,
-        const long long[:] max_tokens,
-        long long[:] out_reason,
-        long long[:] out_reserved,
-        long long[:] out_retry_ns,
-        long long[:] out_bucket_rem,
-        long long[:] out_hour_rem,
-        long long[:] out_day_rem,
+        const long long[:] slots not None,
+        const long long[:] prompt not None,
+        const long long[:] max_tokens not None,
+        long long[:] out_reason not None,
+        long long[:] out_reserved not None,
+        long long[:] out_retry_ns not None,
+        long long[:] out_bucket_rem not None,
+        long long[:] out_hour_rem not None,
+        long long[:] out_day_rem not None,
+        const long long[:] shadow=None,
     ):
-        """``admit`` for each entry in order; returns how many were admitted.
+        """``admit`` (or ``charge`` where ``shadow[i]`` is nonzero) for each entry in order.
 
-        No Python object is created per entry.  Bad input raises before any entry is
-        decided, so a failed call changes nothing.
+        Returns how many entries got reason OK.  No Python object is created per entry.
+        Bad input raises before any entry is decided, so a failed call changes nothing.
         """
         cdef int64_t c_now = _i64(now_ns)
         cdef Py_ssize_t n = slots.shape[0]
         cdef Py_ssize_t i
         cdef int64_t slot
         cdef Py_ssize_t admitted = 0
+        cdef bint has_shadow = shadow is not None
         cdef Decision d
         if (
             prompt.shape[0] != n
@@ -411,6 +470,7 @@ cdef class TokenBucketTable:
             or out_bucket_rem.shape[0] != n
             or out_hour_rem.shape[0] != n
             or out_day_rem.shape[0] != n
+            or (has_shadow and shadow.shape[0] != n)
         ):
             raise ValueError("admit_batch arrays must all have the same length")
         _check_now("now_ns", c_now)
@@ -428,7 +488,11 @@ cdef class TokenBucketTable:
             slot = slots[i]
             if slot < 0:
                 continue
-            _decide(&self._slots[slot], c_now, prompt[i], max_tokens[i], &d)
+            _decide(
+                &self._slots[slot], c_now, prompt[i], max_tokens[i],
+                self._global_limit, self._total_inflight_tokens,
+                has_shadow and shadow[i] != 0, &d,
+            )
             out_reason[i] = d.reason
             out_reserved[i] = d.reserved
             out_retry_ns[i] = d.retry_ns

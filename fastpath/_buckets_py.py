@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final, cast
 
 from fastpath.codes import (
     MAX_BURST_MTOK,
+    MAX_GLOBAL_INFLIGHT_TOKENS,
     MAX_NOW_NS,
     MAX_RATE_MTOK_PER_S,
     MAX_REQUEST_TOKENS,
@@ -59,6 +60,7 @@ _HOURLY_QUOTA: Final = int(Reason.HOURLY_QUOTA)
 _DAILY_QUOTA: Final = int(Reason.DAILY_QUOTA)
 _CONCURRENCY: Final = int(Reason.CONCURRENCY)
 _MAX_TOKENS: Final = int(Reason.MAX_TOKENS)
+_GLOBAL_WATERMARK: Final = int(Reason.GLOBAL_WATERMARK)
 # Buffer formats that are a native signed 64-bit integer (numpy int64 shows as "l").
 _I64_FORMATS: Final = frozenset({"q", "@q", "=q", "l", "@l"})
 
@@ -205,8 +207,25 @@ def _token_wait_ns(s: _Slot, need_mtok: int, now_ns: int) -> int:
     return wait
 
 
-def _decide(s: _Slot, now_ns: int, prompt_tokens: int, max_tokens: int) -> AdmitResult:
-    """One admission decision; charges the slot only when the answer is OK."""
+def _decide(
+    s: _Slot,
+    now_ns: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    global_limit: int,
+    total_inflight: int,
+    shadow: bool,
+) -> AdmitResult:
+    """One admission decision; charges the slot when the answer is OK, or always in shadow.
+
+    ``global_limit`` is the global in-flight watermark in tokens (0 = off) and
+    ``total_inflight`` the tokens in flight over all slots before this request.  In shadow
+    mode the reason and retry are what ``admit`` would answer, but the cost is reserved
+    whatever the reason (the request runs): the bucket goes at most ``burst`` into debt,
+    as with a settle overrun, and quotas may pass their limits.  The cost of a request over
+    the absolute ceiling is then taken as MAX_REQUEST_TOKENS, the most a reservation (and
+    so a later ``settle``/``release``) can hold.
+    """
     _refill(s, now_ns)
     _roll_windows(s, now_ns)
     per_request = s.max_tokens_per_request
@@ -222,10 +241,14 @@ def _decide(s: _Slot, now_ns: int, prompt_tokens: int, max_tokens: int) -> Admit
         or (per_request > 0 and prompt_tokens > per_request)
     ):
         reason = _MAX_TOKENS
+        over_ceiling = (
+            prompt_tokens > MAX_REQUEST_TOKENS or estimate > MAX_REQUEST_TOKENS - prompt_tokens
+        )
+        cost = MAX_REQUEST_TOKENS if over_ceiling else prompt_tokens + estimate
     else:
         cost = prompt_tokens + estimate
         need = cost * MTOK_PER_TOKEN
-        if need > s.burst or (0 < daily < cost) or (0 < hourly < cost):
+        if need > s.burst or (0 < daily < cost) or (0 < hourly < cost) or (0 < global_limit < cost):
             reason = _MAX_TOKENS
         elif daily > 0 and s.day_used + cost > daily:
             reason = _DAILY_QUOTA
@@ -238,13 +261,18 @@ def _decide(s: _Slot, now_ns: int, prompt_tokens: int, max_tokens: int) -> Admit
         elif s.level < need:
             reason = _TOKEN_RATE
             retry_ns = _token_wait_ns(s, need, now_ns)
-        else:
-            s.level -= need
-            s.hour_used += cost
-            s.day_used += cost
-            s.inflight += 1
-            s.inflight_tokens += cost
-    if reason != _OK:
+        elif global_limit > 0 and cost > global_limit - total_inflight:
+            # Written so that it cannot overflow in C: total_inflight >= 0.
+            reason = _GLOBAL_WATERMARK
+    if reason == _OK or shadow:
+        # When OK the level is >= the cost and the floor never binds.
+        level = s.level - cost * MTOK_PER_TOKEN
+        s.level = level if level > -s.burst else -s.burst
+        s.hour_used += cost
+        s.day_used += cost
+        s.inflight += 1
+        s.inflight_tokens += cost
+    else:
         cost = 0
     level = s.level
     return (
@@ -261,10 +289,13 @@ class TokenBucketTable:
     """Per-tenant token buckets, UTC hour/day quotas and concurrency counters.
 
     Tenants live in small-integer *slots* chosen by the caller.  The table grows when a
-    slot at or past its capacity is configured.  Not thread-safe: one event loop owns it.
+    slot at or past its capacity is configured.  A global watermark on the tokens in
+    flight over all slots (``set_global_inflight_limit``, off by default) is checked after
+    every per-tenant check; ``charge`` is the shadow-mode twin of ``admit``.  Not
+    thread-safe: one event loop owns it.
     """
 
-    __slots__ = ("_slots", "_total_inflight_tokens")
+    __slots__ = ("_global_limit", "_slots", "_total_inflight_tokens")
 
     def __init__(self, capacity: int = 64) -> None:
         capacity = _i64(capacity)
@@ -272,6 +303,7 @@ class TokenBucketTable:
             raise ValueError(f"capacity must be in [1, {MAX_SLOTS}], got {capacity}")
         self._slots: list[_Slot | None] = [None] * capacity
         self._total_inflight_tokens = 0
+        self._global_limit = 0  # tokens in flight over all slots; 0 = no watermark
 
     @property
     def capacity(self) -> int:
@@ -361,12 +393,26 @@ class TokenBucketTable:
         self._total_inflight_tokens -= s.inflight_tokens
         self._slots[slot] = None
 
-    def admit(self, slot: int, now_ns: int, prompt_tokens: int, max_tokens: int) -> AdmitResult:
-        """Decide one request; on OK its cost is reserved (taken from bucket and quotas).
+    def set_global_inflight_limit(self, tokens: int) -> None:
+        """Set the global safe watermark on in-flight tokens over all slots (0 = off).
 
-        Returns ``(reason, reserved_tokens, retry_after_ns, bucket_remaining_tokens,
-        hour_remaining, day_remaining)``; the remaining quotas are -1 when unlimited.
+        Lowering it below what is already in flight refuses new work (GLOBAL_WATERMARK)
+        until enough is settled or released; nothing in flight is touched.
         """
+        tokens = _i64(tokens)
+        if not 0 <= tokens <= MAX_GLOBAL_INFLIGHT_TOKENS:
+            raise ValueError(
+                f"tokens must be in [0, {MAX_GLOBAL_INFLIGHT_TOKENS}] (0 = off), got {tokens}"
+            )
+        self._global_limit = tokens
+
+    def global_inflight_limit(self) -> int:
+        """The global in-flight watermark in tokens, 0 when off."""
+        return self._global_limit
+
+    def _one(
+        self, slot: int, now_ns: int, prompt_tokens: int, max_tokens: int, shadow: bool
+    ) -> AdmitResult:
         slot = _i64(slot)
         now_ns = _i64(now_ns)
         prompt_tokens = _i64(prompt_tokens)
@@ -376,9 +422,38 @@ class TokenBucketTable:
             raise ValueError(f"prompt_tokens must be >= 0, got {prompt_tokens}")
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        result = _decide(self._get(slot), now_ns, prompt_tokens, max_tokens)
+        result = _decide(
+            self._get(slot),
+            now_ns,
+            prompt_tokens,
+            max_tokens,
+            self._global_limit,
+            self._total_inflight_tokens,
+            shadow,
+        )
         self._total_inflight_tokens += result[1]
         return result
+
+    def admit(self, slot: int, now_ns: int, prompt_tokens: int, max_tokens: int) -> AdmitResult:
+        """Decide one request; on OK its cost is reserved (taken from bucket and quotas).
+
+        Returns ``(reason, reserved_tokens, retry_after_ns, bucket_remaining_tokens,
+        hour_remaining, day_remaining)``; the remaining quotas are -1 when unlimited.
+        A request that passes every per-tenant check but would take the tokens in flight
+        over all slots past the global watermark is refused with GLOBAL_WATERMARK (retry
+        0: it depends on other tenants' completions).
+        """
+        return self._one(slot, now_ns, prompt_tokens, max_tokens, False)
+
+    def charge(self, slot: int, now_ns: int, prompt_tokens: int, max_tokens: int) -> AdmitResult:
+        """Shadow mode: answer what ``admit`` would, but reserve the cost whatever the answer.
+
+        Same refill, windows, reason and retry as ``admit``; the reservation is always
+        taken (the bucket floored at ``-burst``, quotas may pass their limits, the request
+        counts as in flight) and ``reserved_tokens`` is the cost even when the reason is
+        not OK.  Settle or release it like any admission.
+        """
+        return self._one(slot, now_ns, prompt_tokens, max_tokens, True)
 
     def admit_batch(
         self,
@@ -392,12 +467,16 @@ class TokenBucketTable:
         out_bucket_rem: Int64Array,
         out_hour_rem: Int64Array,
         out_day_rem: Int64Array,
+        shadow: Int64Array | None = None,
     ) -> int:
-        """``admit`` for each entry in order; returns how many were admitted.
+        """``admit`` for each entry in order; returns how many were admitted (reason OK).
 
         All arrays are 1-D int64 of one length (numpy int64 or ``array('q')``).  Entries
-        with a negative slot are skipped and their outputs left untouched.  Bad input
-        (negative tokens, unconfigured slot) raises before any entry is decided.
+        with a negative slot are skipped and their outputs left untouched.  Entries with
+        a nonzero ``shadow[i]`` are decided as ``charge``: the reason column holds the
+        would-be reason, the reserved column the cost, always reserved; they count in the
+        return value only when the would-be reason is OK.  Bad input (negative tokens,
+        unconfigured slot) raises before any entry is decided.
         """
         now_ns = _i64(now_ns)
         v_slots = _i64_view(slots, "slots", False)
@@ -411,13 +490,20 @@ class TokenBucketTable:
             _i64_view(out_hour_rem, "out_hour_rem", True),
             _i64_view(out_day_rem, "out_day_rem", True),
         ]
+        v_shadow = None if shadow is None else _i64_view(shadow, "shadow", False)
         n = len(v_slots)
-        if len(v_prompt) != n or len(v_max) != n or any(len(v) != n for v in outs):
+        if (
+            len(v_prompt) != n
+            or len(v_max) != n
+            or any(len(v) != n for v in outs)
+            or (v_shadow is not None and len(v_shadow) != n)
+        ):
             raise ValueError("admit_batch arrays must all have the same length")
         _check_now("now_ns", now_ns)
         slot_list: list[int] = v_slots.tolist()
         prompt_list: list[int] = v_prompt.tolist()
         max_list: list[int] = v_max.tolist()
+        shadow_list: list[int] = [0] * n if v_shadow is None else v_shadow.tolist()
         for i in range(n):
             if slot_list[i] < 0:
                 continue
@@ -431,7 +517,15 @@ class TokenBucketTable:
             slot = slot_list[i]
             if slot < 0:
                 continue
-            result = _decide(self._get(slot), now_ns, prompt_list[i], max_list[i])
+            result = _decide(
+                self._get(slot),
+                now_ns,
+                prompt_list[i],
+                max_list[i],
+                self._global_limit,
+                self._total_inflight_tokens,
+                shadow_list[i] != 0,
+            )
             for out, value in zip(outs, result, strict=True):
                 out[i] = value
             self._total_inflight_tokens += result[1]

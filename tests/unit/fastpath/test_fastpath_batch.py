@@ -177,3 +177,106 @@ def test_batch_checks_now(impl: ModuleType, now: int) -> None:
     z = np.zeros(1, dtype=np.int64)
     with pytest.raises(ValueError, match="now_ns"):
         table.admit_batch(now, z, z, z, *outputs(1))
+
+
+# --- global watermark and shadow entries ---------------------------------------------
+
+
+def test_batch_watermark_sees_earlier_entries(impl: ModuleType) -> None:
+    table = table_with_two_tenants(impl)
+    table.set_global_inflight_limit(12)
+    slots = np.array([0, 2, 0, 0], dtype=np.int64)
+    prompt = np.array([5, 5, 3, 2], dtype=np.int64)
+    zeros = np.zeros(4, dtype=np.int64)
+    outs = outputs(4)
+    assert table.admit_batch(T0, slots, prompt, zeros, *outs) == 3
+    assert outs[0].tolist() == [Reason.OK, Reason.OK, Reason.GLOBAL_WATERMARK, Reason.OK]
+    assert outs[1].tolist() == [5, 5, 0, 2]
+    assert table.total_inflight_tokens() == 12
+
+
+def test_batch_shadow_entries_are_charged(impl: ModuleType) -> None:
+    table = table_with_two_tenants(impl)  # slot 0: 10 tokens; slot 2: 100 tokens, 1 in flight
+    slots = np.array([0, 0, 2, 2, 0, -1], dtype=np.int64)
+    prompt = np.array([8, 4, 10, 10, 20, 99], dtype=np.int64)
+    zeros = np.zeros(6, dtype=np.int64)
+    shadow = np.array([0, 1, 0, 7, 1, 1], dtype=np.int64)  # any nonzero value means shadow
+    outs = outputs(6)
+    assert table.admit_batch(T0, slots, prompt, zeros, *outs, shadow=shadow) == 2
+    assert np.stack(outs, axis=1).tolist() == [
+        [Reason.OK, 8, 0, 2, -1, -1],
+        [Reason.TOKEN_RATE, 4, 2 * NS_PER_S, 0, -1, -1],  # would wait 2 s; taken anyway
+        [Reason.OK, 10, 0, 90, 40, -1],
+        [Reason.CONCURRENCY, 10, 0, 80, 30, -1],
+        [Reason.MAX_TOKENS, 20, 0, 0, -1, -1],  # bigger than the bucket: floored at -burst
+        [SENTINEL] * 6,
+    ]
+    assert table.snapshot(0)["level_mtok"] == -10_000
+    assert (table.inflight(0), table.inflight(2)) == (3, 2)
+    assert table.total_inflight_tokens() == 52
+
+
+def test_batch_all_zero_shadow_is_no_shadow(impl: ModuleType) -> None:
+    with_mask, without = table_with_two_tenants(impl), table_with_two_tenants(impl)
+    slots = np.array([0, 2, 0, 2, 0], dtype=np.int64)
+    tokens = np.array([4, 9, 4, 9, 4], dtype=np.int64)
+    outs_a, outs_b = outputs(5), outputs(5)
+    shadow = np.zeros(5, dtype=np.int64)
+    a = with_mask.admit_batch(T0, slots, tokens, tokens, *outs_a, shadow=shadow)
+    b = without.admit_batch(T0, slots, tokens, tokens, *outs_b, None)
+    assert a == b == 2
+    assert [o.tolist() for o in outs_a] == [o.tolist() for o in outs_b]
+    for slot in (0, 2):
+        assert with_mask.snapshot(slot) == without.snapshot(slot)
+
+
+@pytest.mark.parametrize("limit", [0, 40])
+def test_batch_with_shadow_equals_one_admit_or_charge_per_entry(
+    impl: ModuleType, limit: int
+) -> None:
+    rng = np.random.default_rng(11)
+    n = 300
+    slots = rng.integers(-1, 3, n).astype(np.int64)
+    slots[slots == 1] = 0
+    prompt = rng.integers(0, 30, n).astype(np.int64)
+    max_tokens = rng.integers(0, 30, n).astype(np.int64)
+    shadow = (rng.random(n) < 0.3).astype(np.int64)
+    batched, single = table_with_two_tenants(impl), table_with_two_tenants(impl)
+    for table in (batched, single):
+        table.set_global_inflight_limit(limit)
+    now = T0 + 3 * NS_PER_S
+    outs = outputs(n)
+    admitted = batched.admit_batch(now, slots, prompt, max_tokens, *outs, shadow=shadow)
+    expected = [
+        (single.charge if sh else single.admit)(int(s), now, int(p), int(m))
+        if s >= 0
+        else (SENTINEL,) * 6
+        for s, p, m, sh in zip(slots, prompt, max_tokens, shadow, strict=True)
+    ]
+    assert np.stack(outs, axis=1).tolist() == [list(e) for e in expected]
+    assert admitted == sum(e[0] == Reason.OK for e in expected)
+    for slot in (0, 2):
+        assert batched.snapshot(slot) == single.snapshot(slot)
+    assert batched.total_inflight_tokens() == single.total_inflight_tokens()
+
+
+def test_batch_rejects_bad_shadow_buffers(impl: ModuleType) -> None:
+    table = table_with_two_tenants(impl)
+    good = np.zeros(2, dtype=np.int64)
+    before = table.snapshot(0)
+    with pytest.raises(ValueError, match="same length"):
+        table.admit_batch(T0, good, good, good, *outputs(2), shadow=np.ones(3, dtype=np.int64))
+    with pytest.raises(ValueError):
+        table.admit_batch(T0, good, good, good, *outputs(2), shadow=np.ones(2, dtype=np.int8))
+    with pytest.raises(TypeError):
+        table.admit_batch(T0, good, good, good, *outputs(2), shadow=[1, 1])
+    assert table.snapshot(0) == before
+
+
+@pytest.mark.parametrize("position", range(9))
+def test_batch_rejects_none_for_a_required_buffer(impl: ModuleType, position: int) -> None:
+    table = table_with_two_tenants(impl)
+    arrays: list[Any] = [np.zeros(0, dtype=np.int64)] * 3 + outputs(0)
+    arrays[position] = None
+    with pytest.raises(TypeError):
+        table.admit_batch(T0, *arrays)

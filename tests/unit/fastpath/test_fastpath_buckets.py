@@ -11,6 +11,7 @@ import pytest
 
 from fastpath.codes import (
     MAX_BURST_MTOK,
+    MAX_GLOBAL_INFLIGHT_TOKENS,
     MAX_NOW_NS,
     MAX_RATE_MTOK_PER_S,
     MAX_REQUEST_TOKENS,
@@ -619,3 +620,181 @@ def test_total_inflight_tokens_is_a_running_sum(impl: ModuleType) -> None:
     table.admit(0, T0, 1, 0)[0]
     table.admit(0, T0, 0, 100_000)  # rejected: nothing reserved
     assert table.total_inflight_tokens() == 21
+
+
+# --- global in-flight watermark ----------------------------------------------------
+
+WATERMARK = Reason.GLOBAL_WATERMARK
+
+
+def two_tenants(impl: ModuleType, limit: int, **config: int) -> Any:
+    table = make(impl, burst=1_000_000, **config)
+    table.configure(1, T0, 1_000, 1_000_000, 0, 0, 0, 0)
+    table.set_global_inflight_limit(limit)
+    return table
+
+
+def test_global_limit_is_off_by_default_and_settable(impl: ModuleType) -> None:
+    table = make(impl)
+    assert table.global_inflight_limit() == 0
+    table.set_global_inflight_limit(1_234)
+    assert table.global_inflight_limit() == 1_234
+    table.set_global_inflight_limit(MAX_GLOBAL_INFLIGHT_TOKENS)
+    assert table.global_inflight_limit() == MAX_GLOBAL_INFLIGHT_TOKENS
+    table.set_global_inflight_limit(0)
+    assert table.global_inflight_limit() == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(-1, ValueError), (MAX_GLOBAL_INFLIGHT_TOKENS + 1, ValueError), (1.0, TypeError),
+     (2**63, OverflowError)],
+)  # fmt: skip
+def test_global_limit_rejects_bad_values(impl: ModuleType, value: Any, error: type) -> None:
+    table = make(impl)
+    table.set_global_inflight_limit(7)
+    with pytest.raises(error, match="tokens" if error is ValueError else None):
+        table.set_global_inflight_limit(value)
+    assert table.global_inflight_limit() == 7
+
+
+def test_global_watermark_caps_the_sum_over_tenants(impl: ModuleType) -> None:
+    table = two_tenants(impl, 100)
+    assert table.admit(0, T0, 60, 0)[:2] == (OK, 60)
+    before = (table.snapshot(0), table.snapshot(1))
+    # Tenant 1's own bucket holds 1000 tokens, but 60 + 50 > 100 over both tenants.
+    assert table.admit(1, T0, 30, 20) == (WATERMARK, 0, 0, 1_000, -1, -1)
+    assert (table.snapshot(0), table.snapshot(1)) == before
+    assert table.total_inflight_tokens() == 60
+    assert table.admit(1, T0, 40, 0)[:2] == (OK, 40)  # exactly at the limit is fine
+    assert table.admit(1, T0, 0, 0)[:2] == (OK, 0)  # a free request still fits
+    assert table.admit(0, T0, 1, 0)[:3] == (WATERMARK, 0, 0)
+    table.settle(0, T0, 60, 10, T0)  # 40 in flight now
+    assert table.admit(1, T0, 30, 20)[:2] == (OK, 50)
+    assert table.total_inflight_tokens() == 90
+    table.remove(1)  # forgetting a slot takes its in-flight tokens out of the sum
+    assert table.total_inflight_tokens() == 0
+    assert table.admit(0, T0, 100, 0)[:2] == (OK, 100)
+
+
+def test_request_bigger_than_the_watermark_is_max_tokens(impl: ModuleType) -> None:
+    table = two_tenants(impl, 100)
+    before = table.snapshot(0)
+    assert table.admit(0, T0, 60, 41)[:3] == (MAX_TOKENS, 0, 0)  # can never fit
+    assert table.snapshot(0) == before
+    assert table.admit(0, T0, 60, 40)[:2] == (OK, 100)
+
+
+def test_tenant_checks_come_before_the_watermark(impl: ModuleType) -> None:
+    table = two_tenants(impl, 10, hourly=15, conc=2)
+    table.configure(0, T0, 1_000, 12_000, 15, 0, 2, 0)
+    assert table.admit(0, T0, 10, 0)[0] == OK  # 10 in flight: the watermark is reached
+    assert table.admit(0, T0, 6, 0)[0] == HOURLY
+    assert table.admit(0, T0, 3, 0)[:3] == (TOKEN_RATE, 0, NS_PER_S)  # 2 tokens in bucket
+    assert table.admit(0, T0, 2, 0)[0] == WATERMARK
+    assert table.admit(1, T0, 1, 0)[0] == WATERMARK
+    assert table.admit(0, T0, 0, 0)[0] == OK  # 10 + 0 <= 10
+    assert table.admit(0, T0, 0, 0)[0] == CONC  # two in flight
+
+
+def test_lowering_the_watermark_below_the_load_only_refuses_new_work(impl: ModuleType) -> None:
+    table = two_tenants(impl, 0)
+    table.admit(0, T0, 80, 0)
+    table.admit(1, T0, 80, 0)
+    table.set_global_inflight_limit(100)
+    assert table.total_inflight_tokens() == 160  # nothing in flight is touched
+    assert table.admit(1, T0, 0, 0)[0] == WATERMARK  # 160 + 0 > 100
+    table.settle(0, T0, 80, 80, T0)
+    assert table.admit(1, T0, 20, 0)[0] == OK
+    table.set_global_inflight_limit(0)  # off again
+    assert table.admit(1, T0, 500, 0)[0] == OK
+
+
+# --- charge: shadow mode -----------------------------------------------------------
+
+
+def test_charge_of_an_admissible_request_is_admit(impl: ModuleType) -> None:
+    shadow = make(impl, burst=100_000, hourly=1_000, daily=5_000, conc=3)
+    real = make(impl, burst=100_000, hourly=1_000, daily=5_000, conc=3)
+    for now, prompt, max_tokens in [(T0, 30, 20), (T0 + 3, 5, 0), (T0 + NS_PER_S, 0, 7)]:
+        assert shadow.charge(0, now, prompt, max_tokens) == real.admit(0, now, prompt, max_tokens)
+        assert shadow.snapshot(0) == real.snapshot(0)
+    assert shadow.total_inflight_tokens() == real.total_inflight_tokens() == 62
+
+
+def test_charge_reserves_even_when_the_bucket_is_short(impl: ModuleType) -> None:
+    table = make(impl, rate=1_000, burst=10_000)
+    assert table.admit(0, T0, 8, 0)[:2] == (OK, 8)  # level 2_000
+    # admit would answer TOKEN_RATE (3 tokens short at 1 token/s); the request runs anyway.
+    assert table.charge(0, T0, 5, 0) == (TOKEN_RATE, 5, 3 * NS_PER_S, 0, -1, -1)
+    snap = table.snapshot(0)
+    assert (snap["level_mtok"], snap["inflight"], snap["inflight_tokens"]) == (-3_000, 2, 13)
+    assert table.total_inflight_tokens() == 13
+    # The debt is repaid first: a 1-token request waits 4 s.
+    assert table.admit(0, T0, 1, 0)[:3] == (TOKEN_RATE, 0, 4 * NS_PER_S)
+    # A shadow reservation settles like any other: 2 of 5 used, 3 refunded.
+    assert table.settle(0, T0, 5, 2, T0) == 3
+    assert table.snapshot(0)["level_mtok"] == 0
+    assert table.total_inflight_tokens() == 8
+
+
+def test_charge_floors_the_debt_at_minus_burst(impl: ModuleType) -> None:
+    table = make(impl, rate=1_000, burst=10_000, hourly=100)
+    # 25 tokens can never fit a 10-token bucket: MAX_TOKENS, but reserved all the same.
+    assert table.charge(0, T0, 20, 5) == (MAX_TOKENS, 25, 0, 0, 75, -1)
+    assert table.snapshot(0)["level_mtok"] == -10_000
+    assert table.charge(0, T0, 1, 0) == (TOKEN_RATE, 1, 11 * NS_PER_S, 0, 74, -1)
+    assert table.snapshot(0)["level_mtok"] == -10_000
+    table.release(0, T0, 25)
+    table.release(0, T0, 1)
+    assert (table.inflight(0), table.total_inflight_tokens()) == (0, 0)
+
+
+def test_charge_past_quotas_and_concurrency(impl: ModuleType) -> None:
+    now = T0 + 20 * NS_PER_HOUR
+    table = make(impl, now=now, burst=1_000_000, daily=10, conc=1)
+    assert table.charge(0, now, 8, 0)[:2] == (OK, 8)
+    assert table.charge(0, now, 1, 0) == (CONC, 1, 0, 991, -1, 1)
+    assert table.charge(0, now, 5, 0) == (DAILY, 5, 4 * NS_PER_HOUR, 986, -1, 0)
+    snap = table.snapshot(0)
+    assert (snap["day_used"], snap["inflight"], snap["inflight_tokens"]) == (14, 3, 14)
+    assert table.admit(0, now, 0, 0)[0] == DAILY  # the day is over its quota: first check
+
+
+def test_charge_over_the_ceiling_reserves_the_largest_request(impl: ModuleType) -> None:
+    table = make(impl, burst=MAX_BURST_MTOK, per_request=100)
+    big = (MAX_TOKENS, MAX_REQUEST_TOKENS, 0)
+    assert table.charge(0, T0, 2**63 - 1, 2**63 - 1)[:3] == big
+    assert table.charge(0, T0, MAX_REQUEST_TOKENS + 1, 0)[:3] == big
+    # Over the per-request cap but under the ceiling: the cost is prompt + capped estimate.
+    assert table.charge(0, T0, 101, 10**9)[:3] == (MAX_TOKENS, 201, 0)
+    assert table.inflight_tokens(0) == 2 * MAX_REQUEST_TOKENS + 201
+    for reserved in (MAX_REQUEST_TOKENS, MAX_REQUEST_TOKENS, 201):
+        table.settle(0, T0, reserved, 0, T0)
+    assert table.total_inflight_tokens() == 0
+    assert table.snapshot(0)["level_mtok"] == MAX_BURST_MTOK
+
+
+def test_charge_passes_the_global_watermark(impl: ModuleType) -> None:
+    table = two_tenants(impl, 10)
+    assert table.charge(0, T0, 8, 0)[:2] == (OK, 8)
+    assert table.charge(1, T0, 5, 0)[:3] == (WATERMARK, 5, 0)
+    assert table.charge(1, T0, 11, 0)[:3] == (MAX_TOKENS, 11, 0)
+    assert table.total_inflight_tokens() == 24
+    assert table.admit(0, T0, 0, 0)[0] == WATERMARK
+
+
+def test_charge_validates_like_admit(impl: ModuleType) -> None:
+    table = make(impl)
+    before = table.snapshot(0)
+    for args, error in [
+        ((0, -1, 1, 1), ValueError),
+        ((0, T0, -1, 1), ValueError),
+        ((0, T0, 1, -1), ValueError),
+        ((1, T0, 1, 1), KeyError),
+        ((0, T0, 1.0, 1), TypeError),
+        ((0, 2**63, 1, 1), OverflowError),
+    ]:
+        with pytest.raises(error):
+            table.charge(*args)
+    assert table.snapshot(0) == before

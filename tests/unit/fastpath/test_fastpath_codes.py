@@ -21,6 +21,10 @@ def test_reason_numbering_is_fixed() -> None:
         "MAX_TOKENS": 5,
         "UNKNOWN_TENANT": 6,
         "TENANT_DISABLED": 7,
+        "GLOBAL_WATERMARK": 8,
+        "BACKPRESSURE": 9,
+        "QUEUE_TIMEOUT": 10,
+        "QUEUE_FULL": 11,
     }
     assert fastpath.Reason is Reason
 
@@ -45,16 +49,46 @@ def test_limits_keep_every_product_in_int64() -> None:
     # Next-window start from any accepted now.
     assert codes.MAX_NOW_NS + codes.NS_PER_DAY <= I64_MAX
     assert codes.RETRY_AFTER_NS_MAX == I64_MAX
+    # Shadow charges: a level >= -burst minus a whole request, before the debt floor.
+    assert -max_burst - codes.MAX_REQUEST_TOKENS * codes.MTOK_PER_TOKEN >= -(2**63)
+    # Global watermark: the check forms limit - total (total in [0, 2**63)), never
+    # total + cost; the cap is a sanity bound far above any single request.
+    assert 0 - I64_MAX >= -(2**63)
+    assert codes.MAX_GLOBAL_INFLIGHT_TOKENS <= I64_MAX
+    assert codes.MAX_GLOBAL_INFLIGHT_TOKENS >= 10**6 * codes.MAX_REQUEST_TOKENS
+
+
+def test_scheduling_limits_keep_every_product_in_int64() -> None:
+    ppm = codes.PPM
+    assert ppm == 1_000_000
+    # Backpressure ratios: min(x, cap) * PPM, then weight * ratio summed.
+    assert codes.MAX_BACKPRESSURE_CAPACITY * ppm <= I64_MAX
+    assert 3 * ppm * ppm <= I64_MAX
+    # Drain wait: (score - target) * 1e9.
+    assert ppm * codes.NS_PER_S <= I64_MAX
+    # Shed thresholds: (hard - soft) * rank with rank < sheddable <= MAX_FLOWS.
+    assert ppm * codes.MAX_FLOWS <= I64_MAX
+    # Fair queue: one charge adds at most (2 * MAX_REQUEST_TOKENS * PPM + rem) // 1 to a vt
+    # of at most VT_MAX (renormalize_above <= VT_MAX), and vt - floor stays >= -VT_MAX.
+    biggest_charge = 2 * codes.MAX_REQUEST_TOKENS * ppm + ppm
+    assert codes.VT_MAX + biggest_charge <= I64_MAX
+    assert codes.VT_MAX + biggest_charge < 2**62
 
 
 def test_compiled_constants_match_codes(both: tuple[ModuleType, ModuleType]) -> None:
     _, compiled = both
-    expected = {
-        name: getattr(codes, name)
-        for name in (
-            "NS_PER_S", "NS_PER_HOUR", "NS_PER_DAY", "MTOK_PER_TOKEN", "MAX_RATE_MTOK_PER_S",
-            "MAX_BURST_MTOK", "MAX_REQUEST_TOKENS", "MAX_NOW_NS", "MAX_SLOTS",
-            "RETRY_AFTER_NS_MAX",
-        )
-    } | {r.name: r.value for r in Reason if r <= Reason.MAX_TOKENS}  # fmt: skip
+    names = (
+        "NS_PER_S", "NS_PER_HOUR", "NS_PER_DAY", "MTOK_PER_TOKEN", "MAX_RATE_MTOK_PER_S",
+        "MAX_BURST_MTOK", "MAX_REQUEST_TOKENS", "MAX_NOW_NS", "MAX_SLOTS",
+        "RETRY_AFTER_NS_MAX", "MAX_GLOBAL_INFLIGHT_TOKENS",
+    )  # fmt: skip
+    produced = [r for r in Reason if r <= Reason.MAX_TOKENS or r == Reason.GLOBAL_WATERMARK]
+    expected = {name: getattr(codes, name) for name in names} | {r.name: r.value for r in produced}
     assert compiled._c_constants() == expected
+
+
+def test_compiled_sched_constants_match_codes(sched_both: tuple[ModuleType, ModuleType]) -> None:
+    _, compiled = sched_both
+    names = ("NS_PER_S", "PPM", "MAX_REQUEST_TOKENS", "MAX_BACKPRESSURE_CAPACITY", "MAX_FLOWS",
+             "VT_MAX")  # fmt: skip
+    assert compiled._c_constants() == {name: getattr(codes, name) for name in names}

@@ -1,9 +1,10 @@
 """Property tests: both builds agree step by step, and the bucket arithmetic is exact.
 
 * ``TestDifferential`` drives random operation sequences (configure / reconfigure /
-  remove, admit, admit_batch, settle, release, level queries, time moving forwards and
-  backwards, invalid arguments) through the reference and the compiled table, asserting
-  identical results or identical exception types, and identical snapshots after every step.
+  remove, global watermark changes, admit, shadow charge, admit_batch with and without a
+  shadow mask, settle, release, level queries, time moving forwards and backwards, invalid
+  arguments) through the reference and the compiled table, asserting identical results or
+  identical exception types, and identical snapshots after every step.
 * ``test_token_rate_retry_is_exact``: advancing by ``retry_after_ns`` admits, by one ns
   less does not.
 * ``test_refill_is_path_independent`` and ``test_batch_matches_single_admits``.
@@ -31,6 +32,7 @@ from hypothesis.stateful import (
 from fastpath import _buckets_py
 from fastpath.codes import (
     MAX_BURST_MTOK,
+    MAX_GLOBAL_INFLIGHT_TOKENS,
     MAX_NOW_NS,
     MAX_RATE_MTOK_PER_S,
     MAX_REQUEST_TOKENS,
@@ -134,9 +136,19 @@ class DifferentialMachine(RuleBasedStateMachine):
         assert actual == expected, (name, args)
         return expected[1] if expected[0] == "ok" else None
 
-    @initialize(start=st.integers(0, 3 * NS_PER_DAY))
-    def start(self, start: int) -> None:
+    @initialize(
+        start=st.integers(0, 3 * NS_PER_DAY),
+        configs=st.lists(
+            st.tuples(rates, bursts, quotas, quotas, concurrency, per_request),
+            min_size=1,
+            max_size=3,
+        ),
+    )
+    def start(self, start: int, configs: list[tuple[int, int, int, int, int, int]]) -> None:
+        """Start with valid tenants in the first slots, so that most steps decide something."""
         self.now = T0 + start
+        for slot, (rate, burst, hourly, daily, conc, per_req) in enumerate(configs):
+            self.both("configure", slot, self.now, rate, burst, hourly, daily, conc, per_req)
 
     @rule(
         slot=st.one_of(st.integers(0, 2), st.integers(0, N_SLOTS - 1)),
@@ -156,9 +168,27 @@ class DifferentialMachine(RuleBasedStateMachine):
     def advance(self, dt: int) -> None:
         self.now = min(max(self.now + dt, 0), MAX_NOW_NS)
 
+    @rule(
+        limit=st.one_of(
+            st.just(0),
+            st.integers(1, 300),
+            st.integers(0, 5_000),
+            st.sampled_from([-1, MAX_GLOBAL_INFLIGHT_TOKENS, MAX_GLOBAL_INFLIGHT_TOKENS + 1]),
+        )
+    )
+    def set_global_limit(self, limit: int) -> None:
+        self.both("set_global_inflight_limit", limit)
+
     def _admit(self, slot: int, prompt: int, max_tokens: int) -> None:
         result = self.both("admit", slot, self.now, prompt, max_tokens)
         if result is not None and result[0] == Reason.OK:
+            self.outstanding.append((slot, result[1], self.now))
+            limit = self.py.global_inflight_limit()
+            assert limit == 0 or self.py.total_inflight_tokens() <= limit
+
+    def _charge(self, slot: int, prompt: int, max_tokens: int) -> None:
+        result = self.both("charge", slot, self.now, prompt, max_tokens)
+        if result is not None:  # shadow: always reserved, whatever the would-be reason
             self.outstanding.append((slot, result[1], self.now))
 
     # Two admit rules (rules are drawn uniformly): small requests to the first slots, so
@@ -171,23 +201,36 @@ class DifferentialMachine(RuleBasedStateMachine):
     def admit(self, slot: int, prompt: int, max_tokens: int) -> None:
         self._admit(slot, prompt, max_tokens)
 
+    @rule(slot=st.integers(0, 2), prompt=st.integers(0, 30), max_tokens=st.integers(0, 30))
+    def charge_small(self, slot: int, prompt: int, max_tokens: int) -> None:
+        self._charge(slot, prompt, max_tokens)
+
+    @rule(slot=st.integers(-1, N_SLOTS + 1), prompt=tokens, max_tokens=tokens)
+    def charge(self, slot: int, prompt: int, max_tokens: int) -> None:
+        self._charge(slot, prompt, max_tokens)
+
     @rule(
         entries=st.lists(
-            st.tuples(st.integers(-1, N_SLOTS - 1), tokens, tokens), min_size=0, max_size=8
-        )
+            st.tuples(st.integers(-1, N_SLOTS - 1), tokens, tokens, st.sampled_from([0, 0, 1, -3])),
+            min_size=0,
+            max_size=8,
+        ),
+        masked=st.booleans(),
     )
-    def admit_batch(self, entries: list[tuple[int, int, int]]) -> None:
+    def admit_batch(self, entries: list[tuple[int, int, int, int]], masked: bool) -> None:
         n = len(entries)
         columns = [np.array([e[k] for e in entries], dtype=np.int64) for k in range(3)]
+        shadow = np.array([e[3] for e in entries], dtype=np.int64) if masked else None
         outs_py = [np.full(n, -99, dtype=np.int64) for _ in range(6)]
         outs_c = [np.full(n, -99, dtype=np.int64) for _ in range(6)]
-        expected = _call(lambda: self.py.admit_batch(self.now, *columns, *outs_py))
-        actual = _call(lambda: self.c.admit_batch(self.now, *columns, *outs_c))
+        py: Any = self.py  # the outputs are unpacked: mypy cannot count them
+        expected = _call(lambda: py.admit_batch(self.now, *columns, *outs_py, shadow=shadow))
+        actual = _call(lambda: self.c.admit_batch(self.now, *columns, *outs_c, shadow=shadow))
         assert actual == expected
         assert [o.tolist() for o in outs_c] == [o.tolist() for o in outs_py]
         if expected[0] == "ok":
-            for i, (slot, _, _) in enumerate(entries):
-                if slot >= 0 and outs_py[0][i] == Reason.OK:
+            for i, (slot, _, _, sh) in enumerate(entries):
+                if slot >= 0 and (outs_py[0][i] == Reason.OK or (masked and sh != 0)):
                     self.outstanding.append((slot, int(outs_py[1][i]), self.now))
 
     @precondition(lambda self: self.outstanding)
@@ -232,6 +275,7 @@ class DifferentialMachine(RuleBasedStateMachine):
     def same_state(self) -> None:
         assert self.c.capacity == self.py.capacity
         assert self.c.total_inflight_tokens() == self.py.total_inflight_tokens()
+        assert self.c.global_inflight_limit() == self.py.global_inflight_limit()
         for slot in range(-1, N_SLOTS + 2):
             configured = self.py.is_configured(slot)
             assert self.c.is_configured(slot) == configured
@@ -373,12 +417,15 @@ def test_refill_is_path_independent(
 @pytest.mark.parametrize("which", ["python", "cython"])
 @settings(max_examples=100, deadline=None)
 @given(
-    entries=st.lists(st.tuples(st.integers(-1, 2), tokens, tokens), max_size=30),
+    entries=st.lists(st.tuples(st.integers(-1, 2), tokens, tokens, st.booleans()), max_size=30),
     step=st.integers(0, 10 * NS_PER_S),
+    limit=st.one_of(st.just(0), st.integers(1, 10_000)),
+    masked=st.booleans(),
 )
 def test_batch_matches_single_admits(
-    which: str, entries: list[tuple[int, int, int]], step: int
+    which: str, entries: list[tuple[int, int, int, bool]], step: int, limit: int, masked: bool
 ) -> None:
+    """admit_batch == admit (or charge, for shadow entries) per entry, in order."""
     impl = _buckets_py if which == "python" else _compiled_module()
 
     def fresh() -> Any:
@@ -387,15 +434,20 @@ def test_batch_matches_single_admits(
             [(1_000, 20_000, 0, 0), (50, 1_000_000, 300, 2), (MAX_RATE_MTOK_PER_S, 10**9, 0, 3)]
         ):
             table.configure(slot, T0, rate, burst, hourly, 0, conc, 0)
+        table.set_global_inflight_limit(limit)
         return table
 
     batched, single = fresh(), fresh()
     n = len(entries)
     outs = [np.full(n, -99, dtype=np.int64) for _ in range(6)]
     columns = [np.array([e[k] for e in entries], dtype=np.int64) for k in range(3)]
-    admitted = batched.admit_batch(T0 + step, *columns, *outs)
+    shadow = np.array([e[3] for e in entries], dtype=np.int64) if masked else None
+    admitted = batched.admit_batch(T0 + step, *columns, *outs, shadow=shadow)
     expected = [
-        list(single.admit(s, T0 + step, p, m)) if s >= 0 else [-99] * 6 for s, p, m in entries
+        list((single.charge if masked and sh else single.admit)(s, T0 + step, p, m))
+        if s >= 0
+        else [-99] * 6
+        for s, p, m, sh in entries
     ]
     assert [list(row) for row in zip(*(o.tolist() for o in outs), strict=True)] == expected
     assert admitted == sum(1 for row in expected if row[0] == Reason.OK)

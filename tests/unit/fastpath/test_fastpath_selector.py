@@ -12,9 +12,23 @@ from typing import cast
 import pytest
 
 import fastpath
-from fastpath import _buckets_py
+from fastpath import _buckets_py, _sched_py
 
 INIT = Path(fastpath.__file__)
+# What the selector exports from each pair of builds: (module suffix, names).
+SELECTED = (
+    ("_buckets", ("TokenBucketTable",)),
+    ("_sched", ("FairQueue", "backpressure_score_ppm", "backpressure_retry_ns",
+                "shed_threshold_ppm")),
+)  # fmt: skip
+
+
+def _assert_selected(selector: ModuleType, suffix: str) -> None:
+    """Every name the selector exports comes from the ``suffix`` ("_py"/"_c") modules."""
+    for base, names in SELECTED:
+        source = importlib.import_module(f"fastpath.{base}{suffix}")
+        for name in names:
+            assert cast(object, getattr(selector, name)) is getattr(source, name), name
 
 
 def _load_selector(monkeypatch: pytest.MonkeyPatch, env: str | None) -> ModuleType:
@@ -34,35 +48,50 @@ def test_compiled_is_live() -> None:
     """Fails if CI silently ran the pure-Python reference."""
     if os.environ.get("BURSTGATE_FASTPATH") == "python":
         assert fastpath.IMPLEMENTATION == "python"
-        assert fastpath.TokenBucketTable is _buckets_py.TokenBucketTable
+        _assert_selected(fastpath, "_py")
     else:
         assert fastpath.IMPLEMENTATION == "cython"
-        from fastpath import _buckets_c
-
-        assert cast(object, fastpath.TokenBucketTable) is _buckets_c.TokenBucketTable
+        _assert_selected(fastpath, "_c")
 
 
 def test_env_python_selects_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     module = _load_selector(monkeypatch, "python")
     assert module.IMPLEMENTATION == "python"
+    _assert_selected(module, "_py")
     assert module.TokenBucketTable is _buckets_py.TokenBucketTable
+    assert module.FairQueue is _sched_py.FairQueue
 
 
 @pytest.mark.parametrize("env", [None, "", "cython"])
-def test_default_selects_the_compiled_module(
-    monkeypatch: pytest.MonkeyPatch, both: tuple[ModuleType, ModuleType], env: str | None
+def test_default_selects_the_compiled_modules(
+    monkeypatch: pytest.MonkeyPatch,
+    both: tuple[ModuleType, ModuleType],
+    sched_both: tuple[ModuleType, ModuleType],
+    env: str | None,
 ) -> None:
-    _, compiled = both
     module = _load_selector(monkeypatch, env)
     assert module.IMPLEMENTATION == "cython"
-    assert module.TokenBucketTable is compiled.TokenBucketTable
+    _assert_selected(module, "_c")
+    assert module.TokenBucketTable is both[1].TokenBucketTable
+    assert module.FairQueue is sched_both[1].FairQueue
 
 
-def test_missing_build_is_a_loud_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "fastpath._buckets_c", None)  # makes the import fail
+@pytest.mark.parametrize("missing", ["fastpath._buckets_c", "fastpath._sched_c"])
+def test_missing_build_is_a_loud_import_error(
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """Either compiled module missing fails the import: no half-compiled fastpath."""
+    monkeypatch.setitem(sys.modules, missing, None)  # makes the import fail
     with pytest.raises(ImportError, match=r"pip install -e \.") as info:
         _load_selector(monkeypatch, None)
     assert "BURSTGATE_FASTPATH=python" in str(info.value)
+    assert missing in str(info.value)
+
+
+def test_env_python_needs_no_compiled_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fastpath._buckets_c", None)
+    monkeypatch.setitem(sys.modules, "fastpath._sched_c", None)
+    assert _load_selector(monkeypatch, "python").IMPLEMENTATION == "python"
 
 
 @pytest.mark.parametrize("env", ["Python", "c", "pure", "1"])
