@@ -25,7 +25,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml fastpath/_buckets_c.pyx fastpath/_buckets_c.pxd
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(wildcard fastpath/*.pyx fastpath/*.pxd)
 	$(BIN)/pip install -q -e .
 	touch $@
 

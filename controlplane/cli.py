@@ -117,13 +117,21 @@ def serve(
 def demo(
     port: Annotated[int | None, typer.Option(help="Overrides BURSTGATE_PORT.")] = None,
     database_url: DbOpt = None,
+    admission_auth: Annotated[
+        bool,
+        typer.Option(
+            "--admission-auth/--no-admission-auth",
+            help="Require sidecar tokens on the admission API (off in the demo; "
+            "`serve` requires them unless BURSTGATE_ADMISSION_AUTH=false).",
+        ),
+    ] = False,
 ) -> None:
     """Migrate the database, load the demo tenants and lanes, and serve."""
     from controlplane import configfile
     from controlplane.store.db import make_engine, upgrade
     from controlplane.store.repo import ConfigRepository
 
-    settings = _settings(port=port, database_url=database_url)
+    settings = _settings(port=port, database_url=database_url, admission_auth=admission_auth)
     upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     try:
@@ -252,6 +260,15 @@ def tenant_enable(tenant_id: str, database_url: DbOpt = None) -> None:
 
 
 def _register_plugins() -> None:
+    # `burstgate admin ...` (admin API over gRPC) and `burstgate keys ...`
+    # (API keys, DB-direct bootstrap): controlplane/admin/cli.py.
+    from controlplane.admin.cli import register as register_admin
+
+    register_admin(app)
+    # `burstgate export`, `price ...`, `margin` (issue 4): controlplane/ledger/cli.py.
+    from controlplane.ledger.cli import register as register_ledger
+
+    register_ledger(app)
     try:
         from controlplane.analysis.cli import register
     except ImportError as exc:  # only while the analysis package is absent

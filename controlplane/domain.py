@@ -64,6 +64,25 @@ class TenantConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Degradation:
+    """Instructions for a request admitted while its pool is degraded."""
+
+    max_tokens_cap: int
+    page_after_tokens: int
+    fallback_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """The request's pool as the decision saw it."""
+
+    score: float  # backpressure score B in [0, 1]
+    freshness: int  # 1 fresh, 2 stale, 3 unknown (burstgate.v1.PoolFreshness)
+    stale_policy: str  # how a stale/unknown pool was treated; "" when fresh
+    shed: bool  # the lane was held back by backpressure
+
+
+@dataclass(frozen=True, slots=True)
 class AdmitDecision:
     request_id: str
     decision: Decision
@@ -79,6 +98,10 @@ class AdmitDecision:
     message: str = ""
     duplicate: bool = False
     pricing_multiplier: float = 1.0
+    queue_wait_ns: int = 0
+    degradation: Degradation | None = None
+    shadow_reason: int = 0  # Reason the request would have been refused for (shadow mode)
+    pressure: Pressure | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,10 +78,17 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 def main() -> None:
+    # Generate beside the package and swap only on success, so a bad .proto
+    # never leaves the package without its generated modules.
+    staging = OUT_DIR.with_name("_proto.new")
+    if staging.exists():
+        shutil.rmtree(staging)
+    written = generate(staging)
     if OUT_DIR.exists():
         shutil.rmtree(OUT_DIR)
-    for path in generate(OUT_DIR):
-        print(path.relative_to(ROOT))
+    staging.rename(OUT_DIR)
+    for path in written:
+        print((OUT_DIR / path.relative_to(staging)).relative_to(ROOT))
 
 
 if __name__ == "__main__":

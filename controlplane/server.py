@@ -9,8 +9,8 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -19,18 +19,37 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from controlplane._proto.burstgate.v1 import admission_pb2, admission_pb2_grpc
-from controlplane.metrics import registry_for
+from controlplane._proto.burstgate.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    admission_pb2,
+    admission_pb2_grpc,
+    ledger_pb2,
+    ledger_pb2_grpc,
+)
+from controlplane.metrics import (
+    EXTRA_COLLECTORS,
+    RpcCollector,
+    RpcStats,
+    ServerCollector,
+    registry_for,
+)
 from controlplane.policy import effective_policy
 from controlplane.rpc.admission import AdmissionServicer
 from controlplane.service import AdmissionService
+from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
 from controlplane.store.db import make_engine
 from controlplane.store.repo import ConfigRepository
 
+if TYPE_CHECKING:
+    from controlplane.ledger.metering import Metering
+
 log = structlog.get_logger("burstgate.server")
 
 ADMISSION_SERVICE = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
+LEDGER_SERVICE = ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
 # How often open reservations are checked against the TTL.
 EXPIRY_INTERVAL_S = 0.5
 
@@ -40,23 +59,44 @@ def create_server(
     address: str = "127.0.0.1:0",
     *,
     max_message_bytes: int = 4 * 1024 * 1024,
+    waiting: WaitingRoom | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    admin: admin_pb2_grpc.AdminServiceServicer | None = None,
+    credentials: grpc.ServerCredentials | None = None,
+    ledger: Metering | None = None,
 ) -> tuple[grpc.aio.Server, int, health_aio.HealthServicer]:
     """Build (not start) a gRPC server with the admission, health and
-    reflection services; bind ``address`` (port 0 = a free port)."""
+    reflection services (and the admin service when ``admin`` is given);
+    bind ``address`` (port 0 = a free port), with TLS when ``credentials``."""
     server = grpc.aio.server(
+        interceptors=list(interceptors),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
     )
-    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(AdmissionServicer(service), server)
+    admission = AdmissionServicer(service, waiting)
+    admission.metering = ledger  # issue 4: Complete is recorded in the ledger
+    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (ADMISSION_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    port = server.add_insecure_port(address)
+    names = [ADMISSION_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    if admin is not None:
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+        names.append(ADMIN_SERVICE)
+    if ledger is not None:  # operators' ledger API (issue 4), same auth as admin
+        from controlplane.ledger.rpc import LedgerServicer
+
+        ledger_pb2_grpc.add_LedgerServiceServicer_to_server(
+            LedgerServicer(ledger, clock=ledger.clock), server
+        )
+        names.append(LEDGER_SERVICE)
+    reflection.enable_server_reflection(names, server)
+    if credentials is not None:
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind gRPC listener on {address}")
     return server, port, health_servicer
@@ -68,6 +108,7 @@ class ControlPlane:
     def __init__(self, settings: Settings, *, clock: Callable[[], int] = time.time_ns) -> None:
         self.settings = settings
         self.service = AdmissionService(settings, clock=clock)
+        self.waiting = WaitingRoom(self.service)
         self.engine = make_engine(settings.database_url)
         self.repo = ConfigRepository(self.engine)
         self.port = 0
@@ -78,9 +119,46 @@ class ControlPlane:
         self._tasks: list[asyncio.Task[Any]] = []
         self._fingerprint: tuple[Any, ...] | None = None
         self.config_reloads = 0
+        # Admin API, auth and observability (issue 5, controlplane/admin).
+        from controlplane.admin.keys import KeyCache, KeyStore
+        from controlplane.admin.live import LiveSampler
+        from controlplane.admin.store import AdminStore
+
+        self.config_reload_failures = 0
+        self._reload_lock = asyncio.Lock()  # admin writes and the poll reload in turn
+        self.admin_store = AdminStore(self.engine)
+        self.key_store = KeyStore(self.engine)
+        self.key_cache = KeyCache(self.key_store)
+        self.rpc_stats = RpcStats()
+        self.live = LiveSampler(
+            self.service,
+            interval_s=settings.metrics_sample_s,
+            tenant_label_limit=settings.metrics_tenant_label_limit,
+        )
+        # Collectors registered on /metrics at start; other packages append.
+        self.metrics_collectors: list[Any] = [
+            RpcCollector(self.rpc_stats),
+            ServerCollector(self),
+            self.live.collector(),
+        ]
+        self._tracer_provider: Any = None
+        # Metering (issue 4, controlplane/ledger): every Complete is recorded in
+        # the dual ledger; pricing windows set the multiplier Admit returns.
+        self.metering: Metering | None = None
+        self._ledger_health_tasks: set[asyncio.Task[None]] = set()
+        if settings.ledger_enabled:
+            from controlplane.ledger.metering import Metering
+            from controlplane.ledger.metrics import LedgerCollector
+
+            self.metering = Metering(self.service, settings, on_health=self._ledger_health)
+            self.metrics_collectors.append(LedgerCollector(self.metering))
 
     async def load_config(self) -> bool:
         """Reload tenants and lanes when the database changed; True if applied."""
+        async with self._reload_lock:
+            return await self._load_config()
+
+    async def _load_config(self) -> bool:
         fp = await asyncio.to_thread(self.repo.fingerprint)
         if fp == self._fingerprint:
             return False
@@ -91,31 +169,81 @@ class ControlPlane:
         # Applied on the event-loop thread: the fast path is not thread-safe
         # and every decision runs on this thread too.
         self.service.apply_config(tenants, lanes, policy)
+        self.waiting.reschedule()
         self._fingerprint = fp
         self.config_reloads += 1
         log.info("config loaded", tenants=len(tenants), lanes=[lane.name for lane in lanes])
         return True
 
+    def _interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        from controlplane.admin.interceptor import ServerInterceptor
+
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if self.settings.tracing != "off":
+            from controlplane.admin.tracing import server_interceptor
+
+            tracing, self._tracer_provider = server_interceptor(self.settings)
+            interceptors.append(tracing)  # outermost: the span covers auth too
+        interceptors.append(
+            ServerInterceptor(
+                key_store=self.key_store,
+                key_cache=self.key_cache,
+                stats=self.rpc_stats,
+                admission_auth=self.settings.admission_auth,
+                admission_log_sample=self.settings.admission_log_sample,
+            )
+        )
+        return interceptors
+
+    def _credentials(self) -> grpc.ServerCredentials | None:
+        s = self.settings
+        if s.tls_cert_file is None or s.tls_key_file is None:
+            return None
+        pair = [(s.tls_key_file.read_bytes(), s.tls_cert_file.read_bytes())]
+        if s.tls_client_ca_file is None:
+            return grpc.ssl_server_credentials(pair)
+        return grpc.ssl_server_credentials(
+            pair, root_certificates=s.tls_client_ca_file.read_bytes(), require_client_auth=True
+        )
+
     async def start(self) -> int:
+        from controlplane.admin.servicer import AdminServicer
+
         await self.load_config()
+        await asyncio.to_thread(self.key_cache.refresh)
+        self.live.sample()
+        if self.metering is not None:
+            await self.metering.start()  # replays the spool before serving
         address = f"{self.settings.host}:{self.settings.port}"
         self._server, self.port, self._health = create_server(
-            self.service, address, max_message_bytes=self.settings.max_message_bytes
+            self.service,
+            address,
+            max_message_bytes=self.settings.max_message_bytes,
+            waiting=self.waiting,
+            interceptors=self._interceptors(),
+            admin=AdminServicer(self, self.admin_store, self.key_store, self.key_cache),
+            credentials=self._credentials(),
+            ledger=self.metering,
         )
         await self._server.start()
         serving = health_pb2.HealthCheckResponse.SERVING
         await self._health.set("", serving)
         await self._health.set(ADMISSION_SERVICE, serving)
+        await self._health.set(ADMIN_SERVICE, serving)
+        if self.metering is not None:
+            self._ledger_health(self.metering.healthy)
         if self.settings.metrics_port >= 0:
+            extra = [*self.metrics_collectors, *(make(self) for make in EXTRA_COLLECTORS)]
             self._metrics_httpd, _ = start_http_server(
                 self.settings.metrics_port,
                 addr=self.settings.host,
-                registry=registry_for(self.service),
+                registry=registry_for(self.service, *extra),
             )
             self.metrics_port = self._metrics_httpd.server_port
         self._tasks = [
             asyncio.create_task(self._expiry_loop(), name="expiry"),
             asyncio.create_task(self._config_loop(), name="config-poll"),
+            asyncio.create_task(self.live.run(), name="live-sampler"),
         ]
         log.info(
             "serving",
@@ -130,6 +258,7 @@ class ControlPlane:
         while True:
             await asyncio.sleep(EXPIRY_INTERVAL_S)
             released = self.service.expire()
+            self.waiting.reschedule()
             if released:
                 log.info("reservations expired", released=released)
 
@@ -138,7 +267,9 @@ class ControlPlane:
             await asyncio.sleep(self.settings.config_poll_s)
             try:
                 await self.load_config()
+                await asyncio.to_thread(self.key_cache.refresh)
             except Exception as exc:  # database down: keep deciding from memory
+                self.config_reload_failures += 1
                 log.warning("config poll failed; serving last config", error=str(exc))
 
     async def stop(self, grace: float | None = None) -> None:
@@ -155,7 +286,23 @@ class ControlPlane:
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()
+        if self._tracer_provider is not None:
+            self._tracer_provider.shutdown()
+        if self.metering is not None:
+            await self.metering.stop()  # writes (or spools) what is queued
         self.engine.dispose()
+
+    def _ledger_health(self, ok: bool) -> None:
+        """Ledger health (issue 4): NOT_SERVING while records are spooled
+        because the database is unreachable (Admit keeps serving)."""
+        if self._health is None:
+            return
+        status = health_pb2.HealthCheckResponse.SERVING if ok else (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        task = asyncio.get_running_loop().create_task(self._health.set(LEDGER_SERVICE, status))
+        self._ledger_health_tasks.add(task)
+        task.add_done_callback(self._ledger_health_tasks.discard)
 
     async def wait(self) -> None:
         assert self._server is not None

@@ -6,10 +6,11 @@ present); a bad value is reported by its variable name at start.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.policy import Policy
@@ -66,6 +67,83 @@ class Settings(BaseSettings):
     # Logging: "console" for people, "json" for log pipelines.
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- Admin API, security and observability (issue 5; docs/operating.md) ---
+    # The admin API (burstgate.v1.AdminService) always requires an API key.
+    # The admission API requires a per-sidecar token (a key with role
+    # "sidecar") unless this is off; `burstgate demo` turns it off.
+    admission_auth: bool = True
+    # TLS for the gRPC port (admission and admin alike): server certificate
+    # and key (PEM). With tls_client_ca_file set, clients must present a
+    # certificate signed by that CA (mTLS).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    # Fraction of admission RPCs (Admit, Complete, ReportLoad, AdmitStream
+    # streams) that get an access log line; admin RPCs are always logged.
+    # A line costs more CPU than the decision itself, hence off by default.
+    admission_log_sample: float = Field(default=0.0, ge=0, le=1)
+    # How often live gauges (in-flight tokens, per-pool backpressure, per-tenant
+    # state) are sampled on the event loop for /metrics.
+    metrics_sample_s: float = Field(default=1.0, gt=0)
+    # Per-tenant series (tenant label) only while there are at most this many
+    # tenants, so the label's cardinality is bounded by config; 0 = never.
+    metrics_tenant_label_limit: int = Field(default=50, ge=0)
+    # OpenTelemetry tracing of the gRPC server (needs the `otel` extra): off,
+    # console (spans printed to stderr) or otlp (to otlp_endpoint). Nothing
+    # is exported unless configured here.
+    tracing: Literal["off", "console", "otlp"] = "off"
+    otlp_endpoint: str = "http://127.0.0.1:4317"
+    tracing_service_name: str = "burstgate"
+
+    # --- Metering: dual ledger, pricing windows, margin warnings (issue 4; docs/ledger.md) ---
+    # Record every Complete in the ledger and acknowledge it only once durable.
+    # Off: Complete settles in memory only (no ledger, no money figures).
+    ledger_enabled: bool = True
+    # Local append-only spool for acknowledged records while the database is
+    # unreachable or slow; replayed into it on recovery and at start. Unset:
+    # "<sqlite file>.ledger-spool", or var/ledger-spool/<host>-<port>-<db>.
+    ledger_spool_dir: Path | None = None
+    # Bound of the spool (bytes): past it Complete answers UNAVAILABLE and
+    # changes nothing. 256 MiB is about a million records.
+    ledger_spool_max_bytes: int = Field(default=256 * 1024 * 1024, ge=4096)
+    # Most records in one group commit (COPY / executemany + COMMIT).
+    ledger_batch_max: int = Field(default=10_000, ge=1)
+    # A database write slower than this (s) goes to the spool instead.
+    ledger_db_timeout_s: float = Field(default=5.0, gt=0)
+    # While spooling, how often (s) the database is tried again.
+    ledger_retry_s: float = Field(default=1.0, gt=0)
+    # Currency of a request priced at zero because the price catalog has no entry.
+    ledger_default_currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    # Complete refuses usage above this many times what was admitted (prompt,
+    # or granted max_tokens) plus 1,024 tokens: a sidecar bug, not a bill.
+    complete_max_overrun_ratio: float = Field(default=4.0, ge=1)
+    # Pricing windows (SPEC section 4): whole seconds, aligned to the Unix epoch.
+    pricing_window_s: int = Field(default=300, ge=1, le=86_400)
+    # Step table as [threshold, multiplier] pairs, ascending: a window whose
+    # cache-miss rate is above a threshold sets its multiplier for the next
+    # window (the highest matched wins; else 1). JSON in the environment:
+    # BURSTGATE_PRICING_STEPS='[["0.30","1.20"],["0.50","1.50"]]'.
+    pricing_steps: list[tuple[Decimal, Decimal]] = [(Decimal("0.30"), Decimal("1.20"))]
+    # Margin warning when a tenant's actual cost exceeds ratio x its user
+    # charge over a pricing window (and over any period on demand).
+    margin_warning_ratio: Decimal = Field(default=Decimal("1.15"), gt=0)
+
+    @field_validator("pricing_steps")
+    @classmethod
+    def _steps(cls, v: list[tuple[Decimal, Decimal]]) -> list[tuple[Decimal, Decimal]]:
+        from controlplane.ledger.pricing import StepTable
+
+        StepTable(v)  # raises ValueError naming the problem
+        return v
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")
+        return self
 
     @field_validator("database_url")
     @classmethod

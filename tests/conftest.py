@@ -139,6 +139,9 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
     ) -> ServerThread:
         import time
 
+        # Sidecar tokens are on by default for `serve`; tests of the admission
+        # API run without them unless they ask (tests/integration/admin).
+        overrides.setdefault("admission_auth", False)
         settings = Settings(
             database_url=database_url, host="127.0.0.1", port=0, metrics_port=-1, **overrides
         )

@@ -3,28 +3,58 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.domain import AdmitDecision
+from controlplane.domain import AdmitDecision, Degradation, Pressure
 from controlplane.errors import DomainError
 from controlplane.rpc.errors import status_for, unary_errors
 from controlplane.service import AdmissionService
+from controlplane.service.waiting import WaitingRoom
+
+if TYPE_CHECKING:
+    from controlplane.ledger.metering import Metering
 
 NS_PER_S = 1_000_000_000
 
 
+def _duration(ns: int) -> Duration:
+    secs, nanos = divmod(ns, NS_PER_S)
+    return Duration(seconds=secs, nanos=nanos)
+
+
+def _pressure_pb(p: Pressure | None) -> pb.Pressure | None:
+    if p is None:
+        return None
+    return pb.Pressure(
+        score=p.score,
+        freshness=pb.PoolFreshness.ValueType(p.freshness),
+        stale_policy=p.stale_policy,
+        shed=p.shed,
+    )
+
+
+def _degradation_pb(g: Degradation | None) -> pb.Degradation | None:
+    if g is None:
+        return None
+    return pb.Degradation(
+        active=True,
+        max_tokens_cap=g.max_tokens_cap,
+        page_after_tokens=g.page_after_tokens,
+        fallback_model=g.fallback_model,
+    )
+
+
 def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
-    secs, nanos = divmod(d.retry_after_ns, NS_PER_S)
     return pb.AdmitResponse(
         request_id=d.request_id,
         decision=pb.Decision.ValueType(d.decision),
         reason=pb.Reason.ValueType(d.reason),
-        retry_after=Duration(seconds=secs, nanos=nanos),
+        retry_after=_duration(d.retry_after_ns),
         reserved_tokens=d.reserved_tokens,
         reservation_id=d.reservation_id,
         granted_max_tokens=d.granted_max_tokens,
@@ -37,18 +67,28 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
         duplicate=d.duplicate,
         lane=d.lane,
         pricing_multiplier=d.pricing_multiplier,
+        queue_wait=_duration(d.queue_wait_ns),
+        degradation=_degradation_pb(d.degradation),
+        shadow_reason=pb.Reason.ValueType(d.shadow_reason),
+        pressure=_pressure_pb(d.pressure),
     )
 
 
 class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
-    def __init__(self, service: AdmissionService) -> None:
+    # The ledger (issue 4), set by create_server; None = settle in memory only.
+    metering: Metering | None = None
+
+    def __init__(self, service: AdmissionService, waiting: WaitingRoom | None = None) -> None:
         self._svc = service
+        self._waiting = waiting or WaitingRoom(service)
 
     @unary_errors
     async def Admit(
         self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.AdmitResponse:
-        d = self._svc.admit(
+        # May wait server-side in the lane's queue (bounded by the lane's wait
+        # target, the tenant's max wait and this call's deadline).
+        d = await self._waiting.admit(
             request.tenant_id,
             request.request_id,
             request.lane,
@@ -56,6 +96,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             request.max_tokens,
             request.model,
             request.pool,
+            timeout_s=context.time_remaining(),
         )
         return decision_to_pb(d)
 
@@ -63,7 +104,28 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
     async def Complete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
-        s = self._svc.complete(
+        # With metering (issue 4) the reply waits until the ledger record is
+        # durable; without it the settlement is in memory only.
+        metering = self.metering
+        if metering is None:
+            s = self._svc.complete(
+                request.tenant_id,
+                request.request_id,
+                request.reservation_id,
+                request.prompt_tokens,
+                request.generated_tokens,
+                request.cached_prompt_tokens,
+                request.kv_cache_miss_rate,
+            )
+            self._waiting.reschedule()  # a settlement may have admitted waiters
+            return pb.CompleteResponse(
+                request_id=s.request_id,
+                reserved_tokens=s.reserved_tokens,
+                actual_tokens=s.actual_tokens,
+                refunded_tokens=s.refunded_tokens,
+                duplicate=s.duplicate,
+            )
+        r = await metering.complete(
             request.tenant_id,
             request.request_id,
             request.reservation_id,
@@ -71,14 +133,33 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             request.generated_tokens,
             request.cached_prompt_tokens,
             request.kv_cache_miss_rate,
+            miss_rate_reported=True if request.kv_cache_miss_rate_reported else None,
+            exec_start_ns=request.exec_start_unix_ns,
+            exec_end_ns=request.exec_end_unix_ns,
         )
-        return pb.CompleteResponse(
+        if not r.duplicate:
+            self._waiting.reschedule()  # a settlement may have admitted waiters
+        s = r.settlement
+        resp = pb.CompleteResponse(
             request_id=s.request_id,
             reserved_tokens=s.reserved_tokens,
             actual_tokens=s.actual_tokens,
             refunded_tokens=s.refunded_tokens,
-            duplicate=s.duplicate,
+            duplicate=r.duplicate,
         )
+        if r.record is not None:
+            from controlplane.ledger.money import format_fixed, format_nanos
+
+            rec = r.record
+            resp.user_charge = format_nanos(rec.user_charge_nanos)
+            resp.actual_cost = format_nanos(rec.actual_cost_nanos)
+            resp.currency = rec.currency
+            resp.pricing_multiplier = format_fixed(rec.pricing_multiplier, 6)
+            resp.pricing_window = rec.pricing_window
+            resp.lane_multiplier = format_fixed(rec.lane_multiplier, 6)
+            resp.kv_cache_miss_rate = float(rec.kv_cache_miss_rate)
+            resp.miss_rate_source = rec.miss_rate_source
+        return resp
 
     async def AdmitStream(
         self,
@@ -116,6 +197,10 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                 daily_remaining=r.daily_remaining,
                 duplicate=r.duplicate,
                 pricing_multiplier=r.pricing_multiplier,
+                shadow_reason=cast("list[pb.Reason.ValueType]", r.shadow_reason),
+                degraded=r.degraded,
+                degradation=_degradation_pb(r.degradation),
+                pressure=_pressure_pb(r.pressure),
             )
 
     @unary_errors
@@ -132,4 +217,5 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             request.kv_cache_miss_rate,
             request.gpu_utilization,
         )
+        self._waiting.reschedule()
         return pb.LoadReportAck(pool=request.pool, engines_reporting=n)

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
+from controlplane.admin.errors import PermissionDenied, Unauthenticated
 from controlplane.errors import (
     AlreadyExists,
     DomainError,
@@ -16,6 +17,7 @@ from controlplane.errors import (
     InvalidArgument,
     NotFound,
 )
+from controlplane.ledger.errors import LedgerUnavailable
 
 log = structlog.get_logger("burstgate.rpc")
 
@@ -24,6 +26,11 @@ _CODES: dict[type[DomainError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    # Auth (issue 5): raised by controlplane.admin's interceptor.
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    # Metering (issue 4): the ledger cannot make a record durable or be read.
+    LedgerUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 
 

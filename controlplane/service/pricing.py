@@ -26,7 +26,15 @@ class Pricing(Protocol):
         must be a memory lookup."""
         ...
 
+    def observe_load(self, pool: str, kv_cache_miss_rate: float, now_ns: int) -> None:
+        """An engine's load report (its KV-cache miss rate feeds the pool's
+        pricing window); a memory update."""
+        ...
+
 
 class FlatPricing:
     def quote(self, pool: str, model: str, now_ns: int) -> PriceQuote:
         return FLAT
+
+    def observe_load(self, pool: str, kv_cache_miss_rate: float, now_ns: int) -> None:
+        return None

@@ -38,7 +38,12 @@ WINDOW = 15  # pricing window id
 ACTUAL = 16  # settlement: actual tokens (-1 while open)
 REFUNDED = 17  # settlement: refunded tokens
 ARRIVED_NS = 18  # when the Admit reached the plane (before any queueing)
-FIELDS = 19
+SHADOW_REASON = 19  # shadow mode: the reason it would have been refused for (0 = none)
+DEGRADED_CAP = 20  # max_tokens cap when admitted under degradation (0 = not degraded)
+SCORE_PPM = 21  # the pool's backpressure score at decision time
+FRESHNESS = 22  # the pool view's freshness (pools.FRESH / STALE / UNKNOWN)
+SHED = 23  # 1 when the lane was held back by backpressure
+FIELDS = 24
 
 # States.
 OPEN = 0  # admitted, reservation not settled yet

@@ -11,11 +11,13 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Index,
     Integer,
     MetaData,
     Numeric,
     String,
     Text,
+    UniqueConstraint,
     true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -166,3 +168,108 @@ class AuditEvent(Base):
     before: Mapped[str | None] = mapped_column(Text, default=None)
     after: Mapped[str | None] = mapped_column(Text, default=None)
     request_id: Mapped[str] = mapped_column(String(128), default="")
+
+
+# --- Metering: dual ledger, price catalog, pricing windows, margin warnings ---
+# (issue 4, controlplane/ledger; docs/ledger.md). Timestamps are integer
+# nanoseconds since the Unix epoch (UTC) and amounts integer nano-units
+# (1e-9) of the row's currency, so SUM() is exact on SQLite as on PostgreSQL.
+
+
+class LedgerRecordRow(Base):
+    """One settled request, both ledgers. The primary key is the idempotency
+    key: a request id is recorded once per tenant, whatever the retries."""
+
+    __tablename__ = "ledger_records"
+    __table_args__ = (
+        # The time axis of exports, margin windows and retention. BRIN on
+        # PostgreSQL (rows arrive in settled_ns order, so block ranges are
+        # tight and the index stays a few pages); a B-tree on SQLite.
+        Index("ix_ledger_records_settled_ns", "settled_ns", postgresql_using="brin"),
+    )
+
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    reservation_id: Mapped[int] = mapped_column(BigInteger)
+    lane: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(256))
+    pool: Mapped[str] = mapped_column(String(128))
+    arrival_ns: Mapped[int] = mapped_column(BigInteger)
+    queue_start_ns: Mapped[int] = mapped_column(BigInteger)
+    exec_start_ns: Mapped[int] = mapped_column(BigInteger)
+    end_ns: Mapped[int] = mapped_column(BigInteger)
+    settled_ns: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    reserved_tokens: Mapped[int] = mapped_column(BigInteger)
+    kv_cache_miss_rate: Mapped[Decimal] = mapped_column(Numeric(7, 6))
+    miss_rate_source: Mapped[str] = mapped_column(String(8))  # request | window | none
+    pricing_multiplier: Mapped[Decimal] = mapped_column(Numeric(12, 6))
+    pricing_window: Mapped[int] = mapped_column(BigInteger)  # window start, Unix s; 0 = none
+    lane_multiplier: Mapped[Decimal] = mapped_column(Numeric(12, 6))
+    currency: Mapped[str] = mapped_column(String(3))
+    user_charge_nanos: Mapped[int] = mapped_column(BigInteger)
+    actual_cost_nanos: Mapped[int] = mapped_column(BigInteger)
+    price_id: Mapped[int] = mapped_column(BigInteger)  # price_catalog.id; 0 = none
+
+
+class PriceCatalogEntry(Base):
+    """User prices and GPU cost prices, per tenant and model ("*" = any).
+    Token prices per million tokens; overhead per request."""
+
+    __tablename__ = "price_catalog"
+    __table_args__ = (UniqueConstraint("tenant_id", "model"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(256))
+    currency: Mapped[str] = mapped_column(String(3))
+    input_per_mtok: Mapped[Decimal] = mapped_column(Numeric(18, 9))
+    cached_input_per_mtok: Mapped[Decimal] = mapped_column(Numeric(18, 9))
+    output_per_mtok: Mapped[Decimal] = mapped_column(Numeric(18, 9))
+    gpu_prefill_per_mtok: Mapped[Decimal] = mapped_column(Numeric(18, 9))
+    gpu_decode_per_mtok: Mapped[Decimal] = mapped_column(Numeric(18, 9))
+    gpu_overhead_per_request: Mapped[Decimal] = mapped_column(Numeric(18, 9))
+    # JSON object lane -> multiplier (decimal text), e.g. {"premium": "1.5"}.
+    lane_multipliers: Mapped[str] = mapped_column(Text, default="{}")
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+
+
+class PricingWindowRow(Base):
+    """A pricing window of one pool and model: its cache-miss measurements,
+    the multiplier in force during it and the one it sets for the next."""
+
+    __tablename__ = "pricing_windows"
+
+    pool: Mapped[str] = mapped_column(String(128), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # Unix s
+    window_s: Mapped[int] = mapped_column(Integer)
+    completions: Mapped[int] = mapped_column(BigInteger)
+    completion_weight: Mapped[int] = mapped_column(BigInteger)  # sum of prompt tokens
+    completion_weighted_ppm: Mapped[int] = mapped_column(BigInteger)
+    load_reports: Mapped[int] = mapped_column(BigInteger)
+    load_ppm_sum: Mapped[int] = mapped_column(BigInteger)
+    miss_rate_ppm: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    multiplier: Mapped[Decimal] = mapped_column(Numeric(12, 6))
+    next_multiplier: Mapped[Decimal] = mapped_column(Numeric(12, 6))
+    closed: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class MarginWarningRow(Base):
+    """A tenant whose actual cost passed ratio x its user charge in a window."""
+
+    __tablename__ = "margin_warnings"
+
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # Unix s
+    currency: Mapped[str] = mapped_column(String(3), primary_key=True)
+    window_s: Mapped[int] = mapped_column(Integer)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    user_charge_nanos: Mapped[int] = mapped_column(BigInteger)
+    actual_cost_nanos: Mapped[int] = mapped_column(BigInteger)
+    ratio: Mapped[Decimal] = mapped_column(Numeric(12, 6))  # the threshold applied
+    recorded_ns: Mapped[int] = mapped_column(BigInteger)

@@ -82,12 +82,15 @@ def test_admit_complete_round_trip(served: Any, clock: Any) -> None:
 def test_denial_is_a_reply_with_retry_after_from_the_bucket(served: Any) -> None:
     _, c = served
     assert c.admit("beta", "a", prompt_tokens=1500, max_tokens=0).decision == pb.DECISION_ADMIT
-    d = c.admit("beta", "b", prompt_tokens=1000, max_tokens=0)  # 500 short at 1,000 tokens/s
+    # 1,500 short at 1,000 tokens/s: the refill (1.5 s) is longer than the
+    # standard lane's 800 ms wait target, so it is refused at once
+    d = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0)
     assert d.decision == pb.DECISION_REJECT
     assert d.reason == pb.REASON_TOKEN_RATE
-    assert d.retry_after.ToNanoseconds() == NS // 2
+    assert d.retry_after.ToNanoseconds() == 3 * NS // 2
+    assert d.queue_wait.ToNanoseconds() == 0
     assert "bucket" in d.message
-    dup = c.admit("beta", "b", prompt_tokens=1000, max_tokens=0)
+    dup = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0)
     assert dup.duplicate and dup.reason == pb.REASON_TOKEN_RATE
     unknown = c.admit("nobody", "x", prompt_tokens=1, max_tokens=1)
     assert unknown.reason == pb.REASON_UNKNOWN_TENANT
@@ -262,8 +265,9 @@ def test_tenant_change_in_database_reaches_running_server(served: Any, migrated_
 def test_concurrent_unary_calls_admit_exactly_what_the_bucket_holds(
     migrated_url: str, make_server: Callable[..., Any], clock: Any
 ) -> None:
-    # frozen clock: no refill, so exactly burst / cost requests fit
-    add_tenants(migrated_url, acme(burst_tokens=10_000))
+    # frozen clock: no refill, so exactly burst / cost requests fit; a tenant
+    # max wait of 0 answers refusals at once instead of queueing them
+    add_tenants(migrated_url, acme(burst_tokens=10_000, max_wait_ms=0))
     srv = make_server(migrated_url, clock=clock)
     admitted: list[int] = []
     errors: list[BaseException] = []
@@ -290,7 +294,7 @@ def test_concurrent_unary_calls_admit_exactly_what_the_bucket_holds(
 def test_reservations_expire_over_grpc(
     migrated_url: str, make_server: Callable[..., Any], clock: Any
 ) -> None:
-    add_tenants(migrated_url, acme(max_concurrency=1))
+    add_tenants(migrated_url, acme(max_concurrency=1, max_wait_ms=0))
     srv = make_server(migrated_url, clock=clock, reservation_ttl_s=30)
     with AdmissionClient(srv.target) as c:
         assert c.admit("acme", "a", prompt_tokens=1, max_tokens=1).decision == pb.DECISION_ADMIT

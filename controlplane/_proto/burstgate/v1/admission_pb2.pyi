@@ -36,14 +36,12 @@ class _DecisionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Decision.Val
     DECISION_UNSPECIFIED: _Decision.ValueType  # 0
     DECISION_ADMIT: _Decision.ValueType  # 1
     DECISION_REJECT: _Decision.ValueType  # 2
-    """3 is kept for DECISION_QUEUED (server-side waiting, a later release)."""
 
 class Decision(_Decision, metaclass=_DecisionEnumTypeWrapper): ...
 
 DECISION_UNSPECIFIED: Decision.ValueType  # 0
 DECISION_ADMIT: Decision.ValueType  # 1
 DECISION_REJECT: Decision.ValueType  # 2
-"""3 is kept for DECISION_QUEUED (server-side waiting, a later release)."""
 Global___Decision: _TypeAlias = Decision  # noqa: Y015
 
 class _Reason:
@@ -68,6 +66,14 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """tenant_id is not configured"""
     REASON_TENANT_DISABLED: _Reason.ValueType  # 7
     """tenant exists but is disabled by an operator"""
+    REASON_GLOBAL_WATERMARK: _Reason.ValueType  # 8
+    """all tenants' in-flight tokens are at the configured safe level"""
+    REASON_BACKPRESSURE: _Reason.ValueType  # 9
+    """the pool is overloaded (score above the hard threshold); retry_after from its drain rate"""
+    REASON_QUEUE_TIMEOUT: _Reason.ValueType  # 10
+    """waited in the lane's queue until the max wait passed"""
+    REASON_QUEUE_FULL: _Reason.ValueType  # 11
+    """the lane's, tenant's or global queue is full"""
 
 class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
     """Why a request was refused. Values 1-5 are decided by the Cython fast path
@@ -90,7 +96,105 @@ REASON_UNKNOWN_TENANT: Reason.ValueType  # 6
 """tenant_id is not configured"""
 REASON_TENANT_DISABLED: Reason.ValueType  # 7
 """tenant exists but is disabled by an operator"""
+REASON_GLOBAL_WATERMARK: Reason.ValueType  # 8
+"""all tenants' in-flight tokens are at the configured safe level"""
+REASON_BACKPRESSURE: Reason.ValueType  # 9
+"""the pool is overloaded (score above the hard threshold); retry_after from its drain rate"""
+REASON_QUEUE_TIMEOUT: Reason.ValueType  # 10
+"""waited in the lane's queue until the max wait passed"""
+REASON_QUEUE_FULL: Reason.ValueType  # 11
+"""the lane's, tenant's or global queue is full"""
 Global___Reason: _TypeAlias = Reason  # noqa: Y015
+
+class _PoolFreshness:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PoolFreshnessEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PoolFreshness.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    POOL_FRESHNESS_UNSPECIFIED: _PoolFreshness.ValueType  # 0
+    POOL_FRESHNESS_FRESH: _PoolFreshness.ValueType  # 1
+    """recent load reports"""
+    POOL_FRESHNESS_STALE: _PoolFreshness.ValueType  # 2
+    """reports older than load_report_stale_s"""
+    POOL_FRESHNESS_UNKNOWN: _PoolFreshness.ValueType  # 3
+    """the pool never reported (or no pool named)"""
+
+class PoolFreshness(_PoolFreshness, metaclass=_PoolFreshnessEnumTypeWrapper):
+    """How loaded the request's pool looked when it was decided."""
+
+POOL_FRESHNESS_UNSPECIFIED: PoolFreshness.ValueType  # 0
+POOL_FRESHNESS_FRESH: PoolFreshness.ValueType  # 1
+"""recent load reports"""
+POOL_FRESHNESS_STALE: PoolFreshness.ValueType  # 2
+"""reports older than load_report_stale_s"""
+POOL_FRESHNESS_UNKNOWN: PoolFreshness.ValueType  # 3
+"""the pool never reported (or no pool named)"""
+Global___PoolFreshness: _TypeAlias = PoolFreshness  # noqa: Y015
+
+@_typing.final
+class Pressure(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCORE_FIELD_NUMBER: _builtins.int
+    FRESHNESS_FIELD_NUMBER: _builtins.int
+    STALE_POLICY_FIELD_NUMBER: _builtins.int
+    SHED_FIELD_NUMBER: _builtins.int
+    score: _builtins.float
+    """backpressure score B in [0, 1]"""
+    freshness: Global___PoolFreshness.ValueType
+    stale_policy: _builtins.str
+    """How a stale/unknown pool was treated: "fail_open" or "fail_closed"; empty when fresh."""
+    shed: _builtins.bool
+    """the lane was held back (queued) by backpressure"""
+    def __init__(
+        self,
+        *,
+        score: _builtins.float = ...,
+        freshness: Global___PoolFreshness.ValueType = ...,
+        stale_policy: _builtins.str = ...,
+        shed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["freshness", b"freshness", "score", b"score", "shed", b"shed", "stale_policy", b"stale_policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Pressure: _TypeAlias = Pressure  # noqa: Y015
+
+@_typing.final
+class Degradation(_message.Message):
+    """Instructions when the pool passed a degradation trigger (degradable lanes only)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTIVE_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_CAP_FIELD_NUMBER: _builtins.int
+    PAGE_AFTER_TOKENS_FIELD_NUMBER: _builtins.int
+    FALLBACK_MODEL_FIELD_NUMBER: _builtins.int
+    active: _builtins.bool
+    max_tokens_cap: _builtins.int
+    """generate at most this many tokens (the reservation is taken at this size)"""
+    page_after_tokens: _builtins.int
+    """page long outputs after this many tokens"""
+    fallback_model: _builtins.str
+    """route to this smaller model, when the tenant names one"""
+    def __init__(
+        self,
+        *,
+        active: _builtins.bool = ...,
+        max_tokens_cap: _builtins.int = ...,
+        page_after_tokens: _builtins.int = ...,
+        fallback_model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "fallback_model", b"fallback_model", "max_tokens_cap", b"max_tokens_cap", "page_after_tokens", b"page_after_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Degradation: _TypeAlias = Degradation  # noqa: Y015
 
 @_typing.final
 class AdmitRequest(_message.Message):
@@ -179,6 +283,10 @@ class AdmitResponse(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
     LANE_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_FIELD_NUMBER: _builtins.int
+    DEGRADATION_FIELD_NUMBER: _builtins.int
+    SHADOW_REASON_FIELD_NUMBER: _builtins.int
+    PRESSURE_FIELD_NUMBER: _builtins.int
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     decision: Global___Decision.ValueType
@@ -194,10 +302,13 @@ class AdmitResponse(_message.Message):
     duplicate: _builtins.bool
     """true when this replays the decision already made for request_id"""
     lane: _builtins.str
-    """lane the request was placed in"""
+    """lane the request was placed in (after length-aware placement)"""
+    shadow_reason: Global___Reason.ValueType
+    """Shadow mode: the request was admitted, but without shadow mode it would
+    have been refused for this reason (UNSPECIFIED otherwise).
+    """
     pricing_multiplier: _builtins.float
-    """Fields 12-19: burst shaping (queueing, degradation, shadow mode, backpressure).
-    The pricing multiplier in force for the request's pool and model; the
+    """The pricing multiplier in force for the request's pool and model; the
     ledger bills the multiplier locked here, at admission.
     """
     @_builtins.property
@@ -206,6 +317,14 @@ class AdmitResponse(_message.Message):
 
     @_builtins.property
     def remaining(self) -> Global___Remaining: ...
+    @_builtins.property
+    def queue_wait(self) -> _duration_pb2.Duration:
+        """time this call waited in the lane's queue"""
+
+    @_builtins.property
+    def degradation(self) -> Global___Degradation: ...
+    @_builtins.property
+    def pressure(self) -> Global___Pressure: ...
     def __init__(
         self,
         *,
@@ -220,11 +339,15 @@ class AdmitResponse(_message.Message):
         message: _builtins.str = ...,
         duplicate: _builtins.bool = ...,
         lane: _builtins.str = ...,
+        queue_wait: _duration_pb2.Duration | None = ...,
+        degradation: Global___Degradation | None = ...,
+        shadow_reason: Global___Reason.ValueType = ...,
+        pressure: Global___Pressure | None = ...,
         pricing_multiplier: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining", "retry_after", b"retry_after"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure", "queue_wait", b"queue_wait", "remaining", b"remaining", "retry_after", b"retry_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pricing_multiplier", b"pricing_multiplier", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after", b"retry_after"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait", b"queue_wait", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after", b"retry_after", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -241,6 +364,9 @@ class CompleteRequest(_message.Message):
     GENERATED_TOKENS_FIELD_NUMBER: _builtins.int
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     KV_CACHE_MISS_RATE_FIELD_NUMBER: _builtins.int
+    EXEC_START_UNIX_NS_FIELD_NUMBER: _builtins.int
+    EXEC_END_UNIX_NS_FIELD_NUMBER: _builtins.int
+    KV_CACHE_MISS_RATE_REPORTED_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     request_id: _builtins.str
     reservation_id: _builtins.int
@@ -253,6 +379,17 @@ class CompleteRequest(_message.Message):
     """prompt tokens served from the prefix cache (<= prompt_tokens)"""
     kv_cache_miss_rate: _builtins.float
     """optional, 0..1, as the engine saw it for this request"""
+    exec_start_unix_ns: _builtins.int
+    """Fields 20+: metering (issue 4; docs/ledger.md).
+    Optional sidecar timestamps (Unix nanoseconds, UTC) of when the engine
+    started and finished the request; 0 = unknown: the ledger then records
+    the admission time and the time this Complete arrived.
+    """
+    exec_end_unix_ns: _builtins.int
+    kv_cache_miss_rate_reported: _builtins.bool
+    """true: kv_cache_miss_rate is this request's own rate even when it is 0.
+    false: a 0 means "not reported" and the pool's current window rate is used.
+    """
     def __init__(
         self,
         *,
@@ -263,10 +400,13 @@ class CompleteRequest(_message.Message):
         generated_tokens: _builtins.int = ...,
         cached_prompt_tokens: _builtins.int = ...,
         kv_cache_miss_rate: _builtins.float = ...,
+        exec_start_unix_ns: _builtins.int = ...,
+        exec_end_unix_ns: _builtins.int = ...,
+        kv_cache_miss_rate_reported: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -281,12 +421,37 @@ class CompleteResponse(_message.Message):
     ACTUAL_TOKENS_FIELD_NUMBER: _builtins.int
     REFUNDED_TOKENS_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    USER_CHARGE_FIELD_NUMBER: _builtins.int
+    ACTUAL_COST_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    PRICING_WINDOW_FIELD_NUMBER: _builtins.int
+    LANE_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    KV_CACHE_MISS_RATE_FIELD_NUMBER: _builtins.int
+    MISS_RATE_SOURCE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     reserved_tokens: _builtins.int
     actual_tokens: _builtins.int
     refunded_tokens: _builtins.int
     duplicate: _builtins.bool
     """true when the request had already been settled"""
+    user_charge: _builtins.str
+    """Fields 20+: the ledger record (issue 4). On a duplicate, the original
+    record's figures. Amounts are decimal text with 9 places, in `currency`.
+    """
+    actual_cost: _builtins.str
+    currency: _builtins.str
+    """ISO 4217"""
+    pricing_multiplier: _builtins.str
+    """locked at admission, decimal text"""
+    pricing_window: _builtins.int
+    """start of the pricing window it came from, Unix s (0 = flat)"""
+    lane_multiplier: _builtins.str
+    """decimal text"""
+    kv_cache_miss_rate: _builtins.float
+    """the rate actual_cost used"""
+    miss_rate_source: _builtins.str
+    """"request", "window" (the pool's) or "none" """
     def __init__(
         self,
         *,
@@ -295,10 +460,18 @@ class CompleteResponse(_message.Message):
         actual_tokens: _builtins.int = ...,
         refunded_tokens: _builtins.int = ...,
         duplicate: _builtins.bool = ...,
+        user_charge: _builtins.str = ...,
+        actual_cost: _builtins.str = ...,
+        currency: _builtins.str = ...,
+        pricing_multiplier: _builtins.str = ...,
+        pricing_window: _builtins.int = ...,
+        lane_multiplier: _builtins.str = ...,
+        kv_cache_miss_rate: _builtins.float = ...,
+        miss_rate_source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_tokens", b"actual_tokens", "duplicate", b"duplicate", "refunded_tokens", b"refunded_tokens", "request_id", b"request_id", "reserved_tokens", b"reserved_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_cost", b"actual_cost", "actual_tokens", b"actual_tokens", "currency", b"currency", "duplicate", b"duplicate", "kv_cache_miss_rate", b"kv_cache_miss_rate", "lane_multiplier", b"lane_multiplier", "miss_rate_source", b"miss_rate_source", "pricing_multiplier", b"pricing_multiplier", "pricing_window", b"pricing_window", "refunded_tokens", b"refunded_tokens", "request_id", b"request_id", "reserved_tokens", b"reserved_tokens", "user_charge", b"user_charge"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -371,12 +544,14 @@ class AdmitBatchResult(_message.Message):
     HOURLY_REMAINING_FIELD_NUMBER: _builtins.int
     DAILY_REMAINING_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    SHADOW_REASON_FIELD_NUMBER: _builtins.int
+    DEGRADED_FIELD_NUMBER: _builtins.int
+    DEGRADATION_FIELD_NUMBER: _builtins.int
+    PRESSURE_FIELD_NUMBER: _builtins.int
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     pricing_multiplier: _builtins.float
-    """Fields 12-19: burst shaping.
-    the batch's pool/model multiplier in force
-    """
+    """the batch's pool/model multiplier in force"""
     @_builtins.property
     def decision(self) -> _containers.RepeatedScalarFieldContainer[Global___Decision.ValueType]: ...
     @_builtins.property
@@ -399,6 +574,22 @@ class AdmitBatchResult(_message.Message):
     def daily_remaining(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def duplicate(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def shadow_reason(self) -> _containers.RepeatedScalarFieldContainer[Global___Reason.ValueType]:
+        """see AdmitResponse.shadow_reason"""
+
+    @_builtins.property
+    def degraded(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """entry i got the batch's degradation instructions"""
+
+    @_builtins.property
+    def degradation(self) -> Global___Degradation:
+        """the pool's degradation instructions (pool is batch-level)"""
+
+    @_builtins.property
+    def pressure(self) -> Global___Pressure:
+        """the pool's pressure when the batch was decided"""
+
     def __init__(
         self,
         *,
@@ -413,11 +604,15 @@ class AdmitBatchResult(_message.Message):
         hourly_remaining: _abc.Iterable[_builtins.int] | None = ...,
         daily_remaining: _abc.Iterable[_builtins.int] | None = ...,
         duplicate: _abc.Iterable[_builtins.bool] | None = ...,
+        shadow_reason: _abc.Iterable[Global___Reason.ValueType] | None = ...,
+        degraded: _abc.Iterable[_builtins.bool] | None = ...,
+        degradation: Global___Degradation | None = ...,
+        pressure: Global___Pressure | None = ...,
         pricing_multiplier: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pricing_multiplier", b"pricing_multiplier", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

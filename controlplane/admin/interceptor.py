@@ -1,0 +1,384 @@
+"""The server interceptor: authentication, authorization, access logs and
+RPC metrics for every service on the port, in one layer.
+
+Rules by service:
+
+- health and reflection: public, untouched.
+- ``AdmissionService``: a ``sidecar`` key when ``admission_auth`` is on,
+  checked against an in-memory copy of the keys (no SQL per Admit). Latency
+  and status counts go into plain ints (:class:`~controlplane.metrics.RpcStats`);
+  access logs are sampled (``admission_log_sample``, default off: a log line
+  costs more than the decision).
+- ``AdminService`` (and any other service): an ``admin`` or ``viewer`` key,
+  checked against the database on every call so that a revocation by any
+  process applies to the very next call; ``viewer`` may call Get*/List*
+  only. Every call gets an access log line and a request id.
+
+Keys and secrets are never logged; neither is any request payload beyond
+ids and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+
+from controlplane.admin.errors import PermissionDenied, Unauthenticated
+from controlplane.admin.keys import KeyCache, KeyStore, Principal, Role, bearer_token
+from controlplane.admin.store import Actor
+from controlplane.errors import DomainError
+from controlplane.metrics import LatencyHistogram, RpcStats
+from controlplane.rpc.errors import status_for
+
+log = structlog.get_logger("burstgate.access")
+
+ADMIN_SERVICE = "burstgate.v1.AdminService"
+ADMISSION_SERVICE = "burstgate.v1.AdmissionService"
+PUBLIC_SERVICES = frozenset(
+    {
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
+    }
+)
+# Methods a viewer may call (on AdminService and any other operator service,
+# e.g. the ledger's ExportLedger); ListApiKeys stays admin-only.
+READ_PREFIXES = ("Get", "List", "Export")
+ADMIN_ONLY_READS = frozenset({"ListApiKeys"})
+# Admission methods whose server-side latency is the "decision latency".
+DECISION_METHODS = frozenset({"Admit", "AdmitStream"})
+MAX_REQUEST_ID = 128
+
+_PUBLIC, _ADMISSION, _OPERATOR = 0, 1, 2
+
+# The caller of the admin RPC being handled (set by the interceptor).
+current_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "burstgate_principal", default=None
+)
+current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "burstgate_request_id", default=""
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    kind: int
+    service: str
+    method: str
+    roles: frozenset[Role]
+
+
+def rule_for(full_method: str) -> Rule:
+    """Who may call ``/package.Service/Method``."""
+    service, _, method = full_method.lstrip("/").partition("/")
+    if service in PUBLIC_SERVICES:
+        return Rule(_PUBLIC, service, method, frozenset())
+    if service == ADMISSION_SERVICE:
+        return Rule(_ADMISSION, service, method, frozenset({Role.SIDECAR}))
+    read = method.startswith(READ_PREFIXES) and method not in ADMIN_ONLY_READS
+    roles = {Role.ADMIN, Role.VIEWER} if read else {Role.ADMIN}
+    return Rule(_OPERATOR, service, method, frozenset(roles))
+
+
+def authorize(principal: Principal, rule: Rule) -> Principal:
+    if principal.role not in rule.roles:
+        raise PermissionDenied(
+            f"role {principal.role.value!r} may not call {rule.service}/{rule.method}"
+        )
+    return principal
+
+
+def code_name(context: grpc.aio.ServicerContext) -> str:
+    code = context.code()
+    if code is None:
+        return "OK"
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    for sc in grpc.StatusCode:  # some grpc versions hand back the int
+        if sc.value[0] == code:
+            return str(sc.name)
+    return str(code)
+
+
+def _request_id(metadata: Any) -> str:
+    for item in metadata or ():
+        if item[0] == "x-request-id":
+            value = item[1] if isinstance(item[1], str) else item[1].decode("latin-1")
+            if 0 < len(value) <= MAX_REQUEST_ID and value.isprintable():
+                return value
+            break
+    return uuid.uuid4().hex[:16]
+
+
+def _tenant_of(request: Any) -> str:
+    tenant = getattr(request, "tenant_id", None)
+    if isinstance(tenant, str):
+        return tenant
+    nested = getattr(request, "tenant", None)
+    value = getattr(nested, "tenant_id", "") if nested is not None else ""
+    return value if isinstance(value, str) else ""
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(
+        self,
+        *,
+        key_store: KeyStore,
+        key_cache: KeyCache,
+        stats: RpcStats,
+        admission_auth: bool,
+        admission_log_sample: float = 0.0,
+    ) -> None:
+        self.key_store = key_store
+        self.key_cache = key_cache
+        self.stats = stats
+        self.admission_auth = admission_auth
+        self.admission_log_sample = admission_log_sample
+        self._rules: dict[str, Rule] = {}
+        # method -> (handler as registered, our wrapper around it)
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method: str = handler_call_details.method
+        rule = self._rules.get(method)
+        if rule is None:
+            rule = self._rules[method] = rule_for(method)
+        handler = await continuation(handler_call_details)
+        if handler is None or rule.kind == _PUBLIC:
+            return handler
+        metadata = handler_call_details.invocation_metadata
+        if rule.kind == _ADMISSION:
+            if self.admission_auth:
+                try:
+                    authorize(self.key_cache.authenticate(bearer_token(metadata)), rule)
+                except DomainError as exc:
+                    return self._refuse(handler, rule, exc)
+            return self._admission_handler(method, handler, rule)
+        try:
+            token = bearer_token(metadata)
+            principal = authorize(await asyncio.to_thread(self.key_store.authenticate, token), rule)
+        except DomainError as exc:
+            return self._refuse(handler, rule, exc)
+        return self._operator_handler(handler, rule, principal, _request_id(metadata))
+
+    # ------------------------------------------------------------- refusals
+
+    def _refuse(
+        self, handler: grpc.RpcMethodHandler, rule: Rule, exc: DomainError
+    ) -> grpc.RpcMethodHandler:
+        code = status_for(exc)
+        message = str(exc)
+        reason = (
+            "forbidden"
+            if isinstance(exc, PermissionDenied)
+            else ("missing" if "missing" in message else "invalid")
+        )
+        self.stats.auth_failures[reason] += 1
+        self.stats.handled[(rule.service, rule.method, code.name)] += 1
+        log.warning(
+            "rpc refused", service=rule.service, method=rule.method, code=code.name, reason=reason
+        )
+
+        async def deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(code, message)
+
+        # No request deserializer: an unauthenticated payload is never parsed.
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(deny)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(deny)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(deny)
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+    # ------------------------------------------------------------ admission
+
+    def _admission_handler(
+        self, method: str, handler: grpc.RpcMethodHandler, rule: Rule
+    ) -> grpc.RpcMethodHandler:
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        hist = self.stats.histogram(rule.method) if rule.method in DECISION_METHODS else None
+        if not handler.request_streaming and not handler.response_streaming:
+            wrapped = grpc.unary_unary_rpc_method_handler(
+                self._timed_unary(handler.unary_unary, rule, hist),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        elif (
+            handler.request_streaming
+            and handler.response_streaming
+            and inspect.isasyncgenfunction(handler.stream_stream)
+        ):
+            wrapped = grpc.stream_stream_rpc_method_handler(
+                self._timed_stream(handler.stream_stream, rule, hist),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        else:
+            wrapped = handler
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _timed_unary(
+        self, behavior: Any, rule: Rule, hist: LatencyHistogram | None
+    ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+        handled = self.stats.handled
+        ok_key = (rule.service, rule.method, "OK")
+        clock = time.perf_counter
+        sample = self.admission_log_sample
+        rnd = random.random
+
+        async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            t0 = clock()
+            try:
+                response = await behavior(request, context)
+            except BaseException:
+                code = code_name(context)
+                handled[(rule.service, rule.method, code)] += 1
+                if sample and rnd() < sample:
+                    self._access(rule, code, clock() - t0, request)
+                raise
+            dt = clock() - t0
+            if hist is not None:
+                hist.observe(dt)
+            handled[ok_key] += 1
+            if sample and rnd() < sample:
+                self._access(rule, "OK", dt, request)
+            return response
+
+        return timed
+
+    def _timed_stream(
+        self, behavior: Any, rule: Rule, hist: LatencyHistogram | None
+    ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+        handled = self.stats.handled
+        clock = time.perf_counter
+        sample = self.admission_log_sample
+
+        async def timed(
+            request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
+            # The servicer answers each batch before it reads the next, so
+            # "time since the last batch arrived" is that batch's latency.
+            received = [0.0]
+            t0 = clock()
+            batches = 0
+
+            async def arrivals() -> AsyncIterator[Any]:
+                async for item in request_iterator:
+                    received[0] = clock()
+                    yield item
+
+            code = "OK"
+            try:
+                async for response in behavior(arrivals(), context):
+                    if hist is not None:
+                        hist.observe(clock() - received[0])
+                    batches += 1
+                    yield response
+            except BaseException:
+                code = code_name(context)
+                if code == "OK":
+                    code = "CANCELLED"
+                raise
+            finally:
+                handled[(rule.service, rule.method, code)] += 1
+                if sample and random.random() < sample:
+                    self._access(rule, code, clock() - t0, None, batches=batches)
+
+        return timed
+
+    @staticmethod
+    def _access(rule: Rule, code: str, seconds: float, request: Any, **extra: Any) -> None:
+        fields: dict[str, Any] = {}
+        if request is not None:
+            fields["tenant"] = _tenant_of(request)
+            rid = getattr(request, "request_id", "")
+            if rid:
+                fields["request_id"] = rid
+        log.info(
+            "rpc",
+            service=rule.service,
+            method=rule.method,
+            code=code,
+            duration_ms=round(seconds * 1000, 3),
+            **fields,
+            **extra,
+        )
+
+    # ------------------------------------------------------------ operators
+
+    def _operator_handler(
+        self, handler: grpc.RpcMethodHandler, rule: Rule, principal: Principal, request_id: str
+    ) -> grpc.RpcMethodHandler:
+        if handler.request_streaming or handler.response_streaming:
+            return handler  # no streaming admin RPCs; auth above still applied
+        behavior = handler.unary_unary
+        handled = self.stats.handled
+
+        async def logged(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            t0 = time.perf_counter()
+            p_token = current_principal.set(principal)
+            r_token = current_request_id.set(request_id)
+            code = "OK"
+            try:
+                await context.send_initial_metadata((("x-request-id", request_id),))
+                with structlog.contextvars.bound_contextvars(request_id=request_id):
+                    return await behavior(request, context)
+            except BaseException:
+                code = code_name(context)
+                if code == "OK":
+                    code = "CANCELLED"
+                raise
+            finally:
+                current_principal.reset(p_token)
+                current_request_id.reset(r_token)
+                handled[(rule.service, rule.method, code)] += 1
+                log.info(
+                    "rpc",
+                    service=rule.service,
+                    method=rule.method,
+                    code=code,
+                    duration_ms=round((time.perf_counter() - t0) * 1000, 3),
+                    request_id=request_id,
+                    key_id=principal.key_id,
+                    role=principal.role.value,
+                    tenant=_tenant_of(request),
+                )
+
+        return grpc.unary_unary_rpc_method_handler(
+            logged,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def current_actor() -> Actor:
+    """The caller of the operator RPC being handled, as the audit log names it
+    (for other packages' servicers that write audit records)."""
+    p = require_principal()
+    return Actor(p.actor, p.role.value, current_request_id.get())
+
+
+def require_principal() -> Principal:
+    """The authenticated caller of the admin RPC being handled."""
+    principal = current_principal.get()
+    if principal is None:  # only if the servicer is mounted without the interceptor
+        raise Unauthenticated("no authenticated caller")
+    return principal

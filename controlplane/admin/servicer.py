@@ -1,0 +1,508 @@
+"""burstgate.v1.AdminService: protobuf <-> admin store and live service state.
+
+Writes run in a thread (SQLAlchemy), each in one transaction with its audit
+record; then the plane reloads its config on the event loop before the call
+returns, so the change is live on the fast path when the operator sees OK.
+Reads of live state run on the loop, where the fast path lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Protocol
+
+import grpc
+import structlog
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from controlplane._proto.burstgate.v1 import admin_pb2 as apb
+from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.admin.interceptor import current_actor
+from controlplane.admin.keys import KeyCache, KeyInfo, KeyStore, parse_role
+from controlplane.admin.live import pools_live, tenant_live
+from controlplane.admin.store import (
+    Actor,
+    AdminStore,
+    AuditRecord,
+    TenantRecord,
+    decimal_text,
+    decode_page_token,
+    encode_page_token,
+    page_size,
+)
+from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.errors import FailedPrecondition, InvalidArgument
+from controlplane.policy import Policy, effective_policy
+from controlplane.rpc.errors import unary_errors
+from controlplane.service import AdmissionService
+from controlplane.settings import Settings
+from controlplane.store.repo import TENANT_FIELDS
+
+log = structlog.get_logger("burstgate.admin")
+
+# Tenant fields that UpdateTenant may name in update_mask.
+TENANT_MASK_FIELDS = frozenset(TENANT_FIELDS)
+OPTIONAL_INT_FIELDS = (
+    "hourly_quota",
+    "daily_quota",
+    "max_concurrency",
+    "max_queued",
+    "max_tokens_per_request",
+    "dedicated_quota",
+    "max_wait_ms",
+    "long_request_tokens",
+)
+LANE_MASK_FIELDS = frozenset(
+    {"priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued"}
+)
+
+# Checks run before a tenant is deleted (without force): each returns a reason
+# to refuse, or None. The metering package appends "unexported ledger rows".
+DeleteGuard = Callable[[str], str | None]
+DELETE_GUARDS: list[DeleteGuard] = []
+
+
+class Plane(Protocol):
+    """What the servicer needs from the running ControlPlane."""
+
+    settings: Settings
+    service: AdmissionService
+    config_reloads: int
+
+    async def load_config(self) -> bool: ...
+
+
+# ------------------------------------------------------------ conversions
+
+
+def _ts(dt: datetime | None) -> Timestamp | None:
+    if dt is None:
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(dt)
+    return ts
+
+
+def parse_decimal(field: str, text: str) -> Decimal:
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise InvalidArgument(field, f"not a decimal number: {text!r}") from None
+    if not value.is_finite():
+        raise InvalidArgument(field, f"not a finite number: {text!r}")
+    return value
+
+
+def tenant_to_pb(rec: TenantRecord) -> apb.Tenant:
+    c = rec.config
+    t = apb.Tenant(
+        tenant_id=c.tenant_id,
+        display_name=c.display_name,
+        enabled=c.enabled,
+        token_rate=decimal_text(c.token_rate),
+        burst_tokens=c.burst_tokens,
+        default_lane=c.default_lane,
+        shadow_mode=c.shadow_mode,
+        demote_long_requests=c.demote_long_requests,
+        create_time=_ts(rec.created_at),
+        update_time=_ts(rec.updated_at),
+    )
+    for name in OPTIONAL_INT_FIELDS:
+        value = getattr(c, name)
+        if value is not None:
+            setattr(t, name, value)
+    if c.fallback_model is not None:
+        t.fallback_model = c.fallback_model
+    return t
+
+
+def _field_value(t: apb.Tenant, name: str) -> Any:
+    """The domain value of one Tenant field as sent (None = unset optional)."""
+    if name == "token_rate":
+        return parse_decimal("token_rate", t.token_rate)
+    msg: Any = t  # HasField is typed with literal field names
+    if name in OPTIONAL_INT_FIELDS or name == "fallback_model":
+        return getattr(t, name) if msg.HasField(name) else None
+    if name in ("enabled", "demote_long_requests"):
+        if not msg.HasField(name):
+            raise InvalidArgument(name, "must be set (true or false) when named in update_mask")
+        return getattr(t, name)
+    return getattr(t, name)
+
+
+def tenant_from_pb(t: apb.Tenant) -> TenantConfig:
+    if not t.token_rate:
+        raise InvalidArgument("token_rate", "required (tokens/s)")
+    values = {
+        name: _field_value(t, name)
+        for name in TENANT_FIELDS
+        if name not in ("enabled", "demote_long_requests")
+    }
+    values["default_lane"] = t.default_lane or "standard"
+    values["enabled"] = t.enabled if t.HasField("enabled") else True
+    values["demote_long_requests"] = (
+        t.demote_long_requests if t.HasField("demote_long_requests") else True
+    )
+    return TenantConfig(tenant_id=t.tenant_id, **values)
+
+
+def lane_to_pb(lane: LaneConfig) -> apb.Lane:
+    msg = apb.Lane(
+        name=lane.name,
+        priority=lane.priority,
+        weight=decimal_text(lane.weight),
+        wait_target_ms=lane.wait_target_ms,
+        fail_open=lane.fail_open,
+        degradable=lane.degradable,
+    )
+    if lane.max_queued is not None:
+        msg.max_queued = lane.max_queued
+    return msg
+
+
+def key_to_pb(info: KeyInfo) -> apb.ApiKey:
+    return apb.ApiKey(
+        key_id=info.key_id,
+        name=info.name,
+        role=info.role.value,
+        created_by=info.created_by,
+        create_time=_ts(info.created_at),
+        revoke_time=_ts(info.revoked_at),
+    )
+
+
+def audit_to_pb(a: AuditRecord) -> apb.AuditEvent:
+    return apb.AuditEvent(
+        id=a.id,
+        time=_ts(a.at),
+        actor=a.actor,
+        actor_role=a.actor_role,
+        action=a.action,
+        target=a.target,
+        before_json=a.before or "",
+        after_json=a.after or "",
+        request_id=a.request_id,
+    )
+
+
+def policy_to_pb(base: Policy, overrides: dict[str, Any]) -> apb.Policy:
+    effective = effective_policy(base, overrides).model_dump()
+    defaults = base.model_dump()
+    return apb.Policy(
+        settings=[
+            apb.PolicySetting(
+                key=key,
+                value_json=json.dumps(effective[key]),
+                default_json=json.dumps(defaults[key]),
+                overridden=key in overrides,
+            )
+            for key in sorted(effective)
+        ]
+    )
+
+
+def json_value(key: str, text: str) -> Any:
+    """A policy value: JSON, or a bare word taken as a string (fail_closed)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        if text and text.replace("_", "").isalnum():
+            return text
+        raise InvalidArgument(key, f"not a JSON value: {text!r}") from None
+
+
+def _mask(paths: list[str], allowed: frozenset[str], what: str) -> list[str]:
+    if not paths:
+        raise InvalidArgument("update_mask", f"required: name the {what} fields to change")
+    for p in paths:
+        if p not in allowed:
+            raise InvalidArgument(
+                "update_mask", f"{p!r} cannot be changed; one of {', '.join(sorted(allowed))}"
+            )
+    return list(dict.fromkeys(paths))
+
+
+# --------------------------------------------------------------- servicer
+
+
+class AdminServicer(apb_grpc.AdminServiceServicer):
+    def __init__(
+        self, plane: Plane, store: AdminStore, key_store: KeyStore, key_cache: KeyCache
+    ) -> None:
+        self._plane = plane
+        self._svc = plane.service
+        self._store = store
+        self._keys = key_store
+        self._key_cache = key_cache
+
+    @staticmethod
+    def _actor() -> Actor:
+        return current_actor()
+
+    async def _apply(self) -> None:
+        """Make a committed change live before answering."""
+        try:
+            await self._plane.load_config()
+        except Exception as exc:  # stored; the config poll applies it
+            log.warning("change stored but reload failed; the poll will retry", error=str(exc))
+
+    # ---------------------------------------------------------- tenants
+
+    @unary_errors
+    async def CreateTenant(
+        self, request: apb.CreateTenantRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Tenant:
+        cfg = tenant_from_pb(request.tenant)
+        rec = await asyncio.to_thread(self._store.create_tenant, cfg, self._actor())
+        await self._apply()
+        return tenant_to_pb(rec)
+
+    @unary_errors
+    async def GetTenant(
+        self, request: apb.GetTenantRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Tenant:
+        return tenant_to_pb(await asyncio.to_thread(self._store.get_tenant, request.tenant_id))
+
+    @unary_errors
+    async def ListTenants(
+        self, request: apb.ListTenantsRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ListTenantsResponse:
+        limit = page_size(request.page_size)
+        after = decode_page_token(request.page_token) if request.page_token else ""
+        page, last = await asyncio.to_thread(self._store.list_tenants, limit, after)
+        return apb.ListTenantsResponse(
+            tenants=[tenant_to_pb(r) for r in page],
+            next_page_token=encode_page_token(last) if last else "",
+        )
+
+    @unary_errors
+    async def UpdateTenant(
+        self, request: apb.UpdateTenantRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Tenant:
+        paths = _mask(list(request.update_mask.paths), TENANT_MASK_FIELDS, "Tenant")
+        changes = {p: _field_value(request.tenant, p) for p in paths}
+        rec = await asyncio.to_thread(
+            self._store.update_tenant, request.tenant.tenant_id, changes, self._actor()
+        )
+        await self._apply()
+        return tenant_to_pb(rec)
+
+    async def _set_enabled(self, tenant_id: str, enabled: bool) -> apb.Tenant:
+        action = "tenant.enable" if enabled else "tenant.disable"
+        rec = await asyncio.to_thread(
+            self._store.update_tenant, tenant_id, {"enabled": enabled}, self._actor(), action
+        )
+        await self._apply()
+        return tenant_to_pb(rec)
+
+    @unary_errors
+    async def DisableTenant(
+        self, request: apb.DisableTenantRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Tenant:
+        return await self._set_enabled(request.tenant_id, False)
+
+    @unary_errors
+    async def EnableTenant(
+        self, request: apb.EnableTenantRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Tenant:
+        return await self._set_enabled(request.tenant_id, True)
+
+    @unary_errors
+    async def DeleteTenant(
+        self, request: apb.DeleteTenantRequest, context: grpc.aio.ServicerContext
+    ) -> apb.DeleteTenantResponse:
+        tenant_id = request.tenant_id
+        # Counted on the loop (the fast path's thread). An Admit that lands
+        # between this count and the commit is still settleable after the
+        # delete: deleted tenants keep their open reservations.
+        open_now = (
+            self._svc.tenant_state(tenant_id)["inflight"]
+            if tenant_id in self._svc.tenant_ids()
+            else 0
+        )
+
+        def guard(cfg: TenantConfig) -> None:
+            if request.force:
+                return
+            if open_now:
+                raise FailedPrecondition(
+                    f"tenant_id: tenant {tenant_id!r} has {open_now} unsettled reservation(s); "
+                    "wait for them to settle or expire, or delete with force"
+                )
+            for check in DELETE_GUARDS:
+                reason = check(tenant_id)
+                if reason:
+                    raise FailedPrecondition(f"tenant_id: {reason}; delete with force to override")
+
+        rec = await asyncio.to_thread(self._store.delete_tenant, tenant_id, self._actor(), guard)
+        await self._apply()
+        return apb.DeleteTenantResponse(tenant=tenant_to_pb(rec), open_reservations=open_now)
+
+    # ------------------------------------------------------------ lanes
+
+    @unary_errors
+    async def ListLanes(
+        self, request: apb.ListLanesRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ListLanesResponse:
+        lanes = await asyncio.to_thread(self._store.lanes)
+        return apb.ListLanesResponse(lanes=[lane_to_pb(lane) for lane in lanes])
+
+    @unary_errors
+    async def UpdateLane(
+        self, request: apb.UpdateLaneRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Lane:
+        lane = request.lane
+        paths = _mask(list(request.update_mask.paths), LANE_MASK_FIELDS, "Lane")
+        changes: dict[str, Any] = {}
+        for p in paths:
+            if p == "weight":
+                changes[p] = parse_decimal("weight", lane.weight)
+            elif p == "max_queued":
+                changes[p] = lane.max_queued if lane.HasField("max_queued") else None
+            else:
+                changes[p] = getattr(lane, p)
+        updated = await asyncio.to_thread(
+            self._store.update_lane,
+            lane.name,
+            changes,
+            self._actor(),
+            allow_missing=request.allow_missing,
+        )
+        await self._apply()
+        return lane_to_pb(updated)
+
+    # ----------------------------------------------------------- policy
+
+    @unary_errors
+    async def GetPolicy(
+        self, request: apb.GetPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Policy:
+        overrides = await asyncio.to_thread(self._store.policy_overrides)
+        return policy_to_pb(self._plane.settings.policy, overrides)
+
+    @unary_errors
+    async def UpdatePolicy(
+        self, request: apb.UpdatePolicyRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Policy:
+        if not request.set and not request.reset:
+            raise InvalidArgument("set", "nothing to change: give set and/or reset")
+        values = {k: json_value(k, v) for k, v in request.set.items()}
+        base = self._plane.settings.policy
+        _, stored = await asyncio.to_thread(
+            self._store.update_policy, base, values, list(request.reset), self._actor()
+        )
+        await self._apply()
+        return policy_to_pb(base, stored)
+
+    # ------------------------------------------------------- live state
+
+    @unary_errors
+    async def GetTenantState(
+        self, request: apb.GetTenantStateRequest, context: grpc.aio.ServicerContext
+    ) -> apb.TenantState:
+        rec = await asyncio.to_thread(self._store.get_tenant, request.tenant_id)
+        live = tenant_live(self._svc, request.tenant_id)  # on the loop
+        as_of = Timestamp()
+        as_of.FromNanoseconds(self._svc.clock())
+        return apb.TenantState(
+            tenant_id=live.tenant_id,
+            enabled=rec.config.enabled,
+            bucket_tokens=live.bucket_tokens,
+            burst_tokens=live.burst_tokens,
+            hourly_used_tokens=live.hourly_used,
+            daily_used_tokens=live.daily_used,
+            hourly_quota=live.hourly_quota,
+            daily_quota=live.daily_quota,
+            in_flight_requests=live.in_flight,
+            in_flight_tokens=live.in_flight_tokens,
+            queued_requests=live.queued,
+            as_of=as_of,
+        )
+
+    @unary_errors
+    async def GetServerState(
+        self, request: apb.GetServerStateRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ServerState:
+        svc = self._svc
+        as_of = Timestamp()
+        as_of.FromNanoseconds(svc.clock())
+        return apb.ServerState(
+            fastpath=svc.implementation,
+            tenants=len(svc.tenant_ids()),
+            open_reservations=svc.open_reservations,
+            config_reloads=self._plane.config_reloads,
+            decisions=[
+                apb.DecisionCount(
+                    decision=pb.Decision.ValueType(d), reason=pb.Reason.ValueType(r), count=n
+                )
+                for (d, r), n in sorted(svc.decision_counts.items())
+            ],
+            pools=[
+                apb.PoolState(
+                    pool=p.pool,
+                    engines_reporting=p.engines,
+                    backpressure_score=p.backpressure,
+                    pricing_multiplier=p.pricing_multiplier,
+                )
+                for p in pools_live(svc)
+            ],
+            as_of=as_of,
+        )
+
+    # ------------------------------------------------------------ audit
+
+    @unary_errors
+    async def ListAuditEvents(
+        self, request: apb.ListAuditEventsRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ListAuditEventsResponse:
+        limit = page_size(request.page_size)
+        before = 0
+        if request.page_token:
+            token = decode_page_token(request.page_token)
+            if not token.isdigit():
+                raise InvalidArgument("page_token", "not a token returned by this API")
+            before = int(token)
+        events, next_before = await asyncio.to_thread(
+            lambda: self._store.audit(
+                limit, before, target=request.target, actor=request.actor, action=request.action
+            )
+        )
+        return apb.ListAuditEventsResponse(
+            events=[audit_to_pb(e) for e in events],
+            next_page_token=encode_page_token(str(next_before)) if next_before else "",
+        )
+
+    # ------------------------------------------------------------- keys
+
+    @unary_errors
+    async def CreateApiKey(
+        self, request: apb.CreateApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> apb.CreateApiKeyResponse:
+        role = parse_role(request.role)
+        secret, info = await asyncio.to_thread(
+            self._store.create_key, request.name, role, self._actor()
+        )
+        await asyncio.to_thread(self._key_cache.refresh)
+        return apb.CreateApiKeyResponse(key=key_to_pb(info), secret=secret)
+
+    @unary_errors
+    async def ListApiKeys(
+        self, request: apb.ListApiKeysRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ListApiKeysResponse:
+        keys = await asyncio.to_thread(
+            lambda: self._keys.list(include_revoked=request.include_revoked)
+        )
+        return apb.ListApiKeysResponse(keys=[key_to_pb(k) for k in keys])
+
+    @unary_errors
+    async def RevokeApiKey(
+        self, request: apb.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ApiKey:
+        info = await asyncio.to_thread(self._store.revoke_key, request.key_id, self._actor())
+        await asyncio.to_thread(self._key_cache.refresh)
+        return key_to_pb(info)

@@ -1,0 +1,398 @@
+"""Ledger exports for billing: deterministic, streaming, reconciled.
+
+- **Deterministic**: a fixed row order (tenant, settled time, request id;
+  aggregated: tenant, day, model, currency), fixed number formats (amounts
+  with 9 decimals, rates and multipliers with 6, ISO 8601 UTC timestamps
+  with nanoseconds) and no generation time anywhere: the same records give
+  byte-identical files, manifest included.
+- **Streaming**: rows come through a server-side cursor (PostgreSQL) or a
+  lazily stepped cursor (SQLite) ``FETCH_ROWS`` at a time and leave as
+  ~64 KiB chunks; the period is never held in memory.
+- **Reconciled**: the manifest's totals are ``SUM()``s computed by the
+  database in the same snapshot as the rows (REPEATABLE READ on
+  PostgreSQL; one read transaction on SQLite), and the export checks that
+  the rows it wrote add up to exactly those sums before it emits the
+  manifest (``ExportMismatch`` otherwise).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Select, func, literal_column, select
+
+from controlplane.errors import InvalidArgument
+from controlplane.ledger.money import format_fixed, format_nanos
+from controlplane.ledger.records import COLUMNS, iso_ns
+from controlplane.ledger.store import LEDGER
+
+FETCH_ROWS = 5_000
+CHUNK_BYTES = 64 * 1024
+NS_PER_DAY = 86_400 * 1_000_000_000
+FORMATS = ("csv", "jsonl", "parquet")
+GRANULARITIES = ("request", "daily")
+
+REQUEST_COLUMNS: tuple[str, ...] = (
+    # The request-log columns `burstgate analyze` reads (docs/analysis.md) ...
+    "tenant_id", "request_id", "lane", "model", "pool", "arrival_ts", "queue_start_ts",
+    "exec_start_ts", "end_ts", "prompt_tokens", "cached_tokens", "output_tokens", "decision",
+    # ... then the ledger's own.
+    "settled_ts", "reservation_id", "reserved_tokens", "kv_cache_miss_rate", "miss_rate_source",
+    "pricing_multiplier", "pricing_window_start", "lane_multiplier", "currency", "user_charge",
+    "actual_cost", "price_id",
+)  # fmt: skip
+DAILY_COLUMNS: tuple[str, ...] = (
+    "tenant_id", "day", "model", "currency", "requests", "prompt_tokens", "cached_tokens",
+    "output_tokens", "user_charge", "actual_cost",
+)  # fmt: skip
+_IDX = {name: i for i, name in enumerate(COLUMNS)}
+
+
+class ExportMismatch(RuntimeError):
+    """The rows written do not add up to the database's sums (never expected)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSpec:
+    start_ns: int
+    end_ns: int
+    tenants: tuple[str, ...] = ()
+    fmt: str = "csv"
+    granularity: str = "request"
+
+    def validate(self) -> ExportSpec:
+        if self.fmt not in FORMATS:
+            raise InvalidArgument("format", f"must be one of {', '.join(FORMATS)}")
+        if self.granularity not in GRANULARITIES:
+            raise InvalidArgument("granularity", f"must be one of {', '.join(GRANULARITIES)}")
+        if self.start_ns < 0 or self.end_ns <= self.start_ns:
+            raise InvalidArgument("end", "the period must be non-empty (end after start)")
+        for t in self.tenants:
+            if not t or len(t) > 128:
+                raise InvalidArgument("tenant_ids", f"bad tenant id {t!r}")
+        return self
+
+
+@dataclass
+class Totals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    user_charge_nanos: int = 0
+    actual_cost_nanos: int = 0
+
+    def as_json(self, currency: str) -> dict[str, Any]:
+        return {
+            "currency": currency,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+            "user_charge": format_nanos(self.user_charge_nanos),
+            "actual_cost": format_nanos(self.actual_cost_nanos),
+        }
+
+    def key(self) -> tuple[int, ...]:
+        return (
+            self.requests, self.prompt_tokens, self.cached_tokens, self.output_tokens,
+            self.user_charge_nanos, self.actual_cost_nanos,
+        )  # fmt: skip
+
+
+@dataclass
+class ExportResult:
+    rows: int = 0
+    sha256: str = ""
+    totals: dict[str, Totals] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+def _filter(q: Select[Any], spec: ExportSpec) -> Select[Any]:
+    q = q.where(LEDGER.c.settled_ns >= spec.start_ns, LEDGER.c.settled_ns < spec.end_ns)
+    if spec.tenants:
+        q = q.where(LEDGER.c.tenant_id.in_(sorted(set(spec.tenants))))
+    return q
+
+
+def sql_totals(conn: Connection, spec: ExportSpec) -> dict[str, Totals]:
+    """Per currency, straight from SQL SUM()."""
+    c = LEDGER.c
+    q = _filter(
+        select(
+            c.currency,
+            func.count(),
+            func.sum(c.prompt_tokens),
+            func.sum(c.cached_tokens),
+            func.sum(c.output_tokens),
+            func.sum(c.user_charge_nanos),
+            func.sum(c.actual_cost_nanos),
+        ),
+        spec,
+    ).group_by(c.currency)
+    return {row[0]: Totals(*(int(v or 0) for v in row[1:])) for row in conn.execute(q)}
+
+
+def _day_expr() -> Any:
+    # Integer division on both databases (bigint / bigint; integer / integer).
+    return LEDGER.c.settled_ns.op("/")(literal_column(str(NS_PER_DAY)))
+
+
+def query(spec: ExportSpec) -> Select[Any]:
+    c = LEDGER.c
+    if spec.granularity == "request":
+        q = select(*(c[name] for name in COLUMNS))
+        return _filter(q, spec).order_by(c.tenant_id, c.settled_ns, c.request_id)
+    day = _day_expr().label("day")
+    q = select(
+        c.tenant_id,
+        day,
+        c.model,
+        c.currency,
+        func.count(),
+        func.sum(c.prompt_tokens),
+        func.sum(c.cached_tokens),
+        func.sum(c.output_tokens),
+        func.sum(c.user_charge_nanos),
+        func.sum(c.actual_cost_nanos),
+    )
+    return (
+        _filter(q, spec)
+        .group_by(c.tenant_id, day, c.model, c.currency)
+        .order_by(c.tenant_id, day, c.model, c.currency)
+    )
+
+
+def _request_values(r: Sequence[Any]) -> list[Any]:
+    """A ledger row as export values (text where exactness needs it)."""
+    i = _IDX
+    window = int(r[i["pricing_window"]])
+    return [
+        r[i["tenant_id"]], r[i["request_id"]], r[i["lane"]], r[i["model"]], r[i["pool"]],
+        iso_ns(r[i["arrival_ns"]]), iso_ns(r[i["queue_start_ns"]]),
+        iso_ns(r[i["exec_start_ns"]]), iso_ns(r[i["end_ns"]]),
+        int(r[i["prompt_tokens"]]), int(r[i["cached_tokens"]]), int(r[i["output_tokens"]]),
+        "admit",
+        iso_ns(r[i["settled_ns"]]), int(r[i["reservation_id"]]), int(r[i["reserved_tokens"]]),
+        format_fixed(Decimal(r[i["kv_cache_miss_rate"]]), 6), r[i["miss_rate_source"]],
+        format_fixed(Decimal(r[i["pricing_multiplier"]]), 6),
+        iso_ns(window * 1_000_000_000) if window else "",
+        format_fixed(Decimal(r[i["lane_multiplier"]]), 6), r[i["currency"]],
+        format_nanos(int(r[i["user_charge_nanos"]])), format_nanos(int(r[i["actual_cost_nanos"]])),
+        int(r[i["price_id"]] or 0),
+    ]  # fmt: skip
+
+
+def daily_values(r: Sequence[Any]) -> list[Any]:
+    day = datetime.fromtimestamp(int(r[1]) * 86_400, UTC).strftime("%Y-%m-%d")
+    return [
+        r[0], day, r[2], r[3], int(r[4]), int(r[5] or 0), int(r[6] or 0), int(r[7] or 0),
+        format_nanos(int(r[8] or 0)), format_nanos(int(r[9] or 0)),
+    ]  # fmt: skip
+
+
+def _add(totals: dict[str, Totals], spec: ExportSpec, r: Sequence[Any]) -> None:
+    if spec.granularity == "request":
+        t = totals.setdefault(r[_IDX["currency"]], Totals())
+        t.requests += 1
+        t.prompt_tokens += int(r[_IDX["prompt_tokens"]])
+        t.cached_tokens += int(r[_IDX["cached_tokens"]])
+        t.output_tokens += int(r[_IDX["output_tokens"]])
+        t.user_charge_nanos += int(r[_IDX["user_charge_nanos"]])
+        t.actual_cost_nanos += int(r[_IDX["actual_cost_nanos"]])
+    else:
+        t = totals.setdefault(r[3], Totals())
+        t.requests += int(r[4])
+        t.prompt_tokens += int(r[5] or 0)
+        t.cached_tokens += int(r[6] or 0)
+        t.output_tokens += int(r[7] or 0)
+        t.user_charge_nanos += int(r[8] or 0)
+        t.actual_cost_nanos += int(r[9] or 0)
+
+
+class _Text:
+    """CSV or JSON Lines, encoded to UTF-8 in chunks."""
+
+    def __init__(self, fmt: str, columns: Sequence[str]) -> None:
+        self.fmt = fmt
+        self.columns = columns
+        self.buf = io.StringIO()
+        self._csv = csv.writer(self.buf, lineterminator="\n") if fmt == "csv" else None
+        if self._csv is not None:
+            self._csv.writerow(columns)
+
+    def add(self, values: list[Any]) -> None:
+        if self._csv is not None:
+            self._csv.writerow(values)
+        else:
+            self.buf.write(
+                json.dumps(
+                    dict(zip(self.columns, values, strict=True)),
+                    ensure_ascii=False,
+                    separators=(",", ":"),
+                )
+            )
+            self.buf.write("\n")
+
+    def take(self, final: bool = False) -> bytes:
+        if not final and self.buf.tell() < CHUNK_BYTES:
+            return b""
+        data = self.buf.getvalue().encode()
+        self.buf.seek(0)
+        self.buf.truncate()
+        return data
+
+
+class _Parquet:
+    """Parquet through pyarrow (the ``parquet`` extra), a row group per fetch."""
+
+    def __init__(self, columns: Sequence[str], granularity: str) -> None:
+        try:
+            import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
+            import pyarrow.parquet as pq  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        except ImportError:
+            raise InvalidArgument(
+                "format", "parquet needs pyarrow: pip install 'burstgate[parquet]'"
+            ) from None
+        self.pa = pa
+        money = pa.decimal128(38, 9)
+        ratio = pa.decimal128(18, 6)
+        ts = pa.timestamp("ns", tz="UTC")
+        if granularity == "request":
+            types = [
+                pa.string(), pa.string(), pa.string(), pa.string(), pa.string(), ts, ts, ts, ts,
+                pa.int64(), pa.int64(), pa.int64(), pa.string(), ts, pa.int64(), pa.int64(),
+                ratio, pa.string(), ratio, ts, ratio, pa.string(), money, money, pa.int64(),
+            ]  # fmt: skip
+        else:
+            types = [
+                pa.string(), pa.date32(), pa.string(), pa.string(), pa.int64(), pa.int64(),
+                pa.int64(), pa.int64(), money, money,
+            ]  # fmt: skip
+        self.schema = pa.schema(list(zip(columns, types, strict=True)))
+        self.sink = io.BytesIO()
+        self.writer = pq.ParquetWriter(self.sink, self.schema, compression="zstd")
+        self.granularity = granularity
+        self.rows: list[list[Any]] = []
+
+    def add(self, values: list[Any]) -> None:
+        self.rows.append(values)
+
+    def _native(self, values: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for v, f in zip(values, self.schema, strict=True):
+            t = f.type
+            if self.pa.types.is_timestamp(t):
+                out.append(_iso_to_ns(v) if v else None)
+            elif self.pa.types.is_decimal(t):
+                out.append(Decimal(v))
+            elif self.pa.types.is_date32(t):
+                out.append(datetime.strptime(v, "%Y-%m-%d").date())
+            else:
+                out.append(v)
+        return out
+
+    def take(self, final: bool = False) -> bytes:
+        if self.rows:
+            cols = list(zip(*(self._native(r) for r in self.rows), strict=True))
+            arrays = [
+                self.pa.array(col, type=f.type) for col, f in zip(cols, self.schema, strict=True)
+            ]
+            self.writer.write_table(self.pa.Table.from_arrays(arrays, schema=self.schema))
+            self.rows.clear()
+        if final:
+            self.writer.close()
+        data = self.sink.getvalue()
+        self.sink.seek(0)
+        self.sink.truncate()
+        return data
+
+
+def _iso_to_ns(text: str) -> int:
+    base, _, frac = text.rstrip("Z").partition(".")
+    secs = int(datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp())
+    return secs * 1_000_000_000 + int(frac or 0)
+
+
+def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[bytes]:
+    """Yield the file's bytes; fill ``result`` (manifest) when done."""
+    spec.validate()
+    columns = REQUEST_COLUMNS if spec.granularity == "request" else DAILY_COLUMNS
+    to_values = _request_values if spec.granularity == "request" else daily_values
+    sha = hashlib.sha256()
+    out: _Text | _Parquet = (
+        _Parquet(columns, spec.granularity) if spec.fmt == "parquet" else _Text(spec.fmt, columns)
+    )
+    running: dict[str, Totals] = {}
+    rows = 0
+    options: dict[str, Any] = {}
+    if engine.dialect.name == "postgresql":
+        options["isolation_level"] = "REPEATABLE READ"  # one snapshot for rows and sums
+    with engine.connect().execution_options(**options) as conn, conn.begin():
+        expected = sql_totals(conn, spec)
+        cursor = conn.execution_options(stream_results=True, yield_per=FETCH_ROWS).execute(
+            query(spec)
+        )
+        for part in cursor.partitions():
+            for r in part:
+                out.add(to_values(r))
+                _add(running, spec, r)
+                rows += 1
+            data = out.take(final=False) if spec.fmt != "parquet" else out.take()
+            if data:
+                sha.update(data)
+                yield data
+    data = out.take(final=True)
+    if data:
+        sha.update(data)
+        yield data
+    if {k: v.key() for k, v in running.items()} != {k: v.key() for k, v in expected.items()}:
+        raise ExportMismatch(f"export rows add up to {running}, the database's SUM() to {expected}")
+    result.rows = rows
+    result.sha256 = sha.hexdigest()
+    result.totals = expected
+    result.manifest = {
+        "format": spec.fmt,
+        "granularity": spec.granularity,
+        "columns": list(columns),
+        "period": {"start": iso_ns(spec.start_ns), "end": iso_ns(spec.end_ns)},
+        "tenants": sorted(set(spec.tenants)) or "all",
+        "order": (
+            ["tenant_id", "settled_ts", "request_id"]
+            if spec.granularity == "request"
+            else ["tenant_id", "day", "model", "currency"]
+        ),
+        "rows": rows,
+        "totals": [expected[c].as_json(c) for c in sorted(expected)],
+        "reconciled_with": "SUM() over ledger_records in the export's snapshot",
+        "sha256": result.sha256,
+    }
+
+
+def manifest_json(result: ExportResult) -> str:
+    return json.dumps(result.manifest, indent=2, ensure_ascii=False) + "\n"
+
+
+def parse_when(field_name: str, text: str) -> int:
+    """ISO 8601 date or time (naive = UTC) or Unix seconds -> Unix ns."""
+    text = text.strip()
+    try:
+        if text.replace(".", "", 1).isdigit():
+            return int(Decimal(text) * 1_000_000_000)
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidArgument(
+            field_name, f"not an ISO 8601 time or Unix seconds: {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000

@@ -1,0 +1,459 @@
+"""``Metering``: a Complete recorded in the dual ledger exactly once and
+acknowledged only once durable.
+
+    prepare (memory, no change) -> figures -> durable write -> apply (memory)
+
+1. ``AdmissionService.prepare_complete`` validates against the in-memory
+   record and changes nothing.
+2. The ledger record is built: the multiplier and window locked at
+   admission, the price catalog, the request's miss rate (else the pool's).
+3. ``LedgerWriter`` makes it durable: committed, or fsynced to the spool.
+4. Only then ``AdmissionService.apply_complete`` refunds the unused
+   reservation and marks the request settled.
+
+A failure before 4 leaves memory as it was, so the client's retry is a new
+attempt, never a ``duplicate=true`` without a ledger row. Concurrent
+Completes of one request share the same in-flight settlement (the later ones
+answer ``duplicate=true`` with its figures). The settlement runs in its own
+task, so a client that gives up mid-write does not leave it half done.
+
+A Complete whose in-memory record is gone (after ``reservation_ttl_s``, or
+a restart) is answered from the ledger: the recent-records cache, the
+spool's pending records, then the database; NOT_FOUND only when none has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy.engine import make_url
+
+from controlplane.domain import Settlement
+from controlplane.errors import NotFound
+from controlplane.ledger.catalog import PriceCatalog, actual_cost, user_charge, zero_price
+from controlplane.ledger.errors import LedgerUnavailable
+from controlplane.ledger.money import PPM, ppm_decimal, rate_ppm, to_nanos
+from controlplane.ledger.pricing import PricingBook, StepTable
+from controlplane.ledger.records import Key, LedgerRecord
+from controlplane.ledger.spool import Spool
+from controlplane.ledger.store import LedgerStore, MarginWarning, exceeds, ledger_engine
+from controlplane.ledger.writer import LedgerWriter, Outcome
+from controlplane.service import AdmissionService
+from controlplane.service import records as R
+from controlplane.settings import Settings, sqlalchemy_url
+
+log = structlog.get_logger("burstgate.ledger")
+
+NS_PER_S = 1_000_000_000
+# Settled records remembered for duplicate answers without a database read.
+RECENT_LIMIT = 100_000
+# How often open pricing windows are saved and closed windows checked.
+FLUSH_INTERVAL_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteResult:
+    settlement: Settlement
+    record: LedgerRecord | None  # None only with the ledger disabled
+    duplicate: bool
+
+    def as_duplicate(self) -> CompleteResult:
+        s = self.settlement
+        dup = Settlement(s.request_id, s.reserved_tokens, s.actual_tokens, s.refunded_tokens, True)
+        return CompleteResult(dup, self.record, True)
+
+
+def default_spool_dir(database_url: str) -> Path:
+    url = make_url(sqlalchemy_url(database_url))
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        return Path(url.database + ".ledger-spool")
+    name = f"{url.host or 'local'}-{url.port or 5432}-{url.database or 'db'}"
+    return Path("var") / "ledger-spool" / re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+class Metering:
+    def __init__(
+        self,
+        service: AdmissionService,
+        settings: Settings,
+        *,
+        clock: Callable[[], int] | None = None,
+        on_health: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.svc = service
+        self.settings = settings
+        self.clock = clock or service.clock
+        self.steps = StepTable(settings.pricing_steps)
+        self.pricing = PricingBook(settings.pricing_window_s, self.steps)
+        self.catalog = PriceCatalog()
+        self.engine = ledger_engine(settings.database_url)
+        self.store = LedgerStore(self.engine)
+        spool_dir = settings.ledger_spool_dir or default_spool_dir(settings.database_url)
+        self.spool = Spool(spool_dir, settings.ledger_spool_max_bytes)
+        self._on_health = on_health
+        self.writer = LedgerWriter(
+            self.store,
+            self.spool,
+            batch_max=settings.ledger_batch_max,
+            db_timeout_s=settings.ledger_db_timeout_s,
+            retry_s=settings.ledger_retry_s,
+            on_state=self._db_state,
+        )
+        self._inflight: dict[Key, asyncio.Task[CompleteResult]] = {}
+        self._recent: OrderedDict[Key, LedgerRecord] = OrderedDict()
+        self._catalog_fp: tuple[Any, ...] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._next_margin_window: int | None = None
+        # Plain counters for metrics.
+        self.completes = 0
+        self.duplicates = 0
+        self.unpriced = 0
+        self.margin_warnings_total = 0
+        self.last_margin_tenants = 0
+        self.window_flush_failures = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Install the pricing book, replay the spool, load the catalog and
+        the stored windows; start the background loops."""
+        self.svc.pricing = self.pricing
+        await self.writer.start()
+        try:
+            await self.reload_catalog()
+        except Exception as exc:
+            log.warning("price catalog not loaded; pricing at zero until it is", error=str(exc))
+        index = self.pricing.window_index(self.clock())
+        try:
+            rows = await asyncio.to_thread(
+                self.store.load_windows, self.pricing.window_start_s(index - 1)
+            )
+            self.pricing.restore(rows)
+        except Exception as exc:
+            log.warning("pricing windows not restored", error=str(exc))
+        self._next_margin_window = index - 1  # re-check the window a restart cut
+        self._stopping = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._background(), name="ledger-background")]
+
+    async def stop(self) -> None:
+        for settling in list(self._inflight.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.shield(settling)
+        # Let the background loop finish its step (a thread mid-query would
+        # otherwise hand its connection back to a disposed pool).
+        self._stopping.set()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.writer.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.store.save_windows, self.pricing.snapshot(self.clock()))
+        self.engine.dispose()
+
+    def _db_state(self, ok: bool) -> None:
+        if self._on_health is not None:
+            self._on_health(ok)
+
+    @property
+    def healthy(self) -> bool:
+        return self.writer.db_ok
+
+    # -------------------------------------------------------------- complete
+
+    async def complete(
+        self,
+        tenant_id: str,
+        request_id: str,
+        reservation_id: int,
+        prompt_tokens: int,
+        generated_tokens: int,
+        cached_prompt_tokens: int = 0,
+        kv_cache_miss_rate: float = 0.0,
+        *,
+        miss_rate_reported: bool | None = None,
+        exec_start_ns: int = 0,
+        exec_end_ns: int = 0,
+    ) -> CompleteResult:
+        """Settle and record one request; see the module docstring.
+        ``miss_rate_reported`` None means "reported when non-zero"."""
+        key = (tenant_id, request_id)
+        running = self._inflight.get(key)
+        if running is not None:
+            result = await asyncio.shield(running)
+            self.duplicates += 1
+            return result.as_duplicate()
+        try:
+            prepared = self.svc.prepare_complete(
+                tenant_id, request_id, reservation_id, prompt_tokens, generated_tokens,
+                cached_prompt_tokens, kv_cache_miss_rate,
+            )  # fmt: skip
+        except NotFound:
+            found = await self.find(key)
+            if found is None:
+                raise
+            self.duplicates += 1
+            return CompleteResult(_settlement_of(found), found, duplicate=True)
+        if isinstance(prepared, Settlement):
+            self.duplicates += 1
+            return CompleteResult(prepared, await self.find(key), duplicate=True)
+        if exec_start_ns and exec_end_ns and exec_end_ns < exec_start_ns:
+            from controlplane.errors import InvalidArgument
+
+            raise InvalidArgument("exec_end", "is before exec_start")
+        reported = kv_cache_miss_rate > 0 if miss_rate_reported is None else miss_rate_reported
+        record = self.build_record(
+            key, prepared, prompt_tokens, cached_prompt_tokens, generated_tokens,
+            kv_cache_miss_rate if reported else None, exec_start_ns, exec_end_ns,
+        )  # fmt: skip
+        task = asyncio.create_task(
+            self._settle(key, prepared, record, prompt_tokens + generated_tokens)
+        )
+        self._inflight[key] = task
+        task.add_done_callback(lambda t: self._done(key, t))
+        return await asyncio.shield(task)
+
+    def _done(self, key: Key, task: asyncio.Task[CompleteResult]) -> None:
+        self._inflight.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved here too: the caller may have gone
+
+    async def _settle(
+        self, key: Key, prepared: tuple[Any, ...], record: LedgerRecord, actual: int
+    ) -> CompleteResult:
+        if key in self.writer.pending or key in self._recent:
+            outcome = Outcome.EXISTS  # recorded under an earlier admission of this id
+        else:
+            outcome = await self.writer.submit(record)
+        settlement = self.svc.apply_complete(key, prepared, actual)
+        if outcome is Outcome.EXISTS:
+            original = await self.find(key)
+            log.warning(
+                "request id already in the ledger; the original record stands",
+                tenant_id=key[0],
+                request_id=key[1],
+            )
+            self.duplicates += 1
+            return CompleteResult(
+                Settlement(key[1], settlement.reserved_tokens, settlement.actual_tokens,
+                           settlement.refunded_tokens, True),
+                original,
+                duplicate=True,
+            )  # fmt: skip
+        self.completes += 1
+        if record.miss_rate_source == "request":
+            self.pricing.observe_completion(
+                record.pool, record.model, record.prompt_tokens,
+                int(record.kv_cache_miss_rate * PPM), record.settled_ns,
+            )  # fmt: skip
+        self._remember(record)
+        return CompleteResult(settlement, record, duplicate=False)
+
+    def _remember(self, record: LedgerRecord) -> None:
+        self._recent[record.key] = record
+        if len(self._recent) > RECENT_LIMIT:
+            self._recent.popitem(last=False)
+
+    def build_record(
+        self,
+        key: Key,
+        rec: tuple[Any, ...],
+        prompt_tokens: int,
+        cached_tokens: int,
+        output_tokens: int,
+        miss_rate: float | None,
+        exec_start_ns: int,
+        exec_end_ns: int,
+    ) -> LedgerRecord:
+        """Both ledgers of one request (pure: reads memory, changes nothing)."""
+        now = self.clock()
+        tenant_id, request_id = key
+        lane, pool, model = rec[R.LANE], rec[R.POOL], rec[R.MODEL]
+        if miss_rate is not None:
+            miss_ppm, source = rate_ppm(miss_rate), "request"
+        else:
+            window_rate = self.pricing.current_rate_ppm(pool, model, now)
+            miss_ppm, source = (0, "none") if window_rate is None else (window_rate, "window")
+        miss = ppm_decimal(miss_ppm)
+        price = self.catalog.resolve(tenant_id, model)
+        if price is None:
+            self.unpriced += 1
+            price = zero_price(self.settings.ledger_default_currency)
+        multiplier = self.pricing.multiplier_decimal(rec[R.MULTIPLIER])
+        lane_multiplier = price.lane_multiplier(lane)
+        user = user_charge(
+            price, prompt_tokens, cached_tokens, output_tokens, multiplier, lane_multiplier
+        )
+        cost = actual_cost(price, prompt_tokens, output_tokens, miss)
+        arrival = rec[R.ARRIVED_NS]
+        return LedgerRecord(
+            tenant_id=tenant_id,
+            request_id=request_id,
+            reservation_id=rec[R.RID],
+            lane=lane,
+            model=model,
+            pool=pool,
+            arrival_ns=arrival,
+            queue_start_ns=arrival,
+            exec_start_ns=exec_start_ns or rec[R.DECIDED_NS],
+            end_ns=exec_end_ns or now,
+            settled_ns=now,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            output_tokens=output_tokens,
+            reserved_tokens=rec[R.RESERVED],
+            kv_cache_miss_rate=miss,
+            miss_rate_source=source,
+            pricing_multiplier=multiplier,
+            pricing_window=rec[R.WINDOW],
+            lane_multiplier=lane_multiplier,
+            currency=price.currency,
+            user_charge_nanos=to_nanos(user),
+            actual_cost_nanos=to_nanos(cost),
+            price_id=price.id,
+        )
+
+    async def find(self, key: Key) -> LedgerRecord | None:
+        """The ledger record of ``key``: recent cache, spool, then database.
+        Raises LedgerUnavailable if the database cannot be asked."""
+        rec = self._recent.get(key) or self.writer.pending.get(key)
+        if rec is not None:
+            return rec
+        try:
+            return await asyncio.to_thread(self.store.fetch, key)
+        except Exception as exc:
+            raise LedgerUnavailable(
+                f"request_id: cannot look {key[1]!r} up in the ledger ({type(exc).__name__}); "
+                "retry later"
+            ) from exc
+
+    # ----------------------------------------------------------- background
+
+    async def reload_catalog(self) -> bool:
+        fp = await asyncio.to_thread(self.store.catalog_fingerprint)
+        if fp == self._catalog_fp:
+            return False
+        entries = await asyncio.to_thread(self.store.load_catalog)
+        self.catalog = PriceCatalog(entries)
+        self._catalog_fp = fp
+        log.info("price catalog loaded", entries=len(entries))
+        return True
+
+    async def _background(self) -> None:
+        last_catalog = last_flush = 0.0
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 0.25)
+            if self._stopping.is_set():
+                return
+            mono = time.monotonic()
+            if mono - last_catalog >= self.settings.config_poll_s:
+                last_catalog = mono
+                try:
+                    await self.reload_catalog()
+                except Exception as exc:
+                    log.warning("price catalog poll failed; keeping the last one", error=str(exc))
+            if mono - last_flush >= FLUSH_INTERVAL_S:
+                last_flush = mono
+                await self.flush_windows()
+                with contextlib.suppress(LedgerUnavailable):
+                    await self.close_margin_windows()
+
+    async def flush_windows(self) -> None:
+        """Store closed windows and the open ones as they stand."""
+        rows = self.pricing.snapshot(self.clock())
+        try:
+            await asyncio.to_thread(self.store.save_windows, rows)
+        except Exception as exc:
+            self.window_flush_failures += 1
+            # Keep the closed ones for the next attempt (bounded).
+            self.pricing.closed[:0] = [w for w in rows if w.closed][-100_000:]
+            log.warning("pricing windows not saved; will retry", error=str(exc))
+
+    async def close_margin_windows(self) -> list[MarginWarning]:
+        """Check every ended window not checked yet, once every record settled
+        in it is in the database (nothing in flight, queued or spooled)."""
+        if self._next_margin_window is None:
+            return []
+        current = self.pricing.window_index(self.clock())
+        found: list[MarginWarning] = []
+        while self._next_margin_window < current:
+            if self._inflight or self.writer.busy:
+                break
+            w = self._next_margin_window
+            found.extend(await self.check_window(w))
+            self._next_margin_window = w + 1
+        return found
+
+    async def check_window(self, index: int) -> list[MarginWarning]:
+        ws = self.settings.pricing_window_s
+        start_s = index * ws
+        try:
+            sums = await asyncio.to_thread(
+                self.store.tenant_sums, start_s * NS_PER_S, (start_s + ws) * NS_PER_S
+            )
+        except Exception as exc:
+            raise LedgerUnavailable(f"margin check: {exc}") from exc
+        ratio = self.settings.margin_warning_ratio
+        now = self.clock()
+        warnings = [
+            MarginWarning(
+                s.tenant_id,
+                start_s,
+                ws,
+                s.currency,
+                s.requests,
+                s.user_charge_nanos,
+                s.actual_cost_nanos,
+                ratio,
+                now,
+            )
+            for s in sums
+            if exceeds(s.actual_cost_nanos, s.user_charge_nanos, ratio)
+        ]
+        if warnings:
+            try:
+                await asyncio.to_thread(self.store.record_margin_warnings, warnings)
+            except Exception as exc:
+                raise LedgerUnavailable(f"margin warnings: {exc}") from exc
+            for w in warnings:
+                log.warning(
+                    "margin warning",
+                    tenant_id=w.tenant_id,
+                    window_start=w.window_start,
+                    currency=w.currency,
+                    user_charge_nanos=w.user_charge_nanos,
+                    actual_cost_nanos=w.actual_cost_nanos,
+                )
+        self.margin_warnings_total += len(warnings)
+        self.last_margin_tenants = len({w.tenant_id for w in warnings})
+        return warnings
+
+    def margin_report(self, start_ns: int, end_ns: int, tenants: list[str]) -> list[Any]:
+        """On demand, over any period (blocking: call in a thread)."""
+        ratio = self.settings.margin_warning_ratio
+        return [
+            (s, exceeds(s.actual_cost_nanos, s.user_charge_nanos, ratio))
+            for s in self.store.tenant_sums(start_ns, end_ns, tenants)
+        ]
+
+
+def _settlement_of(r: LedgerRecord) -> Settlement:
+    actual = r.prompt_tokens + r.output_tokens
+    return Settlement(
+        r.request_id, r.reserved_tokens, actual, max(0, r.reserved_tokens - actual), True
+    )
+
+
+def multiplier_text(m: Decimal) -> str:
+    return format(m.normalize(), "f")

@@ -1,0 +1,431 @@
+"""SQL for metering: ledger rows (group commit), the price catalog, pricing
+windows and margin warnings. Every method blocks; the server calls them in
+worker threads, never on the event loop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine, Table, delete, event, func, select, tuple_
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+
+from controlplane.ledger.catalog import PriceEntry, validate_entry
+from controlplane.ledger.pricing import WindowSummary
+from controlplane.ledger.records import COLUMNS, Key, LedgerRecord, from_db_row
+from controlplane.settings import sqlalchemy_url
+from controlplane.store.db import make_engine
+from controlplane.store.models import (
+    LedgerRecordRow,
+    MarginWarningRow,
+    PriceCatalogEntry,
+    PricingWindowRow,
+)
+
+LEDGER: Table = LedgerRecordRow.__table__  # type: ignore[assignment]
+CATALOG: Table = PriceCatalogEntry.__table__  # type: ignore[assignment]
+WINDOWS: Table = PricingWindowRow.__table__  # type: ignore[assignment]
+MARGINS: Table = MarginWarningRow.__table__  # type: ignore[assignment]
+
+_COLS = ", ".join(COLUMNS)
+_COPY = f"COPY ledger_records ({_COLS}) FROM STDIN"
+_COPY_STAGE = f"COPY ledger_stage ({_COLS}) FROM STDIN"
+_STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS ledger_stage "
+    "(LIKE ledger_records INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_MERGE_STAGE = (
+    f"INSERT INTO ledger_records ({_COLS}) SELECT {_COLS} FROM ledger_stage "
+    "ON CONFLICT (tenant_id, request_id) DO NOTHING RETURNING tenant_id, request_id"
+)
+_SQLITE_INSERT = f"INSERT INTO ledger_records ({_COLS}) VALUES ({', '.join('?' * len(COLUMNS))})"
+_SQLITE_INSERT_IGNORE = _SQLITE_INSERT + " ON CONFLICT (tenant_id, request_id) DO NOTHING"
+_DEC = tuple(i for i, c in enumerate(COLUMNS) if c in {
+    "kv_cache_miss_rate", "pricing_multiplier", "lane_multiplier"})  # fmt: skip
+
+# libpq settings of the writer's own connections: fail fast instead of
+# hanging on a dead network (the writer falls back to the spool), and
+# make every commit durable whatever the server's default.
+PG_WRITER_PARAMS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "2",
+    "tcp_user_timeout": "10000",
+    "options": "-c synchronous_commit=on",
+}
+
+
+def ledger_engine(url: str) -> Engine:
+    """An engine for metering: PostgreSQL with the writer's libpq settings;
+    SQLite with synchronous=FULL (a commit survives a power loss in WAL mode)."""
+    sa_url = make_url(sqlalchemy_url(url))
+    if sa_url.get_backend_name() == "postgresql":
+        query = {**PG_WRITER_PARAMS, **dict(sa_url.query)}
+        engine = make_engine(sa_url.update_query_dict(query).render_as_string(hide_password=False))
+        return engine
+    engine = make_engine(url)
+
+    @event.listens_for(engine, "connect")
+    def _full_sync(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.close()
+
+    return engine
+
+
+def _sqlite_row(r: LedgerRecord) -> tuple[Any, ...]:
+    values = list(r)
+    for i in _DEC:
+        values[i] = str(values[i])
+    return tuple(values)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantWindowSums:
+    tenant_id: str
+    currency: str
+    requests: int
+    user_charge_nanos: int
+    actual_cost_nanos: int
+
+
+@dataclass(frozen=True, slots=True)
+class MarginWarning:
+    tenant_id: str
+    window_start: int
+    window_s: int
+    currency: str
+    requests: int
+    user_charge_nanos: int
+    actual_cost_nanos: int
+    ratio: Decimal
+    recorded_ns: int
+
+
+class LedgerStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.is_postgres = engine.dialect.name == "postgresql"
+
+    # ---------------------------------------------------------- ledger rows
+
+    def insert(self, records: Sequence[LedgerRecord]) -> set[Key]:
+        """Insert and commit ``records`` in one transaction; returns the keys
+        that were already recorded (left as they were). The fast path is one
+        COPY (PostgreSQL) or executemany (SQLite); only a batch that hits
+        the primary key is redone conflict by conflict."""
+        if not records:
+            return set()
+        raw = self.engine.raw_connection()
+        try:
+            if self.is_postgres:
+                return self._pg_insert(raw.driver_connection, records)
+            return self._sqlite_insert(raw.driver_connection, records)
+        except BaseException:
+            raw.invalidate()  # a connection that failed mid-write is not reused
+            raise
+        finally:
+            raw.close()
+
+    @staticmethod
+    def _pg_insert(conn: Any, records: Sequence[LedgerRecord]) -> set[Key]:
+        import psycopg
+
+        try:
+            with conn.cursor() as cur, cur.copy(_COPY) as copy:
+                for r in records:
+                    copy.write_row(r)
+            conn.commit()
+            return set()
+        except psycopg.errors.UniqueViolation:
+            conn.rollback()
+        with conn.cursor() as cur:
+            cur.execute(_STAGE)
+            with cur.copy(_COPY_STAGE) as copy:
+                for r in records:
+                    copy.write_row(r)
+            cur.execute(_MERGE_STAGE)
+            inserted = {(t, q) for t, q in cur.fetchall()}
+        conn.commit()
+        return {r.key for r in records} - inserted
+
+    @staticmethod
+    def _sqlite_insert(conn: Any, records: Sequence[LedgerRecord]) -> set[Key]:
+        import sqlite3
+
+        rows = [_sqlite_row(r) for r in records]
+        try:
+            conn.executemany(_SQLITE_INSERT, rows)
+            conn.commit()
+            return set()
+        except sqlite3.IntegrityError:
+            conn.rollback()
+        conflicts: set[Key] = set()
+        cur = conn.cursor()
+        for r, row in zip(records, rows, strict=True):
+            cur.execute(_SQLITE_INSERT_IGNORE, row)
+            if cur.rowcount == 0:
+                conflicts.add(r.key)
+        conn.commit()
+        return conflicts
+
+    def fetch(self, key: Key) -> LedgerRecord | None:
+        with self.engine.connect() as c:
+            row = c.execute(
+                select(*(LEDGER.c[name] for name in COLUMNS)).where(
+                    LEDGER.c.tenant_id == key[0], LEDGER.c.request_id == key[1]
+                )
+            ).first()
+        return None if row is None else from_db_row(row)
+
+    def fetch_many(self, keys: Iterable[Key]) -> dict[Key, LedgerRecord]:
+        wanted = list(keys)
+        out: dict[Key, LedgerRecord] = {}
+        with self.engine.connect() as c:
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i : i + 500]
+                rows = c.execute(
+                    select(*(LEDGER.c[name] for name in COLUMNS)).where(
+                        tuple_(LEDGER.c.tenant_id, LEDGER.c.request_id).in_(chunk)
+                    )
+                )
+                for row in rows:
+                    rec = from_db_row(row)
+                    out[rec.key] = rec
+        return out
+
+    def ping(self) -> None:
+        with self.engine.connect() as c:
+            c.execute(select(1)).scalar_one()
+
+    def count(self) -> int:
+        with self.engine.connect() as c:
+            return int(c.execute(select(func.count()).select_from(LEDGER)).scalar_one())
+
+    # --------------------------------------------------------- price catalog
+
+    def catalog_fingerprint(self) -> tuple[Any, ...]:
+        with self.engine.connect() as c:
+            return tuple(
+                c.execute(
+                    select(
+                        func.count(CATALOG.c.id),
+                        func.max(CATALOG.c.updated_at),
+                        func.sum(CATALOG.c.id),
+                    )
+                ).one()
+            )
+
+    def load_catalog(self) -> list[PriceEntry]:
+        with self.engine.connect() as c:
+            rows = c.execute(select(CATALOG).order_by(CATALOG.c.tenant_id, CATALOG.c.model)).all()
+        return [_entry(r) for r in rows]
+
+    def upsert_price(self, entry: PriceEntry) -> PriceEntry:
+        validate_entry(entry)
+        from controlplane.store.models import utcnow
+
+        values = {
+            "tenant_id": entry.tenant_id,
+            "model": entry.model,
+            "currency": entry.currency,
+            "input_per_mtok": entry.input_per_mtok,
+            "cached_input_per_mtok": entry.cached_input_per_mtok,
+            "output_per_mtok": entry.output_per_mtok,
+            "gpu_prefill_per_mtok": entry.gpu_prefill_per_mtok,
+            "gpu_decode_per_mtok": entry.gpu_decode_per_mtok,
+            "gpu_overhead_per_request": entry.gpu_overhead_per_request,
+            "lane_multipliers": entry.lane_multipliers_json(),
+            "updated_at": utcnow(),
+        }
+        ins = (postgresql.insert if self.is_postgres else sqlite.insert)(CATALOG).values(values)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["tenant_id", "model"],
+            set_={k: v for k, v in values.items() if k not in ("tenant_id", "model")},
+        )
+        with self.engine.begin() as c:
+            c.execute(stmt)
+            row = c.execute(
+                select(CATALOG).where(
+                    CATALOG.c.tenant_id == entry.tenant_id, CATALOG.c.model == entry.model
+                )
+            ).one()
+        return _entry(row)
+
+    def delete_price(self, tenant_id: str, model: str) -> bool:
+        with self.engine.begin() as c:
+            res = c.execute(
+                delete(CATALOG).where(CATALOG.c.tenant_id == tenant_id, CATALOG.c.model == model)
+            )
+        return bool(res.rowcount)
+
+    # -------------------------------------------------------- pricing windows
+
+    def save_windows(self, rows: Sequence[WindowSummary]) -> None:
+        """Upsert window rows (an open window is rewritten until it closes)."""
+        if not rows:
+            return
+        values = [
+            {
+                "pool": w.pool,
+                "model": w.model,
+                "window_start": w.window_start_s,
+                "window_s": w.window_s,
+                "completions": w.completions,
+                "completion_weight": w.completion_weight,
+                "completion_weighted_ppm": w.completion_weighted_ppm,
+                "load_reports": w.load_reports,
+                "load_ppm_sum": w.load_ppm_sum,
+                "miss_rate_ppm": w.miss_rate_ppm,
+                "multiplier": w.multiplier,
+                "next_multiplier": w.next_multiplier,
+                "closed": w.closed,
+            }
+            for w in rows
+        ]
+        ins = (postgresql.insert if self.is_postgres else sqlite.insert)(WINDOWS)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["pool", "model", "window_start"],
+            set_={
+                k: ins.excluded[k] for k in values[0] if k not in ("pool", "model", "window_start")
+            },
+        )
+        with self.engine.begin() as c:
+            c.execute(stmt, values)
+
+    def load_windows(
+        self, start_from: int, start_to: int | None = None, pool: str | None = None
+    ) -> list[WindowSummary]:
+        q = select(WINDOWS).where(WINDOWS.c.window_start >= start_from)
+        if start_to is not None:
+            q = q.where(WINDOWS.c.window_start < start_to)
+        if pool:
+            q = q.where(WINDOWS.c.pool == pool)
+        q = q.order_by(WINDOWS.c.window_start, WINDOWS.c.pool, WINDOWS.c.model)
+        with self.engine.connect() as c:
+            rows = c.execute(q).all()
+        return [
+            WindowSummary(
+                r.pool,
+                r.model,
+                r.window_start,
+                r.window_s,
+                r.completions,
+                r.completion_weight,
+                r.completion_weighted_ppm,
+                r.load_reports,
+                r.load_ppm_sum,
+                r.miss_rate_ppm,
+                Decimal(r.multiplier),
+                Decimal(r.next_multiplier),
+                bool(r.closed),
+            )
+            for r in rows
+        ]
+
+    # ------------------------------------------------------- margin warnings
+
+    def tenant_sums(
+        self, start_ns: int, end_ns: int, tenants: Sequence[str] = ()
+    ) -> list[TenantWindowSums]:
+        """Both ledgers per tenant and currency over [start_ns, end_ns)."""
+        q = (
+            select(
+                LEDGER.c.tenant_id,
+                LEDGER.c.currency,
+                func.count(),
+                func.sum(LEDGER.c.user_charge_nanos),
+                func.sum(LEDGER.c.actual_cost_nanos),
+            )
+            .where(LEDGER.c.settled_ns >= start_ns, LEDGER.c.settled_ns < end_ns)
+            .group_by(LEDGER.c.tenant_id, LEDGER.c.currency)
+            .order_by(LEDGER.c.tenant_id, LEDGER.c.currency)
+        )
+        if tenants:
+            q = q.where(LEDGER.c.tenant_id.in_(list(tenants)))
+        with self.engine.connect() as c:
+            return [
+                TenantWindowSums(t, cur, int(n), int(u or 0), int(a or 0))
+                for t, cur, n, u, a in c.execute(q)
+            ]
+
+    def record_margin_warnings(self, warnings: Sequence[MarginWarning]) -> None:
+        if not warnings:
+            return
+        values = [
+            {
+                "tenant_id": w.tenant_id,
+                "window_start": w.window_start,
+                "currency": w.currency,
+                "window_s": w.window_s,
+                "requests": w.requests,
+                "user_charge_nanos": w.user_charge_nanos,
+                "actual_cost_nanos": w.actual_cost_nanos,
+                "ratio": w.ratio,
+                "recorded_ns": w.recorded_ns,
+            }
+            for w in warnings
+        ]
+        ins = (postgresql.insert if self.is_postgres else sqlite.insert)(MARGINS)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["tenant_id", "window_start", "currency"],
+            set_={
+                k: ins.excluded[k]
+                for k in values[0]
+                if k not in ("tenant_id", "window_start", "currency")
+            },
+        )
+        with self.engine.begin() as c:
+            c.execute(stmt, values)
+
+    def list_margin_warnings(
+        self, start_s: int, end_s: int, tenants: Sequence[str] = (), limit: int = 1000
+    ) -> list[MarginWarning]:
+        q = select(MARGINS).where(MARGINS.c.window_start >= start_s, MARGINS.c.window_start < end_s)
+        if tenants:
+            q = q.where(MARGINS.c.tenant_id.in_(list(tenants)))
+        q = q.order_by(MARGINS.c.window_start, MARGINS.c.tenant_id, MARGINS.c.currency).limit(limit)
+        with self.engine.connect() as c:
+            return [
+                MarginWarning(
+                    r.tenant_id,
+                    r.window_start,
+                    r.window_s,
+                    r.currency,
+                    r.requests,
+                    r.user_charge_nanos,
+                    r.actual_cost_nanos,
+                    Decimal(r.ratio),
+                    r.recorded_ns,
+                )
+                for r in c.execute(q)
+            ]
+
+
+def _entry(r: Any) -> PriceEntry:
+    lanes = {k: Decimal(v) for k, v in json.loads(r.lane_multipliers or "{}").items()}
+    return PriceEntry(
+        tenant_id=r.tenant_id,
+        model=r.model,
+        currency=r.currency,
+        input_per_mtok=Decimal(r.input_per_mtok),
+        cached_input_per_mtok=Decimal(r.cached_input_per_mtok),
+        output_per_mtok=Decimal(r.output_per_mtok),
+        gpu_prefill_per_mtok=Decimal(r.gpu_prefill_per_mtok),
+        gpu_decode_per_mtok=Decimal(r.gpu_decode_per_mtok),
+        gpu_overhead_per_request=Decimal(r.gpu_overhead_per_request),
+        lane_multipliers=lanes,
+        id=int(r.id),
+    )
+
+
+def exceeds(actual_nanos: int, user_nanos: int, ratio: Decimal) -> bool:
+    """actual > ratio x user, exactly."""
+    return Decimal(actual_nanos) > ratio * Decimal(user_nanos)

@@ -1,0 +1,86 @@
+"""Server-side waiting on the asyncio event loop.
+
+The admission service decides and orders synchronously (and is tested that
+way with an injected clock); this layer turns a queued ``Waiter`` into an
+awaitable, keeps one timer armed for the next moment time alone can change
+something (a refill, a deadline), and takes a cancelled call out of its queue
+at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from controlplane.domain import AdmitDecision
+from controlplane.service.admission import AdmissionService
+
+NS_PER_S = 1_000_000_000
+
+
+class WaitingRoom:
+    def __init__(self, service: AdmissionService) -> None:
+        self.service = service
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+
+    async def admit(
+        self,
+        tenant_id: str,
+        request_id: str,
+        lane: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        model: str,
+        pool: str,
+        *,
+        timeout_s: float | None,
+    ) -> AdmitDecision:
+        svc = self.service
+        deadline = None if timeout_s is None else svc.clock() + int(timeout_s * NS_PER_S)
+        out = svc.admit_or_wait(
+            tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
+            deadline_ns=deadline,
+        )  # fmt: skip
+        if isinstance(out, AdmitDecision):
+            self.reschedule()
+            return out
+        fut: asyncio.Future[AdmitDecision] = asyncio.get_running_loop().create_future()
+
+        def done(decision: AdmitDecision) -> None:
+            if not fut.done():  # the caller may have been cancelled meanwhile
+                fut.set_result(decision)
+
+        out.on_done = done
+        self.reschedule()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # The caller cancelled or its deadline passed: leave the queue now.
+            svc.cancel(out)
+            self.reschedule()
+            raise
+
+    def reschedule(self) -> None:
+        """Arm the timer for the service's next wake-up (call after anything
+        that may have changed the queues)."""
+        wake = self.service.next_wakeup_ns()
+        if wake is None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = self._timer_at = None
+            return
+        if self._timer is not None and self._timer_at is not None and self._timer_at <= wake:
+            return  # an earlier (or the same) wake-up is already armed
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, (wake - self.service.clock()) / NS_PER_S)
+        self._timer_at = wake
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = self._timer_at = None
+        self.service.tick()
+        self.reschedule()
+
+    def waiting(self) -> int:
+        return self.service.waiting

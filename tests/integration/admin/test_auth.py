@@ -1,0 +1,152 @@
+"""The auth matrix: each refusal has the right status and changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.field_mask_pb2 import FieldMask
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controlplane._proto.burstgate.v1 import admin_pb2 as apb
+from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.admin.client import AdminClient
+from controlplane.admin.store import Actor, AdminStore
+from controlplane.store.db import make_engine
+from tests.integration.admin.conftest import Env, code_of
+
+UNAUTH = grpc.StatusCode.UNAUTHENTICATED
+DENIED = grpc.StatusCode.PERMISSION_DENIED
+
+
+def _write(client: Any) -> Any:
+    return client.call(
+        "UpdateTenant",
+        apb.UpdateTenantRequest(
+            tenant=apb.Tenant(tenant_id="acme", burst_tokens=1),
+            update_mask=FieldMask(paths=["burst_tokens"]),
+        ),
+    )
+
+
+def _revoke_db_direct(url: str, key_id: str) -> None:
+    engine = make_engine(url)
+    AdminStore(engine).revoke_key(key_id, Actor("local:test", "local"))
+    engine.dispose()
+
+
+def test_admin_auth_matrix_refuses_and_changes_nothing(env: Env) -> None:
+    before = env.tenant("acme")
+    audit_before = len(env.audit())
+    raw = apb_grpc.AdminServiceStub(grpc.insecure_channel(env.target))
+    req = apb.UpdateTenantRequest(
+        tenant=apb.Tenant(tenant_id="acme", burst_tokens=1),
+        update_mask=FieldMask(paths=["burst_tokens"]),
+    )
+    wrong_secret = env.keys.admin[:-4] + "AAAA"
+    unknown_id = "bgk_000000000000_" + env.keys.admin.split("_", 2)[2]
+    cases: list[tuple[str, Callable[[], Any], grpc.StatusCode, str]] = [
+        ("no metadata", lambda: raw.UpdateTenant(req), UNAUTH, "missing credentials"),
+        (
+            "not bearer",
+            lambda: raw.UpdateTenant(req, metadata=(("authorization", "Basic eA=="),)),
+            UNAUTH,
+            "Bearer",
+        ),
+        ("malformed", lambda: _write(env.client("hunter2")), UNAUTH, "malformed"),
+        ("wrong secret", lambda: _write(env.client(wrong_secret)), UNAUTH, "invalid or revoked"),
+        ("unknown id", lambda: _write(env.client(unknown_id)), UNAUTH, "invalid or revoked"),
+        ("viewer writes", lambda: _write(env.viewer), DENIED, "role 'viewer'"),
+        ("sidecar on admin", lambda: _write(env.client(env.keys.sidecar)), DENIED, "sidecar"),
+        (
+            "viewer lists keys",
+            lambda: env.viewer.call("ListApiKeys", apb.ListApiKeysRequest()),
+            DENIED,
+            "viewer",
+        ),
+        (
+            "viewer creates a key",
+            lambda: env.viewer.call(
+                "CreateApiKey", apb.CreateApiKeyRequest(name="x", role="admin")
+            ),
+            DENIED,
+            "viewer",
+        ),
+    ]
+    for name, call, want, text in cases:
+        code, details = code_of(call)
+        assert (code, text in details) == (want, True), (name, code, details)
+        # The refusal never echoes a key.
+        assert env.keys.admin not in details and wrong_secret not in details
+    assert env.tenant("acme") == before
+    assert len(env.audit()) == audit_before
+    # The viewer still reads.
+    assert env.viewer.call("GetTenant", apb.GetTenantRequest(tenant_id="acme")) == before
+
+
+def test_revoked_keys_are_refused_from_the_next_call(env: Env) -> None:
+    viewer_id = env.keys.ids["viewer"]
+    assert env.viewer.list_tenants()
+    # Revoked by another process (the DB-direct CLI): the admin path checks
+    # the database on every call.
+    _revoke_db_direct(env.url, viewer_id)
+    code, details = code_of(lambda: env.viewer.list_tenants())
+    assert code == UNAUTH and "revoked" in details
+    # Revoke the admin key through the API with a second admin key.
+    other = env.admin.call("CreateApiKey", apb.CreateApiKeyRequest(name="ops2", role="admin"))
+    with AdminClient(env.target, other.secret) as second:
+        second.call("RevokeApiKey", apb.RevokeApiKeyRequest(key_id=env.keys.ids["admin"]))
+        code, _ = code_of(lambda: _write(env.admin))
+        assert code == UNAUTH
+        assert (
+            second.call("GetTenant", apb.GetTenantRequest(tenant_id="acme")).burst_tokens == 10_000
+        )
+
+
+def test_health_and_reflection_need_no_key(env: Env) -> None:
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(env.target))
+    for service in ("", "burstgate.v1.AdminService", "burstgate.v1.AdmissionService"):
+        r = health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("env", [{"admission_auth": True}], indirect=True)
+def test_admission_tokens(env: Env) -> None:
+    code, details = code_of(lambda: env.admit("acme", "r1"))
+    assert code == UNAUTH and "missing credentials" in details
+    code, details = code_of(lambda: env.admit("acme", "r1", key=env.keys.admin))
+    assert code == DENIED and "role 'admin'" in details
+    code, _ = code_of(lambda: env.admit("acme", "r1", key=env.keys.sidecar[:-2] + "zz"))
+    assert code == UNAUTH
+    ok = env.admit("acme", "r1", key=env.keys.sidecar)
+    assert ok.decision == pb.DECISION_ADMIT
+    # Streams are checked too.
+    stub = env.admission()
+    code, _ = code_of(lambda: list(stub.AdmitStream(iter([pb.AdmitBatch(batch_id=1)]))))
+    assert code == UNAUTH
+    streamed = list(
+        env.admission(env.keys.sidecar).AdmitStream(
+            iter(
+                [
+                    pb.AdmitBatch(
+                        batch_id=7, tenant_id=["acme"], request_id=["s1"],
+                        prompt_tokens=[10], max_tokens=[0],
+                    )
+                ]
+            )
+        )
+    )  # fmt: skip
+    assert [r.batch_id for r in streamed] == [7]
+    # None of the refused calls reached the service.
+    counts = env.srv.on_loop(lambda: dict(env.srv.plane.service.decision_counts))
+    assert sum(counts.values()) == 2
+    # A sidecar token revoked through the API is refused at once.
+    env.admin.call("RevokeApiKey", apb.RevokeApiKeyRequest(key_id=env.keys.ids["sidecar"]))
+    code, _ = code_of(lambda: env.admit("acme", "r2", key=env.keys.sidecar))
+    assert code == UNAUTH
+    # A new one, created through the API, works at once.
+    fresh = env.admin.call("CreateApiKey", apb.CreateApiKeyRequest(name="pool-b", role="sidecar"))
+    assert env.admit("acme", "r3", key=fresh.secret).decision == pb.DECISION_ADMIT

@@ -1,0 +1,148 @@
+"""`burstgate keys ...` (DB-direct) and `burstgate admin ...` (gRPC) against
+a running server: the operator session of the README, in-process for speed,
+plus one run of the real `burstgate` process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+from typer.testing import CliRunner
+
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.cli import app
+from tests.integration.admin.conftest import Env
+
+
+@pytest.fixture(autouse=True)
+def server_logs_elsewhere() -> Iterator[io.StringIO]:
+    """The server thread logs while CliRunner has swapped sys.stdout: send
+    its log lines to a buffer so that they do not mix with the CLI's output."""
+    buf = io.StringIO()
+    before = structlog.get_config()
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=buf))
+    yield buf
+    structlog.configure(**before)
+
+
+class Cli:
+    def __init__(self, env: Env, key: str) -> None:
+        self.runner = CliRunner()
+        self.env = env
+        self.vars = {"BURSTGATE_ADMIN_TARGET": env.target, "BURSTGATE_API_KEY": key}
+
+    def __call__(self, *args: str, code: int = 0, **env: str) -> Any:
+        result = self.runner.invoke(app, list(args), env=self.vars | env)
+        assert result.exit_code == code, (args, result.stdout, result.stderr, result.exception)
+        return result
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "--json").stdout)
+
+
+def test_operator_session(env: Env) -> None:
+    db = ("--database-url", env.url)
+    boot = CliRunner().invoke(app, ["keys", "create", "--role", "admin", "--name", "ops", *db])
+    assert boot.exit_code == 0, boot.stderr
+    key = boot.stdout.strip()
+    assert key.startswith("bgk_") and "shown only now" in boot.stderr
+    cli = Cli(env, key)
+
+    table = cli("admin", "tenant", "list").stdout.splitlines()
+    assert table[0].split()[:3] == ["tenant_id", "enabled", "token_rate"]
+    assert [line.split()[0] for line in table[1:]] == ["acme", "beta"]
+    assert [t["tenant_id"] for t in cli.json("admin", "tenant", "list")] == ["acme", "beta"]
+
+    out = cli("admin", "tenant", "add", "gamma", "--rate", "10", "--burst", "100",
+              "--hourly-quota", "5000").stdout  # fmt: skip
+    assert "tenant gamma added" in out
+    out = cli("admin", "limits", "set", "gamma", "--rate", "20", "--burst", "400",
+              "--hourly-quota", "unlimited").stdout  # fmt: skip
+    assert "token_rate=20, burst_tokens=400, hourly_quota=unlimited" in out
+    # The level is kept (100 of the old burst); it refills towards the new one.
+    assert env.admit("gamma", "r1", prompt=60).decision == pb.DECISION_ADMIT
+    shown = cli.json("admin", "tenant", "show", "gamma")
+    assert shown["tenant"]["burst_tokens"] == "400"  # int64 as JSON string (proto3 JSON)
+    assert "hourly_quota" not in shown["tenant"]
+    assert shown["state"]["in_flight_tokens"] == "60"
+    human = cli("admin", "tenant", "show", "gamma").stdout
+    assert "hourly_quota" in human and "unlimited" in human and "bucket_tokens" in human
+
+    cli("admin", "tenant", "update", "gamma", "--default-lane", "batch", "--shadow-mode")
+    assert cli.json("admin", "tenant", "show", "gamma")["tenant"]["default_lane"] == "batch"
+    assert "disabled" in cli("admin", "tenant", "disable", "gamma").stdout
+    assert env.admit("gamma", "r2").reason == pb.REASON_TENANT_DISABLED
+    cli("admin", "tenant", "enable", "gamma")
+
+    bad = cli("admin", "limits", "set", "gamma", "--burst", "0", code=2)
+    assert "INVALID_ARGUMENT: burst_tokens" in bad.stderr
+    assert "nothing to change" in cli("admin", "limits", "set", "gamma", code=2).stderr
+    assert "not an integer" in cli("admin", "limits", "set", "gamma", "--daily-quota", "lots",
+                                   code=2).stderr  # fmt: skip
+
+    audit = cli("admin", "audit", "list", "--target", "tenant:gamma").stdout.splitlines()
+    assert audit[0].split() == ["id", "time", "actor", "action", "target", "change"]
+    assert "tenant.enable" in audit[1] and "tenant.create" in audit[-1]
+    assert any("token_rate: 10 -> 20" in line for line in audit)
+    events = cli.json("admin", "audit", "list", "--limit", "2")
+    assert len(events) == 2 and events[0]["actor"].startswith("key:")
+
+    policy = cli.json("admin", "policy", "set", "bp_hard_threshold=0.9", "stale_policy=fail_closed")
+    assert policy["bp_hard_threshold"] == 0.9 and policy["stale_policy"] == "fail_closed"
+    assert "fail_closed" in cli("admin", "policy", "show").stdout
+    assert cli.json("admin", "policy", "reset", "bp_hard_threshold")["bp_hard_threshold"] == 0.85
+    assert "bp_alpha" in cli("admin", "policy", "set", "bp_alpha=0.9", code=2).stderr
+
+    assert "premium" in cli("admin", "lane", "list").stdout
+    assert "wait_target_ms=6000" in cli("admin", "lane", "set", "batch", "--wait-target-ms",
+                                         "6000").stdout  # fmt: skip
+    state = cli.json("admin", "state")
+    assert state["tenants"] == 3 and state["decisions"]
+    assert "decision" in cli("admin", "state").stdout
+
+    sidecar = cli("admin", "keys", "create", "--role", "sidecar", "--name", "pool-a")
+    sidecar_key = sidecar.stdout.strip()
+    sidecar_id = sidecar_key.split("_")[1]
+    assert "pool-a" in cli("admin", "keys", "list").stdout
+    assert f"key {sidecar_id} revoked" in cli("admin", "keys", "revoke", sidecar_id).stdout
+    listed = CliRunner().invoke(app, ["keys", "list", "--all", "--json", *db])
+    revoked = [k for k in json.loads(listed.stdout) if k["key_id"] == sidecar_id]
+    assert revoked and revoked[0]["revoked"]
+    out = cli("admin", "tenant", "delete", "gamma", code=2)
+    assert "FAILED_PRECONDITION" in out.stderr and "unsettled" in out.stderr
+    assert "deleted" in cli("admin", "tenant", "delete", "gamma", "--force").stdout
+
+    # Credentials: missing, wrong, revoked (DB-direct), viewer writing.
+    assert "no API key" in cli("admin", "tenant", "list", code=2, BURSTGATE_API_KEY="").stderr
+    wrong = cli("admin", "tenant", "list", code=2, BURSTGATE_API_KEY=key[:-3] + "xyz")
+    assert "UNAUTHENTICATED" in wrong.stderr
+    viewer = cli("admin", "tenant", "disable", "acme", code=2, BURSTGATE_API_KEY=env.keys.viewer)
+    assert "PERMISSION_DENIED" in viewer.stderr
+    ops_id = key.split("_")[1]
+    done = CliRunner().invoke(app, ["keys", "revoke", ops_id, *db])
+    assert done.exit_code == 0
+    assert "UNAUTHENTICATED" in cli("admin", "tenant", "list", code=2).stderr
+    bad_role = CliRunner().invoke(app, ["keys", "create", "--role", "root", "--name", "x", *db])
+    assert bad_role.exit_code == 2 and "role" in bad_role.stderr
+
+
+def test_the_real_command(env: Env) -> None:
+    run_env = {**os.environ, "BURSTGATE_ADMIN_TARGET": env.target}
+    boot = subprocess.run(
+        [sys.executable, "-m", "controlplane", "keys", "create", "--role", "viewer",
+         "--name", "proc", "--database-url", env.url],
+        capture_output=True, text=True, timeout=60, env=run_env, check=True,
+    )  # fmt: skip
+    run_env["BURSTGATE_API_KEY"] = boot.stdout.strip()
+    listed = subprocess.run(
+        [sys.executable, "-m", "controlplane", "admin", "tenant", "list"],
+        capture_output=True, text=True, timeout=60, env=run_env, check=True,
+    )  # fmt: skip
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == ["acme", "beta"]

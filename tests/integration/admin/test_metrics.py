@@ -1,0 +1,108 @@
+"""/metrics scraped and parsed; values move as decisions are made."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from google.protobuf.field_mask_pb2 import FieldMask
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane._proto.burstgate.v1 import admin_pb2 as apb
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from tests.integration.admin.conftest import Env, code_of
+
+METRICS = {"metrics_port": 0, "metrics_sample_s": 0.05, "metrics_tenant_label_limit": 2}
+
+
+def scrape(env: Env) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    port = env.srv.plane.metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(m: dict[Any, float], name: str, **labels: str) -> float:
+    return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for(env: Env, check: Any) -> dict[Any, float]:
+    """Scrape until ``check(metrics)`` holds (the sampler runs every 50 ms)."""
+    deadline = time.monotonic() + 10
+    while True:
+        m = scrape(env)
+        if check(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("env", [METRICS], indirect=True)
+def test_metrics_move_with_decisions(env: Env) -> None:
+    m0 = scrape(env)
+    assert value(m0, "burstgate_fastpath_info", implementation=env.srv.plane.service.implementation)
+    assert value(m0, "burstgate_config_reloads_total") >= 1
+    assert value(m0, "burstgate_config_reload_failures_total") == 0
+    for i in range(5):
+        assert env.admit("acme", f"r{i}", prompt=500).decision == pb.DECISION_ADMIT
+    assert env.admit("beta", "huge", prompt=9000).reason == pb.REASON_MAX_TOKENS
+    env.admission().Complete(
+        pb.CompleteRequest(tenant_id="acme", request_id="r0", prompt_tokens=500)
+    )
+    env.admission().ReportLoad(
+        pb.LoadReport(
+            pool="a100", engine_id="e1", batch_tokens=900, max_batch_tokens=1000,
+            queue_depth=50, queue_capacity=100, kv_cache_miss_rate=0.5, gpu_utilization=0.9,
+        )
+    )  # fmt: skip
+    code_of(lambda: env.client("bgk_nope_nope").list_tenants())
+    m = wait_for(env, lambda m: value(m, "burstgate_inflight_tokens") == 2000)
+    assert value(m, "burstgate_decisions_total", decision="admit", reason="ok") == 5
+    assert value(m, "burstgate_decisions_total", decision="reject", reason="max_tokens") == 1
+    assert value(m, "burstgate_decision_duration_seconds_count", method="Admit") == 6
+    sub_ms = value(m, "burstgate_decision_duration_seconds_bucket", method="Admit", le="0.001")
+    assert 0 <= sub_ms <= 6
+    assert value(m, "burstgate_decision_duration_seconds_sum", method="Admit") > 0
+    handled = "burstgate_grpc_server_handled_total"
+    svc = "burstgate.v1.AdmissionService"
+    assert value(m, handled, service=svc, method="Admit", code="OK") == 6
+    assert value(m, handled, service=svc, method="Complete", code="OK") == 1
+    assert value(m, "burstgate_auth_failures_total", reason="invalid") == 1
+    assert value(m, "burstgate_inflight_requests") == 4
+    assert value(m, "burstgate_tenants") == 2
+    assert value(m, "burstgate_pool_engines_reporting", pool="a100") == 1
+    assert 0.5 < value(m, "burstgate_pool_backpressure_score", pool="a100") <= 1
+    assert value(m, "burstgate_pool_pricing_multiplier", pool="a100") == 1.0
+    assert value(m, "burstgate_open_reservations") == 4
+    # Per-tenant series while the tenant count is within the limit (2).
+    assert value(m, "burstgate_tenant_inflight_tokens", tenant="acme") == 2000
+    assert value(m, "burstgate_tenant_hourly_used_tokens", tenant="acme") == 2500
+    # An admin change counts a reload and the admin RPC.
+    env.admin.call(
+        "UpdateTenant",
+        apb.UpdateTenantRequest(
+            tenant=apb.Tenant(tenant_id="acme", burst_tokens=20_000),
+            update_mask=FieldMask(paths=["burst_tokens"]),
+        ),
+    )
+    env.admin.call(
+        "CreateTenant",
+        apb.CreateTenantRequest(
+            tenant=apb.Tenant(tenant_id="gamma", token_rate="1", burst_tokens=1)
+        ),
+    )
+    m2 = wait_for(env, lambda m: value(m, "burstgate_tenants") == 3)
+    assert (
+        value(m2, "burstgate_config_reloads_total")
+        == value(m, "burstgate_config_reloads_total") + 2
+    )
+    adm = "burstgate.v1.AdminService"
+    assert value(m2, handled, service=adm, method="UpdateTenant", code="OK") == 1
+    assert value(m2, handled, service=adm, method="ListTenants", code="UNAUTHENTICATED") == 1
+    # Three tenants > the limit of 2: the tenant label is dropped.
+    assert not [k for k in m2 if k[0].startswith("burstgate_tenant_")]

@@ -1,0 +1,137 @@
+"""Burst shaping over real gRPC: many concurrent waiting Admit calls,
+cancellation, deadlines and backpressure, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from typing import Any
+
+import grpc
+import pytest
+
+from controlplane.client import AdmissionClient, pb
+from controlplane.domain import TenantConfig
+from controlplane.store.db import make_engine
+from controlplane.store.repo import ConfigRepository
+
+
+def add_tenants(url: str, *tenants: TenantConfig) -> None:
+    repo = ConfigRepository(make_engine(url))
+    for t in tenants:
+        repo.add_tenant(t)
+    repo.engine.dispose()
+
+
+def wait_until(cond: Callable[[], bool], what: str) -> None:
+    for _ in range(800):  # bounded: at most ~20 s on a loaded machine
+        if cond():
+            return
+        time.sleep(0.025)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_many_waiting_calls_are_admitted_as_slots_free(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    add_tenants(
+        migrated_url,
+        TenantConfig(tenant_id="acme", token_rate=Decimal(10**6), burst_tokens=10**9,
+                     max_concurrency=4, max_queued=500, max_wait_ms=60_000),
+    )  # fmt: skip
+    srv = make_server(migrated_url)
+    n = 60
+    results: list[Any] = [None] * n
+
+    def call(i: int) -> None:
+        with AdmissionClient(srv.target, timeout=60) as c:
+            results[i] = c.admit("acme", f"r{i}", prompt_tokens=10, max_tokens=10, lane="batch")
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(call, i) for i in range(n)]
+        settled: set[int] = set()
+        with AdmissionClient(srv.target) as sidecar:
+            # act as the engine: finish whatever is admitted, freeing slots
+            while len(settled) < n:
+                wait_until(
+                    lambda: any(r is not None and i not in settled for i, r in enumerate(results)),
+                    "an admitted request to settle",
+                )
+                for i, r in enumerate(results):
+                    if r is not None and i not in settled:
+                        assert r.decision == pb.DECISION_ADMIT, r
+                        sidecar.complete("acme", f"r{i}", prompt_tokens=10, generated_tokens=5)
+                        settled.add(i)
+        for f in futures:
+            f.result()
+    waited = [r for r in results if r.queue_wait.ToNanoseconds() > 0]
+    assert len(waited) >= n - 4  # all but the first few had to wait
+    assert srv.on_loop(lambda: srv.plane.service.waiting) == 0
+    assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 0
+
+
+def test_cancelled_call_leaves_the_queue(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    add_tenants(
+        migrated_url,
+        TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6,
+                     max_concurrency=1, max_wait_ms=60_000),
+    )  # fmt: skip
+    srv = make_server(migrated_url)
+    with AdmissionClient(srv.target) as c:
+        assert c.admit("acme", "hold", prompt_tokens=1, max_tokens=1).decision == pb.DECISION_ADMIT
+        fut = c.stub.Admit.future(
+            pb.AdmitRequest(tenant_id="acme", request_id="w", prompt_tokens=1, max_tokens=1,
+                            lane="batch"),
+            timeout=60,
+        )  # fmt: skip
+        wait_until(lambda: srv.on_loop(lambda: srv.plane.service.waiting) == 1, "the call to queue")
+        fut.cancel()
+        wait_until(
+            lambda: srv.on_loop(lambda: srv.plane.service.waiting) == 0, "the queue to empty"
+        )
+        with pytest.raises(grpc.FutureCancelledError):
+            fut.result()
+        c.complete("acme", "hold", prompt_tokens=1, generated_tokens=1)
+        assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 0
+
+
+def test_deadline_is_answered_with_queue_timeout_before_it_passes(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    add_tenants(
+        migrated_url,
+        TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6,
+                     max_concurrency=1),
+    )  # fmt: skip
+    srv = make_server(migrated_url)
+    with AdmissionClient(srv.target, timeout=1.0) as c:
+        c.admit("acme", "hold", prompt_tokens=1, max_tokens=1)
+        # batch lane would wait 5 s; the call's own 1 s deadline wins
+        d = c.admit("acme", "w", prompt_tokens=1, max_tokens=1, lane="batch")
+        assert d.reason == pb.REASON_QUEUE_TIMEOUT
+        assert 0 < d.queue_wait.ToNanoseconds() < 1_000_000_000
+    assert srv.on_loop(lambda: srv.plane.service.waiting) == 0
+
+
+def test_backpressure_over_grpc(migrated_url: str, make_server: Callable[..., Any]) -> None:
+    add_tenants(
+        migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
+    )
+    srv = make_server(migrated_url)
+    with AdmissionClient(srv.target) as c:
+        c.report_load(pb.LoadReport(pool="gpu-a", engine_id="e0", batch_tokens=8000,
+                                    max_batch_tokens=8000, queue_depth=100, queue_capacity=100,
+                                    kv_cache_miss_rate=0.9, gpu_utilization=0.99))  # fmt: skip
+        d = c.admit("acme", "s", prompt_tokens=10, max_tokens=10, lane="standard", pool="gpu-a")
+        assert d.decision == pb.DECISION_REJECT and d.reason == pb.REASON_BACKPRESSURE
+        assert d.pressure.score == pytest.approx(0.97)
+        assert d.pressure.freshness == pb.POOL_FRESHNESS_FRESH
+        assert d.retry_after.ToNanoseconds() > 0
+        p = c.admit("acme", "p", prompt_tokens=10, max_tokens=10, lane="premium", pool="gpu-a")
+        assert p.decision == pb.DECISION_ADMIT
+        assert not p.degradation.active  # premium is not degradable
+        assert p.HasField("pressure")

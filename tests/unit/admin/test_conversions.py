@@ -1,0 +1,98 @@
+"""protobuf <-> domain conversions of the admin servicer, and the policy
+setting parser: no I/O."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from controlplane._proto.burstgate.v1 import admin_pb2 as apb
+from controlplane.admin.live import spec_score
+from controlplane.admin.servicer import (
+    _field_value,
+    _mask,
+    json_value,
+    policy_to_pb,
+    tenant_from_pb,
+    tenant_to_pb,
+)
+from controlplane.admin.store import TenantRecord, decode_page_token, encode_page_token, to_json
+from controlplane.domain import LoadSample, TenantConfig
+from controlplane.errors import InvalidArgument
+from controlplane.policy import Policy
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def test_tenant_round_trip_keeps_unset_limits_unlimited() -> None:
+    cfg = TenantConfig(
+        tenant_id="acme",
+        token_rate=Decimal("12.5"),
+        burst_tokens=1000,
+        hourly_quota=5000,
+        fallback_model="small",
+        default_lane="batch",
+        demote_long_requests=False,
+    )
+    msg = tenant_to_pb(TenantRecord(cfg, NOW, NOW))
+    assert msg.token_rate == "12.5"
+    assert msg.HasField("hourly_quota") and not msg.HasField("daily_quota")
+    assert tenant_from_pb(msg) == cfg
+    whole = tenant_to_pb(TenantRecord(TenantConfig("b", Decimal("2000.000"), 5), NOW, NOW))
+    assert whole.token_rate == "2000"
+
+
+def test_create_defaults_and_field_errors() -> None:
+    cfg = tenant_from_pb(apb.Tenant(tenant_id="x", token_rate="5", burst_tokens=10))
+    assert cfg.enabled and cfg.demote_long_requests and cfg.default_lane == "standard"
+    with pytest.raises(InvalidArgument, match=r"^token_rate"):
+        tenant_from_pb(apb.Tenant(tenant_id="x", burst_tokens=10))
+    with pytest.raises(InvalidArgument, match=r"^token_rate: not a decimal"):
+        tenant_from_pb(apb.Tenant(tenant_id="x", token_rate="fast", burst_tokens=10))
+    with pytest.raises(InvalidArgument, match=r"^enabled"):
+        _field_value(apb.Tenant(), "enabled")
+    assert _field_value(apb.Tenant(), "hourly_quota") is None  # named + unset = unlimited
+
+
+def test_update_mask_is_required_and_checked() -> None:
+    allowed = frozenset({"burst_tokens", "token_rate"})
+    with pytest.raises(InvalidArgument, match=r"^update_mask: required"):
+        _mask([], allowed, "Tenant")
+    with pytest.raises(InvalidArgument, match="'tenant_id' cannot be changed"):
+        _mask(["tenant_id"], allowed, "Tenant")
+    assert _mask(["burst_tokens", "burst_tokens"], allowed, "Tenant") == ["burst_tokens"]
+
+
+def test_policy_values_and_view() -> None:
+    assert json_value("k", "0.9") == 0.9
+    assert json_value("k", "true") is True
+    assert json_value("k", "fail_closed") == "fail_closed"
+    with pytest.raises(InvalidArgument, match=r"^k: not a JSON value"):
+        json_value("k", "{oops")
+    view = policy_to_pb(Policy(), {"bp_hard_threshold": 0.9})
+    by_key = {s.key: s for s in view.settings}
+    assert json.loads(by_key["bp_hard_threshold"].value_json) == 0.9
+    assert json.loads(by_key["bp_hard_threshold"].default_json) == 0.85
+    assert by_key["bp_hard_threshold"].overridden and not by_key["bp_alpha"].overridden
+
+
+def test_page_tokens_and_audit_json() -> None:
+    assert decode_page_token(encode_page_token("acme")) == "acme"
+    with pytest.raises(InvalidArgument, match=r"^page_token"):
+        decode_page_token("%%%")
+    assert to_json({"token_rate": Decimal("1.5"), "at": NOW}) == (
+        '{"at": "2026-11-29T12:00:00+00:00", "token_rate": "1.5"}'
+    )
+    assert to_json(None) is None
+
+
+def test_spec_backpressure_score() -> None:
+    def sample(bt: int, qd: int, miss: float) -> LoadSample:
+        return LoadSample("p", "e", bt, 1000, qd, 100, miss, 0.5, 0)
+
+    assert spec_score([], Policy()) == 0.0
+    # 0.4 * 0.5 + 0.3 * 0.2 + 0.3 * 0.1
+    assert spec_score([sample(500, 20, 0.1)], Policy()) == pytest.approx(0.29)
