@@ -72,7 +72,7 @@ def columns() -> int:
     res = pb.AdmitBatchResult(
         batch_id=b.batch_id,
         decision=[pb.DECISION_ADMIT] * n,
-        reason=[0] * n,
+        reason=[pb.REASON_UNSPECIFIED] * n,
         retry_after_ms=[0] * n,
         reserved_tokens=reserved,
         reservation_id=range(1, n + 1),
