@@ -50,6 +50,8 @@ log = structlog.get_logger("burstgate.server")
 ADMISSION_SERVICE = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 LEDGER_SERVICE = ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
+NS_PER_HOUR = 3_600_000_000_000
+NS_PER_DAY = 24 * NS_PER_HOUR
 # How often open reservations are checked against the TTL.
 EXPIRY_INTERVAL_S = 0.5
 
@@ -214,6 +216,7 @@ class ControlPlane:
         self.live.sample()
         if self.metering is not None:
             await self.metering.start()  # replays the spool before serving
+            await self._restore_quota_usage()
         address = f"{self.settings.host}:{self.settings.port}"
         self._server, self.port, self._health = create_server(
             self.service,
@@ -291,6 +294,25 @@ class ControlPlane:
         if self.metering is not None:
             await self.metering.stop()  # writes (or spools) what is queued
         self.engine.dispose()
+
+    async def _restore_quota_usage(self) -> None:
+        """Quota counters live in memory; after a restart, count what the
+        ledger holds for the current UTC hour and day (by settlement time)."""
+        assert self.metering is not None
+        store = self.metering.store
+        now = self.service.clock()
+        hour_start = now - now % NS_PER_HOUR
+        day_start = now - now % NS_PER_DAY
+        try:
+            hour, day = await asyncio.to_thread(
+                lambda: (store.tokens_since(hour_start), store.tokens_since(day_start))
+            )
+        except Exception as exc:  # database down: start with empty counters
+            log.warning("quota usage not restored from the ledger", error=str(exc))
+            return
+        restored = self.service.restore_usage(hour, day)
+        if restored:
+            log.info("quota usage restored from the ledger", tenants=restored)
 
     def _ledger_health(self, ok: bool) -> None:
         """Ledger health (issue 4): NOT_SERVING while records are spooled

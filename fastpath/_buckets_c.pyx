@@ -31,6 +31,7 @@ cdef extern from *:
     #define BG_MAX_SLOTS 1048576LL
     #define BG_RETRY_AFTER_NS_MAX 9223372036854775807LL
     #define BG_MAX_GLOBAL_INFLIGHT_TOKENS 1000000000000000LL
+    #define BG_MAX_USAGE_TOKENS 1000000000000000LL
     /* whole seconds of a wait that still fit in int64 with the sub-second part added */
     #define BG_WAIT_S_MAX ((BG_RETRY_AFTER_NS_MAX - BG_NS_PER_S) / BG_NS_PER_S)
     """
@@ -45,6 +46,7 @@ cdef extern from *:
     int64_t BG_MAX_SLOTS
     int64_t BG_RETRY_AFTER_NS_MAX
     int64_t BG_MAX_GLOBAL_INFLIGHT_TOKENS
+    int64_t BG_MAX_USAGE_TOKENS
     int64_t BG_WAIT_S_MAX
 
 # fastpath.codes.Reason values the fastpath can return.
@@ -72,6 +74,7 @@ def _c_constants():
         "MAX_SLOTS": BG_MAX_SLOTS,
         "RETRY_AFTER_NS_MAX": BG_RETRY_AFTER_NS_MAX,
         "MAX_GLOBAL_INFLIGHT_TOKENS": BG_MAX_GLOBAL_INFLIGHT_TOKENS,
+        "MAX_USAGE_TOKENS": BG_MAX_USAGE_TOKENS,
         "OK": R_OK,
         "TOKEN_RATE": R_TOKEN_RATE,
         "HOURLY_QUOTA": R_HOURLY_QUOTA,
@@ -554,6 +557,25 @@ cdef class TokenBucketTable:
         s = self._get(c_slot)
         _refill(s, c_now)
         self._finish(s, c_reserved)
+
+    def add_usage(self, slot, now_ns, hour_tokens, day_tokens):
+        """Count tokens already used in the current UTC hour and day (restoring the
+        quota counters from the ledger at start): roll the windows to ``now_ns``,
+        then add. Touches nothing else."""
+        cdef int64_t c_slot = _i64(slot)
+        cdef int64_t c_now = _i64(now_ns)
+        cdef int64_t c_hour = _i64(hour_tokens)
+        cdef int64_t c_day = _i64(day_tokens)
+        cdef BucketSlot* s
+        _check_now("now_ns", c_now)
+        if not 0 <= c_hour <= BG_MAX_USAGE_TOKENS:
+            raise ValueError(f"hour_tokens must be in [0, {BG_MAX_USAGE_TOKENS}], got {c_hour}")
+        if not 0 <= c_day <= BG_MAX_USAGE_TOKENS:
+            raise ValueError(f"day_tokens must be in [0, {BG_MAX_USAGE_TOKENS}], got {c_day}")
+        s = self._get(c_slot)
+        _roll_windows(s, c_now)
+        s.hour_used += c_hour
+        s.day_used += c_day
 
     def level_mtok(self, slot, now_ns):
         """Bucket level in mtok after refilling to ``now_ns`` (negative while in debt)."""

@@ -24,6 +24,7 @@ from fastpath.codes import (
     MAX_RATE_MTOK_PER_S,
     MAX_REQUEST_TOKENS,
     MAX_SLOTS,
+    MAX_USAGE_TOKENS,
     MTOK_PER_TOKEN,
     NS_PER_DAY,
     NS_PER_HOUR,
@@ -598,6 +599,23 @@ class TokenBucketTable:
         dec = reserved_tokens if reserved_tokens < s.inflight_tokens else s.inflight_tokens
         s.inflight_tokens -= dec
         self._total_inflight_tokens -= dec
+
+    def add_usage(self, slot: int, now_ns: int, hour_tokens: int, day_tokens: int) -> None:
+        """Count tokens already used in the current UTC hour and day (restoring the
+        quota counters from the ledger at start): roll the windows to ``now_ns``,
+        then add. Touches nothing else."""
+        slot = _i64(slot)
+        now_ns = _i64(now_ns)
+        hour_tokens = _i64(hour_tokens)
+        day_tokens = _i64(day_tokens)
+        _check_now("now_ns", now_ns)
+        for name, value in (("hour_tokens", hour_tokens), ("day_tokens", day_tokens)):
+            if not 0 <= value <= MAX_USAGE_TOKENS:
+                raise ValueError(f"{name} must be in [0, {MAX_USAGE_TOKENS}], got {value}")
+        s = self._get(slot)
+        _roll_windows(s, now_ns)
+        s.hour_used += hour_tokens
+        s.day_used += day_tokens
 
     def level_mtok(self, slot: int, now_ns: int) -> int:
         """Bucket level in mtok after refilling to ``now_ns`` (negative while in debt)."""

@@ -15,6 +15,7 @@ __all__ = [
     "MAX_BURST_MTOK",
     "MAX_FLOWS",
     "MAX_GLOBAL_INFLIGHT_TOKENS",
+    "MAX_USAGE_TOKENS",
     "MAX_NOW_NS",
     "MAX_RATE_MTOK_PER_S",
     "MAX_REQUEST_TOKENS",
@@ -72,6 +73,9 @@ RETRY_AFTER_NS_MAX: Final = 2**63 - 1  # a wait beyond int64 ns (292 years) satu
 # 1e15 tokens is 1e8 maximal requests in flight at once, far beyond what any fleet's KV
 # caches hold, so a larger value is a unit mistake rather than a setting.
 MAX_GLOBAL_INFLIGHT_TOKENS: Final = 10**15
+# Cap on quota usage restored at start (add_usage): the same bound, for the same reason;
+# hour/day counters stay far below 2**63 however often it is called in one window.
+MAX_USAGE_TOKENS: Final = 10**15
 
 # Scheduling (fastpath/_sched_*): ratios are integer parts per million.
 PPM: Final = 1_000_000  # 1.0

@@ -124,6 +124,8 @@ class ServerThread:
         return fut.result(timeout=30)
 
     def stop(self) -> None:
+        if self.loop.is_closed():  # stopped already (a test restarting a server)
+            return
         self._run(self.plane.stop(0))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)

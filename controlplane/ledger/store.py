@@ -356,6 +356,17 @@ class LedgerStore:
                 for t, cur, n, u, a in c.execute(q)
             ]
 
+    def tokens_since(self, since_ns: int) -> dict[str, int]:
+        """Tokens (prompt + output) settled per tenant since ``since_ns``: what
+        the quota counters are restored from at start."""
+        q = (
+            select(LEDGER.c.tenant_id, func.sum(LEDGER.c.prompt_tokens + LEDGER.c.output_tokens))
+            .where(LEDGER.c.settled_ns >= since_ns)
+            .group_by(LEDGER.c.tenant_id)
+        )
+        with self.engine.connect() as c:
+            return {t: int(n or 0) for t, n in c.execute(q)}
+
     def record_margin_warnings(self, warnings: Sequence[MarginWarning]) -> None:
         if not warnings:
             return

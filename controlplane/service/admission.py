@@ -276,6 +276,22 @@ class AdmissionService:
         self._watermark_blocked = False
         self._dispatch(now)
 
+    def restore_usage(self, hour_tokens: dict[str, int], day_tokens: dict[str, int]) -> int:
+        """Add tokens already used in the current UTC hour and day (from the
+        ledger, at start) to the tenants' quota counters; returns how many
+        tenants were restored. Unknown tenant ids are ignored."""
+        now = self.clock()
+        restored = 0
+        for tenant_id in set(hour_tokens) | set(day_tokens):
+            entry = self._tenants.get(tenant_id)
+            if entry is None:
+                continue
+            self._table.add_usage(
+                entry.slot, now, hour_tokens.get(tenant_id, 0), day_tokens.get(tenant_id, 0)
+            )
+            restored += 1
+        return restored
+
     @property
     def lanes(self) -> dict[str, LaneConfig]:
         return dict(self._lanes)

@@ -798,3 +798,20 @@ def test_charge_validates_like_admit(impl: ModuleType) -> None:
         with pytest.raises(error):
             table.charge(*args)
     assert table.snapshot(0) == before
+
+
+def test_add_usage_restores_quota_counters_in_the_current_windows(impl: Any) -> None:
+    hour = 3_600_000_000_000
+    t = impl.TokenBucketTable()
+    now = 1_000 * hour + 5
+    t.configure(0, now, 1000, 10_000_000, 5000, 20_000, 0, 0)
+    t.add_usage(0, now, 4000, 15_000)
+    snap = t.snapshot(0)
+    assert (snap["hour_used"], snap["day_used"]) == (4000, 15_000)
+    assert snap["level_mtok"] == 10_000_000 and snap["inflight"] == 0  # nothing else moved
+    assert t.admit(0, now, 1500, 0)[0] == 2  # HOURLY_QUOTA: 4000 + 1500 > 5000
+    assert t.admit(0, now + hour, 1500, 0)[0] == 0  # next hour: the hour counter rolled
+    with pytest.raises(ValueError, match="hour_tokens"):
+        t.add_usage(0, now, -1, 0)
+    with pytest.raises(ValueError, match="day_tokens"):
+        t.add_usage(0, now, 0, 10**15 + 1)

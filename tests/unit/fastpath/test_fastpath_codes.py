@@ -80,7 +80,7 @@ def test_compiled_constants_match_codes(both: tuple[ModuleType, ModuleType]) -> 
     names = (
         "NS_PER_S", "NS_PER_HOUR", "NS_PER_DAY", "MTOK_PER_TOKEN", "MAX_RATE_MTOK_PER_S",
         "MAX_BURST_MTOK", "MAX_REQUEST_TOKENS", "MAX_NOW_NS", "MAX_SLOTS",
-        "RETRY_AFTER_NS_MAX", "MAX_GLOBAL_INFLIGHT_TOKENS",
+        "RETRY_AFTER_NS_MAX", "MAX_GLOBAL_INFLIGHT_TOKENS", "MAX_USAGE_TOKENS",
     )  # fmt: skip
     produced = [r for r in Reason if r <= Reason.MAX_TOKENS or r == Reason.GLOBAL_WATERMARK]
     expected = {name: getattr(codes, name) for name in names} | {r.name: r.value for r in produced}
