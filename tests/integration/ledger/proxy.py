@@ -51,7 +51,7 @@ class TcpProxy:
                     if not data:
                         return
                     (b if s is a else a).sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: select() on a socket cut() closed
             return
         finally:
             for s in socks:
