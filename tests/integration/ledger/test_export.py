@@ -215,7 +215,7 @@ def test_export_over_grpc_streams_file_then_manifest(served: Served, clock: Any)
 def test_parquet_export(served: Served, clock: Any, tmp_path: Path) -> None:
     # the parquet extra is part of `make test`'s install: a missing pyarrow
     # fails here rather than skipping
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     c = served.client
     start = clock()
