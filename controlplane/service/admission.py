@@ -595,6 +595,15 @@ class AdmissionService:
             or q.per_lane[lane_idx] >= lane_limit
             or q.per_tenant.get(entry.slot, 0) >= tenant_limit
         ):
+            if first_try is None:
+                # Full queues only refuse what would have to wait: a request
+                # that fits now is admitted (nobody it passes could use it).
+                rec, waitable = self._decide(
+                    key, entry, lane, prompt, max_tokens, model, pool, now, now
+                )
+                if not waitable:
+                    self._store(key, rec)
+                    return self._decision(key, rec, duplicate=False)
             retry = lane_cfg.wait_target_ms * NS_PER_MS
             rec = self._refusal(key, entry.slot, now, Reason.QUEUE_FULL, retry, lane)
             self._count(rec)
@@ -707,11 +716,22 @@ class AdmissionService:
         self._dispatch(now)
 
     def cancel(self, w: Waiter) -> None:
-        """The caller went away: leave the queue at once (nothing is remembered)."""
+        """The caller went away: leave the queue at once (nothing is
+        remembered). If it was admitted in the same moment but never learned
+        it, the reservation is released: nobody will run or settle it."""
+        now = self.clock()
         if not w.done:
             self._queues.remove(w)
-            self.cancelled_total += 1
-            self._dispatch(self.clock())
+        elif isinstance(w.result, AdmitDecision) and w.result.decision == Decision.ADMIT:
+            rec = self._log.drop_open(w.key)
+            if rec is None:
+                return  # settled or expired meanwhile: nothing to give back
+            self._table.release(rec[R.SLOT], now, rec[R.RESERVED])
+            self._slot_freed(rec[R.SLOT])
+        else:
+            return  # it had its answer (a refusal): nothing to undo
+        self.cancelled_total += 1
+        self._dispatch(now)
 
     def next_wakeup_ns(self) -> int | None:
         """When time alone may change something for the waiters: the next

@@ -59,8 +59,10 @@ class RequestLog:
 
     def __init__(self, ttl_ns: int, replay_ns: int) -> None:
         self.records: dict[Key, Record] = {}
-        self._admitted: deque[tuple[int, list[Key]]] = deque()
-        self._rejected: deque[tuple[int, list[Key]]] = deque()
+        # Entries are tuples of strings and ints, never lists: CPython stops
+        # tracking such tuples in the GC, lists it tracks forever.
+        self._admitted: deque[tuple[int, tuple[Key, ...]]] = deque()
+        self._rejected: deque[tuple[int, tuple[Key, ...]]] = deque()
         self._ttl_ns = ttl_ns
         self._replay_ns = replay_ns
         self.open_count = 0
@@ -84,28 +86,38 @@ class RequestLog:
 
     def add_admitted(self, key: Key, rec: Record) -> None:
         self.records[key] = rec
-        self._admitted.append((rec[DECIDED_NS], [key]))
+        self._admitted.append((rec[DECIDED_NS], (key,)))
         self.open_count += 1
 
     def add_rejected(self, key: Key, rec: Record) -> None:
         if self._replay_ns > 0:
             self.records[key] = rec
-            self._rejected.append((rec[DECIDED_NS], [key]))
+            self._rejected.append((rec[DECIDED_NS], (key,)))
 
     def note_batch(self, now: int, admitted: list[Key], rejected: list[Key]) -> None:
         """Queue the expiry of records a batch stored in ``records`` itself
         (all decided at ``now``)."""
         if admitted:
-            self._admitted.append((now, admitted))
+            self._admitted.append((now, tuple(admitted)))
             self.open_count += len(admitted)
         if rejected:
-            self._rejected.append((now, rejected))
+            self._rejected.append((now, tuple(rejected)))
 
     def settle(self, key: Key, rec: Record, actual: int, refunded: int) -> Record:
         settled = (SETTLED, *rec[1:ACTUAL], actual, refunded, *rec[REFUNDED + 1 :])
         self.records[key] = settled
         self.open_count -= 1
         return settled
+
+    def drop_open(self, key: Key) -> Record | None:
+        """Forget an admitted, unsettled record (its caller went away before
+        learning of it); returns it so the caller can release the slot."""
+        rec = self.records.get(key)
+        if rec is None or rec[STATE] != OPEN:
+            return None
+        del self.records[key]
+        self.open_count -= 1
+        return rec
 
     def expire(self, now: int) -> list[Record]:
         """Forget records past their window; return the admitted ones whose

@@ -426,3 +426,33 @@ def test_queue_metrics_count_waits_cancellations_and_shadow(make_service: Any, c
     assert got[("burstgate_queue_cancelled_total", ())] == 1
     assert got[("burstgate_queue_waiting", (("lane", "standard"),))] == 0
     assert got[("burstgate_shadow_refusals_total", (("reason", "max_tokens"),))] == 1
+
+
+def test_cancel_after_admission_releases_the_reservation(make_service: Any) -> None:
+    # The slot frees and the caller goes away in the same moment: the waiter
+    # was admitted, but nobody will ever run or settle it.
+    svc = make_service(tenant(max_concurrency=1))
+    svc.admit_or_wait("acme", "a", "", 10, 10)
+    w = waiting(svc.admit_or_wait("acme", "b", "", 10, 10))
+    svc.complete("acme", "a", 0, 10, 5)
+    assert w.done and w.result.decision == Decision.ADMIT
+    svc.cancel(w)
+    assert svc.open_reservations == 0
+    assert svc.tenant_state("acme")["inflight"] == 0
+    assert svc.cancelled_total == 1
+    again = decided(svc.admit_or_wait("acme", "b", "", 10, 10))
+    assert again.decision == Decision.ADMIT and not again.duplicate
+
+
+def test_full_queues_still_admit_what_fits_now(make_service: Any) -> None:
+    svc = make_service(
+        tenant("blocked", max_concurrency=1, max_queued=100),
+        tenant("free"),
+        policy=Policy(queue_limit=3),
+    )
+    svc.admit_or_wait("blocked", "r0", "batch", 10, 10)
+    for i in range(1, 4):
+        waiting(svc.admit_or_wait("blocked", f"r{i}", "batch", 10, 10))
+    assert decided(svc.admit_or_wait("free", "f", "standard", 10, 10)).decision == Decision.ADMIT
+    full = decided(svc.admit_or_wait("blocked", "r4", "batch", 10, 10))
+    assert full.reason == Reason.QUEUE_FULL
