@@ -62,10 +62,16 @@ def prebuilt_response() -> pb.AdmitResponse:
 
 
 class EmptyAdmissionServicer(pb_grpc.AdmissionServiceServicer):
-    """Answers without deciding. Takes (and ignores) the service argument so
-    it can stand in for ``controlplane.rpc.admission.AdmissionServicer``."""
+    """Answers without deciding. Takes (and ignores) the service and waiting
+    arguments so it can stand in for
+    ``controlplane.rpc.admission.AdmissionServicer``."""
 
-    def __init__(self, _service: object = None, batch_sizes: Sequence[int] = (100, 1000)) -> None:
+    def __init__(
+        self,
+        _service: object = None,
+        _waiting: object = None,
+        batch_sizes: Sequence[int] = (100, 1000),
+    ) -> None:
         self._response = prebuilt_response()
         self._results: dict[int, pb.AdmitBatchResult] = {n: prebuilt_result(n) for n in batch_sizes}
 

@@ -112,7 +112,12 @@ async def _serve(mode: str, db_url: str, ttl_s: float | None, conn: Connection) 
     from controlplane.settings import Settings
 
     overrides: dict[str, Any] = {} if ttl_s is None else {"reservation_ttl_s": ttl_s}
-    settings = Settings(database_url=db_url, host="127.0.0.1", port=0, metrics_port=-1, **overrides)
+    # Sidecar tokens off: this measures admission, not authentication
+    # (docs/operating.md has the auth cost).
+    settings = Settings(
+        database_url=db_url, host="127.0.0.1", port=0, metrics_port=-1, admission_auth=False,
+        **overrides,
+    )  # fmt: skip
     gc_timer = _GcTimer()
     gc.callbacks.append(gc_timer)
     plane: ControlPlane | None = None

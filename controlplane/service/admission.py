@@ -611,9 +611,15 @@ class AdmissionService:
         w = Waiter(key, entry.slot, lane, lane_idx, prompt, max_tokens, model, pool, now, deadline,
                    q.next_seq())  # fmt: skip
         q.add(w)
-        if first_try is not None:
-            self._block(w, first_try, now)
-        self._dispatch(now)
+        try:
+            if first_try is not None:
+                self._block(w, first_try, now)
+            self._dispatch(now)
+        except BaseException:
+            # The call fails; its waiter must not stay behind in the queue.
+            if not w.done:
+                q.remove(w)
+            raise
         if w.done:
             assert isinstance(w.result, AdmitDecision)
             return w.result

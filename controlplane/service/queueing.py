@@ -94,6 +94,9 @@ class WaitQueues:
         self._deadlines: list[tuple[int, int, Waiter]] = []
         self._seq = 0
         self.by_key: dict[tuple[str, str], Waiter] = {}
+        # Eligibility masks must cover every flow that is active, eligible or
+        # not: one past the highest tenant slot ever queued.
+        self._mask_len = 0
 
     # ------------------------------------------------------------ lanes
     def set_lanes(self, lanes: Iterable[LaneConfig]) -> None:
@@ -119,6 +122,8 @@ class WaitQueues:
         return self._seq
 
     def add(self, w: Waiter) -> None:
+        if w.slot >= self._mask_len:
+            self._mask_len = w.slot + 1
         lane_q = self._queues[w.lane_idx]
         q = lane_q.get(w.slot)
         if q is None:
@@ -177,7 +182,7 @@ class WaitQueues:
                 continue
             slots = [slot for slot, head in self.heads(idx) if eligible(head)]
             if slots:
-                mask = bytearray(max(slots) + 1)
+                mask = bytearray(self._mask_len)
                 for slot in slots:
                     mask[slot] = 1
                 chosen[idx] = mask

@@ -456,3 +456,21 @@ def test_full_queues_still_admit_what_fits_now(make_service: Any) -> None:
     assert decided(svc.admit_or_wait("free", "f", "standard", 10, 10)).decision == Decision.ADMIT
     full = decided(svc.admit_or_wait("blocked", "r4", "batch", 10, 10))
     assert full.reason == Reason.QUEUE_FULL
+
+
+def test_an_ineligible_tenant_with_a_higher_slot_does_not_block_dispatch(
+    make_service: Any,
+) -> None:
+    # acme (slot 0) waits for a concurrency slot, beta (slot 1) for a refill
+    # in the same lane: when acme's slot frees, only acme's head is eligible.
+    svc = make_service(
+        tenant(max_concurrency=1),
+        tenant("beta", token_rate=Decimal(1000), burst_tokens=1000),
+    )
+    svc.admit_or_wait("acme", "a0", "", 10, 10)
+    svc.admit_or_wait("beta", "b0", "", 1000, 0)
+    wb = waiting(svc.admit_or_wait("beta", "b1", "", 500, 0))
+    wa = waiting(svc.admit_or_wait("acme", "a1", "", 10, 10))
+    svc.complete("acme", "a0", 0, 10, 10)
+    assert wa.done and wa.result.decision == Decision.ADMIT
+    assert not wb.done
