@@ -67,7 +67,7 @@ def tenant_live(service: AdmissionService, tenant_id: str) -> TenantLive:
         daily_quota=snap["daily_quota"] or -1,
         in_flight=snap["inflight"],
         in_flight_tokens=snap["inflight_tokens"],
-        queued=0,  # server-side queueing (issue 3) will report its count here
+        queued=service.tenant_queued(tenant_id),
     )
 
 

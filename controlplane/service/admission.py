@@ -533,9 +533,19 @@ class AdmissionService:
             return self._decision(key, rec, duplicate=False)
         lane = self._place(entry, lane, prompt_tokens, max_tokens)
         max_wait = self._max_wait_ns(entry, lane, now, deadline_ns) if wait else 0
-        if max_wait > 0 and self._queues.total:
-            # A backlog exists: join it, so the fair order decides who goes
-            # first; the dispatch right after admits it at once if it can.
+        q = self._queues
+        if (
+            max_wait > 0
+            and q.total
+            and (q.per_tenant.get(entry.slot) or self._watermark_blocked or self._shed_blocked)
+        ):
+            # A backlog this request competes with: its own tenant's waiters
+            # (per-tenant FIFO), or waiters held for shared capacity (the
+            # watermark, a shed lane). Join it, so the fair order decides who
+            # goes first; the dispatch right after admits it at once if it
+            # can. Waiters blocked only on their own tenant's limits are not
+            # passed over by another tenant's request: it takes nothing of
+            # theirs, so that request is decided directly.
             return self._enqueue(key, entry, lane, prompt_tokens, max_tokens, model, pool, now,
                                  now + max_wait)  # fmt: skip
         rec, waitable = self._decide(
@@ -757,6 +767,11 @@ class AdmissionService:
     @property
     def waiting(self) -> int:
         return self._queues.total
+
+    def tenant_queued(self, tenant_id: str) -> int:
+        """Admit calls of ``tenant_id`` waiting in any lane's queue."""
+        entry = self._tenants.get(tenant_id)
+        return 0 if entry is None else self._queues.per_tenant.get(entry.slot, 0)
 
     def queue_depths(self) -> dict[str, int]:
         return self._queues.lane_depths()

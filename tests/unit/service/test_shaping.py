@@ -115,6 +115,7 @@ def test_queue_bounds_per_tenant_lane_and_global(make_service: Any) -> None:
     waiting(svc.admit_or_wait("acme", "a2", "", 1, 1))
     full = decided(svc.admit_or_wait("acme", "a3", "", 1, 1))
     assert full.reason == Reason.QUEUE_FULL and full.retry_after_ns == 800 * MS
+    assert svc.tenant_queued("acme") == 2 and svc.tenant_queued("nobody") == 0
     svc.admit_or_wait("beta", "b0", "", 1, 1)
     waiting(svc.admit_or_wait("beta", "b1", "", 1, 1))  # standard lane: 3 waiting now
     assert decided(svc.admit_or_wait("beta", "b2", "", 1, 1)).reason == Reason.QUEUE_FULL
@@ -474,3 +475,17 @@ def test_an_ineligible_tenant_with_a_higher_slot_does_not_block_dispatch(
     svc.complete("acme", "a0", 0, 10, 10)
     assert wa.done and wa.result.decision == Decision.ADMIT
     assert not wb.done
+
+
+def test_backlog_rule_queues_only_what_competes(make_service: Any) -> None:
+    svc = make_service(
+        tenant(token_rate=Decimal(1000), burst_tokens=1000), tenant("beta", burst_tokens=10**6)
+    )
+    svc.admit_or_wait("acme", "a0", "", 900, 0)  # 100 left
+    big = waiting(svc.admit_or_wait("acme", "a1", "", 500, 0))  # waits 400 ms for refill
+    # acme's next request would fit (50 <= 100) but must not overtake its own
+    # earlier waiter: it queues behind it
+    waiting(svc.admit_or_wait("acme", "a2", "", 50, 0))
+    # beta competes with nothing acme waits for: decided at once
+    assert decided(svc.admit_or_wait("beta", "b0", "", 50, 0)).decision == Decision.ADMIT
+    assert not big.done and svc.waiting == 2
