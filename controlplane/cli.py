@@ -138,6 +138,7 @@ def demo(
         created, updated = configfile.apply(
             ConfigRepository(engine), configfile.load(configfile.DEMO_CONFIG)
         )
+        _demo_prices(engine)
     finally:
         engine.dispose()
     typer.echo(
@@ -145,6 +146,29 @@ def demo(
         f"({configfile.DEMO_CONFIG.name}); database {settings.database_url}"
     )
     _serve(settings)
+
+
+def _demo_prices(engine: Any) -> None:
+    """A default price-catalog entry, so the demo's ledger shows money (only
+    when the catalog is empty: operators' prices are never overwritten)."""
+    from decimal import Decimal as D
+
+    from controlplane.ledger.catalog import ANY, PriceEntry
+    from controlplane.ledger.store import LedgerStore
+
+    store = LedgerStore(engine)
+    if store.load_catalog():
+        return
+    # USD per million tokens (and per request for the overhead): a small
+    # open-model price list; the GPU side is what the tokens cost to serve.
+    store.upsert_price(
+        PriceEntry(
+            ANY, ANY, "USD",
+            input_per_mtok=D("0.50"), cached_input_per_mtok=D("0.10"), output_per_mtok=D("1.50"),
+            gpu_prefill_per_mtok=D("0.20"), gpu_decode_per_mtok=D("0.80"),
+            gpu_overhead_per_request=D("0.00002"), lane_multipliers={"premium": D("1.5")},
+        )
+    )  # fmt: skip
 
 
 @config_app.command("apply")

@@ -85,6 +85,11 @@ def test_demo_serves_the_demo_tenants_and_stops_gracefully_on_sigterm(demo_proc:
         assert free.lane == "batch"
         too_long = c.admit("free-tier", "r2", prompt_tokens=3000, max_tokens=10)
         assert too_long.reason == pb.REASON_MAX_TOKENS
+        # the demo price list bills it: 1,200 input at 0.50 + 100 output at
+        # 1.50 USD per million tokens
+        s = c.complete("acme", "r1", prompt_tokens=1200, generated_tokens=100)
+        assert (s.refunded_tokens, s.currency) == (300, "USD")
+        assert s.user_charge == "0.000750000"
         assert (
             c.admit("nobody", "r1", prompt_tokens=1, max_tokens=1).reason
             == pb.REASON_UNKNOWN_TENANT
