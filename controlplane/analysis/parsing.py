@@ -5,7 +5,7 @@ The ``fast_*`` functions parse a whole column of CSV strings in C (NumPy);
 they return ``None`` unless every value is of a shape on which they provably
 agree with the scalar parser, and the caller then falls back to the scalar
 path for that chunk. So the fast path changes speed, never results
-(tests/unit/analysis/test_analysis_parsing.py checks the agreement).
+(tests/integration/analysis/test_analysis_parsing.py checks the agreement).
 
 Timestamps are integer microseconds since the Unix epoch (UTC): ``datetime``
 resolves to the microsecond, and integers bin exactly where float seconds
