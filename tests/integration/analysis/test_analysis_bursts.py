@@ -17,7 +17,7 @@ from controlplane.analysis.bursts import (
 )
 from controlplane.analysis.reader import read_log
 from controlplane.analysis.summary import analyze
-from tests.unit.analysis.synth import (
+from tests.integration.analysis.synth import (
     LEDGER_HEADER,
     T0_US,
     burst_rates,

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from controlplane.analysis.cli import register
 from controlplane.analysis.jsonout import ANALYSIS_SCHEMA
-from tests.unit.analysis.synth import (
+from tests.integration.analysis.synth import (
     AZURE_HEADER,
     T0_US,
     azure_rows,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from controlplane.analysis.parsing import format_timestamp_us, parse_timestamp_us, parse_tokens
 from controlplane.analysis.reader import LogReadError, read_log
-from tests.unit.analysis.synth import (
+from tests.integration.analysis.synth import (
     AZURE_HEADER,
     LEDGER_HEADER,
     T0_US,

@@ -15,7 +15,7 @@ from controlplane.analysis.jsonout import analysis_to_dict
 from controlplane.analysis.reader import read_log
 from controlplane.analysis.stats import ks_distance_exponential
 from controlplane.analysis.summary import Analysis, AnalysisParams, analyze
-from tests.unit.analysis.synth import AZURE_HEADER, azure_rows, write_csv
+from tests.integration.analysis.synth import AZURE_HEADER, azure_rows, write_csv
 
 
 def _analyse(
