@@ -79,8 +79,12 @@ class WaitingRoom:
 
     def _fire(self) -> None:
         self._timer = self._timer_at = None
-        self.service.tick()
-        self.reschedule()
+        try:
+            self.service.tick()
+        finally:
+            # even if a tick fails (it is logged by the loop), the waiters
+            # keep their timer: nobody is left waiting past their deadline
+            self.reschedule()
 
     def waiting(self) -> int:
         return self.service.waiting
