@@ -217,11 +217,3 @@ class WaitQueues:
         while heap and heap[0][2].done:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
-
-    def fairness_snapshot(self) -> dict[str, Any]:
-        return {
-            "lanes": self._lane_fq.snapshot(),
-            "tenants": {
-                name: self._tenant_fq[i].snapshot() for name, i in self._lane_index.items()
-            },
-        }

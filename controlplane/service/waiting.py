@@ -85,6 +85,3 @@ class WaitingRoom:
             # even if a tick fails (it is logged by the loop), the waiters
             # keep their timer: nobody is left waiting past their deadline
             self.reschedule()
-
-    def waiting(self) -> int:
-        return self.service.waiting
