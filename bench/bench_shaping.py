@@ -108,7 +108,6 @@ def _server_stats(plane: Any, gc_timer: bg._GcTimer, full: bool) -> dict[str, An
     from fastpath import Reason
 
     svc = plane.service
-    q = svc._queues  # queue internals: leak checks only
     reasons: dict[str, int] = {}
     for (_decision, reason), count in svc.decision_counts.items():
         name = Reason(reason).name
@@ -120,10 +119,9 @@ def _server_stats(plane: Any, gc_timer: bg._GcTimer, full: bool) -> dict[str, An
         "blocked_inflight": svc.tenant_state(BLOCKED)["inflight"],
         "records": svc.remembered_requests,
         "cancelled_total": svc.cancelled_total,
-        "deadline_heap": len(q._deadlines),
-        "waiters_by_key": len(q.by_key),
+        **svc.queue_footprint(),
         "loop_tasks": len(asyncio.all_tasks()),
-        "timer_armed": plane.waiting._timer is not None,
+        "timer_armed": plane.waiting.timer_armed,
         "reasons": reasons,
         "gc_total_s": gc_timer.total_s,
         "gc_max_s": gc_timer.max_s,

@@ -212,6 +212,11 @@ class WaitQueues:
             heapq.heappop(heap)
         return out
 
+    def footprint(self) -> dict[str, int]:
+        """Sizes of the internal indexes, for leak checks: with nobody
+        waiting they drain back to zero."""
+        return {"deadline_heap": len(self._deadlines), "waiters_by_key": len(self.by_key)}
+
     def next_deadline(self) -> int | None:
         heap = self._deadlines
         while heap and heap[0][2].done:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from controlplane.service.pools import UNKNOWN
+
 Key = tuple[str, str]  # (tenant_id, request_id)
 Record = tuple[Any, ...]
 
@@ -49,6 +51,62 @@ FIELDS = 24
 OPEN = 0  # admitted, reservation not settled yet
 SETTLED = 1
 REJECTED = 2
+
+
+# The two ways a record is made. Every record in the plane comes from one of
+# these (or from ``settled`` below), so the field order lives in one place.
+def refused(
+    reason: int,
+    retry_ns: int,
+    lane: str,
+    slot: int,
+    now: int,
+    arrived: int,
+    bucket: int = 0,
+    hour: int = -1,
+    day: int = -1,
+    score_ppm: int = 0,
+    freshness: int = UNKNOWN,
+    shed: int = 0,
+) -> Record:
+    """A refusal decided at ``now`` for a request that arrived at ``arrived``."""
+    return (
+        REJECTED, reason, retry_ns, 0, 0, 0, bucket, hour, day, lane, slot, now,
+        "", "", 1.0, 0, -1, 0, arrived, 0, 0, score_ppm, freshness, shed,
+    )  # fmt: skip
+
+
+def admitted(
+    reserved: int,
+    rid: int,
+    granted: int,
+    bucket: int,
+    hour: int,
+    day: int,
+    lane: str,
+    slot: int,
+    now: int,
+    pool: str,
+    model: str,
+    multiplier: float,
+    window: int,
+    arrived: int,
+    shadow_reason: int,
+    degraded_cap: int,
+    score_ppm: int,
+    freshness: int,
+) -> Record:
+    """An open reservation of ``reserved`` tokens (``granted`` of them output)."""
+    return (
+        OPEN, 0, 0, reserved, rid, granted, bucket, hour, day, lane, slot, now,
+        pool, model, multiplier, window, -1, 0, arrived, shadow_reason, degraded_cap,
+        score_ppm, freshness, 0,
+    )  # fmt: skip
+
+
+def settled(rec: Record, actual: int, refunded: int) -> Record:
+    """``rec`` (open) after its Complete: real usage and the refund."""
+    return (SETTLED, *rec[1:ACTUAL], actual, refunded, *rec[REFUNDED + 1 :])
 
 
 class RequestLog:
@@ -94,20 +152,35 @@ class RequestLog:
             self.records[key] = rec
             self._rejected.append((rec[DECIDED_NS], (key,)))
 
-    def note_batch(self, now: int, admitted: list[Key], rejected: list[Key]) -> None:
-        """Queue the expiry of records a batch stored in ``records`` itself
-        (all decided at ``now``)."""
-        if admitted:
-            self._admitted.append((now, tuple(admitted)))
-            self.open_count += len(admitted)
-        if rejected:
-            self._rejected.append((now, tuple(rejected)))
+    def add_batch(
+        self,
+        now: int,
+        admitted_keys: list[Key],
+        admitted_recs: list[Record],
+        rejected_keys: list[Key],
+        rejected_recs: list[Record],
+    ) -> None:
+        """Store a batch's records, all decided at ``now``, with one expiry
+        entry per kind for the whole batch."""
+        if admitted_keys:
+            self.records.update(zip(admitted_keys, admitted_recs, strict=True))
+            self._admitted.append((now, tuple(admitted_keys)))
+            self.open_count += len(admitted_keys)
+        if rejected_keys and self._replay_ns > 0:
+            self.records.update(zip(rejected_keys, rejected_recs, strict=True))
+            self._rejected.append((now, tuple(rejected_keys)))
+
+    def get(self, key: Key) -> Record | None:
+        return self.records.get(key)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.records
 
     def settle(self, key: Key, rec: Record, actual: int, refunded: int) -> Record:
-        settled = (SETTLED, *rec[1:ACTUAL], actual, refunded, *rec[REFUNDED + 1 :])
-        self.records[key] = settled
+        done = settled(rec, actual, refunded)
+        self.records[key] = done
         self.open_count -= 1
-        return settled
+        return done
 
     def drop_open(self, key: Key) -> Record | None:
         """Forget an admitted, unsettled record (its caller went away before

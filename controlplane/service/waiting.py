@@ -60,6 +60,10 @@ class WaitingRoom:
             self.reschedule()
             raise
 
+    @property
+    def timer_armed(self) -> bool:
+        return self._timer is not None
+
     def reschedule(self) -> None:
         """Arm the timer for the service's next wake-up (call after anything
         that may have changed the queues)."""

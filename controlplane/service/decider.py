@@ -1,0 +1,335 @@
+"""The decision assembly: one request, or a whole batch, decided now.
+
+Both paths take the same steps, through the same functions here:
+
+1. the tenant screen (``early_reason``): unknown or disabled tenants are
+   refused before anything is charged;
+2. the pool's verdict (``PressureGate.verdict``): backpressure may refuse
+   (or shed) the request, degradation may cap its output;
+3. the fast path: the tenant's bucket, quotas, concurrency and the global
+   watermark (``TokenBucketTable.admit`` / ``charge`` for one request,
+   ``admit_batch`` for many in one call);
+4. ``conclude``: shadow mode, the reservation id, the price locked at
+   admission, and the record.
+
+Only step 3 differs between the paths (scalar or vectorised), so a unary
+Admit and the same request inside an AdmitStream batch are decided alike by
+construction. Nothing here waits or dispatches: the dispatcher and the
+façade decide what happens to a refusal that waiting could cure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from controlplane.domain import Degradation, Pressure
+from controlplane.service import records as R
+from controlplane.service.answers import BatchResult
+from controlplane.service.pools import FRESH, PPM, UNKNOWN
+from controlplane.service.pressure import PressureGate, Verdict
+from controlplane.service.pricing import PriceQuote, Pricing
+from controlplane.service.records import Key, Record, RequestLog
+from controlplane.service.stats import AdmissionStats
+from controlplane.service.tenants import Tenant, TenantDirectory
+from fastpath import Reason, TokenBucketTable
+
+NS_PER_MS = 1_000_000
+_OK = int(Reason.OK)
+_CONCURRENCY = int(Reason.CONCURRENCY)
+_ADMIT = 1  # domain.Decision.ADMIT
+_REJECT = 2  # domain.Decision.REJECT
+
+# Refusals that waiting can cure: the tenant's bucket refills, a slot frees,
+# in-flight tokens drain, the pool's load drops. Quotas and sizes cannot.
+WAITABLE = frozenset(
+    {Reason.TOKEN_RATE, Reason.CONCURRENCY, Reason.GLOBAL_WATERMARK, Reason.BACKPRESSURE}
+)
+# A batch entry's verdict when its tenant was refused before the pool mattered.
+_NO_VERDICT = Verdict(_OK, 0, 0, UNKNOWN, False, 0)
+
+
+def early_reason(entry: Tenant | None) -> int:
+    """Refusals that need no bucket: the tenant is unknown or disabled."""
+    if entry is None:
+        return Reason.UNKNOWN_TENANT
+    if not entry.config.enabled:
+        return Reason.TENANT_DISABLED
+    return _OK
+
+
+class Decider:
+    def __init__(
+        self,
+        table: TokenBucketTable,
+        tenants: TenantDirectory,
+        pressure: PressureGate,
+        pricing: Pricing,
+        concurrency_retry_ns: int,
+    ) -> None:
+        self._table = table
+        self._tenants = tenants
+        self._pressure = pressure
+        self.pricing = pricing
+        self._concurrency_retry_ns = concurrency_retry_ns
+        self._next_reservation = 1
+
+    # ------------------------------------------------------------ one request
+
+    def decide(
+        self,
+        entry: Tenant,
+        lane: str,
+        prompt: int,
+        max_tokens: int,
+        model: str,
+        pool: str,
+        now: int,
+        arrived: int,
+    ) -> Record:
+        """Decide one request of an enabled tenant now; the record is not
+        stored (the caller stores it, or keeps the request waiting)."""
+        slot = entry.slot
+        v = self._pressure.verdict(lane, pool, now)
+        if v.degraded_cap:
+            max_tokens = min(max_tokens, v.degraded_cap)
+        shadow = self._tenants.shadow(entry)
+        if v.reason and not shadow:
+            return self.pressure_refusal(v, lane, slot, now, arrived)
+        if shadow:
+            reason, reserved, retry, bucket, hour, day = self._table.charge(
+                slot, now, prompt, max_tokens
+            )
+        else:
+            reason, reserved, retry, bucket, hour, day = self._table.admit(
+                slot, now, prompt, max_tokens
+            )
+        rec = self.conclude(
+            reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
+            pool, model, now, arrived, self._next_reservation, None,
+        )  # fmt: skip
+        if rec[R.STATE] == R.OPEN:
+            self._next_reservation += 1
+        return rec
+
+    @staticmethod
+    def pressure_refusal(v: Verdict, lane: str, slot: int, now: int, arrived: int) -> Record:
+        return R.refused(
+            v.reason, v.retry_ns, lane, slot, now, arrived,
+            score_ppm=v.score_ppm, freshness=v.freshness, shed=int(v.shed),
+        )  # fmt: skip
+
+    def conclude(
+        self,
+        reason: int,
+        reserved: int,
+        retry_ns: int,
+        bucket: int,
+        hour: int,
+        day: int,
+        prompt: int,
+        shadow: bool,
+        v: Verdict,
+        lane: str,
+        slot: int,
+        pool: str,
+        model: str,
+        now: int,
+        arrived: int,
+        rid: int,
+        price: PriceQuote | None,
+    ) -> Record:
+        """The record of a fast-path verdict; an admission takes reservation
+        id ``rid`` and the price in force (``price``, or quoted here). In
+        shadow mode the request was charged whatever the verdict and is
+        admitted with the reason it would have been refused for."""
+        shadow_reason = 0
+        if shadow:
+            shadow_reason = v.reason or reason
+            reason = _OK
+        if reason == _OK:
+            if price is None:
+                price = self.pricing.quote(pool, model, now)
+            return R.admitted(
+                reserved, rid, reserved - prompt, bucket, hour, day, lane, slot, now, pool,
+                model, price.multiplier, price.window_id, arrived, shadow_reason,
+                v.degraded_cap, v.score_ppm, v.freshness,
+            )  # fmt: skip
+        if reason == _CONCURRENCY:
+            # Nobody knows when a request ends: a configured hint.
+            retry_ns = self._concurrency_retry_ns
+        return R.refused(
+            reason, retry_ns, lane, slot, now, arrived, bucket, hour, day,
+            v.score_ppm, v.freshness,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------- a batch
+
+    def decide_batch(
+        self,
+        keys: list[Key],
+        lanes: list[str],
+        prompt_tokens: Sequence[int],
+        max_tokens: Sequence[int],
+        model: str,
+        pool: str,
+        now: int,
+        log: RequestLog,
+        stats: AdmissionStats,
+    ) -> BatchResult:
+        """Decide a validated batch with one call into the fast path; store
+        and count the fresh decisions. ``lanes[i]`` is the named lane or ""
+        (the tenant's default). Repeated keys answer their earlier decision."""
+        n = len(keys)
+        tenants = self._tenants
+        policy = tenants.policy
+        # Per distinct tenant in the batch, resolved once.
+        resolved: dict[str, tuple[Tenant | None, int, bool]] = {}
+        for tenant_id in {k[0] for k in keys}:
+            entry = tenants.resolve(tenant_id)
+            shadow = entry is not None and tenants.shadow(entry)
+            resolved[tenant_id] = (entry, early_reason(entry), shadow)
+        slots = [-1] * n
+        early = [_OK] * n
+        shadow_l = [False] * n
+        replayed: dict[int, Record] = {}
+        long_threshold = policy.long_request_tokens
+        for i in range(n):
+            key = keys[i]
+            if key in log:
+                prior = log.replay(key, now)
+                if prior is not None:
+                    replayed[i] = prior
+                    continue
+            entry, early[i], shadow_l[i] = resolved[key[0]]
+            if entry is None:
+                lanes[i] = tenants.lane_for("lane", lanes[i], None)
+                continue
+            slots[i] = entry.slot
+            if not lanes[i]:
+                lanes[i] = entry.config.default_lane
+            # placement only matters for long requests: skip the call otherwise
+            if prompt_tokens[i] + max_tokens[i] > min(
+                long_threshold, entry.config.long_request_tokens or long_threshold
+            ):
+                lanes[i] = tenants.place(entry, lanes[i], prompt_tokens[i], max_tokens[i])
+        # The pool is batch-level: one verdict per lane.
+        verdicts = {ln: self._pressure.verdict(ln, pool, now) for ln in set(lanes) if ln}
+        maxt_l = list(max_tokens)
+        verdict_l = [_NO_VERDICT] * n
+        fast_slots = [-1] * n  # what the fast path decides (-1 = decided here)
+        pre: dict[int, Record] = {}  # refused before the fast path
+        for i in range(n):
+            if i in replayed:
+                continue
+            if early[i] != _OK:
+                pre[i] = R.refused(early[i], 0, lanes[i], slots[i], now, now)
+                continue
+            v = verdict_l[i] = verdicts[lanes[i]]
+            if v.degraded_cap and maxt_l[i] > v.degraded_cap:
+                maxt_l[i] = v.degraded_cap
+            if v.reason and not shadow_l[i]:
+                pre[i] = self.pressure_refusal(v, lanes[i], slots[i], now, now)
+                continue
+            fast_slots[i] = slots[i]
+        out_reason = np.zeros(n, dtype=np.int64)
+        out_reserved = np.zeros(n, dtype=np.int64)
+        out_retry = np.zeros(n, dtype=np.int64)
+        out_bucket = np.zeros(n, dtype=np.int64)
+        out_hour = np.full(n, -1, dtype=np.int64)
+        out_day = np.full(n, -1, dtype=np.int64)
+        any_shadow = any(shadow_l)
+        self._table.admit_batch(
+            now, np.array(fast_slots, dtype=np.int64), np.array(prompt_tokens, dtype=np.int64),
+            np.array(maxt_l, dtype=np.int64), out_reason, out_reserved, out_retry,
+            out_bucket, out_hour, out_day,
+            shadow=np.array(shadow_l, dtype=np.int64) if any_shadow else None,
+        )  # fmt: skip
+        reason_l = out_reason.tolist()
+        reserved_l = out_reserved.tolist()
+        retry_l = out_retry.tolist()
+        bucket_l = out_bucket.tolist()
+        hour_l = out_hour.tolist()
+        day_l = out_day.tolist()
+        recs: list[Record] = [()] * n
+        admitted_keys: list[Key] = []
+        admitted_recs: list[Record] = []
+        rejected_keys: list[Key] = []
+        rejected_recs: list[Record] = []
+        fresh_reasons: list[int] = []
+        shadow_reasons: list[int] = []
+        conclude = self.conclude
+        price = self.pricing.quote(pool, model, now)
+        rid = self._next_reservation
+        for i in range(n):
+            rec = replayed.get(i) if replayed else None
+            if rec is None:
+                rec = pre.get(i) if pre else None
+                if rec is None:
+                    rec = conclude(
+                        reason_l[i], reserved_l[i], retry_l[i], bucket_l[i], hour_l[i],
+                        day_l[i], prompt_tokens[i], shadow_l[i], verdict_l[i], lanes[i],
+                        slots[i], pool, model, now, now, rid, price,
+                    )  # fmt: skip
+                if rec[R.STATE] == R.OPEN:
+                    rid += 1
+                    admitted_keys.append(keys[i])
+                    admitted_recs.append(rec)
+                else:
+                    rejected_keys.append(keys[i])
+                    rejected_recs.append(rec)
+                fresh_reasons.append(rec[R.REASON])
+                if any_shadow:
+                    shadow_reasons.append(rec[R.SHADOW_REASON])
+            recs[i] = rec
+        self._next_reservation = rid
+        log.add_batch(now, admitted_keys, admitted_recs, rejected_keys, rejected_recs)
+        stats.count_reasons(fresh_reasons, shadow_reasons)
+        # A fresh entry is marked degraded when its lane is, even if it was
+        # refused (the sidecar learns the pool's state); a replay as before.
+        degraded = [v.degraded_cap > 0 for v in verdict_l]
+        for i, prior in replayed.items():
+            degraded[i] = bool(prior[R.DEGRADED_CAP])
+        return self._columns(recs, replayed, degraded, verdicts, price.multiplier)
+
+    def _columns(
+        self,
+        recs: list[Record],
+        replayed: dict[int, Record],
+        degraded: list[bool],
+        verdicts: dict[str, Verdict],
+        multiplier: float,
+    ) -> BatchResult:
+        policy = self._tenants.policy
+        reasons = [r[R.REASON] for r in recs]
+        caps = [v.degraded_cap for v in verdicts.values() if v.degraded_cap]
+        some = next(iter(verdicts.values()), None)
+        return BatchResult(
+            decision=[_ADMIT if x == _OK else _REJECT for x in reasons],
+            reason=reasons,
+            retry_after_ms=[-(-r[R.RETRY_NS] // NS_PER_MS) for r in recs],
+            reserved_tokens=[r[R.RESERVED] for r in recs],
+            reservation_id=[r[R.RID] for r in recs],
+            granted_max_tokens=[r[R.GRANTED] for r in recs],
+            bucket_remaining=[r[R.BUCKET] for r in recs],
+            hourly_remaining=[r[R.HOUR] for r in recs],
+            daily_remaining=[r[R.DAY] for r in recs],
+            duplicate=[i in replayed for i in range(len(recs))]
+            if replayed
+            else [False] * len(recs),
+            shadow_reason=[r[R.SHADOW_REASON] for r in recs],
+            degraded=degraded,
+            pricing_multiplier=multiplier,
+            # Per-tenant fallback models are only in unary answers: one batch
+            # mixes tenants, and the instructions here are the pool's.
+            degradation=Degradation(caps[0], policy.degrade_page_tokens, "") if caps else None,
+            pressure=Pressure(
+                some.score_ppm / PPM,
+                some.freshness,
+                "" if some.freshness == FRESH else policy.stale_policy,
+                False,
+            )
+            if some is not None
+            else None,
+        )

@@ -1,0 +1,259 @@
+"""The dispatcher: requests that wait, and the only place that releases them.
+
+A request whose refusal waiting can cure (its bucket refills, a concurrency
+slot frees, the global watermark drains, its pool's load drops) joins a
+bounded queue instead of being refused. ``dispatch`` tries the waiting
+requests in fair order (``WaitQueues``: lanes by weighted fair queueing over
+tokens, tenants inside a lane by virtual token counters) and admits each one
+the decider now admits.
+
+Why a queue head cannot go is remembered (``_block``) and forgotten by the
+event that can change it: time (a refill), a settlement (a slot, in-flight
+tokens), a load report (its pool), new config (everything). So a dispatch
+costs nothing for heads that are still blocked.
+
+The façade calls ``dispatch`` after anything that may free capacity; nothing
+else does (parts that free capacity return, and the façade dispatches).
+"""
+
+from __future__ import annotations
+
+from controlplane.domain import AdmitDecision
+from controlplane.service import records as R
+from controlplane.service.answers import Outcomes
+from controlplane.service.decider import WAITABLE, Decider
+from controlplane.service.queueing import Waiter, WaitQueues
+from controlplane.service.records import Key, Record
+from controlplane.service.stats import AdmissionStats
+from controlplane.service.tenants import Tenant, TenantDirectory
+from fastpath import Reason
+
+NS_PER_MS = 1_000_000
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        tenants: TenantDirectory,
+        decider: Decider,
+        outcomes: Outcomes,
+        stats: AdmissionStats,
+    ) -> None:
+        self.queues = WaitQueues()
+        self._tenants = tenants
+        self._decider = decider
+        self._outcomes = outcomes
+        self._stats = stats
+        # Why queue heads cannot go now (see _block).
+        self._blocked_until: dict[int, int] = {}  # slot -> refill time
+        self._concurrency_blocked: set[int] = set()
+        self._shed_blocked: dict[tuple[int, int], str] = {}  # (lane, slot) -> pool
+        self._watermark_blocked = False
+        self._now = 0
+
+    # ---------------------------------------------------------------- events
+
+    def configured(self) -> None:
+        """New lanes, limits or policy: every head may go again."""
+        self.queues.set_lanes(self._tenants.by_priority)
+        self._blocked_until.clear()
+        self._concurrency_blocked.clear()
+        self._shed_blocked.clear()
+        self._watermark_blocked = False
+
+    def slot_freed(self, slot: int) -> None:
+        """A reservation of ``slot`` ended: its concurrency and the shared
+        in-flight tokens may have room."""
+        self._concurrency_blocked.discard(slot)
+        self._watermark_blocked = False
+
+    def pool_reported(self, pool: str) -> None:
+        """Lanes held back by this pool's backpressure may go now."""
+        if self._shed_blocked:
+            for k in [k for k, p in self._shed_blocked.items() if p == pool]:
+                del self._shed_blocked[k]
+
+    def admitted(self, lane: str, slot: int, reserved: int) -> None:
+        """Count service for the fair order: an admission's reserved tokens."""
+        self.queues.charge(self.queues.lane_index(lane), slot, reserved)
+
+    # ------------------------------------------------------------- waiting
+
+    def competes(self, slot: int) -> bool:
+        """Whether a new request of ``slot`` must join the backlog rather
+        than be decided directly: its own tenant's requests wait (per-tenant
+        FIFO), or requests wait for capacity it would take (the watermark, a
+        shed lane). Waiters blocked only on their own tenant's limits are not
+        passed over by another tenant's request: it takes nothing of theirs."""
+        q = self.queues
+        return bool(
+            q.total
+            and (q.per_tenant.get(slot) or self._watermark_blocked or self._shed_blocked)
+        )
+
+    def enqueue(
+        self,
+        key: Key,
+        entry: Tenant,
+        lane: str,
+        prompt: int,
+        max_tokens: int,
+        model: str,
+        pool: str,
+        now: int,
+        deadline: int,
+        first_try: Record | None = None,
+    ) -> AdmitDecision | Waiter:
+        """Queue a request until ``deadline`` (or answer at once when the
+        queues are full), then dispatch; ``first_try`` is the refusal it just
+        got, if it was tried."""
+        q = self.queues
+        lanes = self._tenants.lanes
+        policy = self._tenants.policy
+        lane_cfg = lanes[lane]
+        lane_idx = q.lane_index(lane)
+        lane_limit = (
+            lane_cfg.max_queued if lane_cfg.max_queued is not None else policy.lane_queue_limit
+        )
+        tenant_limit = (
+            entry.config.max_queued
+            if entry.config.max_queued is not None
+            else policy.tenant_queue_limit
+        )
+        if (
+            q.total >= policy.queue_limit
+            or q.per_lane[lane_idx] >= lane_limit
+            or q.per_tenant.get(entry.slot, 0) >= tenant_limit
+        ):
+            if first_try is None:
+                # Full queues only refuse what would have to wait: a request
+                # that fits now is admitted (nobody it passes could use it).
+                rec = self._decider.decide(entry, lane, prompt, max_tokens, model, pool, now, now)
+                if rec[R.STATE] == R.OPEN:
+                    self.admitted(lane, entry.slot, rec[R.RESERVED])
+                if rec[R.STATE] == R.OPEN or not self.waitable(rec):
+                    return self._outcomes.record(key, rec)
+            retry = lane_cfg.wait_target_ms * NS_PER_MS
+            rec = R.refused(Reason.QUEUE_FULL, retry, lane, entry.slot, now, now)
+            return self._outcomes.record(key, rec)
+        w = Waiter(key, entry.slot, lane, lane_idx, prompt, max_tokens, model, pool, now, deadline,
+                   q.next_seq())  # fmt: skip
+        q.add(w)
+        try:
+            if first_try is not None:
+                self._block(w, first_try, now)
+            self.dispatch(now)
+        except BaseException:
+            # The call fails; its waiter must not stay behind in the queue.
+            if not w.done:
+                q.remove(w)
+            raise
+        if w.done:
+            assert isinstance(w.result, AdmitDecision)
+            return w.result
+        return w
+
+    @staticmethod
+    def waitable(rec: Record) -> bool:
+        """A refusal that waiting can cure (a shed request, not one above the
+        hard backpressure threshold)."""
+        reason = rec[R.REASON]
+        if reason == Reason.BACKPRESSURE:
+            return bool(rec[R.SHED])
+        return reason in WAITABLE
+
+    def remove(self, w: Waiter) -> None:
+        """The caller went away: leave the queue (nothing is remembered)."""
+        self.queues.remove(w)
+
+    # ------------------------------------------------------------ dispatch
+
+    def _block(self, w: Waiter, rec: Record, now: int) -> None:
+        """Remember why the head of a tenant's queue could not go, so the
+        dispatcher skips it until that changes."""
+        reason = rec[R.REASON]
+        if reason == Reason.TOKEN_RATE:
+            # at least 1 ns, so the head is really skipped until later
+            self._blocked_until[w.slot] = now + max(rec[R.RETRY_NS], 1)
+        elif reason == Reason.CONCURRENCY:
+            self._concurrency_blocked.add(w.slot)
+        elif reason == Reason.GLOBAL_WATERMARK:
+            self._watermark_blocked = True
+        elif reason == Reason.BACKPRESSURE:
+            self._shed_blocked[(w.lane_idx, w.slot)] = w.pool
+
+    def _eligible(self, w: Waiter) -> bool:
+        slot = w.slot
+        return (
+            self._blocked_until.get(slot, 0) <= self._now
+            and slot not in self._concurrency_blocked
+            and (w.lane_idx, slot) not in self._shed_blocked
+        )
+
+    def _resolve(self, w: Waiter, rec: Record) -> None:
+        self.queues.remove(w)
+        self._stats.observe_wait(w.lane, rec[R.DECIDED_NS] - w.arrived_ns)
+        w.result = self._outcomes.record(w.key, rec)
+        if w.on_done is not None:
+            w.on_done(w.result)
+
+    def dispatch(self, now: int) -> None:
+        """Admit waiting requests in fair order while capacity allows."""
+        q = self.queues
+        if not q.total or self._watermark_blocked:
+            return
+        self._now = now
+        by_slot = self._tenants.by_slot
+        while True:
+            w = q.pick(self._eligible)
+            if w is None:
+                return
+            entry = by_slot[w.slot]
+            if entry.deleted or not entry.config.enabled:
+                reason = Reason.UNKNOWN_TENANT if entry.deleted else Reason.TENANT_DISABLED
+                self._resolve(w, R.refused(reason, 0, w.lane, w.slot, now, w.arrived_ns))
+                continue
+            rec = self._decider.decide(
+                entry, w.lane, w.prompt, w.max_tokens, w.model, w.pool, now, w.arrived_ns
+            )
+            if rec[R.STATE] == R.OPEN:
+                self.admitted(w.lane, w.slot, rec[R.RESERVED])
+                self._resolve(w, rec)
+            elif not self.waitable(rec) or (
+                rec[R.REASON] == Reason.TOKEN_RATE and now + rec[R.RETRY_NS] > w.deadline_ns
+            ):
+                self._resolve(w, rec)
+            else:
+                self._block(w, rec, now)
+                if rec[R.REASON] == Reason.GLOBAL_WATERMARK:
+                    # Nobody goes before the head of the fair order: a large
+                    # request is not starved by smaller ones slipping past.
+                    return
+
+    def expire(self, now: int) -> None:
+        """Answer waiters whose deadline passed with QUEUE_TIMEOUT."""
+        for w in self.queues.expired(now):
+            blocked = self._blocked_until.get(w.slot, 0) - now
+            retry = (
+                blocked if blocked > 0 else self._tenants.lanes[w.lane].wait_target_ms * NS_PER_MS
+            )
+            rec = R.refused(Reason.QUEUE_TIMEOUT, retry, w.lane, w.slot, now, w.arrived_ns)
+            self._stats.observe_wait(w.lane, now - w.arrived_ns)
+            w.done = True
+            w.result = self._outcomes.record(w.key, rec)
+            if w.on_done is not None:
+                w.on_done(w.result)
+
+    def next_wakeup_ns(self, now: int) -> int | None:
+        """When time alone may change something for the waiters: the next
+        deadline, or the next refill of a tenant whose queue head waits."""
+        q = self.queues
+        if not q.total:
+            return None
+        # only future refills: a passed one is either dispatched already or
+        # the head is blocked for another reason, which time does not cure
+        times = [t for slot, t in self._blocked_until.items() if t > now and slot in q.per_tenant]
+        deadline = q.next_deadline()
+        if deadline is not None:
+            times.append(deadline)
+        return min(times) if times else None

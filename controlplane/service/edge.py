@@ -1,0 +1,97 @@
+"""Edge checks of Admit and AdmitStream input, before anything is decided.
+
+A failure raises ``InvalidArgument`` naming the field (``field[i]`` inside a
+batch) and changes no state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controlplane.domain import MAX_ID_LEN, MAX_TOKENS_PER_FIELD
+from controlplane.errors import InvalidArgument
+from controlplane.service.records import Key
+from controlplane.service.tenants import TenantDirectory
+from controlplane.service.validate import check_id, check_optional_name, check_tokens
+
+MAX_POOL_LEN = 128
+
+
+def check_admit(
+    tenant_id: str, request_id: str, prompt: int, max_tokens: int, model: str, pool: str
+) -> None:
+    check_id("tenant_id", tenant_id)
+    check_id("request_id", request_id)
+    check_tokens("prompt_tokens", prompt)
+    check_tokens("max_tokens", max_tokens)
+    check_optional_name("model", model)
+    check_optional_name("pool", pool, max_len=MAX_POOL_LEN)
+
+
+def check_batch(
+    tenants: TenantDirectory,
+    max_batch: int,
+    tenant_ids: Sequence[str],
+    request_ids: Sequence[str],
+    lanes: Sequence[str],
+    prompt_tokens: Sequence[int],
+    max_tokens: Sequence[int],
+    model: str,
+    pool: str,
+) -> tuple[list[Key], list[str]]:
+    """Check a whole batch; return its keys and one lane entry per request
+    ("" = the tenant's default). The cheap whole-column checks run first;
+    the precise per-entry check (and its message) runs only when something
+    is off."""
+    n = len(tenant_ids)
+    if n > max_batch:
+        raise InvalidArgument("tenant_id", f"batch of {n} exceeds max_batch {max_batch}")
+    for name, col in (
+        ("request_id", request_ids),
+        ("prompt_tokens", prompt_tokens),
+        ("max_tokens", max_tokens),
+    ):
+        if len(col) != n:
+            raise InvalidArgument(name, f"has {len(col)} entries, tenant_id has {n}")
+    if len(lanes) not in (0, 1, n):
+        raise InvalidArgument("lane", f"must have 0, 1 or {n} entries, got {len(lanes)}")
+    check_optional_name("model", model)
+    check_optional_name("pool", pool, max_len=MAX_POOL_LEN)
+    if n and (
+        min(prompt_tokens) < 0
+        or max(prompt_tokens) > MAX_TOKENS_PER_FIELD
+        or min(max_tokens) < 0
+        or max(max_tokens) > MAX_TOKENS_PER_FIELD
+    ):
+        for i in range(n):
+            check_tokens(f"prompt_tokens[{i}]", prompt_tokens[i])
+            check_tokens(f"max_tokens[{i}]", max_tokens[i])
+    if n and (
+        min(map(len, tenant_ids)) == 0
+        or max(map(len, tenant_ids)) > MAX_ID_LEN
+        or min(map(len, request_ids)) == 0
+        or max(map(len, request_ids)) > MAX_ID_LEN
+    ):
+        for i in range(n):
+            check_id(f"tenant_id[{i}]", tenant_ids[i])
+            check_id(f"request_id[{i}]", request_ids[i])
+    if len(lanes) == 1:
+        tenants.check_lane("lane[0]", lanes[0])
+        lane_of = [lanes[0]] * n
+    elif not lanes:
+        lane_of = [""] * n
+    else:
+        lane_of = list(lanes)
+        known = tenants.lanes
+        for i, lane in enumerate(lane_of):
+            if lane and lane not in known:
+                tenants.check_lane(f"lane[{i}]", lane)
+    keys = list(zip(tenant_ids, request_ids, strict=True))
+    if len(set(keys)) != n:
+        # The fast path would decide a repeated id twice; refuse instead.
+        seen: set[Key] = set()
+        for i, k in enumerate(keys):
+            if k in seen:
+                raise InvalidArgument(f"request_id[{i}]", f"{k[1]!r} appears twice in the batch")
+            seen.add(k)
+    return keys, lane_of

@@ -1,0 +1,153 @@
+"""The tenant directory: who is configured, in which lanes, under which policy.
+
+It owns the configuration the other parts read live (tenants, lanes, the
+policy in force) and the mapping from a tenant id to its slot in the fast
+path's ``TokenBucketTable``. A slot is never reused: a tenant that leaves the
+config keeps its slot (marked deleted) so its open reservations can still be
+settled, and comes back to the same slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.errors import InvalidArgument, NotFound
+from controlplane.policy import Policy
+from fastpath import TokenBucketTable
+
+# Lane of a request whose tenant is unknown and that named no lane (only the
+# refusal's record carries it).
+FALLBACK_LANE = "standard"
+
+
+class Tenant:
+    """One configured tenant and its fast-path slot."""
+
+    __slots__ = ("config", "deleted", "slot")
+
+    def __init__(self, slot: int, config: TenantConfig) -> None:
+        self.slot = slot
+        self.config = config
+        self.deleted = False
+
+
+class TenantDirectory:
+    def __init__(
+        self, table: TokenBucketTable, policy: Policy, default_tenant: str | None
+    ) -> None:
+        self._table = table
+        self.policy = policy
+        self.lanes: dict[str, LaneConfig] = {}
+        # Lanes from highest priority to lowest (priority, then name).
+        self.by_priority: list[LaneConfig] = []
+        self.lowest_lane = ""
+        self._tenants: dict[str, Tenant] = {}
+        self.by_slot: list[Tenant] = []
+        self._default_tenant = default_tenant
+
+    def install(
+        self,
+        tenants: Sequence[TenantConfig],
+        lanes: Sequence[LaneConfig],
+        policy: Policy,
+        now: int,
+    ) -> None:
+        """Install a full config. Buckets of tenants that stay keep their level
+        and counters (the fast path re-limits them to the new burst); tenants
+        that disappear stop being admitted but keep their slot."""
+        if not lanes:
+            raise InvalidArgument("lanes", "at least one lane must be configured")
+        by_name = {lane.name: lane for lane in lanes}
+        for cfg in tenants:
+            if cfg.default_lane not in by_name:
+                raise InvalidArgument(
+                    f"tenants[{cfg.tenant_id}].default_lane",
+                    f"unknown lane {cfg.default_lane!r}",
+                )
+        self.policy = policy
+        self.lanes = by_name
+        self.by_priority = sorted(lanes, key=lambda lane: (lane.priority, lane.name))
+        self.lowest_lane = self.by_priority[-1].name
+        seen: set[str] = set()
+        for cfg in tenants:
+            seen.add(cfg.tenant_id)
+            entry = self._tenants.get(cfg.tenant_id)
+            if entry is None:
+                entry = Tenant(len(self.by_slot), cfg)
+                self._tenants[cfg.tenant_id] = entry
+                self.by_slot.append(entry)
+            entry.config = cfg
+            entry.deleted = False
+            self._table.configure(
+                entry.slot,
+                now,
+                cfg.rate_mtok_per_s,
+                cfg.burst_tokens * 1000,
+                cfg.hourly_quota or 0,
+                cfg.daily_quota or 0,
+                cfg.max_concurrency or 0,
+                cfg.max_tokens_per_request or 0,
+            )
+        for tenant_id, entry in self._tenants.items():
+            if tenant_id not in seen:
+                entry.deleted = True
+
+    def get(self, tenant_id: str) -> Tenant | None:
+        """The tenant itself, deleted or not (settlement needs the deleted)."""
+        return self._tenants.get(tenant_id)
+
+    def resolve(self, tenant_id: str) -> Tenant | None:
+        """The tenant whose limits apply to an Admit: the tenant itself, else
+        the configured default tenant, else None (refused as unknown)."""
+        entry = self._tenants.get(tenant_id)
+        if entry is not None and not entry.deleted:
+            return entry
+        if self._default_tenant:
+            entry = self._tenants.get(self._default_tenant)
+            if entry is not None and not entry.deleted:
+                return entry
+        return None
+
+    def active(self, tenant_id: str) -> Tenant:
+        entry = self._tenants.get(tenant_id)
+        if entry is None or entry.deleted:
+            raise NotFound("tenant_id", f"unknown tenant {tenant_id!r}")
+        return entry
+
+    def ids(self) -> list[str]:
+        return sorted(t for t, e in self._tenants.items() if not e.deleted)
+
+    def lane_for(self, field: str, lane: str, entry: Tenant | None) -> str:
+        """The lane a request goes to: the one it names (which must exist),
+        else its tenant's default."""
+        if not lane:
+            return entry.config.default_lane if entry is not None else FALLBACK_LANE
+        if lane not in self.lanes:
+            raise InvalidArgument(
+                field, f"unknown lane {lane!r}; configured: {', '.join(sorted(self.lanes))}"
+            )
+        return lane
+
+    def check_lane(self, field: str, lane: str) -> None:
+        if lane and lane not in self.lanes:
+            self.lane_for(field, lane, None)
+
+    def place(self, entry: Tenant, lane: str, prompt: int, max_tokens: int) -> str:
+        """Length-aware placement: a long request goes to the lowest lane so
+        short ones are not stuck behind it (fail-open lanes are never moved)."""
+        cfg = entry.config
+        if not cfg.demote_long_requests or lane == self.lowest_lane:
+            return lane
+        threshold = cfg.long_request_tokens or self.policy.long_request_tokens
+        if prompt + max_tokens > threshold and not self.lanes[lane].fail_open:
+            return self.lowest_lane
+        return lane
+
+    def shadow(self, entry: Tenant) -> bool:
+        """Shadow mode: decide and charge as usual, but admit whatever the verdict."""
+        return entry.config.shadow_mode or self.policy.shadow_mode
+
+    def fallback_model(self, tenant_id: str) -> str:
+        entry = self._tenants.get(tenant_id)
+        return (entry.config.fallback_model or "") if entry is not None else ""
