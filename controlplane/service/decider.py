@@ -21,6 +21,7 @@ façade decide what happens to a refusal that waiting could cure.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -30,7 +31,22 @@ from controlplane.service.answers import BatchResult
 from controlplane.service.pools import FRESH, PPM, UNKNOWN
 from controlplane.service.pressure import PressureGate, Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
-from controlplane.service.records import Key, Record, RequestLog
+from controlplane.service.records import (
+    BUCKET,
+    DAY,
+    GRANTED,
+    HOUR,
+    OPEN,
+    REASON,
+    RESERVED,
+    RETRY_NS,
+    RID,
+    SHADOW_REASON,
+    STATE,
+    Key,
+    Record,
+    RequestLog,
+)
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
@@ -193,16 +209,12 @@ class Decider:
         slots = [-1] * n
         early = [_OK] * n
         shadow_l = [False] * n
-        replayed: dict[int, Record] = {}
+        replayed = log.replay_many(keys, now)
         long_threshold = policy.long_request_tokens
         for i in range(n):
-            key = keys[i]
-            if key in log:
-                prior = log.replay(key, now)
-                if prior is not None:
-                    replayed[i] = prior
-                    continue
-            entry, early[i], shadow_l[i] = resolved[key[0]]
+            if replayed and i in replayed:
+                continue
+            entry, early[i], shadow_l[i] = resolved[keys[i][0]]
             if entry is None:
                 lanes[i] = tenants.lane_for("lane", lanes[i], None)
                 continue
@@ -272,16 +284,16 @@ class Decider:
                         day_l[i], prompt_tokens[i], shadow_l[i], verdict_l[i], lanes[i],
                         slots[i], pool, model, now, now, rid, price,
                     )  # fmt: skip
-                if rec[R.STATE] == R.OPEN:
+                if rec[STATE] == OPEN:
                     rid += 1
                     admitted_keys.append(keys[i])
                     admitted_recs.append(rec)
                 else:
                     rejected_keys.append(keys[i])
                     rejected_recs.append(rec)
-                fresh_reasons.append(rec[R.REASON])
+                fresh_reasons.append(rec[REASON])
                 if any_shadow:
-                    shadow_reasons.append(rec[R.SHADOW_REASON])
+                    shadow_reasons.append(rec[SHADOW_REASON])
             recs[i] = rec
         self._next_reservation = rid
         log.add_batch(now, admitted_keys, admitted_recs, rejected_keys, rejected_recs)
@@ -302,23 +314,22 @@ class Decider:
         multiplier: float,
     ) -> BatchResult:
         policy = self._tenants.policy
-        reasons = [r[R.REASON] for r in recs]
+        n = len(recs)
+        reasons = list(map(itemgetter(REASON), recs))
         caps = [v.degraded_cap for v in verdicts.values() if v.degraded_cap]
         some = next(iter(verdicts.values()), None)
         return BatchResult(
             decision=[_ADMIT if x == _OK else _REJECT for x in reasons],
             reason=reasons,
-            retry_after_ms=[-(-r[R.RETRY_NS] // NS_PER_MS) for r in recs],
-            reserved_tokens=[r[R.RESERVED] for r in recs],
-            reservation_id=[r[R.RID] for r in recs],
-            granted_max_tokens=[r[R.GRANTED] for r in recs],
-            bucket_remaining=[r[R.BUCKET] for r in recs],
-            hourly_remaining=[r[R.HOUR] for r in recs],
-            daily_remaining=[r[R.DAY] for r in recs],
-            duplicate=[i in replayed for i in range(len(recs))]
-            if replayed
-            else [False] * len(recs),
-            shadow_reason=[r[R.SHADOW_REASON] for r in recs],
+            retry_after_ms=[-(-x // NS_PER_MS) for x in map(itemgetter(RETRY_NS), recs)],
+            reserved_tokens=list(map(itemgetter(RESERVED), recs)),
+            reservation_id=list(map(itemgetter(RID), recs)),
+            granted_max_tokens=list(map(itemgetter(GRANTED), recs)),
+            bucket_remaining=list(map(itemgetter(BUCKET), recs)),
+            hourly_remaining=list(map(itemgetter(HOUR), recs)),
+            daily_remaining=list(map(itemgetter(DAY), recs)),
+            duplicate=[i in replayed for i in range(n)] if replayed else [False] * n,
+            shadow_reason=list(map(itemgetter(SHADOW_REASON), recs)),
             degraded=degraded,
             pricing_multiplier=multiplier,
             # Per-tenant fallback models are only in unary answers: one batch

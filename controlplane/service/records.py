@@ -138,6 +138,18 @@ class RequestLog:
             return None
         return rec
 
+    def replay_many(self, keys: list[Key], now: int) -> dict[int, Record]:
+        """``replay`` for a batch: index -> earlier decision, for the keys
+        whose decision still stands."""
+        records = self.records
+        out: dict[int, Record] = {}
+        for i, key in enumerate(keys):
+            if key in records:
+                prior = self.replay(key, now)
+                if prior is not None:
+                    out[i] = prior
+        return out
+
     @property
     def remembers_rejections(self) -> bool:
         return self._replay_ns > 0

@@ -1,0 +1,135 @@
+"""In-process benchmark of the admission service's public API (no gRPC).
+
+    .venv/bin/python bench/bench_service.py [--rounds 7] [--n 20000]
+    valgrind --tool=callgrind .venv/bin/python bench/bench_service.py \
+        --rounds 1 --n 5000 --only "admit_batch 100"    # instruction counts
+
+Drives ``AdmissionService`` directly, as the simulator and replays do, with
+a fake clock: unary ``admit`` + ``complete``, ``admit_or_wait`` against a
+backlog, and ``admit_batch`` at batch sizes 100 and 1,000. Prints the median
+nanoseconds per decision over interleaved rounds (JSON with ``--json``).
+
+It measures only the Python around the fast path, so two checkouts can be
+compared side by side (the restructure's figures in BENCHMARKS.md come from
+running this file from both trees, alternately for times and under
+callgrind for instruction counts, which a shared machine cannot disturb).
+Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from collections.abc import Callable
+from decimal import Decimal
+
+from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.service import AdmissionService
+from controlplane.settings import Settings
+
+LANES = [
+    LaneConfig("premium", 0, Decimal("0.40"), 200, True, False),
+    LaneConfig("standard", 1, Decimal("0.45"), 800, False, True),
+    LaneConfig("batch", 2, Decimal("0.15"), 5000, False, True),
+]
+TENANTS = 100
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000 * 10**9
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def make_service() -> tuple[AdmissionService, Clock]:
+    clock = Clock()
+    svc = AdmissionService(Settings(), clock=clock)
+    tenants = [
+        TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**8) for i in range(TENANTS)
+    ]
+    svc.apply_config(tenants, LANES)
+    return svc, clock
+
+
+def unary(n: int) -> float:
+    svc, clock = make_service()
+    start = time.perf_counter_ns()
+    for i in range(n):
+        t = f"t{i % TENANTS}"
+        rid = f"r{i}"
+        svc.admit(t, rid, "standard", 500, 200)
+        svc.complete(t, rid, 0, 500, 100)
+        clock.now += 1000
+    return (time.perf_counter_ns() - start) / n
+
+
+def batch(n: int, size: int) -> float:
+    svc, clock = make_service()
+    tenants = [f"t{i % TENANTS}" for i in range(size)]
+    prompts = [500] * size
+    maxt = [200] * size
+    start = time.perf_counter_ns()
+    for b in range(n // size):
+        ids = [f"b{b}-{i}" for i in range(size)]
+        svc.admit_batch(tenants, ids, [], prompts, maxt)
+        clock.now += 1000
+    return (time.perf_counter_ns() - start) / (n // size * size)
+
+
+def waiting(n: int) -> float:
+    """A tenant whose requests queue behind its own backlog, released by completes."""
+    clock = Clock()
+    svc = AdmissionService(Settings(), clock=clock)
+    svc.apply_config(
+        [TenantConfig("w", token_rate=Decimal(10**6), burst_tokens=10**8, max_concurrency=8)],
+        LANES,
+    )
+    start = time.perf_counter_ns()
+    open_ids: list[str] = []
+    for i in range(n):
+        out = svc.admit_or_wait("w", f"r{i}", "standard", 100, 100, deadline_ns=clock.now + 10**10)
+        if not hasattr(out, "on_done"):
+            open_ids.append(f"r{i}")
+        if len(open_ids) >= 8:
+            rid = open_ids.pop(0)
+            svc.complete("w", rid, 0, 100, 50)
+        clock.now += 1000
+    return (time.perf_counter_ns() - start) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--n", type=int, default=20_000, help="decisions per scenario and round")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", help="run one scenario (e.g. under valgrind --tool=callgrind)")
+    args = ap.parse_args()
+    scenarios: dict[str, Callable[[], float]] = {
+        "admit+complete": lambda: unary(args.n),
+        "admit_or_wait (backlog)": lambda: waiting(args.n),
+        "admit_batch 100": lambda: batch(args.n, 100),
+        "admit_batch 1000": lambda: batch(args.n, 1000),
+    }
+    if args.only:
+        scenarios = {args.only: scenarios[args.only]}
+    results: dict[str, list[float]] = {name: [] for name in scenarios}
+    for _ in range(args.rounds):
+        for name, run in scenarios.items():
+            gc.collect()
+            results[name].append(run())
+    medians = {name: statistics.median(v) for name, v in results.items()}
+    if args.json:
+        print(json.dumps(medians))
+        return
+    print("| scenario | ns per decision (median) |\n|---|---|")
+    for name, ns in medians.items():
+        print(f"| {name} | {ns:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
