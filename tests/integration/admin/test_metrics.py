@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
 import urllib.request
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
@@ -13,33 +12,37 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from tests.integration.admin.conftest import Env, code_of
+from tests.support import wait_until
 
 METRICS = {"metrics_port": 0, "metrics_sample_s": 0.05, "metrics_tenant_label_limit": 2}
 
+# (sample name, sorted labels) -> value
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
-def scrape(env: Env) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+
+def scrape(env: Env) -> Metrics:
     port = env.srv.plane.metrics_port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    out: Metrics = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
 
 
-def value(m: dict[Any, float], name: str, **labels: str) -> float:
+def value(m: Metrics, name: str, **labels: str) -> float:
     return m.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def wait_for(env: Env, check: Any) -> dict[Any, float]:
+def wait_for(env: Env, check: Callable[[Metrics], bool], what: str) -> Metrics:
     """Scrape until ``check(metrics)`` holds (the sampler runs every 50 ms)."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def scraped() -> Metrics | None:
         m = scrape(env)
-        if check(m) or time.monotonic() > deadline:
-            return m
-        time.sleep(0.02)
+        return m if check(m) else None
+
+    return wait_until(scraped, message=what, timeout=10)
 
 
 @pytest.mark.parametrize("env", [METRICS], indirect=True)
@@ -61,7 +64,9 @@ def test_metrics_move_with_decisions(env: Env) -> None:
         )
     )  # fmt: skip
     code_of(lambda: env.client("bgk_nope_nope").list_tenants())
-    m = wait_for(env, lambda m: value(m, "burstgate_inflight_tokens") == 2000)
+    m = wait_for(
+        env, lambda m: value(m, "burstgate_inflight_tokens") == 2000, "2,000 tokens in flight"
+    )
     assert value(m, "burstgate_decisions_total", decision="admit", reason="ok") == 5
     assert value(m, "burstgate_decisions_total", decision="reject", reason="max_tokens") == 1
     assert value(m, "burstgate_decision_duration_seconds_count", method="Admit") == 6
@@ -96,7 +101,7 @@ def test_metrics_move_with_decisions(env: Env) -> None:
             tenant=apb.Tenant(tenant_id="gamma", token_rate="1", burst_tokens=1)
         ),
     )
-    m2 = wait_for(env, lambda m: value(m, "burstgate_tenants") == 3)
+    m2 = wait_for(env, lambda m: value(m, "burstgate_tenants") == 3, "3 tenants")
     assert (
         value(m2, "burstgate_config_reloads_total")
         == value(m, "burstgate_config_reloads_total") + 2
