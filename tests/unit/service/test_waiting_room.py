@@ -85,9 +85,11 @@ async def run_pending(rounds: int = 10) -> None:
         await asyncio.sleep(0)
 
 
-def one_slot(make_service: Callable[..., AdmissionService]) -> AdmissionService:
-    """acme may run one request at a time: a second one waits for the slot."""
-    return make_service(tenant(max_concurrency=1))
+@pytest.fixture
+def room(make_service: Callable[..., AdmissionService]) -> WaitingRoom:
+    """A room over a service where acme may run one request at a time: a
+    second one waits for the slot."""
+    return WaitingRoom(make_service(tenant(max_concurrency=1)))
 
 
 def admit(room: WaitingRoom, rid: str, lane: str = "") -> Coroutine[Any, Any, AdmitDecision]:
@@ -99,9 +101,8 @@ def queued(svc: AdmissionService) -> int:
     return svc.waiting
 
 
-def test_a_waiter_is_admitted_when_capacity_frees(make_service: Any, clock: Any, run: Any) -> None:
-    svc = one_slot(make_service)
-    room = WaitingRoom(svc)
+def test_a_waiter_is_admitted_when_capacity_frees(room: WaitingRoom, clock: Any, run: Any) -> None:
+    svc = room.service
 
     async def body(loop: VirtualTimeLoop) -> None:
         first = await admit(room, "a")  # a free slot: answered without waiting
@@ -123,10 +124,9 @@ def test_a_waiter_is_admitted_when_capacity_frees(make_service: Any, clock: Any,
 
 
 def test_the_timer_ends_a_wait_at_its_deadline_with_queue_timeout(
-    make_service: Any, clock: Any, run: Any
+    room: WaitingRoom, clock: Any, run: Any
 ) -> None:
-    svc = one_slot(make_service)
-    room = WaitingRoom(svc)
+    svc = room.service
 
     async def body(loop: VirtualTimeLoop) -> None:
         await admit(room, "a", "premium")
@@ -151,9 +151,8 @@ def test_the_timer_ends_a_wait_at_its_deadline_with_queue_timeout(
     run(body)
 
 
-def test_an_earlier_wakeup_rearms_the_timer(make_service: Any, clock: Any, run: Any) -> None:
-    svc = one_slot(make_service)
-    room = WaitingRoom(svc)
+def test_an_earlier_wakeup_rearms_the_timer(room: WaitingRoom, clock: Any, run: Any) -> None:
+    svc = room.service
 
     async def body(loop: VirtualTimeLoop) -> None:
         await admit(room, "a")
@@ -177,10 +176,8 @@ def test_an_earlier_wakeup_rearms_the_timer(make_service: Any, clock: Any, run: 
 
 
 def test_a_later_wakeup_leaves_the_armed_timer_alone(
-    make_service: Any, clock: Any, run: Any
+    room: WaitingRoom, clock: Any, run: Any
 ) -> None:
-    svc = one_slot(make_service)
-    room = WaitingRoom(svc)
 
     async def body(loop: VirtualTimeLoop) -> None:
         await admit(room, "a")
@@ -203,10 +200,9 @@ def test_a_later_wakeup_leaves_the_armed_timer_alone(
 
 
 def test_cancelling_the_caller_takes_its_waiter_out_of_the_queue(
-    make_service: Any, clock: Any, run: Any
+    room: WaitingRoom, clock: Any, run: Any
 ) -> None:
-    svc = one_slot(make_service)
-    room = WaitingRoom(svc)
+    svc = room.service
 
     async def body(loop: VirtualTimeLoop) -> None:
         first = await admit(room, "a")
@@ -238,10 +234,9 @@ def test_cancelling_the_caller_takes_its_waiter_out_of_the_queue(
 
 
 def test_a_failing_tick_still_rearms_the_timer(
-    make_service: Any, clock: Any, run: Any, monkeypatch: pytest.MonkeyPatch
+    room: WaitingRoom, clock: Any, run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    svc = one_slot(make_service)
-    room = WaitingRoom(svc)
+    svc = room.service
     real_tick = svc.tick
     calls: list[int] = []
 
