@@ -29,16 +29,12 @@ ours/empty of the medians.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import cProfile
 import gc
 import io
 import multiprocessing as mp
 import os
-import platform
 import pstats
-import statistics
 import sys
 import tempfile
 import time
@@ -46,15 +42,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+import _harness as h
 import _loadgen as lg
+from _harness import median as _med
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# Targets from issue 2, "Performance (benchmark, not a timed test)".
+# Core admission performance targets (measured by this benchmark, never by a timed test).
 TARGET_STREAM_DPS = 300_000
 TARGET_P99_MS = 1.0
 TARGET_RATIO = 1.15
@@ -66,45 +61,12 @@ TIGHT_TENANT = "bench-d"
 # ------------------------------------------------------------ server process
 
 
-class _GcTimer:
-    """gc.callbacks hook: total and longest collection pause."""
-
-    def __init__(self) -> None:
-        self.total_s = 0.0
-        self.max_s = 0.0
-        self.collections = [0, 0, 0]
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-            return
-        pause = time.perf_counter() - self._t0
-        self.total_s += pause
-        self.max_s = max(self.max_s, pause)
-        self.collections[info["generation"]] += 1
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def server_main(mode: str, db_url: str, ttl_s: float | None, conn: Connection) -> None:
+def server_main(conn: Connection, mode: str, db_url: str, ttl_s: float | None) -> None:
     """Process entry point of the "ours" and "empty" servers."""
-    os.dup2(2, 1)  # stdout belongs to the report
-    from controlplane import logs
-
-    logs.configure("console", "warning")
-    import uvloop
-
-    uvloop.run(_serve(mode, db_url, ttl_s, conn))
+    h.run_server(_serve(conn, mode, db_url, ttl_s))
 
 
-async def _serve(mode: str, db_url: str, ttl_s: float | None, conn: Connection) -> None:
+async def _serve(conn: Connection, mode: str, db_url: str, ttl_s: float | None) -> None:
     from _grpc_empty import create_empty_server
 
     from controlplane.server import ControlPlane
@@ -118,8 +80,7 @@ async def _serve(mode: str, db_url: str, ttl_s: float | None, conn: Connection) 
         database_url=db_url, host="127.0.0.1", port=0, metrics_port=-1, admission_auth=False,
         **overrides,
     )  # fmt: skip
-    gc_timer = _GcTimer()
-    gc.callbacks.append(gc_timer)
+    gc_timer = h.GcTimer().install()
     plane: ControlPlane | None = None
     server: Any = None
     if mode == "ours":
@@ -133,40 +94,22 @@ async def _serve(mode: str, db_url: str, ttl_s: float | None, conn: Connection) 
         implementation = service.implementation
     conn.send(("ready", port, os.getpid(), implementation, settings.reservation_ttl_s))
 
-    profiler: cProfile.Profile | None = None
-    while True:
-        try:
-            cmd = await asyncio.to_thread(conn.recv)
-        except EOFError:
-            break
-        if cmd[0] == "stop":
-            break
-        if cmd[0] == "stats":
-            stats: dict[str, Any] = {
-                "gc_total_s": gc_timer.total_s,
-                "gc_max_s": gc_timer.max_s,
-                "gc_collections": list(gc_timer.collections),
-                "rss_mb": _rss_mb(),
-                "open_reservations": plane.service.open_reservations if plane else 0,
-                # request ids remembered (admitted until the TTL, refused ~1 s)
-                "records": plane.service.remembered_requests if plane else 0,
-                # O(objects): only when asked, outside any measured window
-                "tracked_objects": len(gc.get_objects()) if cmd[1:] == ("full",) else -1,
-            }
-            gc_timer.max_s = 0.0  # the max is per interval between two "stats"
-            conn.send(stats)
-        elif cmd[0] == "profile_on":
-            profiler = cProfile.Profile()
-            profiler.enable()  # on the event-loop thread, where every RPC runs
-            conn.send("ok")
-        elif cmd[0] == "profile_off":
-            if profiler is not None:
-                profiler.disable()
-                profiler.dump_stats(cmd[1])
-            profiler = None
-            conn.send("ok")
-        else:
-            conn.send(f"unknown command {cmd!r}")
+    def stats(*how: str) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "gc_total_s": gc_timer.total_s,
+            "gc_max_s": gc_timer.max_s,
+            "gc_collections": list(gc_timer.collections),
+            "rss_mb": h.rss_mb(),
+            "open_reservations": plane.service.open_reservations if plane else 0,
+            # request ids remembered (admitted until the TTL, refused ~1 s)
+            "records": plane.service.remembered_requests if plane else 0,
+            # O(objects): only when asked, outside any measured window
+            "tracked_objects": len(gc.get_objects()) if how == ("full",) else -1,
+        }
+        gc_timer.max_s = 0.0  # the max is per interval between two "stats"
+        return out
+
+    await h.serve_commands(conn, {"stats": stats})
     if plane is not None:
         await plane.stop(0)
     if server is not None:
@@ -174,12 +117,10 @@ async def _serve(mode: str, db_url: str, ttl_s: float | None, conn: Connection) 
 
 
 @dataclass
-class ServerHandle:
-    mode: str
-    proc: BaseProcess
-    conn: Connection
+class ServerHandle(h.Child):
+    """A server process; port, implementation and TTL come with its "ready"."""
+
     port: int = 0
-    pid: int = 0
     implementation: str = ""
     ttl_s: float = 0.0
 
@@ -187,62 +128,19 @@ class ServerHandle:
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def call(self, *cmd: Any, timeout: float = 30.0) -> Any:
-        self.conn.send(cmd)
+    def await_ready(self, timeout: float = 60.0) -> None:
         if not self.conn.poll(timeout):
-            raise TimeoutError(f"{self.mode} server did not answer {cmd[0]!r}")
-        return self.conn.recv()
+            raise TimeoutError(f"{self.name} server did not start within {timeout:.0f} s")
+        _, self.port, _pid, self.implementation, self.ttl_s = self.conn.recv()
 
 
 def start_server(ctx: Any, mode: str, db_url: str, ttl_s: float | None) -> ServerHandle:
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(
-        target=server_main, args=(mode, db_url, ttl_s, child), name=f"bench-{mode}", daemon=True
-    )
-    proc.start()
-    child.close()
-    return ServerHandle(mode, proc, parent)
+    proc, conn = h.spawn(ctx, f"bench-{mode}", server_main, mode, db_url, ttl_s)
+    return ServerHandle(mode, proc, conn)
 
 
-def await_ready(h: ServerHandle, timeout: float = 60.0) -> None:
-    if not h.conn.poll(timeout):
-        raise TimeoutError(f"{h.mode} server did not start within {timeout:.0f} s")
-    _, h.port, h.pid, h.implementation, h.ttl_s = h.conn.recv()
-
-
-def stop_process(proc: BaseProcess, conn: Connection, msg: Any) -> None:
-    with contextlib.suppress(OSError, BrokenPipeError):
-        conn.send(msg)
-    proc.join(15)
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(5)
-
-
-# ------------------------------------------------------------------ loadgen
-
-
-@dataclass
-class Loadgen:
-    proc: BaseProcess
-    conn: Connection
-
-    def run(self, params: lg.StreamParams | lg.UnaryParams, timeout: float) -> Any:
-        self.conn.send(params)
-        if not self.conn.poll(timeout):
-            raise TimeoutError(f"load generator did not finish {params!r} in {timeout:.0f} s")
-        result = self.conn.recv()
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-
-def start_loadgen(ctx: Any) -> Loadgen:
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=lg.loadgen_main, args=(child,), name="bench-loadgen", daemon=True)
-    proc.start()
-    child.close()
-    return Loadgen(proc, parent)
+def start_loadgen(ctx: Any) -> h.Child:
+    return h.Child("load generator", *h.spawn(ctx, "bench-loadgen", lg.loadgen_main))
 
 
 # -------------------------------------------------------------- orchestration
@@ -279,35 +177,16 @@ class Scenario:
     samples: dict[str, list[Sample]] = field(default_factory=lambda: {"ours": [], "empty": []})
 
 
-def quiesce(
-    pids: Sequence[int], max_wait_s: float = 4.0, window_s: float = 0.25, machine_cores: float = 0.5
-) -> bool:
-    """Wait (bounded) until every process in ``pids`` uses < ~10% of a core
-    and the whole machine < ``machine_cores``; False if it never got there."""
-    deadline = time.monotonic() + max_wait_s
-    while True:
-        before = [lg.proc_cpu_s(p) for p in pids]
-        busy0 = lg.machine_busy_s()
-        time.sleep(window_s)
-        after = [lg.proc_cpu_s(p) for p in pids]
-        busy = (lg.machine_busy_s() - busy0) / window_s
-        idle = all((a - b) / window_s < 0.1 for a, b in zip(after, before, strict=True))
-        if idle and busy < machine_cores:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-
-
 def run_one(
     sc: Scenario,
     mode: str,
     rnd: int,
     plan: Plan,
     servers: dict[str, ServerHandle],
-    loadgen: Loadgen,
+    loadgen: h.Child,
 ) -> Sample:
     srv = servers[mode]
-    quiet = quiesce([s.pid for s in servers.values()], plan.quiesce_s)
+    quiet = h.quiesce([s.pid for s in servers.values()], plan.quiesce_s)
     before = srv.call("stats")
     # Unique request ids across every round of every scenario.
     prefix = f"{sc.kind[0]}{sc.size}r{rnd}{mode[0]}-"
@@ -347,7 +226,7 @@ def run_one(
     )
 
 
-def run_all(plan: Plan, servers: dict[str, ServerHandle], loadgen: Loadgen) -> list[Scenario]:
+def run_all(plan: Plan, servers: dict[str, ServerHandle], loadgen: h.Child) -> list[Scenario]:
     scenarios = [Scenario("stream", n) for n in plan.batch_sizes]
     scenarios += [Scenario("unary", r) for r in plan.rates]
     for sc in scenarios:
@@ -402,7 +281,7 @@ def prepare_db(url: str) -> None:
 
 
 def profile_ours(
-    plan: Plan, servers: dict[str, ServerHandle], loadgen: Loadgen, tmp: Path
+    plan: Plan, servers: dict[str, ServerHandle], loadgen: h.Child, tmp: Path
 ) -> list[tuple[str, str]]:
     """cProfile the ours server's event-loop thread for one stream round
     (batch 100) and one unary round (2,000/s); return (label, top table)."""
@@ -431,7 +310,7 @@ def profile_ours(
         ("AdmitStream, batch 100", stream),
         ("unary Admit, 2,000/s", unary),
     ):
-        quiesce([s.pid for s in servers.values()], plan.quiesce_s)
+        h.quiesce([s.pid for s in servers.values()], plan.quiesce_s)
         path = tmp / f"profile-{len(out)}.pstats"
         ours.call("profile_on")
         result = loadgen.run(params, 120)
@@ -439,8 +318,7 @@ def profile_ours(
         buf = io.StringIO()
         stats = pstats.Stats(str(path), stream=buf)
         stats.sort_stats("tottime").print_stats(18)
-        text = buf.getvalue().replace(str(REPO_ROOT) + "/", "")
-        text = text.replace(str(Path(sys.prefix)) + "/", "")
+        text = h.clean_paths(buf.getvalue())
         lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
         if isinstance(result, lg.StreamResult):
             head = f"{result.decisions_per_s:,.0f} decisions/s under the profiler"
@@ -453,38 +331,8 @@ def profile_ours(
 # ------------------------------------------------------------------- report
 
 
-def _med(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "n/a"
-
-
-def _machine() -> list[str]:
-    from importlib.metadata import version
-
-    import google.protobuf
-    import grpc
-    from google.protobuf.internal import api_implementation
-
-    import fastpath
-
-    model = ""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return [
-        f"- CPU: {os.cpu_count()} logical cores (nproc), affinity "
-        f"{len(os.sched_getaffinity(0))}, {model or 'unknown model'}",
-        f"- Python {platform.python_version()} ({platform.python_implementation()}), "
-        f"grpcio {grpc.__version__}, protobuf {google.protobuf.__version__} "
-        f"({api_implementation.Type()} backend), uvloop {version('uvloop')}, "
-        f"numpy {version('numpy')}",
-        f"- fastpath implementation: `{fastpath.IMPLEMENTATION}` (bench process)",
-    ]
 
 
 def report(
@@ -502,7 +350,7 @@ def report(
     lines = ["# burstgate gRPC benchmark", ""]
     lines.append(f"Command: `{' '.join(argv)}` (run took {elapsed_s:.0f} s)")
     lines.append("")
-    lines += _machine()
+    lines += h.machine()
     lines.append(
         f"- servers: grpc.aio on uvloop, loopback 127.0.0.1; ours = `ControlPlane` "
         f"(fastpath `{ours.implementation}`, reservation_ttl_s {ours.ttl_s:g}, SQLite); "
@@ -605,19 +453,9 @@ def report(
         for mode in ("ours", "empty"):
             ss = sc.samples[mode]
             us: list[lg.UnaryResult] = [s.result for s in ss]
-            m = {
-                "done": _med([r.completed_per_s for r in us]),
-                "p50": _med([r.p50_ms for r in us]),
-                "p99": _med([r.p99_ms for r in us]),
-                "max": _med([r.max_ms for r in us]),
-                "cpu": _med([r.server_cpu_s / r.calls * 1e6 for r in us if r.calls]),
-                "lag": _med([r.send_lag_p99_ms for r in us]),
-                "err": float(sum(r.errors for r in us)),
+            m = h.unary_medians(us) | {
                 "gc": _med([s.gc_max_s * 1e3 for s in ss]),
-                "adm": _med([r.admitted_fraction * 100 for r in us]),
                 "ccpu": _med([r.client_cpu_s / r.calls * 1e6 for r in us if r.calls]),
-                "oth": _med([r.other_cores for r in us]),
-                "stl": _med([r.steal_fraction * 100 for r in us]),
             }
             umed[mode] = m
             lines.append(
@@ -658,7 +496,7 @@ def report(
     lines.append("")
 
     # Targets.
-    lines.append("## Targets (issue 2)")
+    lines.append("## Targets (core admission)")
     lines.append("")
     lines += _targets(scenarios)
     lines.append("")
@@ -718,7 +556,7 @@ def _targets(scenarios: list[Scenario]) -> list[str]:
             f"- AdmitStream batch 100: {dps:,.0f} decisions/s (target >= {TARGET_STREAM_DPS:,}), "
             f"p99 {p99:.3f} ms/batch (target < {TARGET_P99_MS:g} ms): "
             f"{verdict(dps >= TARGET_STREAM_DPS and p99 < TARGET_P99_MS)}; "
-            f"empty stream here: {edps:,.0f}/s (issue's reference: ~435,000/s)"
+            f"empty stream here: {edps:,.0f}/s (reference figure: ~435,000/s)"
         )
     u1 = med("unary", 1000, "ours", lambda r: r.p99_ms)
     if u1 is not None:
@@ -785,8 +623,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         loadgen = start_loadgen(ctx)
         try:
-            for h in servers.values():
-                await_ready(h)
+            for srv in servers.values():
+                srv.await_ready()
             print(
                 f"servers up: ours {servers['ours'].target}, empty {servers['empty'].target}",
                 file=sys.stderr,
@@ -794,21 +632,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             scenarios = run_all(plan, servers, loadgen)
             profiles = profile_ours(plan, servers, loadgen, tmp) if args.profile else []
-            final = {mode: h.call("stats", "full") for mode, h in servers.items()}
+            final = {mode: srv.call("stats", "full") for mode, srv in servers.items()}
             load_after = os.getloadavg()
         finally:
-            stop_process(loadgen.proc, loadgen.conn, None)
-            for h in servers.values():
-                stop_process(h.proc, h.conn, ("stop",))
+            loadgen.stop(None)
+            for srv in servers.values():
+                srv.stop(("stop",))
     text = report(
         plan,
         scenarios,
         servers,
-        [
-            os.path.relpath(sys.executable),
-            os.path.relpath(__file__),
-            *(sys.argv[1:] if argv is None else argv),
-        ],
+        h.command_line(__file__, argv),
         time.monotonic() - started,
         load_before,
         load_after,

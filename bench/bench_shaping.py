@@ -1,4 +1,4 @@
-"""Benchmark of server-side waiting (issue 3, "Benchmark"): 1,000 Admit calls
+"""Benchmark of server-side waiting (burst shaping): 1,000 Admit calls
 waiting in a lane's queue.
 
     .venv/bin/python bench/bench_shaping.py            # full run, ~3.5 minutes
@@ -38,7 +38,7 @@ holder keeps K slots of ``blocked`` taken and 1,000 calls waiting for the
 whole measurement; the prober sends open-loop Admits for ``free`` at a fixed
 rate (latency from the scheduled send time); compared with the same
 measurement with no waiters (the 1,000 are cancelled in between), rounds
-alternating. Target (issue 3): p99 no worse than 1.2x the idle p99.
+alternating. Burst-shaping target: p99 no worse than 1.2x the idle p99.
 """
 
 from __future__ import annotations
@@ -46,14 +46,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
 import dataclasses
 import gc
 import io
 import multiprocessing as mp
 import os
 import pstats
-import statistics
 import sys
 import tempfile
 import time
@@ -66,15 +64,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import _harness as h
 import _loadgen as lg
 import _shaping_load as sl
 import bench_grpc as bg
+from _harness import median as _med
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# Target from issue 3, "Benchmark".
+# Burst-shaping target: Admit p99 with the calls waiting / idle Admit p99.
 TARGET_P99_RATIO = 1.2
-# The core issue's unary target, for reference (issue 2).
+# The core admission target for unary Admit p99 (bench_grpc.py), for reference.
 CORE_P99_MS = 1.0
 
 BLOCKED = "blocked"  # the tenant whose calls wait
@@ -93,18 +91,12 @@ SERVER = "server"
 # ------------------------------------------------------------ server process
 
 
-def server_main(db_url: str, ledger: bool, conn: Connection) -> None:
+def server_main(conn: Connection, db_url: str, ledger: bool) -> None:
     """Process entry point of the server."""
-    os.dup2(2, 1)  # stdout belongs to the report
-    from controlplane import logs
-
-    logs.configure("console", "warning")
-    import uvloop
-
-    uvloop.run(_serve(db_url, ledger, conn))
+    h.run_server(_serve(conn, db_url, ledger))
 
 
-def _server_stats(plane: Any, gc_timer: bg._GcTimer, full: bool) -> dict[str, Any]:
+def _server_stats(plane: Any, gc_timer: h.GcTimer, full: bool) -> dict[str, Any]:
     from fastpath import Reason
 
     svc = plane.service
@@ -126,7 +118,7 @@ def _server_stats(plane: Any, gc_timer: bg._GcTimer, full: bool) -> dict[str, An
         "gc_total_s": gc_timer.total_s,
         "gc_max_s": gc_timer.max_s,
         "gc_collections": list(gc_timer.collections),
-        "rss_mb": bg._rss_mb(),
+        "rss_mb": h.rss_mb(),
         "tracked_objects": -1,
         "top_types": [],
     }
@@ -139,7 +131,7 @@ def _server_stats(plane: Any, gc_timer: bg._GcTimer, full: bool) -> dict[str, An
     return stats
 
 
-async def _serve(db_url: str, ledger: bool, conn: Connection) -> None:
+async def _serve(conn: Connection, db_url: str, ledger: bool) -> None:
     from controlplane.server import ControlPlane
     from controlplane.settings import Settings
 
@@ -151,46 +143,33 @@ async def _serve(db_url: str, ledger: bool, conn: Connection) -> None:
         admission_auth=False,
         ledger_enabled=ledger,
     )
-    gc_timer = bg._GcTimer()
-    gc.callbacks.append(gc_timer)
+    gc_timer = h.GcTimer().install()
     plane = ControlPlane(settings)
     port = await plane.start()
     conn.send(
         ("ready", port, os.getpid(), plane.service.implementation, settings.reservation_ttl_s)
     )
 
-    profiler: cProfile.Profile | None = None
-    while True:
-        try:
-            cmd = await asyncio.to_thread(conn.recv)
-        except EOFError:
-            break
-        if cmd[0] == "stop":
-            break
-        if cmd[0] == "stats":
-            conn.send(_server_stats(plane, gc_timer, cmd[1:] == ("full",)))
-        elif cmd[0] == "await_waiting":
-            # Poll on the loop until exactly n calls wait (bounded in time).
-            n, timeout_s = cmd[1], cmd[2]
-            deadline = time.monotonic() + timeout_s
-            while plane.service.waiting != n and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
-            conn.send(plane.service.waiting)
-        elif cmd[0] == "gc_collect":
-            gc.collect()
-            conn.send("ok")
-        elif cmd[0] == "profile_on":
-            profiler = cProfile.Profile()
-            profiler.enable()  # on the event-loop thread, where every RPC runs
-            conn.send("ok")
-        elif cmd[0] == "profile_off":
-            if profiler is not None:
-                profiler.disable()
-                profiler.dump_stats(cmd[1])
-            profiler = None
-            conn.send("ok")
-        else:
-            conn.send(f"unknown command {cmd!r}")
+    async def await_waiting(n: int, timeout_s: float) -> int:
+        # Poll on the loop until exactly n calls wait (bounded in time).
+        deadline = time.monotonic() + timeout_s
+        while plane.service.waiting != n and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        waiting: int = plane.service.waiting
+        return waiting
+
+    def gc_collect() -> str:
+        gc.collect()
+        return "ok"
+
+    await h.serve_commands(
+        conn,
+        {
+            "stats": lambda *how: _server_stats(plane, gc_timer, how == ("full",)),
+            "await_waiting": await_waiting,
+            "gc_collect": gc_collect,
+        },
+    )
     await plane.stop(0)
 
 
@@ -229,36 +208,8 @@ def prepare_db(url: str, concurrency: int) -> None:
 # ----------------------------------------------------------- load processes
 
 
-@dataclass
-class Worker:
-    """A load process answering one command at a time over its pipe."""
-
-    name: str
-    proc: Any
-    conn: Connection
-
-    @property
-    def pid(self) -> int:
-        return int(self.proc.pid)
-
-    def run(self, msg: Any, timeout: float) -> Any:
-        self.conn.send(msg)
-        if not self.conn.poll(timeout):
-            raise TimeoutError(
-                f"{self.name} did not finish {type(msg).__name__} in {timeout:.0f} s"
-            )
-        result = self.conn.recv()
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-
-def start_worker(ctx: Any, name: str, target: Callable[..., None], *args: Any) -> Worker:
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(child, *args), name=name, daemon=True)
-    proc.start()
-    child.close()
-    return Worker(name, proc, parent)
+def start_worker(ctx: Any, name: str, target: Callable[..., None], *args: Any) -> h.Child:
+    return h.Child(name, *h.spawn(ctx, name, target, *args))
 
 
 # -------------------------------------------------------------- orchestration
@@ -281,8 +232,8 @@ class Plan:
 @dataclass
 class Env:
     server: bg.ServerHandle
-    holder: Worker
-    prober: Worker
+    holder: h.Child
+    prober: h.Child
     checks: list[str] = field(default_factory=list)  # anomalies seen (should stay empty)
     notes: list[str] = field(default_factory=list)  # load effects worth knowing
     prefix_seq: int = 0
@@ -306,7 +257,7 @@ class Env:
             self.server.call("gc_collect")
 
     def quiesce(self, plan: Plan) -> bool:
-        return bg.quiesce([self.server.pid, self.holder.pid, self.prober.pid], plan.quiesce_s)
+        return h.quiesce([self.server.pid, self.holder.pid, self.prober.pid], plan.quiesce_s)
 
     def fill(self, admitted: int, waiting: int, tag: str) -> sl.FillResult:
         fr: sl.FillResult = self.holder.run(
@@ -536,11 +487,6 @@ _FOCUS = (
 )
 
 
-def _clean(text: str) -> str:
-    text = text.replace(str(REPO_ROOT) + "/", "")
-    return text.replace(str(Path(sys.prefix)) + "/", "")
-
-
 def _profiled(env: Env, path: Path, run: Callable[[], Any]) -> tuple[Any, pstats.Stats]:
     env.server.call("profile_on")
     try:
@@ -554,7 +500,7 @@ def _top(st: pstats.Stats, n: int = 16) -> str:
     buf = io.StringIO()
     st.stream = buf  # type: ignore[attr-defined]
     st.sort_stats("tottime").print_stats(n)
-    lines = [ln.rstrip() for ln in _clean(buf.getvalue()).splitlines() if ln.strip()]
+    lines = [ln.rstrip() for ln in h.clean_paths(buf.getvalue()).splitlines() if ln.strip()]
     # drop the header lines (file name, date, "Ordered by", "List reduced")
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
     return "\n".join(lines[start:])
@@ -670,10 +616,6 @@ def profile_all(env: Env, plan: Plan, tmp: Path) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------- report
 
 
-def _med(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def _fmt_ratio(x: float) -> str:
     return "n/a" if x != x else f"{x:.2f}x"
 
@@ -719,7 +661,7 @@ def report(
     lines = ["# burstgate burst-shaping benchmark: 1,000 waiting Admit calls", ""]
     lines.append(f"Command: `{' '.join(argv)}` (run took {elapsed_s:.0f} s)")
     lines.append("")
-    lines += bg._machine()
+    lines += h.machine()
     lines.append(
         f"- server: `ControlPlane` on grpc.aio + uvloop, loopback 127.0.0.1, fastpath "
         f"`{srv.implementation}`, SQLite config store, admission auth off, ledger "
@@ -864,20 +806,10 @@ def report(
             if not pss:
                 continue
             pus = [s.result for s in pss]
-            m = {
-                "done": _med([r.completed_per_s for r in pus]),
-                "p50": _med([r.p50_ms for r in pus]),
-                "p99": _med([r.p99_ms for r in pus]),
-                "max": _med([r.max_ms for r in pus]),
-                "cpu": _med([r.server_cpu_s / r.calls * 1e6 for r in pus if r.calls]),
-                "lag": _med([r.send_lag_p99_ms for r in pus]),
-                "err": float(sum(r.errors for r in pus)),
-                "adm": _med([r.admitted_fraction * 100 for r in pus]),
+            m = h.unary_medians(pus) | {
                 "gct": _med([s.gc.total_s * 1e3 for s in pss]),
                 "gc": _med([s.gc.max_s * 1e3 for s in pss]),
                 "gcf": _med([s.gc.full for s in pss]),
-                "oth": _med([r.other_cores for r in pus]),
-                "stl": _med([r.steal_fraction * 100 for r in pus]),
             }
             bm[mode] = m
             label = f"{WAITERS:,} waiting" if mode == "waiting" else "idle"
@@ -938,21 +870,21 @@ def report(
     lines.append("")
 
     # ---------------------------------------------------------- targets
-    lines.append("## Targets (issue 3)")
+    lines.append("## Targets (burst shaping)")
     lines.append("")
     lines += verdicts
     idle_1000 = [s.result.p99_ms for s in probes if s.rate == 1000 and s.mode == "idle"]
     if idle_1000:
         lines.append(
             f"- for reference, idle p99 at 1,000/s here: {_med(idle_1000):.3f} ms (the core "
-            f"issue's target: < {CORE_P99_MS:g} ms; this run's machine load applies)"
+            f"admission target: < {CORE_P99_MS:g} ms; this run's machine load applies)"
         )
     if "waiting" in a_med and "none" in a_med:
         lines.append(
             f"- CPU per admission when capacity frees with {WAITERS:,} waiting: "
             f"{a_med['waiting']:,.1f} us vs {a_med['none']:,.1f} us without waiters "
-            f"({_fmt_ratio(_med(paired))} paired, {_med(diffs):+,.1f} us); the issue sets no "
-            "number for it"
+            f"({_fmt_ratio(_med(paired))} paired, {_med(diffs):+,.1f} us); burst shaping "
+            "sets no target for it"
         )
     lines.append("")
 
@@ -1069,17 +1001,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         db_url = f"sqlite:///{tmp}/bench.db"
         print(f"preparing {db_url}", file=sys.stderr, flush=True)
         prepare_db(db_url, plan.concurrency)
-        parent, child = ctx.Pipe()
-        sproc = ctx.Process(
-            target=server_main, args=(db_url, args.ledger, child), name="bench-server", daemon=True
-        )
-        sproc.start()
-        child.close()
-        server = bg.ServerHandle(SERVER, sproc, parent)
+        sproc, sconn = h.spawn(ctx, "bench-server", server_main, db_url, args.ledger)
+        server = bg.ServerHandle(SERVER, sproc, sconn)
         holder = start_worker(ctx, "bench-holder", sl.holder_main)
         prober = start_worker(ctx, "bench-prober", sl.prober_main, (FREE,))
         try:
-            bg.await_ready(server)
+            server.await_ready()
             env = Env(server, holder, prober)
             initial = server.call("stats", "full")
             print(f"server up: {server.target}", file=sys.stderr, flush=True)
@@ -1090,18 +1017,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_after = os.getloadavg()
         finally:
             for w in (holder, prober):
-                bg.stop_process(w.proc, w.conn, None)
-            bg.stop_process(server.proc, server.conn, ("stop",))
+                w.stop(None)
+            server.stop(("stop",))
     text = report(
         plan,
         cycles,
         probes,
         env,
-        [
-            os.path.relpath(sys.executable),
-            os.path.relpath(__file__),
-            *(sys.argv[1:] if argv is None else argv),
-        ],
+        h.command_line(__file__, argv),
         time.monotonic() - started,
         load_before,
         load_after,

@@ -1,18 +1,16 @@
-# Stubs for the compiled module; they mirror fastpath/_buckets_py.py exactly.
-from typing import TypeAlias
+# Stubs for the compiled module; they mirror fastpath/_buckets_py.py exactly, and
+# tests/unit/fastpath/test_fastpath_stubs.py checks them against the compiled module.
+from typing import Self, final
 
-import numpy as np
-import numpy.typing as npt
-from typing_extensions import Buffer
-
-Int64Array: TypeAlias = Buffer | npt.NDArray[np.int64]
-
-AdmitResult = tuple[int, int, int, int, int, int]
+from fastpath._buckets_py import AdmitResult, Int64Array
 
 def _c_constants() -> dict[str, int]: ...
 
+# A cdef class: @cython.final, and built by __cinit__ (so its constructor is __new__;
+# object.__init__ takes nothing).
+@final
 class TokenBucketTable:
-    def __init__(self, capacity: int = 64) -> None: ...
+    def __new__(cls, capacity: int = 64) -> Self: ...
     @property
     def capacity(self) -> int: ...
     def configure(

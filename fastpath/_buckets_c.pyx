@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-# cython: cdivision=True
+# cython: cdivision=True, autotestdict=False
 #
 # Compiled token-bucket table: the admission hot path.
 #

@@ -14,9 +14,11 @@ zero where Python's floors; on non-negative operands the two agree.
 
 from __future__ import annotations
 
-from operator import index as _index
 from typing import TYPE_CHECKING, Final, cast
 
+from fastpath._ints import I64_MAX as _I64_MAX
+from fastpath._ints import check_range as _check_range
+from fastpath._ints import i64 as _i64
 from fastpath.codes import (
     MAX_BURST_MTOK,
     MAX_GLOBAL_INFLIGHT_TOKENS,
@@ -50,8 +52,6 @@ __all__ = ["AdmitResult", "TokenBucketTable"]
 #  day_remaining); reason is a plain int equal to a ``Reason`` value.
 AdmitResult = tuple[int, int, int, int, int, int]
 
-_I64_MIN: Final = -(2**63)
-_I64_MAX: Final = 2**63 - 1
 # Largest whole-second part of a wait that still leaves room for the sub-second part
 # (< 1e9 ns) without passing int64; beyond it the wait saturates at RETRY_AFTER_NS_MAX.
 _WAIT_S_MAX: Final = (_I64_MAX - NS_PER_S) // NS_PER_S
@@ -66,22 +66,12 @@ _GLOBAL_WATERMARK: Final = int(Reason.GLOBAL_WATERMARK)
 _I64_FORMATS: Final = frozenset({"q", "@q", "=q", "l", "@l"})
 
 
-def _i64(value: int) -> int:
-    """``value`` as a plain int, failing like a C ``long long`` parameter would."""
-    v = _index(value)
-    if not _I64_MIN <= v <= _I64_MAX:
-        raise OverflowError(f"{v} does not fit in a signed 64-bit integer")
-    return v
-
-
 def _check_now(name: str, now_ns: int) -> None:
-    if not 0 <= now_ns <= MAX_NOW_NS:
-        raise ValueError(f"{name} must be in [0, {MAX_NOW_NS}], got {now_ns}")
+    _check_range(name, now_ns, 0, MAX_NOW_NS)
 
 
 def _check_tokens(name: str, tokens: int) -> None:
-    if not 0 <= tokens <= MAX_REQUEST_TOKENS:
-        raise ValueError(f"{name} must be in [0, {MAX_REQUEST_TOKENS}], got {tokens}")
+    _check_range(name, tokens, 0, MAX_REQUEST_TOKENS)
 
 
 def _i64_view(obj: Int64Array, name: str, writable: bool) -> memoryview:

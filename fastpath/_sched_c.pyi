@@ -1,4 +1,7 @@
-# Stubs for the compiled module; they mirror fastpath/_sched_py.py exactly.
+# Stubs for the compiled module; they mirror fastpath/_sched_py.py exactly, and
+# tests/unit/fastpath/test_fastpath_stubs.py checks them against the compiled module.
+from typing import Self, final
+
 from fastpath._sched_py import ByteMask, FairQueueSnapshot
 
 def _c_constants() -> dict[str, int]: ...
@@ -17,8 +20,11 @@ def backpressure_retry_ns(
 ) -> int: ...
 def shed_threshold_ppm(rank: int, sheddable: int, soft_ppm: int, hard_ppm: int) -> int: ...
 
+# A cdef class: @cython.final, and built by __cinit__ (so its constructor is __new__;
+# object.__init__ takes nothing).
+@final
 class FairQueue:
-    def __init__(self, capacity: int = 16, renormalize_above: int = 2**61) -> None: ...
+    def __new__(cls, capacity: int = 16, renormalize_above: int = 2**61) -> Self: ...
     @property
     def capacity(self) -> int: ...
     @property

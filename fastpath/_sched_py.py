@@ -20,9 +20,10 @@ divisor, where C's truncating division equals Python's flooring one.
 
 from __future__ import annotations
 
-from operator import index as _index
 from typing import TYPE_CHECKING, Final, TypedDict, cast
 
+from fastpath._ints import check_range as _check_range
+from fastpath._ints import i64 as _i64
 from fastpath.codes import (
     MAX_BACKPRESSURE_CAPACITY,
     MAX_FLOWS,
@@ -51,25 +52,10 @@ __all__ = [
     "shed_threshold_ppm",
 ]
 
-_I64_MIN: Final = -(2**63)
-_I64_MAX: Final = 2**63 - 1
 _MAX_CHARGE_TOKENS: Final = 2 * MAX_REQUEST_TOKENS  # prompt + generation of one request
 _DEFAULT_RENORMALIZE_ABOVE: Final = VT_MAX
 # 1-byte integer buffer formats (the byte-order prefix means nothing for one byte).
 _BYTE_FORMATS: Final = frozenset(p + c for p in ("", "@", "=", "<", ">", "!") for c in ("b", "B"))
-
-
-def _i64(value: int) -> int:
-    """``value`` as a plain int, failing like a C ``long long`` parameter would."""
-    v = _index(value)
-    if not _I64_MIN <= v <= _I64_MAX:
-        raise OverflowError(f"{v} does not fit in a signed 64-bit integer")
-    return v
-
-
-def _check_range(name: str, value: int, low: int, high: int) -> None:
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
 
 # --- backpressure ------------------------------------------------------------------

@@ -3,8 +3,8 @@ and by a real PostgreSQL (the ``migrated_url`` fixture runs both)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
-import time
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -18,15 +18,9 @@ from controlplane.client import AdmissionClient, make_batch, pb
 from controlplane.domain import TenantConfig
 from controlplane.store.db import make_engine
 from controlplane.store.repo import ConfigRepository
+from tests.support import add_tenants, wait_until
 
 NS = 1_000_000_000
-
-
-def add_tenants(url: str, *tenants: TenantConfig) -> None:
-    repo = ConfigRepository(make_engine(url))
-    for t in tenants:
-        repo.add_tenant(t)
-    repo.engine.dispose()
 
 
 def acme(**kw: Any) -> TenantConfig:
@@ -245,20 +239,21 @@ def test_tenant_change_in_database_reaches_running_server(served: Any, migrated_
     assert c.admit("gamma", "r0", prompt_tokens=1, max_tokens=1).reason == pb.REASON_UNKNOWN_TENANT
     add_tenants(migrated_url, acme(tenant_id="gamma"))
     repo = ConfigRepository(make_engine(migrated_url))
-    # wait for the poller (50 ms here); bounded by count, not asserted on time
-    for i in range(400):
-        d = c.admit("gamma", f"r{i + 1}", prompt_tokens=1, max_tokens=1)
-        if d.decision == pb.DECISION_ADMIT:
-            break
-        time.sleep(0.025)
-    assert d.decision == pb.DECISION_ADMIT
+    ids = itertools.count(1)
+
+    def admit_gamma() -> Any:
+        return c.admit("gamma", f"r{next(ids)}", prompt_tokens=1, max_tokens=1)
+
+    # wait for the poller (50 ms here); bounded, not asserted on time
+    wait_until(
+        lambda: admit_gamma().decision == pb.DECISION_ADMIT,
+        message="the config poller to load the new tenant",
+    )
     repo.set_enabled("gamma", False)
-    for i in range(400):
-        d = c.admit("gamma", f"x{i}", prompt_tokens=1, max_tokens=1)
-        if d.reason == pb.REASON_TENANT_DISABLED:
-            break
-        time.sleep(0.025)
-    assert d.reason == pb.REASON_TENANT_DISABLED
+    wait_until(
+        lambda: admit_gamma().reason == pb.REASON_TENANT_DISABLED,
+        message="the config poller to disable the tenant",
+    )
     repo.engine.dispose()
 
 
@@ -300,10 +295,10 @@ def test_reservations_expire_over_grpc(
         assert c.admit("acme", "a", prompt_tokens=1, max_tokens=1).decision == pb.DECISION_ADMIT
         assert c.admit("acme", "b", prompt_tokens=1, max_tokens=1).reason == pb.REASON_CONCURRENCY
         clock.advance(31 * NS)
-        for _ in range(400):  # the expiry task runs every 0.5 s
-            if srv.on_loop(lambda: srv.plane.service.open_reservations) == 0:
-                break
-            time.sleep(0.025)
+        wait_until(  # the expiry task runs every 0.5 s
+            lambda: srv.on_loop(lambda: srv.plane.service.open_reservations) == 0,
+            message="the expiry task to drop the expired reservation",
+        )
         assert c.admit("acme", "c", prompt_tokens=1, max_tokens=1).decision == pb.DECISION_ADMIT
         with pytest.raises(grpc.RpcError) as err:
             c.complete("acme", "a", prompt_tokens=1, generated_tokens=1)

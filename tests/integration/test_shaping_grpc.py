@@ -3,7 +3,6 @@ cancellation, deadlines and backpressure, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -14,23 +13,7 @@ import pytest
 
 from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
-from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
-
-
-def add_tenants(url: str, *tenants: TenantConfig) -> None:
-    repo = ConfigRepository(make_engine(url))
-    for t in tenants:
-        repo.add_tenant(t)
-    repo.engine.dispose()
-
-
-def wait_until(cond: Callable[[], bool], what: str) -> None:
-    for _ in range(800):  # bounded: at most ~20 s on a loaded machine
-        if cond():
-            return
-        time.sleep(0.025)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.support import add_tenants, wait_until
 
 
 def test_many_waiting_calls_are_admitted_as_slots_free(
@@ -57,7 +40,7 @@ def test_many_waiting_calls_are_admitted_as_slots_free(
             while len(settled) < n:
                 wait_until(
                     lambda: any(r is not None and i not in settled for i, r in enumerate(results)),
-                    "an admitted request to settle",
+                    message="an admitted request to settle",
                 )
                 for i, r in enumerate(results):
                     if r is not None and i not in settled:
@@ -88,10 +71,14 @@ def test_cancelled_call_leaves_the_queue(
                             lane="batch"),
             timeout=60,
         )  # fmt: skip
-        wait_until(lambda: srv.on_loop(lambda: srv.plane.service.waiting) == 1, "the call to queue")
+        wait_until(
+            lambda: srv.on_loop(lambda: srv.plane.service.waiting) == 1,
+            message="the call to queue",
+        )
         fut.cancel()
         wait_until(
-            lambda: srv.on_loop(lambda: srv.plane.service.waiting) == 0, "the queue to empty"
+            lambda: srv.on_loop(lambda: srv.plane.service.waiting) == 0,
+            message="the queue to empty",
         )
         with pytest.raises(grpc.FutureCancelledError):
             fut.result()

@@ -22,8 +22,8 @@ from controlplane.admin.store import Actor, AdminStore
 from controlplane.domain import TenantConfig
 from controlplane.settings import Settings
 from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
 from tests.conftest import ServerThread
+from tests.support import add_tenants
 
 # Long enough that no poll happens during a test: changes must be applied by
 # the admin call itself.
@@ -50,14 +50,6 @@ def make_keys(url: str) -> Keys:
         sidecar=made[Role.SIDECAR][0],
         ids={role.value: info.key_id for role, (_, info) in made.items()},
     )
-
-
-def add_tenants(url: str, *tenants: TenantConfig) -> None:
-    engine = make_engine(url)
-    repo = ConfigRepository(engine)
-    for t in tenants:
-        repo.add_tenant(t)
-    engine.dispose()
 
 
 @dataclass

@@ -15,6 +15,7 @@ from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from tests.integration.admin.conftest import Env
+from tests.support import wait_until
 
 MAX_CALLS = 20_000  # the load loop's bound
 AFTER_CHANGE = 200  # calls the loop makes once the change has returned
@@ -63,11 +64,12 @@ def test_limit_change_under_load(env: Env) -> None:
     worker = threading.Thread(target=load)
     worker.start()
     # Let the load drain the bucket and get refused for a while.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if sum(1 for _, d in decisions if d == pb.DECISION_REJECT) >= 50:
-            break
-        time.sleep(0.01)
+    wait_until(
+        lambda: sum(1 for _, d in decisions if d == pb.DECISION_REJECT) >= 50,
+        message="50 refusals of the slow tenant",
+        timeout=30,
+        interval=0.01,
+    )
     updated = env.admin.call(
         "UpdateTenant",
         apb.UpdateTenantRequest(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
@@ -13,33 +13,51 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from tests.integration.admin.conftest import Env, code_of
+from tests.support import wait_until
 
 METRICS = {"metrics_port": 0, "metrics_sample_s": 0.05, "metrics_tenant_label_limit": 2}
 
+# (sample name, sorted labels) -> value
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
-def scrape(env: Env) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+
+def scrape(env: Env) -> Metrics:
     port = env.srv.plane.metrics_port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    out: Metrics = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
 
 
-def value(m: dict[Any, float], name: str, **labels: str) -> float:
+def value(m: Metrics, name: str, **labels: str) -> float:
     return m.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def wait_for(env: Env, check: Any) -> dict[Any, float]:
+def buckets(m: Metrics, name: str, **labels: str) -> list[tuple[float, float]]:
+    """A histogram's cumulative buckets as (upper bound, count), by bound."""
+    want = sorted(labels.items())
+    out = []
+    for (sample, sample_labels), count in m.items():
+        if sample != f"{name}_bucket":
+            continue
+        rest = dict(sample_labels)
+        le = rest.pop("le")
+        if sorted(rest.items()) == want:
+            out.append((float(le), count))
+    return sorted(out)
+
+
+def wait_for(env: Env, check: Callable[[Metrics], bool], what: str) -> Metrics:
     """Scrape until ``check(metrics)`` holds (the sampler runs every 50 ms)."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def scraped() -> Metrics | None:
         m = scrape(env)
-        if check(m) or time.monotonic() > deadline:
-            return m
-        time.sleep(0.02)
+        return m if check(m) else None
+
+    return wait_until(scraped, message=what, timeout=10)
 
 
 @pytest.mark.parametrize("env", [METRICS], indirect=True)
@@ -48,9 +66,18 @@ def test_metrics_move_with_decisions(env: Env) -> None:
     assert value(m0, "burstgate_fastpath_info", implementation=env.srv.plane.service.implementation)
     assert value(m0, "burstgate_config_reloads_total") >= 1
     assert value(m0, "burstgate_config_reload_failures_total") == 0
+    round_trips: list[float] = []  # client-side, around each Admit
+
+    def timed_admit(tenant: str, rid: str, prompt: int) -> pb.AdmitResponse:
+        t0 = time.perf_counter()
+        try:
+            return env.admit(tenant, rid, prompt=prompt)
+        finally:
+            round_trips.append(time.perf_counter() - t0)
+
     for i in range(5):
-        assert env.admit("acme", f"r{i}", prompt=500).decision == pb.DECISION_ADMIT
-    assert env.admit("beta", "huge", prompt=9000).reason == pb.REASON_MAX_TOKENS
+        assert timed_admit("acme", f"r{i}", 500).decision == pb.DECISION_ADMIT
+    assert timed_admit("beta", "huge", 9000).reason == pb.REASON_MAX_TOKENS
     env.admission().Complete(
         pb.CompleteRequest(tenant_id="acme", request_id="r0", prompt_tokens=500)
     )
@@ -61,13 +88,26 @@ def test_metrics_move_with_decisions(env: Env) -> None:
         )
     )  # fmt: skip
     code_of(lambda: env.client("bgk_nope_nope").list_tenants())
-    m = wait_for(env, lambda m: value(m, "burstgate_inflight_tokens") == 2000)
+    m = wait_for(
+        env, lambda m: value(m, "burstgate_inflight_tokens") == 2000, "2,000 tokens in flight"
+    )
     assert value(m, "burstgate_decisions_total", decision="admit", reason="ok") == 5
     assert value(m, "burstgate_decisions_total", decision="reject", reason="max_tokens") == 1
     assert value(m, "burstgate_decision_duration_seconds_count", method="Admit") == 6
-    sub_ms = value(m, "burstgate_decision_duration_seconds_bucket", method="Admit", le="0.001")
-    assert 0 <= sub_ms <= 6
-    assert value(m, "burstgate_decision_duration_seconds_sum", method="Admit") > 0
+    # The server times each decision inside the call, so every observation is
+    # at most the round trip the client saw around it (same process, same
+    # perf_counter clock): a bucket at or above the slowest round trip holds
+    # all six, and the sum is positive but no more than the round trips' sum.
+    # Seconds in the wrong unit, or a lost or double observation, break this.
+    admit_buckets = buckets(m, "burstgate_decision_duration_seconds", method="Admit")
+    bounds = [le for le, _ in admit_buckets]
+    counts = [n for _, n in admit_buckets]
+    assert bounds[-1] == float("inf") and len(bounds) > 1
+    assert counts == sorted(counts) and counts[-1] == 6  # cumulative, ends at the count
+    covering = next(n for le, n in admit_buckets if le >= max(round_trips))
+    assert covering == 6, (admit_buckets, round_trips)
+    total = value(m, "burstgate_decision_duration_seconds_sum", method="Admit")
+    assert 0 < total <= sum(round_trips)
     handled = "burstgate_grpc_server_handled_total"
     svc = "burstgate.v1.AdmissionService"
     assert value(m, handled, service=svc, method="Admit", code="OK") == 6
@@ -96,7 +136,7 @@ def test_metrics_move_with_decisions(env: Env) -> None:
             tenant=apb.Tenant(tenant_id="gamma", token_rate="1", burst_tokens=1)
         ),
     )
-    m2 = wait_for(env, lambda m: value(m, "burstgate_tenants") == 3)
+    m2 = wait_for(env, lambda m: value(m, "burstgate_tenants") == 3, "3 tenants")
     assert (
         value(m2, "burstgate_config_reloads_total")
         == value(m, "burstgate_config_reloads_total") + 2

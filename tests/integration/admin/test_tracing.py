@@ -12,7 +12,8 @@ import pytest
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.store.db import upgrade
-from tests.integration.admin.conftest import add_tenants, start_server
+from tests.integration.admin.conftest import start_server
+from tests.support import add_tenants
 
 memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from controlplane.store.db import upgrade
 from tests.integration.ledger.conftest import admin_key, complete, ledger_rows, setup_db
 from tests.integration.ledger.proxy import TcpProxy
 from tests.integration.test_process import Proc
+from tests.support import wait_until
 
 
 @pytest.fixture
@@ -33,14 +33,6 @@ def proxied(pg_url: str) -> Iterator[tuple[str, TcpProxy]]:
     proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
     yield url.set(port=proxy.port).render_as_string(hide_password=False), proxy
     proxy.close()
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 def _settle(c: AdmissionClient, rid: str) -> Any:
@@ -79,10 +71,12 @@ def test_database_cut_mid_run_then_back_nothing_lost_spool_drains(
         # Admit keeps deciding from memory.
         assert c.admit("acme", "still-admitting", prompt_tokens=1, max_tokens=1).decision == 1
         proxy.restore()
-        _wait(
+        wait_until(
             lambda: srv.on_loop(
                 lambda: plane.metering.writer.db_ok and not plane.metering.spool.bytes
-            )
+            ),
+            message="the database to be back and the spool drained",
+            timeout=30,
         )
         for i in range(10):
             _settle(c, f"after-{i}")
@@ -118,11 +112,19 @@ def test_spool_full_answers_unavailable_and_changes_nothing(
         # Nothing changed for the refused one: still open, not settled.
         assert srv.on_loop(lambda: svc.open_reservations) == 1
         proxy.restore()
-        _wait(lambda: srv.on_loop(lambda: srv.plane.metering.writer.db_ok))
+        wait_until(
+            lambda: srv.on_loop(lambda: srv.plane.metering.writer.db_ok),
+            message="the ledger writer to reach the database again",
+            timeout=30,
+        )
         r = complete(c, "acme", refused, prompt_tokens=100, generated_tokens=7)
         assert not r.duplicate  # the retry is a new attempt, not a phantom duplicate
         acked.append(refused)
-        _wait(lambda: srv.on_loop(lambda: not srv.plane.metering.spool.bytes))
+        wait_until(
+            lambda: srv.on_loop(lambda: not srv.plane.metering.spool.bytes),
+            message="the spool to drain",
+            timeout=30,
+        )
     assert sorted(r.request_id for r in ledger_rows(pg_url)) == sorted(acked)
 
 
@@ -166,7 +168,7 @@ def test_sigkill_after_acknowledgements_loses_nothing(
         threads = [threading.Thread(target=load, args=(w,)) for w in range(4)]
         for t in threads:
             t.start()
-        _wait(lambda: len(acked) >= 200)
+        wait_until(lambda: len(acked) >= 200, message="200 acknowledged settlements", timeout=30)
         os.kill(proc.p.pid, signal.SIGKILL)  # mid-traffic, no shutdown at all
         proc.p.wait(timeout=30)
         stop.set()

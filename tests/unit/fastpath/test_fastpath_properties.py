@@ -42,6 +42,8 @@ from fastpath.codes import (
     Reason,
 )
 
+from .conftest import compiled as compiled_module
+
 T0 = 20_000 * NS_PER_DAY
 N_SLOTS = 6  # slots 0..5 are used; 6 and 7 stay unconfigured (or out of capacity)
 
@@ -78,18 +80,6 @@ time_steps = st.one_of(
 def bad(valid: st.SearchStrategy[int]) -> st.SearchStrategy[int]:
     """Mostly ``valid``, about one time in ten a value outside some argument's range."""
     return st.one_of(*[valid] * 9, st.sampled_from([-1, 0, MAX_BURST_MTOK + 1, 2**63 - 1]))
-
-
-def _compiled_module() -> ModuleType:
-    import importlib
-    import os
-
-    try:
-        return importlib.import_module("fastpath._buckets_c")
-    except ImportError as exc:
-        if os.environ.get("BURSTGATE_FASTPATH") == "python":
-            pytest.skip(f"compiled fastpath not built: {exc}")
-        raise
 
 
 def _call(fn: Callable[[], Any]) -> tuple[str, Any]:
@@ -289,7 +279,7 @@ class DifferentialMachine(RuleBasedStateMachine):
 
 def test_differential_random_operation_sequences() -> None:
     class Machine(DifferentialMachine):
-        compiled = _compiled_module()
+        compiled = compiled_module("_buckets_c")
 
     run_state_machine_as_test(
         Machine,
@@ -355,7 +345,7 @@ def test_token_rate_retry_is_exact(
     last_debt: int,
 ) -> None:
     """Advancing by retry_after_ns admits; one ns less does not (and then waits 1 ns)."""
-    impl = _buckets_py if which == "python" else _compiled_module()
+    impl = _buckets_py if which == "python" else compiled_module("_buckets_c")
     # The last op (unless last_debt is 0) takes tokens, so the bucket is not full at the end.
     history = [("admit", 0, first, 0), *history, ("over", 0, last_debt, 0)]
 
@@ -394,7 +384,7 @@ def test_token_rate_retry_is_exact(
 def test_refill_is_path_independent(
     which: str, rate: int, burst: int, drain: int, debt: int, steps: list[int]
 ) -> None:
-    impl = _buckets_py if which == "python" else _compiled_module()
+    impl = _buckets_py if which == "python" else compiled_module("_buckets_c")
 
     def fresh() -> Any:
         table = impl.TokenBucketTable(1)
@@ -426,7 +416,7 @@ def test_batch_matches_single_admits(
     which: str, entries: list[tuple[int, int, int, bool]], step: int, limit: int, masked: bool
 ) -> None:
     """admit_batch == admit (or charge, for shadow entries) per entry, in order."""
-    impl = _buckets_py if which == "python" else _compiled_module()
+    impl = _buckets_py if which == "python" else compiled_module("_buckets_c")
 
     def fresh() -> Any:
         table = impl.TokenBucketTable(4)
