@@ -96,7 +96,7 @@ def _rss_mb() -> float:
 def server_main(mode: str, db_url: str, ttl_s: float | None, conn: Connection) -> None:
     """Process entry point of the "ours" and "empty" servers."""
     os.dup2(2, 1)  # stdout belongs to the report
-    from controlplane import logs
+    from controlplane.telemetry import logs
 
     logs.configure("console", "warning")
     import uvloop

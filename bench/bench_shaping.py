@@ -96,7 +96,7 @@ SERVER = "server"
 def server_main(db_url: str, ledger: bool, conn: Connection) -> None:
     """Process entry point of the server."""
     os.dup2(2, 1)  # stdout belongs to the report
-    from controlplane import logs
+    from controlplane.telemetry import logs
 
     logs.configure("console", "warning")
     import uvloop

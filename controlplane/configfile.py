@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument
 from controlplane.store.repo import ConfigRepository, validate_tenant
 
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")

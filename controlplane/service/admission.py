@@ -28,19 +28,19 @@ from controlplane.domain import (
     Settlement,
     TenantConfig,
 )
-from controlplane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from controlplane.policy import Policy
-from controlplane.service import records as R
-from controlplane.service.pools import FRESH, PPM, UNKNOWN, PoolBook, ppm
-from controlplane.service.pricing import FlatPricing, Pricing
-from controlplane.service.queueing import Waiter, WaitQueues
-from controlplane.service.records import Key, Record, RequestLog
-from controlplane.service.validate import (
+from controlplane.domain.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from controlplane.domain.policy import Policy
+from controlplane.domain.validate import (
     check_fraction,
     check_id,
     check_optional_name,
     check_tokens,
 )
+from controlplane.service import records as R
+from controlplane.service.pools import FRESH, PPM, UNKNOWN, PoolBook, ppm
+from controlplane.service.pricing import FlatPricing, Pricing
+from controlplane.service.queueing import Waiter, WaitQueues
+from controlplane.service.records import Key, Record, RequestLog
 from controlplane.settings import Settings
 from fastpath import (
     IMPLEMENTATION,

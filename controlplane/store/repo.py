@@ -12,8 +12,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import AlreadyExists, InvalidArgument, NotFound
-from controlplane.policy import Policy, effective_policy
+from controlplane.domain.errors import AlreadyExists, InvalidArgument, NotFound
+from controlplane.domain.policy import Policy, effective_policy
 from controlplane.store.models import Lane, PolicyOverride, Tenant
 
 # TenantConfig fields that map 1:1 onto Tenant columns.
@@ -51,7 +51,7 @@ def lane_to_domain(row: Lane) -> LaneConfig:
 
 def validate_tenant(cfg: TenantConfig, lanes: Iterable[str]) -> None:
     """Check a tenant's limits; raise InvalidArgument naming the field."""
-    from controlplane.service.validate import check_id
+    from controlplane.domain.validate import check_id
 
     check_id("tenant_id", cfg.tenant_id)
     if not (Decimal("0.001") <= cfg.token_rate <= MAX_RATE_TOKENS_PER_S):

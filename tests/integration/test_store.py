@@ -11,7 +11,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import AlreadyExists, InvalidArgument, NotFound
+from controlplane.domain.errors import AlreadyExists, InvalidArgument, NotFound
 from controlplane.store.db import downgrade, make_engine, upgrade
 from controlplane.store.models import Base
 from controlplane.store.repo import ConfigRepository

@@ -16,11 +16,11 @@ import pytest
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.admin.client import AdminClient, authenticated_channel
-from controlplane.admin.keys import Role
-from controlplane.admin.store import Actor, AdminStore
+from controlplane.client.admin import AdminClient, authenticated_channel
 from controlplane.domain import TenantConfig
+from controlplane.domain.keys import Role
 from controlplane.settings import Settings
+from controlplane.store.admin import Actor, AdminStore
 from controlplane.store.db import make_engine
 from controlplane.store.repo import ConfigRepository
 from tests.conftest import ServerThread

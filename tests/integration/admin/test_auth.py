@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.admin.client import AdminClient
-from controlplane.admin.store import Actor, AdminStore
+from controlplane.client.admin import AdminClient
+from controlplane.store.admin import Actor, AdminStore
 from controlplane.store.db import make_engine
 from tests.integration.admin.conftest import Env, code_of
 

@@ -14,14 +14,14 @@ from sqlalchemy import text
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
-from controlplane.admin.client import authenticated_channel
-from controlplane.admin.keys import Role
-from controlplane.admin.store import Actor, AdminStore
 from controlplane.client import AdmissionClient
+from controlplane.client.admin import authenticated_channel
 from controlplane.domain import TenantConfig
-from controlplane.ledger.catalog import PriceEntry
-from controlplane.ledger.store import LedgerStore
+from controlplane.domain.catalog import PriceEntry
+from controlplane.domain.keys import Role
+from controlplane.store.admin import Actor, AdminStore
 from controlplane.store.db import make_engine
+from controlplane.store.ledger import LedgerStore
 from controlplane.store.repo import ConfigRepository
 
 NS = 1_000_000_000

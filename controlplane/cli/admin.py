@@ -11,7 +11,6 @@ so the first admin key can be created before anyone can authenticate.
 
 from __future__ import annotations
 
-import getpass
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -38,11 +37,6 @@ policy_app = typer.Typer(
 audit_app = typer.Typer(help="The audit log of changes.", no_args_is_help=True)
 admin_keys_app = typer.Typer(
     help="API keys and sidecar tokens, through the API.", no_args_is_help=True
-)
-keys_app = typer.Typer(
-    help="API keys and sidecar tokens, written to the database directly (the bootstrap "
-    "path: works before any key exists). Roles: admin, viewer, sidecar.",
-    no_args_is_help=True,
 )
 admin_app.add_typer(tenant_app, name="tenant")
 admin_app.add_typer(limits_app, name="limits")
@@ -104,7 +98,7 @@ def _client(ctx: typer.Context) -> Iterator[Any]:
     """The AdminClient for the connection options; RPC errors -> exit 2."""
     import grpc
 
-    from controlplane.admin.client import AdminClient
+    from controlplane.client.admin import AdminClient
 
     opts: dict[str, Any] = ctx.obj or {}
     key = opts.get("api_key")
@@ -169,7 +163,7 @@ def _connect(
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per call.")] = 10.0,
 ) -> None:
-    from controlplane.admin.client import TlsFiles
+    from controlplane.client.admin import TlsFiles
 
     tls = TlsFiles(tls_ca, tls_cert, tls_key, tls_server_name) if (tls_ca or tls_cert) else None
     ctx.obj = {"target": target, "api_key": api_key, "tls": tls, "timeout": timeout}
@@ -218,7 +212,7 @@ def tenant_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @tenant_app.command("show")
 def tenant_show(ctx: typer.Context, tenant_id: str, as_json: JsonOpt = False) -> None:
     """A tenant's limits and its live state (bucket, quota used, in flight)."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         tenant = c.call("GetTenant", apb.GetTenantRequest(tenant_id=tenant_id))
@@ -285,7 +279,7 @@ def _limit_fields(
 def _update(ctx: typer.Context, tenant_id: str, fields: dict[str, Any], as_json: bool) -> None:
     from google.protobuf.field_mask_pb2 import FieldMask
 
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     if not fields:
         _fail("nothing to change: give at least one option (see --help)")
@@ -333,7 +327,7 @@ def tenant_add(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a tenant."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     fields = _limit_fields(rate, burst, hourly_quota, daily_quota, max_concurrency, max_queued,
                            max_tokens_per_request, dedicated_quota)  # fmt: skip
@@ -415,7 +409,7 @@ def limits_set(
 @tenant_app.command("disable")
 def tenant_disable(ctx: typer.Context, tenant_id: str, as_json: JsonOpt = False) -> None:
     """Refuse the tenant's requests (TENANT_DISABLED)."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         t = c.call("DisableTenant", apb.DisableTenantRequest(tenant_id=tenant_id))
@@ -425,7 +419,7 @@ def tenant_disable(ctx: typer.Context, tenant_id: str, as_json: JsonOpt = False)
 @tenant_app.command("enable")
 def tenant_enable(ctx: typer.Context, tenant_id: str, as_json: JsonOpt = False) -> None:
     """Admit the tenant's requests again."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         t = c.call("EnableTenant", apb.EnableTenantRequest(tenant_id=tenant_id))
@@ -439,7 +433,7 @@ def tenant_delete(
     force: Annotated[bool, typer.Option(help="Delete even with unsettled reservations.")] = False,
 ) -> None:
     """Delete a tenant (refused while it has unsettled reservations, unless --force)."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         r = c.call("DeleteTenant", apb.DeleteTenantRequest(tenant_id=tenant_id, force=force))
@@ -453,7 +447,7 @@ def tenant_delete(
 def server_state(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Live server state: decisions by reason, pools' backpressure."""
     from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         s = c.call("GetServerState", apb.GetServerStateRequest())
@@ -486,7 +480,7 @@ def server_state(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @lane_app.command("list")
 def lane_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List lanes."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         lanes = c.call("ListLanes", apb.ListLanesRequest()).lanes
@@ -516,7 +510,7 @@ def lane_set(
     """Change (or --create) a lane."""
     from google.protobuf.field_mask_pb2 import FieldMask
 
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     lane = apb.Lane(name=name)
     paths: list[str] = []
@@ -564,7 +558,7 @@ def _print_policy(p: Any, as_json: bool) -> None:
 @policy_app.command("show")
 def policy_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """The effective policy, its defaults and which keys are overridden."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         _print_policy(c.call("GetPolicy", apb.GetPolicyRequest()), as_json)
@@ -578,7 +572,7 @@ def policy_set(
 ) -> None:
     """Override policy keys, e.g. `bp_hard_threshold=0.9 stale_policy=fail_closed`.
     Validated as a whole (the weights must still sum to 1)."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     values: dict[str, str] = {}
     for a in assignments:
@@ -597,7 +591,7 @@ def policy_reset(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove overrides: the keys return to the server's defaults."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         _print_policy(c.call("UpdatePolicy", apb.UpdatePolicyRequest(reset=keys)), as_json)
@@ -618,7 +612,7 @@ def audit_list(
     as_json: JsonOpt = False,
 ) -> None:
     """Changes made through the admin API and the key CLI, newest first."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     events: list[Any] = []
     token = ""
@@ -696,7 +690,7 @@ def admin_keys_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List keys (never the secrets)."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         keys = c.call("ListApiKeys", apb.ListApiKeysRequest(include_revoked=include_revoked)).keys
@@ -718,7 +712,7 @@ def admin_keys_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key; prints it once."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         r = c.call("CreateApiKey", apb.CreateApiKeyRequest(name=name, role=role))
@@ -728,86 +722,8 @@ def admin_keys_create(
 @admin_keys_app.command("revoke")
 def admin_keys_revoke(ctx: typer.Context, key_id: str) -> None:
     """Revoke a key; refused from the next call on."""
-    from controlplane.admin.client import apb
+    from controlplane.client.admin import apb
 
     with _client(_root_ctx(ctx)) as c:
         c.call("RevokeApiKey", apb.RevokeApiKeyRequest(key_id=key_id))
     typer.echo(f"key {key_id} revoked")
-
-
-# ------------------------------------------------------- keys (DB-direct)
-
-
-@contextmanager
-def _admin_store(database_url: str | None) -> Iterator[Any]:
-    from controlplane.admin.store import AdminStore
-    from controlplane.errors import DomainError
-    from controlplane.settings import Settings
-    from controlplane.store.db import make_engine
-
-    url = database_url or Settings().database_url
-    engine = make_engine(url)
-    try:
-        yield AdminStore(engine)
-    except DomainError as exc:
-        _fail(str(exc))
-    finally:
-        engine.dispose()
-
-
-def _local_actor() -> Any:
-    from controlplane.admin.store import Actor
-
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return Actor(f"local:{user}", "local")
-
-
-@keys_app.command("create")
-def keys_create(
-    role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
-    name: Annotated[str, typer.Option(help="Who or what uses the key.")],
-    database_url: DbOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Create a key in the database (the bootstrap path); prints it once."""
-    from controlplane.admin.keys import parse_role
-
-    with _admin_store(database_url) as store:
-        secret, info = store.create_key(name, parse_role(role), _local_actor())
-    _print_new_key(secret, info.key_id, info.role.value, as_json)
-
-
-@keys_app.command("list")
-def keys_list(
-    include_revoked: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
-    database_url: DbOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """List keys (never the secrets)."""
-    from controlplane.admin.keys import KeyStore
-
-    with _admin_store(database_url) as store:
-        keys = KeyStore(store.engine).list(include_revoked=include_revoked)
-    views = [_KeyView(k.key_id, k.name, k.role.value, k.created_by, _fmt_time(k.created_at),
-                      _fmt_time(k.revoked_at)) for k in keys]  # fmt: skip
-    if as_json:
-        _echo_json(_key_rows(views))
-    else:
-        _table(_key_rows(views), KEY_COLS)
-
-
-@keys_app.command("revoke")
-def keys_revoke(key_id: str, database_url: DbOpt = None) -> None:
-    """Revoke a key: admin calls are refused at once, admission calls within
-    BURSTGATE_CONFIG_POLL_S."""
-    with _admin_store(database_url) as store:
-        store.revoke_key(key_id, _local_actor())
-    typer.echo(f"key {key_id} revoked")
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(admin_app, name="admin")
-    app.add_typer(keys_app, name="keys")

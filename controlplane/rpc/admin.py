@@ -22,10 +22,16 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.admin.interceptor import current_actor
-from controlplane.admin.keys import KeyCache, KeyInfo, KeyStore, parse_role
-from controlplane.admin.live import pools_live, tenant_live
-from controlplane.admin.store import (
+from controlplane.auth import KeyCache
+from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.domain.errors import FailedPrecondition, InvalidArgument
+from controlplane.domain.keys import KeyInfo, parse_role
+from controlplane.domain.policy import Policy, effective_policy
+from controlplane.rpc.auth import current_actor
+from controlplane.rpc.errors import unary_errors
+from controlplane.service import AdmissionService
+from controlplane.settings import Settings
+from controlplane.store.admin import (
     Actor,
     AdminStore,
     AuditRecord,
@@ -35,13 +41,9 @@ from controlplane.admin.store import (
     encode_page_token,
     page_size,
 )
-from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import FailedPrecondition, InvalidArgument
-from controlplane.policy import Policy, effective_policy
-from controlplane.rpc.errors import unary_errors
-from controlplane.service import AdmissionService
-from controlplane.settings import Settings
+from controlplane.store.keys import KeyStore
 from controlplane.store.repo import TENANT_FIELDS
+from controlplane.telemetry.live import pools_live, tenant_live
 
 log = structlog.get_logger("burstgate.admin")
 

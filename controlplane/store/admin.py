@@ -22,11 +22,12 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from controlplane.admin.keys import KeyInfo, KeyStore, Role
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from controlplane.policy import POLICY_KEYS, Policy, effective_policy
-from controlplane.service.validate import check_id
+from controlplane.domain.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from controlplane.domain.keys import KeyInfo, Role
+from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy
+from controlplane.domain.validate import check_id
+from controlplane.store.keys import KeyStore
 from controlplane.store.models import AuditEvent, Lane, PolicyOverride, Tenant
 from controlplane.store.repo import LANE_FIELDS, TENANT_FIELDS, lane_to_domain, validate_tenant
 

@@ -4,7 +4,7 @@ the field (and the index inside a batch) so a sidecar author can fix it."""
 from __future__ import annotations
 
 from controlplane.domain import MAX_ID_LEN, MAX_MODEL_LEN, MAX_TOKENS_PER_FIELD
-from controlplane.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument
 
 
 def check_id(field: str, value: str, *, max_len: int = MAX_ID_LEN) -> None:

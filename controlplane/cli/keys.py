@@ -1,0 +1,100 @@
+"""``burstgate keys ...``: API keys and sidecar tokens, written to the
+database directly (the bootstrap path: works before any key exists)."""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli.admin import (
+    KEY_COLS,
+    DbOpt,
+    JsonOpt,
+    _echo_json,
+    _fail,
+    _fmt_time,
+    _key_rows,
+    _KeyView,
+    _print_new_key,
+    _table,
+)
+
+keys_app = typer.Typer(
+    help="API keys and sidecar tokens, written to the database directly (the bootstrap "
+    "path: works before any key exists). Roles: admin, viewer, sidecar.",
+    no_args_is_help=True,
+)
+
+
+@contextmanager
+def _admin_store(database_url: str | None) -> Iterator[Any]:
+    from controlplane.domain.errors import DomainError
+    from controlplane.settings import Settings
+    from controlplane.store.admin import AdminStore
+    from controlplane.store.db import make_engine
+
+    url = database_url or Settings().database_url
+    engine = make_engine(url)
+    try:
+        yield AdminStore(engine)
+    except DomainError as exc:
+        _fail(str(exc))
+    finally:
+        engine.dispose()
+
+
+def _local_actor() -> Any:
+    from controlplane.store.admin import Actor
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Actor(f"local:{user}", "local")
+
+
+@keys_app.command("create")
+def keys_create(
+    role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
+    name: Annotated[str, typer.Option(help="Who or what uses the key.")],
+    database_url: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a key in the database (the bootstrap path); prints it once."""
+    from controlplane.domain.keys import parse_role
+
+    with _admin_store(database_url) as store:
+        secret, info = store.create_key(name, parse_role(role), _local_actor())
+    _print_new_key(secret, info.key_id, info.role.value, as_json)
+
+
+@keys_app.command("list")
+def keys_list(
+    include_revoked: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
+    database_url: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List keys (never the secrets)."""
+    from controlplane.store.keys import KeyStore
+
+    with _admin_store(database_url) as store:
+        keys = KeyStore(store.engine).list(include_revoked=include_revoked)
+    views = [_KeyView(k.key_id, k.name, k.role.value, k.created_by, _fmt_time(k.created_at),
+                      _fmt_time(k.revoked_at)) for k in keys]  # fmt: skip
+    if as_json:
+        _echo_json(_key_rows(views))
+    else:
+        _table(_key_rows(views), KEY_COLS)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, database_url: DbOpt = None) -> None:
+    """Revoke a key: admin calls are refused at once, admission calls within
+    BURSTGATE_CONFIG_POLL_S."""
+    with _admin_store(database_url) as store:
+        store.revoke_key(key_id, _local_actor())
+    typer.echo(f"key {key_id} revoked")
