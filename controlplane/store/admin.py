@@ -26,16 +26,11 @@ from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from controlplane.domain.keys import KeyInfo, Role
 from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy
-from controlplane.domain.validate import check_id
+from controlplane.domain.validate import check_lane, check_tenant
 from controlplane.store.keys import KeyStore
 from controlplane.store.models import AuditEvent, Lane, PolicyOverride, Tenant
-from controlplane.store.repo import LANE_FIELDS, TENANT_FIELDS, lane_to_domain, validate_tenant
+from controlplane.store.repo import LANE_FIELDS, TENANT_FIELDS, lane_to_domain
 
-# Columns that are 32-bit INTEGER in the schema (the rest of the limits are BIGINT).
-INT32_FIELDS = ("max_concurrency", "max_queued", "max_wait_ms")
-INT32_MAX = 2**31 - 1
-MAX_TEXT = 256  # display_name, fallback_model
-MAX_LANE_NAME = 32
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
@@ -124,36 +119,6 @@ def page_size(requested: int) -> int:
     if requested < 0:
         raise InvalidArgument("page_size", f"must be >= 0, got {requested}")
     return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-
-
-def check_tenant(cfg: TenantConfig, lanes: list[str]) -> None:
-    """The repository's validation plus the schema's own bounds, so that a
-    value the database would refuse is an INVALID_ARGUMENT, not an INTERNAL."""
-    validate_tenant(cfg, lanes)
-    for name in INT32_FIELDS:
-        value = getattr(cfg, name)
-        if value is not None and value > INT32_MAX:
-            raise InvalidArgument(name, f"must be <= {INT32_MAX}, got {value}")
-    for name in ("display_name", "fallback_model"):
-        value = getattr(cfg, name) or ""
-        if len(value) > MAX_TEXT:
-            raise InvalidArgument(name, f"longer than {MAX_TEXT} characters")
-        if value and not value.isprintable():
-            raise InvalidArgument(name, "must not contain control characters")
-
-
-def check_lane(lane: LaneConfig) -> None:
-    check_id("name", lane.name, max_len=MAX_LANE_NAME)
-    if lane.priority < 0 or lane.priority > INT32_MAX:
-        raise InvalidArgument("priority", f"must be between 0 and {INT32_MAX}")
-    if not (Decimal(0) < lane.weight <= 1):
-        raise InvalidArgument("weight", f"must be in (0, 1], got {lane.weight}")
-    if lane.weight != lane.weight.quantize(Decimal("0.0001")):
-        raise InvalidArgument("weight", "at most 4 decimal places")
-    if not 0 <= lane.wait_target_ms <= INT32_MAX:
-        raise InvalidArgument("wait_target_ms", f"must be between 0 and {INT32_MAX}")
-    if lane.max_queued is not None and not 0 <= lane.max_queued <= INT32_MAX:
-        raise InvalidArgument("max_queued", f"must be between 0 and {INT32_MAX}, or unset")
 
 
 def _record(row: Tenant) -> TenantRecord:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Engine, func, select
@@ -12,8 +10,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.domain.errors import AlreadyExists, InvalidArgument, NotFound
+from controlplane.domain.errors import AlreadyExists, NotFound
 from controlplane.domain.policy import Policy, effective_policy
+from controlplane.domain.validate import check_lane, check_tenant
 from controlplane.store.models import Lane, PolicyOverride, Tenant
 
 # TenantConfig fields that map 1:1 onto Tenant columns.
@@ -36,52 +35,12 @@ TENANT_FIELDS = (
     "demote_long_requests",
 )
 LANE_FIELDS = ("priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued")
-# The fast path's bounds (fastpath/codes.py), in tokens.
-MAX_RATE_TOKENS_PER_S = Decimal(1_000_000)
-MAX_BURST_TOKENS = 10**12
-
-
 def tenant_to_domain(row: Tenant) -> TenantConfig:
     return TenantConfig(tenant_id=row.tenant_id, **{f: getattr(row, f) for f in TENANT_FIELDS})
 
 
 def lane_to_domain(row: Lane) -> LaneConfig:
     return LaneConfig(name=row.name, **{f: getattr(row, f) for f in LANE_FIELDS})
-
-
-def validate_tenant(cfg: TenantConfig, lanes: Iterable[str]) -> None:
-    """Check a tenant's limits; raise InvalidArgument naming the field."""
-    from controlplane.domain.validate import check_id
-
-    check_id("tenant_id", cfg.tenant_id)
-    if not (Decimal("0.001") <= cfg.token_rate <= MAX_RATE_TOKENS_PER_S):
-        raise InvalidArgument(
-            "token_rate", f"must be between 0.001 and {MAX_RATE_TOKENS_PER_S} tokens/s"
-        )
-    if cfg.token_rate != cfg.token_rate.quantize(Decimal("0.001")):
-        raise InvalidArgument("token_rate", "at most 3 decimal places (milli-tokens)")
-    if not (1 <= cfg.burst_tokens <= MAX_BURST_TOKENS):
-        raise InvalidArgument("burst_tokens", f"must be between 1 and {MAX_BURST_TOKENS}")
-    for name in (
-        "hourly_quota",
-        "daily_quota",
-        "max_concurrency",
-        "max_queued",
-        "max_tokens_per_request",
-        "dedicated_quota",
-        "long_request_tokens",
-    ):
-        value = getattr(cfg, name)
-        if value is not None and value <= 0:
-            raise InvalidArgument(name, f"must be > 0 or unset (unlimited), got {value}")
-    if cfg.max_wait_ms is not None and cfg.max_wait_ms < 0:
-        raise InvalidArgument("max_wait_ms", f"must be >= 0 or unset, got {cfg.max_wait_ms}")
-    lane_names = set(lanes)
-    if cfg.default_lane not in lane_names:
-        raise InvalidArgument(
-            "default_lane",
-            f"unknown lane {cfg.default_lane!r}; configured: {', '.join(sorted(lane_names))}",
-        )
 
 
 class ConfigRepository:
@@ -117,7 +76,7 @@ class ConfigRepository:
             return (*t, *la, *po)
 
     def add_tenant(self, cfg: TenantConfig) -> TenantConfig:
-        validate_tenant(cfg, (lane.name for lane in self.lanes()))
+        check_tenant(cfg, (lane.name for lane in self.lanes()))
         with Session(self.engine) as s:
             s.add(Tenant(tenant_id=cfg.tenant_id, **{f: getattr(cfg, f) for f in TENANT_FIELDS}))
             try:
@@ -128,7 +87,7 @@ class ConfigRepository:
 
     def upsert_tenant(self, cfg: TenantConfig) -> bool:
         """Create or replace a tenant's limits; True when it was created."""
-        validate_tenant(cfg, (lane.name for lane in self.lanes()))
+        check_tenant(cfg, (lane.name for lane in self.lanes()))
         with Session(self.engine) as s:
             row = s.scalar(select(Tenant).where(Tenant.tenant_id == cfg.tenant_id))
             created = row is None
@@ -149,12 +108,7 @@ class ConfigRepository:
             s.commit()
 
     def upsert_lane(self, lane: LaneConfig) -> None:
-        if not (Decimal(0) < lane.weight <= 1):
-            raise InvalidArgument("weight", f"must be in (0, 1], got {lane.weight}")
-        if lane.wait_target_ms < 0:
-            raise InvalidArgument("wait_target_ms", "must be >= 0")
-        if lane.max_queued is not None and lane.max_queued < 0:
-            raise InvalidArgument("max_queued", "must be >= 0 or unset")
+        check_lane(lane)
         with Session(self.engine) as s:
             row = s.get(Lane, lane.name)
             if row is None:
