@@ -151,8 +151,8 @@ def serve(url: str, rate: int, spool_dir: str) -> None:
     from controlplane.domain import TenantConfig
     from controlplane.server import ControlPlane
     from controlplane.settings import Settings
+    from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine
-    from controlplane.store.repo import ConfigRepository
 
     engine = make_engine(url)
     repo = ConfigRepository(engine)

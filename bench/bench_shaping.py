@@ -198,8 +198,8 @@ async def _serve(db_url: str, ledger: bool, conn: Connection) -> None:
 
 def prepare_db(url: str, concurrency: int) -> None:
     from controlplane.domain import TenantConfig
+    from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine, upgrade
-    from controlplane.store.repo import ConfigRepository
 
     with contextlib.redirect_stdout(sys.stderr):
         upgrade(url)

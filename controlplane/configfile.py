@@ -14,9 +14,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.domain.audit import Actor
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.validate import check_lane, check_tenant
-from controlplane.store.repo import ConfigRepository
+from controlplane.store.config import ConfigRepository
 
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 
@@ -72,8 +73,11 @@ def load(path: Path) -> ConfigFile:
         raise InvalidArgument(f"{path}:{where}", first["msg"]) from exc
 
 
-def apply(repo: ConfigRepository, cfg: ConfigFile) -> tuple[int, int]:
-    """Upsert lanes then tenants. Returns (tenants created, tenants updated)."""
+def apply(
+    repo: ConfigRepository, cfg: ConfigFile, actor: Actor | None = None
+) -> tuple[int, int]:
+    """Upsert lanes then tenants, each audited as ``actor`` (default
+    ``local:<os user>``). Returns (tenants created, tenants updated)."""
     lanes = [LaneConfig(**spec.model_dump()) for spec in cfg.lanes]
     tenants = [TenantConfig(**spec.model_dump()) for spec in cfg.tenants]
     lane_names = {lane.name for lane in repo.lanes()} | {lane.name for lane in lanes}
@@ -90,6 +94,6 @@ def apply(repo: ConfigRepository, cfg: ConfigFile) -> tuple[int, int]:
         except InvalidArgument as exc:
             raise InvalidArgument(f"tenants[{i}].{exc.field}", str(exc)) from exc
     for lane in lanes:
-        repo.upsert_lane(lane)
-    created = sum(repo.upsert_tenant(t) for t in tenants)
+        repo.upsert_lane(lane, actor)
+    created = sum(repo.upsert_tenant(t, actor) for t in tenants)
     return created, len(tenants) - created

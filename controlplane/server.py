@@ -33,8 +33,8 @@ from controlplane.rpc.admission import AdmissionServicer
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
+from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
 from controlplane.telemetry.metrics import (
     EXTRA_COLLECTORS,
     RpcCollector,
@@ -124,13 +124,13 @@ class ControlPlane:
         self.config_reloads = 0
         # Admin API, auth and observability (issue 5, controlplane/admin).
         from controlplane.auth import KeyCache
-        from controlplane.store.admin import AdminStore
+        from controlplane.store.audit import AuditLog
         from controlplane.store.keys import KeyStore
         from controlplane.telemetry.live import LiveSampler
 
         self.config_reload_failures = 0
         self._reload_lock = asyncio.Lock()  # admin writes and the poll reload in turn
-        self.admin_store = AdminStore(self.engine)
+        self.audit_log = AuditLog(self.engine)
         self.key_store = KeyStore(self.engine)
         self.key_cache = KeyCache(self.key_store)
         self.rpc_stats = RpcStats()
@@ -226,7 +226,9 @@ class ControlPlane:
             max_message_bytes=self.settings.max_message_bytes,
             waiting=self.waiting,
             interceptors=self._interceptors(),
-            admin=AdminServicer(self, self.admin_store, self.key_store, self.key_cache),
+            admin=AdminServicer(
+                self, self.repo, self.key_store, self.key_cache, self.audit_log
+            ),
             credentials=self._credentials(),
             ledger=self.metering,
         )

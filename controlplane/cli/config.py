@@ -16,8 +16,8 @@ config_app = typer.Typer(help="Declarative YAML config (lanes and tenants).", no
 
 @contextlib.contextmanager
 def _repo(database_url: str | None) -> Iterator[Any]:
+    from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine
-    from controlplane.store.repo import ConfigRepository
 
     engine = make_engine(settings(database_url=database_url).database_url)
     try:

@@ -3,7 +3,6 @@ database directly (the bootstrap path: works before any key exists)."""
 
 from __future__ import annotations
 
-import getpass
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -31,30 +30,20 @@ keys_app = typer.Typer(
 
 
 @contextmanager
-def _admin_store(database_url: str | None) -> Iterator[Any]:
+def _key_store(database_url: str | None) -> Iterator[Any]:
     from controlplane.domain.errors import DomainError
     from controlplane.settings import Settings
-    from controlplane.store.admin import AdminStore
     from controlplane.store.db import make_engine
+    from controlplane.store.keys import KeyStore
 
     url = database_url or Settings().database_url
     engine = make_engine(url)
     try:
-        yield AdminStore(engine)
+        yield KeyStore(engine)
     except DomainError as exc:
         _fail(str(exc))
     finally:
         engine.dispose()
-
-
-def _local_actor() -> Any:
-    from controlplane.store.admin import Actor
-
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return Actor(f"local:{user}", "local")
 
 
 @keys_app.command("create")
@@ -67,8 +56,8 @@ def keys_create(
     """Create a key in the database (the bootstrap path); prints it once."""
     from controlplane.domain.keys import parse_role
 
-    with _admin_store(database_url) as store:
-        secret, info = store.create_key(name, parse_role(role), _local_actor())
+    with _key_store(database_url) as store:
+        secret, info = store.create_key(name, parse_role(role))
     _print_new_key(secret, info.key_id, info.role.value, as_json)
 
 
@@ -79,10 +68,8 @@ def keys_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List keys (never the secrets)."""
-    from controlplane.store.keys import KeyStore
-
-    with _admin_store(database_url) as store:
-        keys = KeyStore(store.engine).list(include_revoked=include_revoked)
+    with _key_store(database_url) as store:
+        keys = store.list(include_revoked=include_revoked)
     views = [_KeyView(k.key_id, k.name, k.role.value, k.created_by, _fmt_time(k.created_at),
                       _fmt_time(k.revoked_at)) for k in keys]  # fmt: skip
     if as_json:
@@ -95,6 +82,6 @@ def keys_list(
 def keys_revoke(key_id: str, database_url: DbOpt = None) -> None:
     """Revoke a key: admin calls are refused at once, admission calls within
     BURSTGATE_CONFIG_POLL_S."""
-    with _admin_store(database_url) as store:
-        store.revoke_key(key_id, _local_actor())
+    with _key_store(database_url) as store:
+        store.revoke_key(key_id)
     typer.echo(f"key {key_id} revoked")

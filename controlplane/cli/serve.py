@@ -75,8 +75,8 @@ def demo(
 ) -> None:
     """Migrate the database, load the demo tenants and lanes, and serve."""
     from controlplane import configfile
+    from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine, upgrade
-    from controlplane.store.repo import ConfigRepository
 
     settings = load_settings(port=port, database_url=database_url, admission_auth=admission_auth)
     upgrade(settings.database_url)

@@ -98,7 +98,7 @@ def tenant_list(
 def tenant_show(tenant_id: str, database_url: DbOpt = None) -> None:
     """Show one tenant as JSON."""
     with _repo(database_url) as repo:
-        typer.echo(json.dumps(_tenant_dict(repo.get_tenant(tenant_id)), indent=2))
+        typer.echo(json.dumps(_tenant_dict(repo.get_tenant(tenant_id).config), indent=2))
 
 
 @tenant_app.command("disable")

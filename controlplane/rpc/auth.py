@@ -34,10 +34,10 @@ import grpc
 import structlog
 
 from controlplane.auth import KeyCache
+from controlplane.domain.audit import Actor
 from controlplane.domain.errors import DomainError, PermissionDenied, Unauthenticated
 from controlplane.domain.keys import Principal, Role, bearer_token
 from controlplane.rpc.errors import status_for
-from controlplane.store.admin import Actor
 from controlplane.store.keys import KeyStore
 from controlplane.telemetry.metrics import LatencyHistogram, RpcStats
 

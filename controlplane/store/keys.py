@@ -1,13 +1,16 @@
 """API keys in the database (the SQL half of the key model; the key format,
-roles and hashing are in ``controlplane.domain.keys``)."""
+roles and hashing are in ``controlplane.domain.keys``). ``create_key`` and
+``revoke_key`` write the change and its audit record in one transaction."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from controlplane.domain.audit import Actor
 from controlplane.domain.errors import InvalidArgument, NotFound, Unauthenticated
 from controlplane.domain.keys import (
     MAX_NAME_LEN,
@@ -20,6 +23,7 @@ from controlplane.domain.keys import (
     new_key,
     split_key,
 )
+from controlplane.store.audit import local_actor, log_change
 from controlplane.store.models import ApiKey
 
 
@@ -36,6 +40,16 @@ def _info(row: ApiKey) -> KeyInfo:
     return KeyInfo(
         row.key_id, row.name, Role(row.role), row.created_by, row.created_at, row.revoked_at
     )
+
+
+def key_dict(info: KeyInfo) -> dict[str, Any]:
+    return {
+        "key_id": info.key_id,
+        "name": info.name,
+        "role": info.role.value,
+        "created_by": info.created_by,
+        "revoked_at": info.revoked_at,
+    }
 
 
 class KeyStore:
@@ -76,6 +90,27 @@ class KeyStore:
             row.revoked_at = datetime.now(UTC)
             s.flush()
         return before, _info(row)
+
+    def create_key(
+        self, name: str, role: Role, actor: Actor | None = None
+    ) -> tuple[str, KeyInfo]:
+        """Create a key, audited; returns (the key to show once, its info)."""
+        actor = actor or local_actor()
+        with Session(self.engine) as s, s.begin():
+            key, info = self.create(s, name, role, actor.name)
+            log_change(s, actor, "key.create", f"key:{info.key_id}", None, key_dict(info))
+        return key, info
+
+    def revoke_key(self, key_id: str, actor: Actor | None = None) -> KeyInfo:
+        """Revoke a key, audited (revoking twice changes nothing)."""
+        actor = actor or local_actor()
+        with Session(self.engine) as s, s.begin():
+            before, after = self.revoke(s, key_id)
+            if before != after:
+                log_change(
+                    s, actor, "key.revoke", f"key:{key_id}", key_dict(before), key_dict(after)
+                )
+        return after
 
     def list(self, *, include_revoked: bool = True) -> list[KeyInfo]:
         with Session(self.engine) as s:

@@ -14,8 +14,8 @@ import pytest
 
 from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
+from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
 
 
 def add_tenants(url: str, *tenants: TenantConfig) -> None:

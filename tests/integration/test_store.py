@@ -12,9 +12,9 @@ from sqlalchemy import inspect
 
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.errors import AlreadyExists, InvalidArgument, NotFound
+from controlplane.store.config import ConfigRepository
 from controlplane.store.db import downgrade, make_engine, upgrade
 from controlplane.store.models import Base
-from controlplane.store.repo import ConfigRepository
 
 
 def test_models_and_migrations_do_not_drift(migrated_url: str) -> None:
@@ -58,7 +58,7 @@ def test_tenant_repository(migrated_url: str) -> None:
         default_lane="batch",
     )
     repo.add_tenant(t)
-    assert repo.get_tenant("acme") == t
+    assert repo.get_tenant("acme").config == t
     with pytest.raises(AlreadyExists):
         repo.add_tenant(t)
     fp = repo.fingerprint()
@@ -66,10 +66,10 @@ def test_tenant_repository(migrated_url: str) -> None:
         repo.upsert_tenant(TenantConfig(tenant_id="acme", token_rate=Decimal(50), burst_tokens=500))
         is False
     )
-    assert repo.get_tenant("acme").token_rate == Decimal(50)
+    assert repo.get_tenant("acme").config.token_rate == Decimal(50)
     assert repo.fingerprint() != fp
     repo.set_enabled("acme", False)
-    assert repo.get_tenant("acme").enabled is False
+    assert repo.get_tenant("acme").config.enabled is False
     with pytest.raises(NotFound):
         repo.get_tenant("nobody")
     cases: list[tuple[dict[str, Any], str]] = [

@@ -16,12 +16,15 @@ from controlplane.domain.policy import Policy
 from controlplane.rpc.admin import (
     _field_value,
     _mask,
+    decode_page_token,
+    encode_page_token,
     json_value,
     policy_to_pb,
     tenant_from_pb,
     tenant_to_pb,
 )
-from controlplane.store.admin import TenantRecord, decode_page_token, encode_page_token, to_json
+from controlplane.store.audit import to_json
+from controlplane.store.config import TenantRecord
 from controlplane.telemetry.live import spec_score
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -1,47 +1,58 @@
-"""Admin writes and the audit log, one transaction each.
+"""The config repository: tenants, lanes and policy overrides, between the
+database and the domain. The one place that writes these tables.
 
-Every change validates first (``InvalidArgument`` naming the field), then
-writes the change *and* its audit record in the same transaction: a change
-is either applied and audited, or neither. Reads go through the same
-models. All methods block (SQLAlchemy); the servicer runs them in a thread.
+Every write validates first (``controlplane.domain.validate``:
+``InvalidArgument`` naming the field), then writes the change *and* its
+audit record in the same transaction: a change is either applied and
+audited, or neither. ``actor`` is who the audit log names; it defaults to
+``local:<os user>`` for in-process callers (the CLI's database-direct path,
+``config apply``, the demo, tests and benchmarks); the admin API passes the
+calling key. All methods block (SQLAlchemy); async callers run them in a
+thread.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from decimal import Decimal
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.domain.audit import Actor
 from controlplane.domain.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from controlplane.domain.keys import KeyInfo, Role
 from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy
 from controlplane.domain.validate import check_lane, check_tenant
-from controlplane.store.keys import KeyStore
-from controlplane.store.models import AuditEvent, Lane, PolicyOverride, Tenant
-from controlplane.store.repo import LANE_FIELDS, TENANT_FIELDS, lane_to_domain
+from controlplane.store.audit import aware, local_actor, log_change
+from controlplane.store.models import Lane, PolicyOverride, Tenant
 
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Actor:
-    """Who makes a change, as written to the audit log."""
-
-    name: str  # "key:<key_id> (<key name>)" or "local:<os user>"
-    role: str
-    request_id: str = ""
+# TenantConfig fields that map 1:1 onto Tenant columns.
+TENANT_FIELDS = (
+    "display_name",
+    "enabled",
+    "token_rate",
+    "burst_tokens",
+    "hourly_quota",
+    "daily_quota",
+    "max_concurrency",
+    "max_queued",
+    "max_tokens_per_request",
+    "default_lane",
+    "shadow_mode",
+    "dedicated_quota",
+    "fallback_model",
+    "max_wait_ms",
+    "long_request_tokens",
+    "demote_long_requests",
+)
+LANE_FIELDS = ("priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,89 +62,27 @@ class TenantRecord:
     updated_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class AuditRecord:
-    id: int
-    at: datetime
-    actor: str
-    actor_role: str
-    action: str
-    target: str
-    before: str | None
-    after: str | None
-    request_id: str
+def tenant_to_domain(row: Tenant) -> TenantConfig:
+    return TenantConfig(tenant_id=row.tenant_id, **{f: getattr(row, f) for f in TENANT_FIELDS})
 
 
-def aware(dt: datetime) -> datetime:
-    """SQLite hands back naive datetimes; everything we store is UTC."""
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
-
-
-def decimal_text(value: Decimal) -> str:
-    """2000.000 -> "2000", 12.500 -> "12.5" (never exponent notation)."""
-    if value == value.to_integral_value():
-        return str(int(value))
-    return format(value.normalize(), "f")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return decimal_text(value)
-    if isinstance(value, datetime):
-        return aware(value).isoformat()
-    return value
-
-
-def to_json(obj: Mapping[str, Any] | None) -> str | None:
-    if obj is None:
-        return None
-    return json.dumps({k: _jsonable(v) for k, v in obj.items()}, sort_keys=True)
+def lane_to_domain(row: Lane) -> LaneConfig:
+    return LaneConfig(name=row.name, **{f: getattr(row, f) for f in LANE_FIELDS})
 
 
 def tenant_dict(cfg: TenantConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def key_dict(info: KeyInfo) -> dict[str, Any]:
-    return {
-        "key_id": info.key_id,
-        "name": info.name,
-        "role": info.role.value,
-        "created_by": info.created_by,
-        "revoked_at": info.revoked_at,
-    }
-
-
-def encode_page_token(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode()
-
-
-def decode_page_token(token: str) -> str:
-    try:
-        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument("page_token", "not a token returned by this API") from None
-
-
-def page_size(requested: int) -> int:
-    if requested < 0:
-        raise InvalidArgument("page_size", f"must be >= 0, got {requested}")
-    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-
-
 def _record(row: Tenant) -> TenantRecord:
-    cfg = TenantConfig(tenant_id=row.tenant_id, **{f: getattr(row, f) for f in TENANT_FIELDS})
-    return TenantRecord(cfg, aware(row.created_at), aware(row.updated_at))
+    return TenantRecord(tenant_to_domain(row), aware(row.created_at), aware(row.updated_at))
 
 
-def _audit(row: AuditEvent) -> AuditRecord:
-    return AuditRecord(
-        row.id, aware(row.at), row.actor, row.actor_role, row.action, row.target,
-        row.before, row.after, row.request_id,
-    )  # fmt: skip
+def _no_guard(cfg: TenantConfig) -> None:
+    return None
 
 
-class AdminStore:
+class ConfigRepository:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
@@ -141,30 +90,6 @@ class AdminStore:
     def _tx(self) -> Iterator[Session]:
         with Session(self.engine) as s, s.begin():
             yield s
-
-    @staticmethod
-    def log_change(
-        s: Session,
-        actor: Actor,
-        action: str,
-        target: str,
-        before: Mapping[str, Any] | None,
-        after: Mapping[str, Any] | None,
-    ) -> None:
-        """Add an audit record to the session ``s`` (the caller's transaction,
-        so the change and its record commit together). Other packages'
-        operator RPCs call this with ``interceptor.current_actor()``."""
-        s.add(
-            AuditEvent(
-                actor=actor.name[:256],
-                actor_role=actor.role,
-                action=action,
-                target=target[:256],
-                before=to_json(before),
-                after=to_json(after),
-                request_id=actor.request_id[:128],
-            )
-        )
 
     @staticmethod
     def _lane_names(s: Session) -> list[str]:
@@ -177,7 +102,17 @@ class AdminStore:
             raise NotFound("tenant_id", f"unknown tenant {tenant_id!r}")
         return row
 
-    # ------------------------------------------------------------ tenants
+    # -------------------------------------------------------------- reads
+
+    def lanes(self) -> list[LaneConfig]:
+        with Session(self.engine) as s:
+            rows = s.scalars(select(Lane).order_by(Lane.priority, Lane.name)).all()
+            return [lane_to_domain(r) for r in rows]
+
+    def tenants(self) -> list[TenantConfig]:
+        with Session(self.engine) as s:
+            rows = s.scalars(select(Tenant).order_by(Tenant.tenant_id)).all()
+            return [tenant_to_domain(r) for r in rows]
 
     def get_tenant(self, tenant_id: str) -> TenantRecord:
         with Session(self.engine) as s:
@@ -194,7 +129,26 @@ class AdminStore:
         page = [_record(r) for r in rows[:limit]]
         return page, (page[-1].config.tenant_id if more and page else "")
 
-    def create_tenant(self, cfg: TenantConfig, actor: Actor) -> TenantRecord:
+    def policy_overrides(self) -> dict[str, Any]:
+        with Session(self.engine) as s:
+            return {r.key: json.loads(r.value) for r in s.scalars(select(PolicyOverride))}
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        """Cheap change detector the server polls: row counts and newest
+        update time of the config tables."""
+        with Session(self.engine) as s:
+            t = s.execute(select(func.count(Tenant.id), func.max(Tenant.updated_at))).one()
+            la = s.execute(select(func.count(Lane.name), func.max(Lane.updated_at))).one()
+            po = s.execute(
+                select(func.count(PolicyOverride.key), func.max(PolicyOverride.updated_at))
+            ).one()
+            return (*t, *la, *po)
+
+    # ------------------------------------------------------------ tenants
+
+    def add_tenant(self, cfg: TenantConfig, actor: Actor | None = None) -> TenantRecord:
+        """Create a tenant; AlreadyExists if the id is taken."""
+        actor = actor or local_actor()
         try:
             with self._tx() as s:
                 check_tenant(cfg, self._lane_names(s))
@@ -202,7 +156,7 @@ class AdminStore:
                     raise AlreadyExists(f"tenant_id: tenant {cfg.tenant_id!r} already exists")
                 row = Tenant(tenant_id=cfg.tenant_id, **{f: getattr(cfg, f) for f in TENANT_FIELDS})
                 s.add(row)
-                self.log_change(
+                log_change(
                     s, actor, "tenant.create", f"tenant:{cfg.tenant_id}", None, tenant_dict(cfg)
                 )
                 s.flush()
@@ -215,16 +169,17 @@ class AdminStore:
         self,
         tenant_id: str,
         changes: Mapping[str, Any],
-        actor: Actor,
+        actor: Actor | None = None,
         action: str = "tenant.update",
     ) -> TenantRecord:
         """Apply ``changes`` (TenantConfig field -> value) to a tenant, validated as a whole."""
+        actor = actor or local_actor()
         unknown = set(changes) - set(TENANT_FIELDS)
         if unknown:
             raise InvalidArgument(sorted(unknown)[0], "not a tenant field that can be changed")
         with self._tx() as s:
             row = self._tenant_row(s, tenant_id)
-            before = _record(row).config
+            before = tenant_to_domain(row)
             after = dataclasses.replace(before, **changes)
             check_tenant(after, self._lane_names(s))
             if after != before:
@@ -232,31 +187,52 @@ class AdminStore:
                     setattr(row, f, getattr(after, f))
                 old, new = tenant_dict(before), tenant_dict(after)
                 diff = [k for k in old if old[k] != new[k]]
-                self.log_change(
+                log_change(
                     s, actor, action, f"tenant:{tenant_id}",
                     {k: old[k] for k in diff}, {k: new[k] for k in diff},
                 )  # fmt: skip
             s.flush()
             return _record(row)
 
+    def set_enabled(
+        self, tenant_id: str, enabled: bool, actor: Actor | None = None
+    ) -> TenantRecord:
+        action = "tenant.enable" if enabled else "tenant.disable"
+        return self.update_tenant(tenant_id, {"enabled": enabled}, actor, action)
+
+    def upsert_tenant(self, cfg: TenantConfig, actor: Actor | None = None) -> bool:
+        """Create a tenant or replace all its settings (declarative config);
+        True when it was created."""
+        changes = {f: getattr(cfg, f) for f in TENANT_FIELDS}
+        with Session(self.engine) as s:
+            exists = s.scalar(select(Tenant.id).where(Tenant.tenant_id == cfg.tenant_id))
+        if exists is None:
+            try:
+                self.add_tenant(cfg, actor)
+                return True
+            except AlreadyExists:  # created meanwhile: replace it below
+                pass
+        self.update_tenant(cfg.tenant_id, changes, actor)
+        return False
+
     def delete_tenant(
-        self, tenant_id: str, actor: Actor, guard: Callable[[TenantConfig], None]
+        self,
+        tenant_id: str,
+        actor: Actor | None = None,
+        guard: Callable[[TenantConfig], None] = _no_guard,
     ) -> TenantRecord:
         """Delete a tenant; ``guard`` raises FailedPrecondition to refuse."""
+        actor = actor or local_actor()
         try:
             with self._tx() as s:
                 row = self._tenant_row(s, tenant_id)
                 record = _record(row)
                 guard(record.config)
                 s.delete(row)
-                self.log_change(
-                    s,
-                    actor,
-                    "tenant.delete",
-                    f"tenant:{tenant_id}",
-                    tenant_dict(record.config),
-                    None,
-                )
+                log_change(
+                    s, actor, "tenant.delete", f"tenant:{tenant_id}",
+                    tenant_dict(record.config), None,
+                )  # fmt: skip
         except IntegrityError as exc:  # rows elsewhere still reference the tenant
             raise FailedPrecondition(
                 f"tenant_id: tenant {tenant_id!r} is still referenced ({exc.orig})"
@@ -265,13 +241,15 @@ class AdminStore:
 
     # -------------------------------------------------------------- lanes
 
-    def lanes(self) -> list[LaneConfig]:
-        with Session(self.engine) as s:
-            return [lane_to_domain(r) for r in s.scalars(select(Lane).order_by(Lane.priority))]
-
     def update_lane(
-        self, name: str, changes: Mapping[str, Any], actor: Actor, *, allow_missing: bool
+        self,
+        name: str,
+        changes: Mapping[str, Any],
+        actor: Actor | None = None,
+        *,
+        allow_missing: bool = False,
     ) -> LaneConfig:
+        actor = actor or local_actor()
         unknown = set(changes) - set(LANE_FIELDS)
         if unknown:
             raise InvalidArgument(sorted(unknown)[0], "not a lane field that can be changed")
@@ -304,21 +282,27 @@ class AdminStore:
                     setattr(row, f, getattr(after, f))
                 action = "lane.create" if before is None else "lane.update"
                 old = None if before is None else dataclasses.asdict(before)
-                self.log_change(s, actor, action, f"lane:{name}", old, dataclasses.asdict(after))
+                log_change(s, actor, action, f"lane:{name}", old, dataclasses.asdict(after))
             return after
+
+    def upsert_lane(self, lane: LaneConfig, actor: Actor | None = None) -> LaneConfig:
+        """Create a lane or replace all its settings (declarative config)."""
+        changes = {f: getattr(lane, f) for f in LANE_FIELDS}
+        return self.update_lane(lane.name, changes, actor, allow_missing=True)
 
     # ------------------------------------------------------------- policy
 
-    def policy_overrides(self) -> dict[str, Any]:
-        with Session(self.engine) as s:
-            return {r.key: json.loads(r.value) for r in s.scalars(select(PolicyOverride))}
-
     def update_policy(
-        self, base: Policy, set_: Mapping[str, Any], reset: list[str], actor: Actor
+        self,
+        base: Policy,
+        set_: Mapping[str, Any],
+        reset: list[str],
+        actor: Actor | None = None,
     ) -> tuple[Policy, dict[str, Any]]:
         """Set and/or reset policy keys, validated as a whole (e.g. the
         backpressure weights must still sum to 1). Returns the effective
         policy and the overrides now stored."""
+        actor = actor or local_actor()
         for key in [*set_, *reset]:
             if key not in POLICY_KEYS:
                 raise InvalidArgument(key, "unknown policy key")
@@ -343,52 +327,9 @@ class AdminStore:
                 if key in rows:
                     s.delete(rows[key])
             old_values = old_policy.model_dump()
-            self.log_change(
+            log_change(
                 s, actor, "policy.update", "policy",
                 {k: old_values[k] for k in changed}, {k: new_values[k] for k in changed},
             )  # fmt: skip
             stored_now = {k: new_values[k] for k in merged}
         return new_policy, stored_now
-
-    # --------------------------------------------------------------- keys
-
-    def create_key(self, name: str, role: Role, actor: Actor) -> tuple[str, KeyInfo]:
-        with self._tx() as s:
-            key, info = KeyStore.create(s, name, role, actor.name)
-            self.log_change(s, actor, "key.create", f"key:{info.key_id}", None, key_dict(info))
-        return key, info
-
-    def revoke_key(self, key_id: str, actor: Actor) -> KeyInfo:
-        with self._tx() as s:
-            before, after = KeyStore.revoke(s, key_id)
-            if before != after:
-                self.log_change(
-                    s, actor, "key.revoke", f"key:{key_id}", key_dict(before), key_dict(after)
-                )
-        return after
-
-    # -------------------------------------------------------------- audit
-
-    def audit(
-        self,
-        limit: int,
-        before_id: int = 0,
-        *,
-        target: str = "",
-        actor: str = "",
-        action: str = "",
-    ) -> tuple[list[AuditRecord], int]:
-        """Newest first; the second value is the id to continue before (0 = done)."""
-        with Session(self.engine) as s:
-            q = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit + 1)
-            if before_id:
-                q = q.where(AuditEvent.id < before_id)
-            if target:
-                q = q.where(AuditEvent.target == target)
-            if actor:
-                q = q.where(AuditEvent.actor.contains(actor, autoescape=True))
-            if action:
-                q = q.where(AuditEvent.action == action)
-            rows = list(s.scalars(q))
-        page = [_audit(r) for r in rows[:limit]]
-        return page, (page[-1].id if len(rows) > limit and page else 0)
