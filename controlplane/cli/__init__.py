@@ -23,8 +23,9 @@ app.command("serve")(serve.serve)
 app.command("demo")(serve.demo)
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(config_app, name="config")
-# `burstgate admin ...` (admin API over gRPC) and `burstgate keys ...`
-# (API keys, DB-direct bootstrap).
+# `burstgate tenant ...`: through the admin API or on the database (cli/tenant.py).
+# `burstgate admin ...` (lanes, policy, audit, keys, state over the admin API)
+# and `burstgate keys ...` (API keys, DB-direct bootstrap).
 app.add_typer(admin.admin_app, name="admin")
 app.add_typer(keys.keys_app, name="keys")
 ledger.register(app)

@@ -9,18 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.admin import (
-    KEY_COLS,
-    DbOpt,
-    JsonOpt,
-    _echo_json,
-    _fail,
-    _fmt_time,
-    _key_rows,
-    _KeyView,
-    _print_new_key,
-    _table,
-)
+from controlplane.cli.admin import KEY_COLS, _fmt_time, _key_rows, _KeyView, _print_new_key
+from controlplane.cli.common import DbOpt, JsonOpt, echo_json, fail, table
 
 keys_app = typer.Typer(
     help="API keys and sidecar tokens, written to the database directly (the bootstrap "
@@ -41,7 +31,7 @@ def _key_store(database_url: str | None) -> Iterator[Any]:
     try:
         yield KeyStore(engine)
     except DomainError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         engine.dispose()
 
@@ -73,9 +63,9 @@ def keys_list(
     views = [_KeyView(k.key_id, k.name, k.role.value, k.created_by, _fmt_time(k.created_at),
                       _fmt_time(k.revoked_at)) for k in keys]  # fmt: skip
     if as_json:
-        _echo_json(_key_rows(views))
+        echo_json(_key_rows(views))
     else:
-        _table(_key_rows(views), KEY_COLS)
+        table(_key_rows(views), KEY_COLS)
 
 
 @keys_app.command("revoke")

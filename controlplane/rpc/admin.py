@@ -151,6 +151,11 @@ def _field_value(t: apb.Tenant, name: str) -> Any:
     return getattr(t, name)
 
 
+def tenant_changes(t: apb.Tenant, paths: list[str]) -> dict[str, Any]:
+    """UpdateTenant's changes: field -> domain value for the masked fields."""
+    return {p: _field_value(t, p) for p in _mask(paths, TENANT_MASK_FIELDS, "Tenant")}
+
+
 def tenant_from_pb(t: apb.Tenant) -> TenantConfig:
     if not t.token_rate:
         raise InvalidArgument("token_rate", "required (tokens/s)")
@@ -306,8 +311,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def UpdateTenant(
         self, request: apb.UpdateTenantRequest, context: grpc.aio.ServicerContext
     ) -> apb.Tenant:
-        paths = _mask(list(request.update_mask.paths), TENANT_MASK_FIELDS, "Tenant")
-        changes = {p: _field_value(request.tenant, p) for p in paths}
+        changes = tenant_changes(request.tenant, list(request.update_mask.paths))
         rec = await asyncio.to_thread(
             self._store.update_tenant, request.tenant.tenant_id, changes, self._actor()
         )
