@@ -71,7 +71,7 @@ def run_server(serve: Coroutine[Any, Any, None]) -> None:
     """Body of a server process's entry point: quiet logs, stdout to stderr
     (stdout belongs to the report), ``serve`` on uvloop."""
     os.dup2(2, 1)
-    from controlplane import logs
+    from controlplane.telemetry import logs
 
     logs.configure("console", "warning")
     import uvloop

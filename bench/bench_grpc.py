@@ -255,8 +255,8 @@ def _progress(sc: Scenario, mode: str, rnd: int, s: Sample) -> None:
 
 def prepare_db(url: str) -> None:
     from controlplane.domain import TenantConfig
+    from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine, upgrade
-    from controlplane.store.repo import ConfigRepository
 
     with contextlib.redirect_stdout(sys.stderr):
         upgrade(url)

@@ -42,7 +42,7 @@ from sqlalchemy.engine import make_url
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from controlplane.ledger.records import COLUMNS, LedgerRecord  # noqa: E402
+from controlplane.domain.ledger_records import COLUMNS, LedgerRecord  # noqa: E402
 
 PG_ADMIN_DSN = os.environ.get(
     "BURSTGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -118,8 +118,8 @@ def baseline_executemany(url: str, n: int, batch: int = 1000) -> float:
 
 async def writer_run(url: str, n: int, batch: int, spool_dir: Path) -> tuple[float, int]:
     from controlplane.ledger.spool import Spool
-    from controlplane.ledger.store import LedgerStore, ledger_engine
     from controlplane.ledger.writer import LedgerWriter
+    from controlplane.store.ledger import LedgerStore, ledger_engine
 
     engine = ledger_engine(url)
     writer = LedgerWriter(LedgerStore(engine), Spool(spool_dir, 1 << 30), batch_max=batch)
@@ -151,8 +151,8 @@ def serve(url: str, rate: int, spool_dir: str) -> None:
     from controlplane.domain import TenantConfig
     from controlplane.server import ControlPlane
     from controlplane.settings import Settings
+    from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine
-    from controlplane.store.repo import ConfigRepository
 
     engine = make_engine(url)
     repo = ConfigRepository(engine)
@@ -166,7 +166,7 @@ def serve(url: str, rate: int, spool_dir: str) -> None:
             database_url=url, port=0, metrics_port=-1, admission_auth=False,
             ledger_spool_dir=Path(spool_dir), log_level="warning",
         )  # fmt: skip
-        from controlplane import logs
+        from controlplane.telemetry import logs
 
         logs.configure("console", "warning")
         plane = ControlPlane(settings)

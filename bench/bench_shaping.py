@@ -175,8 +175,8 @@ async def _serve(conn: Connection, db_url: str, ledger: bool) -> None:
 
 def prepare_db(url: str, concurrency: int) -> None:
     from controlplane.domain import TenantConfig
+    from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine, upgrade
-    from controlplane.store.repo import ConfigRepository
 
     with contextlib.redirect_stdout(sys.stderr):
         upgrade(url)

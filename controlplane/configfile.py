@@ -1,7 +1,7 @@
 """Declarative config files (YAML): lanes and tenants, applied as upserts.
 
 ``burstgate config apply FILE`` and the Quickstart's demo use this. The file
-is validated in full (pydantic, then the repository's own checks) before
+is validated in full (pydantic, then ``controlplane.domain.validate``) before
 anything is written, and errors name the entry and field.
 """
 
@@ -14,8 +14,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import InvalidArgument
-from controlplane.store.repo import ConfigRepository, validate_tenant
+from controlplane.domain.audit import Actor
+from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.validate import check_lane, check_tenant
+from controlplane.store.config import ConfigRepository
 
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 
@@ -71,17 +73,27 @@ def load(path: Path) -> ConfigFile:
         raise InvalidArgument(f"{path}:{where}", first["msg"]) from exc
 
 
-def apply(repo: ConfigRepository, cfg: ConfigFile) -> tuple[int, int]:
-    """Upsert lanes then tenants. Returns (tenants created, tenants updated)."""
+def apply(
+    repo: ConfigRepository, cfg: ConfigFile, actor: Actor | None = None
+) -> tuple[int, int]:
+    """Upsert lanes then tenants, each audited as ``actor`` (default
+    ``local:<os user>``). Returns (tenants created, tenants updated)."""
     lanes = [LaneConfig(**spec.model_dump()) for spec in cfg.lanes]
     tenants = [TenantConfig(**spec.model_dump()) for spec in cfg.tenants]
     lane_names = {lane.name for lane in repo.lanes()} | {lane.name for lane in lanes}
-    for i, t in enumerate(tenants):  # validate everything before writing anything
+    # Validate everything before writing anything, with the same validators
+    # as the admin API and the CLI; errors name the entry and the field.
+    for i, lane in enumerate(lanes):
         try:
-            validate_tenant(t, lane_names)
+            check_lane(lane)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"lanes[{i}].{exc.field}", str(exc)) from exc
+    for i, t in enumerate(tenants):
+        try:
+            check_tenant(t, lane_names)
         except InvalidArgument as exc:
             raise InvalidArgument(f"tenants[{i}].{exc.field}", str(exc)) from exc
     for lane in lanes:
-        repo.upsert_lane(lane)
-    created = sum(repo.upsert_tenant(t) for t in tenants)
+        repo.upsert_lane(lane, actor)
+    created = sum(repo.upsert_tenant(t, actor) for t in tenants)
     return created, len(tenants) - created

@@ -28,20 +28,20 @@ from controlplane._proto.burstgate.v1 import (
     ledger_pb2,
     ledger_pb2_grpc,
 )
-from controlplane.metrics import (
+from controlplane.domain.policy import effective_policy
+from controlplane.rpc.admission import AdmissionServicer
+from controlplane.service import AdmissionService
+from controlplane.service.waiting import WaitingRoom
+from controlplane.settings import Settings
+from controlplane.store.config import ConfigRepository
+from controlplane.store.db import make_engine
+from controlplane.telemetry.metrics import (
     EXTRA_COLLECTORS,
     RpcCollector,
     RpcStats,
     ServerCollector,
     registry_for,
 )
-from controlplane.policy import effective_policy
-from controlplane.rpc.admission import AdmissionServicer
-from controlplane.service import AdmissionService
-from controlplane.service.waiting import WaitingRoom
-from controlplane.settings import Settings
-from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
 
 if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
@@ -89,7 +89,7 @@ def create_server(
         admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
         names.append(ADMIN_SERVICE)
     if ledger is not None:  # operators' ledger API (issue 4), same auth as admin
-        from controlplane.ledger.rpc import LedgerServicer
+        from controlplane.rpc.ledger import LedgerServicer
 
         ledger_pb2_grpc.add_LedgerServiceServicer_to_server(
             LedgerServicer(ledger, clock=ledger.clock), server
@@ -123,13 +123,14 @@ class ControlPlane:
         self._fingerprint: tuple[Any, ...] | None = None
         self.config_reloads = 0
         # Admin API, auth and observability (issue 5, controlplane/admin).
-        from controlplane.admin.keys import KeyCache, KeyStore
-        from controlplane.admin.live import LiveSampler
-        from controlplane.admin.store import AdminStore
+        from controlplane.auth import KeyCache
+        from controlplane.store.audit import AuditLog
+        from controlplane.store.keys import KeyStore
+        from controlplane.telemetry.live import LiveSampler
 
         self.config_reload_failures = 0
         self._reload_lock = asyncio.Lock()  # admin writes and the poll reload in turn
-        self.admin_store = AdminStore(self.engine)
+        self.audit_log = AuditLog(self.engine)
         self.key_store = KeyStore(self.engine)
         self.key_cache = KeyCache(self.key_store)
         self.rpc_stats = RpcStats()
@@ -151,7 +152,7 @@ class ControlPlane:
         self._ledger_health_tasks: set[asyncio.Task[None]] = set()
         if settings.ledger_enabled:
             from controlplane.ledger.metering import Metering
-            from controlplane.ledger.metrics import LedgerCollector
+            from controlplane.telemetry.ledger_metrics import LedgerCollector
 
             self.metering = Metering(self.service, settings, on_health=self._ledger_health)
             self.metrics_collectors.append(LedgerCollector(self.metering))
@@ -179,11 +180,11 @@ class ControlPlane:
         return True
 
     def _interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        from controlplane.admin.interceptor import ServerInterceptor
+        from controlplane.rpc.auth import ServerInterceptor
 
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if self.settings.tracing != "off":
-            from controlplane.admin.tracing import server_interceptor
+            from controlplane.telemetry.tracing import server_interceptor
 
             tracing, self._tracer_provider = server_interceptor(self.settings)
             interceptors.append(tracing)  # outermost: the span covers auth too
@@ -210,7 +211,7 @@ class ControlPlane:
         )
 
     async def start(self) -> int:
-        from controlplane.admin.servicer import AdminServicer
+        from controlplane.rpc.admin import AdminServicer
 
         await self.load_config()
         await asyncio.to_thread(self.key_cache.refresh)
@@ -225,7 +226,9 @@ class ControlPlane:
             max_message_bytes=self.settings.max_message_bytes,
             waiting=self.waiting,
             interceptors=self._interceptors(),
-            admin=AdminServicer(self, self.admin_store, self.key_store, self.key_cache),
+            admin=AdminServicer(
+                self, self.repo, self.key_store, self.key_cache, self.audit_log
+            ),
             credentials=self._credentials(),
             ledger=self.metering,
         )

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from controlplane.policy import Policy
+from controlplane.domain.policy import Policy
 
 DEFAULT_SQLITE_PATH = Path("var") / "burstgate.db"
 
@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     @field_validator("pricing_steps")
     @classmethod
     def _steps(cls, v: list[tuple[Decimal, Decimal]]) -> list[tuple[Decimal, Decimal]]:
-        from controlplane.ledger.pricing import StepTable
+        from controlplane.domain.pricing import StepTable
 
         StepTable(v)  # raises ValueError naming the problem
         return v

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from controlplane.domain import TenantConfig
+from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
 
 T = TypeVar("T")
 

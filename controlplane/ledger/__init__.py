@@ -1,16 +1,19 @@
 """Metering (issue 4): the dual ledger, dynamic cost-aware pricing windows,
 margin warnings and billing exports. See docs/ledger.md.
 
-- ``money``     exact decimal arithmetic and the fixed formats of amounts
-- ``catalog``   the price catalog and the two ledger formulas
-- ``pricing``   pricing windows and the step table (``PricingBook``, the
-                admission path's ``Pricing``)
-- ``records``   one ledger row
+The use cases of metering:
+
+- ``pricing``   pricing windows (``PricingBook``, the admission path's
+                ``Pricing``)
 - ``spool``     the local append-only, fsynced spool
-- ``store``     SQL: ledger rows, catalog, windows, margin warnings
 - ``writer``    ``LedgerWriter``: group commit off the Admit path, spool
                 fallback and replay
 - ``metering``  ``Metering``: Complete made durable exactly once
 - ``export``    deterministic streaming exports with a reconciling manifest
-- ``rpc``       ``burstgate.v1.LedgerService``
+- ``usage``     usage summaries over the ledger
+
+Elsewhere by layer: the pure types in ``controlplane.domain`` (``money``,
+``catalog``, ``ledger_records``, ``pricing``: the step table), the SQL in
+``controlplane.store.ledger``, ``burstgate.v1.LedgerService`` in
+``controlplane.rpc.ledger``, the CLI in ``controlplane.cli.ledger``.
 """

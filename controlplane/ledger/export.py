@@ -29,10 +29,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, func, literal_column, select
 
-from controlplane.errors import InvalidArgument
-from controlplane.ledger.money import format_fixed, format_nanos
-from controlplane.ledger.records import COLUMNS, iso_ns
-from controlplane.ledger.store import LEDGER
+from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.ledger_records import COLUMNS, iso_ns
+from controlplane.domain.money import format_fixed, format_nanos
+from controlplane.store.ledger import LEDGER
 
 FETCH_ROWS = 5_000
 CHUNK_BYTES = 64 * 1024

@@ -39,18 +39,18 @@ import structlog
 from sqlalchemy.engine import make_url
 
 from controlplane.domain import Settlement
-from controlplane.errors import NotFound
-from controlplane.ledger.catalog import PriceCatalog, actual_cost, user_charge, zero_price
-from controlplane.ledger.errors import LedgerUnavailable
-from controlplane.ledger.money import PPM, ppm_decimal, rate_ppm, to_nanos
-from controlplane.ledger.pricing import PricingBook, StepTable
-from controlplane.ledger.records import Key, LedgerRecord
+from controlplane.domain.catalog import PriceCatalog, actual_cost, user_charge, zero_price
+from controlplane.domain.errors import LedgerUnavailable, NotFound
+from controlplane.domain.ledger_records import Key, LedgerRecord
+from controlplane.domain.money import PPM, ppm_decimal, rate_ppm, to_nanos
+from controlplane.domain.pricing import StepTable
+from controlplane.ledger.pricing import PricingBook
 from controlplane.ledger.spool import Spool
-from controlplane.ledger.store import LedgerStore, MarginWarning, exceeds, ledger_engine
 from controlplane.ledger.writer import LedgerWriter, Outcome
 from controlplane.service import AdmissionService
 from controlplane.service import records as R
 from controlplane.settings import Settings, sqlalchemy_url
+from controlplane.store.ledger import LedgerStore, MarginWarning, exceeds, ledger_engine
 
 log = structlog.get_logger("burstgate.ledger")
 
@@ -208,7 +208,7 @@ class Metering:
             self.duplicates += 1
             return CompleteResult(prepared, await self.find(key), duplicate=True)
         if exec_start_ns and exec_end_ns and exec_end_ns < exec_start_ns:
-            from controlplane.errors import InvalidArgument
+            from controlplane.domain.errors import InvalidArgument
 
             raise InvalidArgument("exec_end", "is before exec_start")
         reported = kv_cache_miss_rate > 0 if miss_rate_reported is None else miss_rate_reported

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import structlog
 
-from controlplane.ledger.records import LedgerRecord, from_json_row, to_json_row
+from controlplane.domain.ledger_records import LedgerRecord, from_json_row, to_json_row
 
 log = structlog.get_logger("burstgate.ledger.spool")
 

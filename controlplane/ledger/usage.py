@@ -6,8 +6,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from controlplane.domain.money import format_nanos
 from controlplane.ledger.export import ExportSpec, Totals, daily_values, query, sql_totals
-from controlplane.ledger.money import format_nanos
 
 # A usage answer is for people and dashboards; exports are for whole periods.
 MAX_USAGE_ROWS = 10_000

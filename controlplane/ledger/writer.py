@@ -34,10 +34,10 @@ from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
-from controlplane.ledger.errors import LedgerUnavailable
-from controlplane.ledger.records import Key, LedgerRecord
+from controlplane.domain.errors import LedgerUnavailable
+from controlplane.domain.ledger_records import Key, LedgerRecord
 from controlplane.ledger.spool import CorruptSegment, Spool, SpoolFull
-from controlplane.ledger.store import LedgerStore
+from controlplane.store.ledger import LedgerStore
 
 log = structlog.get_logger("burstgate.ledger.writer")
 

@@ -11,7 +11,7 @@ from google.protobuf.duration_pb2 import Duration
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.domain import AdmitDecision, Degradation, Pressure
-from controlplane.errors import DomainError
+from controlplane.domain.errors import DomainError
 from controlplane.rpc.errors import status_for, unary_errors
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
@@ -148,7 +148,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             duplicate=r.duplicate,
         )
         if r.record is not None:
-            from controlplane.ledger.money import format_fixed, format_nanos
+            from controlplane.domain.money import format_fixed, format_nanos
 
             rec = r.record
             resp.user_charge = format_nanos(rec.user_charge_nanos)

@@ -9,15 +9,16 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
-from controlplane.admin.errors import PermissionDenied, Unauthenticated
-from controlplane.errors import (
+from controlplane.domain.errors import (
     AlreadyExists,
     DomainError,
     FailedPrecondition,
     InvalidArgument,
+    LedgerUnavailable,
     NotFound,
+    PermissionDenied,
+    Unauthenticated,
 )
-from controlplane.ledger.errors import LedgerUnavailable
 
 log = structlog.get_logger("burstgate.rpc")
 

@@ -51,8 +51,8 @@ from controlplane.domain import (
     Settlement,
     TenantConfig,
 )
-from controlplane.errors import AlreadyExists
-from controlplane.policy import Policy
+from controlplane.domain.errors import AlreadyExists
+from controlplane.domain.policy import Policy
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult, Outcomes
 from controlplane.service.decider import Decider, early_reason

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controlplane.domain import MAX_ID_LEN, MAX_TOKENS_PER_FIELD
-from controlplane.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.validate import check_id, check_optional_name, check_tokens
 from controlplane.service.records import Key
 from controlplane.service.tenants import TenantDirectory
-from controlplane.service.validate import check_id, check_optional_name, check_tokens
 
 MAX_POOL_LEN = 128
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from controlplane.domain import LoadSample
-from controlplane.policy import Policy
+from controlplane.domain.policy import Policy
 from fastpath import backpressure_score_ppm
 
 PPM = 1_000_000

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from controlplane.domain import LaneConfig, LoadSample
-from controlplane.errors import InvalidArgument
-from controlplane.policy import Policy
+from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.policy import Policy
+from controlplane.domain.validate import check_fraction, check_id
 from controlplane.service.pools import FRESH, PPM, UNKNOWN, PoolBook, ppm
-from controlplane.service.validate import check_fraction, check_id
 from fastpath import Reason, backpressure_retry_ns, shed_threshold_ppm
 
 NS_PER_S = 1_000_000_000

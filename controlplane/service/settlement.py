@@ -5,10 +5,10 @@ façade dispatches; nothing here starts a dispatch."""
 from __future__ import annotations
 
 from controlplane.domain import Settlement
-from controlplane.errors import FailedPrecondition, InvalidArgument, NotFound
+from controlplane.domain.errors import FailedPrecondition, InvalidArgument, NotFound
+from controlplane.domain.validate import check_fraction, check_id, check_tokens
 from controlplane.service import records as R
 from controlplane.service.records import Key, Record, RequestLog
-from controlplane.service.validate import check_fraction, check_id, check_tokens
 from fastpath import Reason, TokenBucketTable
 
 # Usage above ratio x what was admitted, plus this slack, is refused as a

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import InvalidArgument, NotFound
-from controlplane.policy import Policy
+from controlplane.domain.errors import InvalidArgument, NotFound
+from controlplane.domain.policy import Policy
 from fastpath import TokenBucketTable
 
 # Lane of a request whose tenant is unknown and that named no lane (only the

@@ -114,7 +114,7 @@ class Lane(Base):
 class PolicyOverride(Base):
     """Operator overrides of the burst-shaping policy (backpressure weights and
     thresholds, degradation triggers, queue bounds ...). One row per key; the
-    value is JSON text. Keys and defaults live in controlplane.policy.Policy;
+    value is JSON text. Keys and defaults live in controlplane.domain.policy.Policy;
     a key without a row uses the default from settings."""
 
     __tablename__ = "policy_overrides"

@@ -16,8 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from controlplane.client import AdmissionClient, make_batch, pb
 from controlplane.domain import TenantConfig
+from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
 from tests.support import add_tenants, wait_until
 
 NS = 1_000_000_000

@@ -11,10 +11,10 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import AlreadyExists, InvalidArgument, NotFound
+from controlplane.domain.errors import AlreadyExists, InvalidArgument, NotFound
+from controlplane.store.config import ConfigRepository
 from controlplane.store.db import downgrade, make_engine, upgrade
 from controlplane.store.models import Base
-from controlplane.store.repo import ConfigRepository
 
 
 def test_models_and_migrations_do_not_drift(migrated_url: str) -> None:
@@ -58,7 +58,7 @@ def test_tenant_repository(migrated_url: str) -> None:
         default_lane="batch",
     )
     repo.add_tenant(t)
-    assert repo.get_tenant("acme") == t
+    assert repo.get_tenant("acme").config == t
     with pytest.raises(AlreadyExists):
         repo.add_tenant(t)
     fp = repo.fingerprint()
@@ -66,10 +66,10 @@ def test_tenant_repository(migrated_url: str) -> None:
         repo.upsert_tenant(TenantConfig(tenant_id="acme", token_rate=Decimal(50), burst_tokens=500))
         is False
     )
-    assert repo.get_tenant("acme").token_rate == Decimal(50)
+    assert repo.get_tenant("acme").config.token_rate == Decimal(50)
     assert repo.fingerprint() != fp
     repo.set_enabled("acme", False)
-    assert repo.get_tenant("acme").enabled is False
+    assert repo.get_tenant("acme").config.enabled is False
     with pytest.raises(NotFound):
         repo.get_tenant("nobody")
     cases: list[tuple[dict[str, Any], str]] = [
@@ -90,4 +90,44 @@ def test_tenant_repository(migrated_url: str) -> None:
     assert [lane.name for lane in repo.lanes()][-1] == "bulk"
     with pytest.raises(InvalidArgument):
         repo.upsert_lane(LaneConfig("bad", 4, Decimal(2), 1, False, True))
+    repo.engine.dispose()
+
+
+# Values the admin API refuses (INVALID_ARGUMENT naming the field) must be
+# refused by the YAML path too: both go through controlplane.domain.validate.
+YAML_REJECTS = [
+    ("tenants:\n- {tenant_id: a, token_rate: 1, burst_tokens: 10, max_concurrency: 2147483648}\n",
+     "tenants[0].max_concurrency"),
+    ("tenants:\n- {tenant_id: a, token_rate: 1, burst_tokens: 10, max_wait_ms: 2147483648}\n",
+     "tenants[0].max_wait_ms"),
+    ("tenants:\n- {tenant_id: a, token_rate: 1, burst_tokens: 10, display_name: " + "x" * 257
+     + "}\n", "tenants[0].display_name"),
+    ("tenants:\n- {tenant_id: a, token_rate: 1, burst_tokens: 10, fallback_model: \"m\\u0007\"}\n",
+     "tenants[0].fallback_model"),
+    ("tenants:\n- {tenant_id: a, token_rate: 1.0001, burst_tokens: 10}\n",
+     "tenants[0].token_rate"),
+    ("lanes:\n- {name: bulk, priority: 2147483648, weight: 0.1, wait_target_ms: 1}\n",
+     "lanes[0].priority"),
+    ("lanes:\n- {name: bulk, priority: 3, weight: 0.12345, wait_target_ms: 1}\n",
+     "lanes[0].weight"),
+    ("lanes:\n- {name: bulk, priority: 3, weight: 0.1, wait_target_ms: 2147483648}\n",
+     "lanes[0].wait_target_ms"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "field"), YAML_REJECTS)
+def test_yaml_config_rejects_what_the_admin_api_rejects(
+    sqlite_url: str, tmp_path: Any, text: str, field: str
+) -> None:
+    from controlplane import configfile
+
+    upgrade(sqlite_url)
+    repo = ConfigRepository(make_engine(sqlite_url))
+    before = (repo.tenants(), repo.lanes())
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidArgument) as err:
+        configfile.apply(repo, configfile.load(path))
+    assert err.value.field == field
+    assert (repo.tenants(), repo.lanes()) == before  # nothing written
     repo.engine.dispose()

@@ -16,12 +16,13 @@ import pytest
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.admin.client import AdminClient, authenticated_channel
-from controlplane.admin.keys import Role
-from controlplane.admin.store import Actor, AdminStore
+from controlplane.client.admin import AdminClient, authenticated_channel
 from controlplane.domain import TenantConfig
+from controlplane.domain.audit import Actor
+from controlplane.domain.keys import Role
 from controlplane.settings import Settings
 from controlplane.store.db import make_engine
+from controlplane.store.keys import KeyStore
 from tests.conftest import ServerThread
 from tests.support import add_tenants
 
@@ -40,7 +41,7 @@ class Keys:
 
 def make_keys(url: str) -> Keys:
     engine = make_engine(url)
-    store = AdminStore(engine)
+    store = KeyStore(engine)
     actor = Actor("local:test", "local")
     made = {role: store.create_key(f"test-{role.value}", role, actor) for role in Role}
     engine.dispose()

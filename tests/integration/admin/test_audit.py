@@ -46,10 +46,11 @@ def test_every_change_is_audited_with_before_and_after(env: Env) -> None:
         ("tenant.update", "tenant:gamma"),
         ("tenant.create", "tenant:gamma"),
     ]
-    # The key fixtures were created DB-direct, and audited as such.
-    assert {e.action for e in events[6:]} == {"key.create"}
-    assert all(e.actor == "local:test" for e in events[6:])
-    by_action = {e.action: e for e in events}
+    # The key and tenant fixtures were created DB-direct, and audited as such
+    # (the keys as "local:test", the tenants as the default local:<os user>).
+    assert {e.action for e in events[6:]} == {"key.create", "tenant.create"}
+    assert all(e.actor.startswith("local:") and e.actor_role == "local" for e in events[6:])
+    by_action = {e.action: e for e in reversed(events[:6])}
     admin_id = env.keys.ids["admin"]
     for e in events[:6]:
         assert e.actor == f"key:{admin_id} (test-admin)" and e.actor_role == "admin"
@@ -77,7 +78,9 @@ def test_audit_filters_and_pages(env: Env) -> None:
         )
     env.admin.call("DisableTenant", apb.DisableTenantRequest(tenant_id="beta"))
     acme = env.audit(target="tenant:acme")
-    assert [json.loads(e.after_json)["burst_tokens"] for e in acme] == [300, 200, 100]
+    # ... and the fixture's own tenant.create (DB-direct, audited too).
+    assert [json.loads(e.after_json)["burst_tokens"] for e in acme] == [300, 200, 100, 10_000]
+    assert acme[-1].action == "tenant.create" and acme[-1].actor.startswith("local:")
     assert [e.target for e in env.audit(action="tenant.disable")] == ["tenant:beta"]
     assert len(env.audit(actor=env.keys.ids["admin"])) == 4
     first = env.admin.call("ListAuditEvents", apb.ListAuditEventsRequest(page_size=2))

@@ -13,9 +13,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.admin.client import AdminClient
-from controlplane.admin.store import Actor, AdminStore
+from controlplane.client.admin import AdminClient
+from controlplane.domain.audit import Actor
 from controlplane.store.db import make_engine
+from controlplane.store.keys import KeyStore
 from tests.integration.admin.conftest import Env, code_of
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
@@ -34,7 +35,7 @@ def _write(client: Any) -> Any:
 
 def _revoke_db_direct(url: str, key_id: str) -> None:
     engine = make_engine(url)
-    AdminStore(engine).revoke_key(key_id, Actor("local:test", "local"))
+    KeyStore(engine).revoke_key(key_id, Actor("local:test", "local"))
     engine.dispose()
 
 

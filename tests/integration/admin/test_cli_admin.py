@@ -55,36 +55,36 @@ def test_operator_session(env: Env) -> None:
     assert key.startswith("bgk_") and "shown only now" in boot.stderr
     cli = Cli(env, key)
 
-    table = cli("admin", "tenant", "list").stdout.splitlines()
+    table = cli("tenant", "list").stdout.splitlines()
     assert table[0].split()[:3] == ["tenant_id", "enabled", "token_rate"]
     assert [line.split()[0] for line in table[1:]] == ["acme", "beta"]
-    assert [t["tenant_id"] for t in cli.json("admin", "tenant", "list")] == ["acme", "beta"]
+    assert [t["tenant_id"] for t in cli.json("tenant", "list")] == ["acme", "beta"]
 
-    out = cli("admin", "tenant", "add", "gamma", "--rate", "10", "--burst", "100",
+    out = cli("tenant", "add", "gamma", "--rate", "10", "--burst", "100",
               "--hourly-quota", "5000").stdout  # fmt: skip
     assert "tenant gamma added" in out
-    out = cli("admin", "limits", "set", "gamma", "--rate", "20", "--burst", "400",
+    out = cli("tenant", "limits", "gamma", "--rate", "20", "--burst", "400",
               "--hourly-quota", "unlimited").stdout  # fmt: skip
     assert "token_rate=20, burst_tokens=400, hourly_quota=unlimited" in out
     # The level is kept (100 of the old burst); it refills towards the new one.
     assert env.admit("gamma", "r1", prompt=60).decision == pb.DECISION_ADMIT
-    shown = cli.json("admin", "tenant", "show", "gamma")
+    shown = cli.json("tenant", "show", "gamma")
     assert shown["tenant"]["burst_tokens"] == "400"  # int64 as JSON string (proto3 JSON)
     assert "hourly_quota" not in shown["tenant"]
     assert shown["state"]["in_flight_tokens"] == "60"
-    human = cli("admin", "tenant", "show", "gamma").stdout
+    human = cli("tenant", "show", "gamma").stdout
     assert "hourly_quota" in human and "unlimited" in human and "bucket_tokens" in human
 
-    cli("admin", "tenant", "update", "gamma", "--default-lane", "batch", "--shadow-mode")
-    assert cli.json("admin", "tenant", "show", "gamma")["tenant"]["default_lane"] == "batch"
-    assert "disabled" in cli("admin", "tenant", "disable", "gamma").stdout
+    cli("tenant", "update", "gamma", "--default-lane", "batch", "--shadow-mode")
+    assert cli.json("tenant", "show", "gamma")["tenant"]["default_lane"] == "batch"
+    assert "disabled" in cli("tenant", "disable", "gamma").stdout
     assert env.admit("gamma", "r2").reason == pb.REASON_TENANT_DISABLED
-    cli("admin", "tenant", "enable", "gamma")
+    cli("tenant", "enable", "gamma")
 
-    bad = cli("admin", "limits", "set", "gamma", "--burst", "0", code=2)
+    bad = cli("tenant", "limits", "gamma", "--burst", "0", code=2)
     assert "INVALID_ARGUMENT: burst_tokens" in bad.stderr
-    assert "nothing to change" in cli("admin", "limits", "set", "gamma", code=2).stderr
-    assert "not an integer" in cli("admin", "limits", "set", "gamma", "--daily-quota", "lots",
+    assert "nothing to change" in cli("tenant", "limits", "gamma", code=2).stderr
+    assert "not an integer" in cli("tenant", "limits", "gamma", "--daily-quota", "lots",
                                    code=2).stderr  # fmt: skip
 
     audit = cli("admin", "audit", "list", "--target", "tenant:gamma").stdout.splitlines()
@@ -115,20 +115,20 @@ def test_operator_session(env: Env) -> None:
     listed = CliRunner().invoke(app, ["keys", "list", "--all", "--json", *db])
     revoked = [k for k in json.loads(listed.stdout) if k["key_id"] == sidecar_id]
     assert revoked and revoked[0]["revoked"]
-    out = cli("admin", "tenant", "delete", "gamma", code=2)
+    out = cli("tenant", "delete", "gamma", code=2)
     assert "FAILED_PRECONDITION" in out.stderr and "unsettled" in out.stderr
-    assert "deleted" in cli("admin", "tenant", "delete", "gamma", "--force").stdout
+    assert "deleted" in cli("tenant", "delete", "gamma", "--force").stdout
 
     # Credentials: missing, wrong, revoked (DB-direct), viewer writing.
-    assert "no API key" in cli("admin", "tenant", "list", code=2, BURSTGATE_API_KEY="").stderr
-    wrong = cli("admin", "tenant", "list", code=2, BURSTGATE_API_KEY=key[:-3] + "xyz")
+    assert "no API key" in cli("tenant", "list", code=2, BURSTGATE_API_KEY="").stderr
+    wrong = cli("tenant", "list", code=2, BURSTGATE_API_KEY=key[:-3] + "xyz")
     assert "UNAUTHENTICATED" in wrong.stderr
-    viewer = cli("admin", "tenant", "disable", "acme", code=2, BURSTGATE_API_KEY=env.keys.viewer)
+    viewer = cli("tenant", "disable", "acme", code=2, BURSTGATE_API_KEY=env.keys.viewer)
     assert "PERMISSION_DENIED" in viewer.stderr
     ops_id = key.split("_")[1]
     done = CliRunner().invoke(app, ["keys", "revoke", ops_id, *db])
     assert done.exit_code == 0
-    assert "UNAUTHENTICATED" in cli("admin", "tenant", "list", code=2).stderr
+    assert "UNAUTHENTICATED" in cli("tenant", "list", code=2).stderr
     bad_role = CliRunner().invoke(app, ["keys", "create", "--role", "root", "--name", "x", *db])
     assert bad_role.exit_code == 2 and "role" in bad_role.stderr
 
@@ -142,7 +142,7 @@ def test_the_real_command(env: Env) -> None:
     )  # fmt: skip
     run_env["BURSTGATE_API_KEY"] = boot.stdout.strip()
     listed = subprocess.run(
-        [sys.executable, "-m", "controlplane", "admin", "tenant", "list"],
+        [sys.executable, "-m", "controlplane", "tenant", "list"],
         capture_output=True, text=True, timeout=60, env=run_env, check=True,
     )  # fmt: skip
     assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == ["acme", "beta"]

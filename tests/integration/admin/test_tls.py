@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controlplane.admin.client import AdminClient, TlsFiles
+from controlplane.client.admin import AdminClient, TlsFiles
 from controlplane.store.db import upgrade
 from tests.integration.admin.conftest import code_of, make_keys, start_server
 

@@ -26,8 +26,8 @@ def test_server_span_continues_the_sidecar_trace(
 ) -> None:
     from decimal import Decimal
 
-    from controlplane.admin import tracing
     from controlplane.domain import TenantConfig
+    from controlplane.telemetry import tracing
 
     upgrade(sqlite_url)
     add_tenants(sqlite_url, TenantConfig("acme", Decimal(100), 1000))

@@ -14,15 +14,16 @@ from sqlalchemy import text
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
-from controlplane.admin.client import authenticated_channel
-from controlplane.admin.keys import Role
-from controlplane.admin.store import Actor, AdminStore
 from controlplane.client import AdmissionClient
+from controlplane.client.admin import authenticated_channel
 from controlplane.domain import TenantConfig
-from controlplane.ledger.catalog import PriceEntry
-from controlplane.ledger.store import LedgerStore
+from controlplane.domain.audit import Actor
+from controlplane.domain.catalog import PriceEntry
+from controlplane.domain.keys import Role
+from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
+from controlplane.store.keys import KeyStore
+from controlplane.store.ledger import LedgerStore
 
 NS = 1_000_000_000
 
@@ -71,7 +72,7 @@ def setup_db(url: str, *tenants: str, prices: tuple[PriceEntry, ...] = (ACME_PRI
 
 def admin_key(url: str) -> str:
     engine = make_engine(url)
-    key, _ = AdminStore(engine).create_key("ledger-test", Role.ADMIN, Actor("local:test", "local"))
+    key, _ = KeyStore(engine).create_key("ledger-test", Role.ADMIN, Actor("local:test", "local"))
     engine.dispose()
     return key
 

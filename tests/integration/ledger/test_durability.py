@@ -49,7 +49,7 @@ def test_database_cut_mid_run_then_back_nothing_lost_spool_drains(
                       ledger_db_timeout_s=2.0, config_poll_s=0.2)  # fmt: skip
     plane = srv.plane
     from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
-    from controlplane.admin.client import authenticated_channel
+    from controlplane.client.admin import authenticated_channel
 
     ledger = lpb_grpc.LedgerServiceStub(authenticated_channel(srv.target, key))
     acked: list[str] = []

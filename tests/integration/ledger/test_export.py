@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane.cli import app
+from controlplane.domain.ledger_records import LedgerRecord
+from controlplane.domain.money import format_nanos
 from controlplane.ledger.export import ExportResult, ExportSpec, export
-from controlplane.ledger.money import format_nanos
-from controlplane.ledger.records import LedgerRecord
-from controlplane.ledger.store import LedgerStore, ledger_engine
+from controlplane.store.ledger import LedgerStore, ledger_engine
 from tests.integration.ledger.conftest import NS, Served, complete
 
 T0 = 1_700_000_000 * NS

@@ -8,8 +8,8 @@ from typing import Any
 
 from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
+from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
-from controlplane.store.repo import ConfigRepository
 
 
 def test_hourly_quota_used_before_a_restart_still_counts(

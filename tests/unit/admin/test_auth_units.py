@@ -6,22 +6,21 @@ import hmac
 
 import pytest
 
-from controlplane.admin.errors import PermissionDenied, Unauthenticated
-from controlplane.admin.interceptor import authorize, rule_for
-from controlplane.admin.keys import (
+from controlplane.domain.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from controlplane.domain.keys import (
     KEY_PREFIX,
+    KeyVerifier,
     Principal,
     Role,
-    _Verifier,
     bearer_token,
     hash_secret,
     new_key,
     parse_role,
     split_key,
 )
-from controlplane.errors import InvalidArgument
-from controlplane.metrics import LatencyHistogram
+from controlplane.rpc.auth import authorize, rule_for
 from controlplane.rpc.errors import status_for
+from controlplane.telemetry.metrics import LatencyHistogram
 
 
 def test_new_key_is_prefixed_random_and_stored_only_as_a_salted_hash() -> None:
@@ -63,13 +62,13 @@ def test_verifier_compares_in_constant_time_and_refuses_revoked(
         calls.append(1)
         return real(a, b)
 
-    monkeypatch.setattr("controlplane.admin.keys.hmac.compare_digest", spy)
-    v = _Verifier(bytes.fromhex(salt), digest, principal, revoked=False)
+    monkeypatch.setattr("controlplane.domain.keys.hmac.compare_digest", spy)
+    v = KeyVerifier(bytes.fromhex(salt), digest, principal, revoked=False)
     assert v.check(secret) == principal
     with pytest.raises(Unauthenticated):
         v.check(secret + "x")
     with pytest.raises(Unauthenticated):
-        _Verifier(bytes.fromhex(salt), digest, principal, revoked=True).check(secret)
+        KeyVerifier(bytes.fromhex(salt), digest, principal, revoked=True).check(secret)
     assert len(calls) == 3  # every check went through compare_digest
 
 

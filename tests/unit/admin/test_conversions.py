@@ -10,19 +10,22 @@ from decimal import Decimal
 import pytest
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane.admin.live import spec_score
-from controlplane.admin.servicer import (
+from controlplane.domain import LoadSample, TenantConfig
+from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.policy import Policy
+from controlplane.rpc.admin import (
     _field_value,
     _mask,
+    decode_page_token,
+    encode_page_token,
     json_value,
     policy_to_pb,
     tenant_from_pb,
     tenant_to_pb,
 )
-from controlplane.admin.store import TenantRecord, decode_page_token, encode_page_token, to_json
-from controlplane.domain import LoadSample, TenantConfig
-from controlplane.errors import InvalidArgument
-from controlplane.policy import Policy
+from controlplane.store.audit import to_json
+from controlplane.store.config import TenantRecord
+from controlplane.telemetry.live import spec_score
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

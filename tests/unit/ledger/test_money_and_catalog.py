@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.errors import InvalidArgument
-from controlplane.ledger.catalog import (
+from controlplane.domain.catalog import (
     PriceCatalog,
     PriceEntry,
     actual_cost,
@@ -17,7 +16,8 @@ from controlplane.ledger.catalog import (
     user_charge,
     validate_entry,
 )
-from controlplane.ledger.money import format_nanos, multiplier_decimal, parse_decimal, to_nanos
+from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.money import format_nanos, multiplier_decimal, parse_decimal, to_nanos
 
 
 def entry(tenant: str = "*", model: str = "*", **kw: str) -> PriceEntry:

@@ -7,7 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from controlplane.ledger.pricing import PricingBook, StepTable
+from controlplane.domain.pricing import StepTable
+from controlplane.ledger.pricing import PricingBook
 
 S = 1_000_000_000
 W = 300 * S

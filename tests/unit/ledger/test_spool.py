@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.ledger.records import LedgerRecord
+from controlplane.domain.ledger_records import LedgerRecord
 from controlplane.ledger.spool import CorruptSegment, Spool, SpoolFull
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.domain import Decision
-from controlplane.errors import FailedPrecondition, InvalidArgument, NotFound
+from controlplane.domain.errors import FailedPrecondition, InvalidArgument, NotFound
 from fastpath import Reason
 
 from .conftest import LANES, tenant

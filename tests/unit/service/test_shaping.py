@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from controlplane.domain import AdmitDecision, Decision
-from controlplane.policy import Policy
+from controlplane.domain.policy import Policy
 from controlplane.service.queueing import Waiter
 from fastpath import Reason
 
@@ -135,7 +135,7 @@ def test_cancelled_waiter_leaves_at_once_and_leaks_nothing(make_service: Any) ->
 
 
 def test_same_request_id_twice_while_waiting_is_refused(make_service: Any) -> None:
-    from controlplane.errors import AlreadyExists
+    from controlplane.domain.errors import AlreadyExists
 
     svc = make_service(tenant(max_concurrency=1))
     svc.admit_or_wait("acme", "a", "", 1, 1)
@@ -397,7 +397,7 @@ def test_queue_metrics_count_waits_cancellations_and_shadow(make_service: Any, c
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from controlplane.metrics import registry_for
+    from controlplane.telemetry.metrics import registry_for
 
     svc = make_service(
         tenant(max_concurrency=1), tenant("shadow", burst_tokens=10, shadow_mode=True)

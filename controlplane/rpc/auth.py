@@ -6,7 +6,7 @@ Rules by service:
 - health and reflection: public, untouched.
 - ``AdmissionService``: a ``sidecar`` key when ``admission_auth`` is on,
   checked against an in-memory copy of the keys (no SQL per Admit). Latency
-  and status counts go into plain ints (:class:`~controlplane.metrics.RpcStats`);
+  and status counts go into plain ints (:class:`~controlplane.telemetry.metrics.RpcStats`);
   access logs are sampled (``admission_log_sample``, default off: a log line
   costs more than the decision).
 - ``AdminService`` (and any other service): an ``admin`` or ``viewer`` key,
@@ -33,12 +33,13 @@ from typing import Any
 import grpc
 import structlog
 
-from controlplane.admin.errors import PermissionDenied, Unauthenticated
-from controlplane.admin.keys import KeyCache, KeyStore, Principal, Role, bearer_token
-from controlplane.admin.store import Actor
-from controlplane.errors import DomainError
-from controlplane.metrics import LatencyHistogram, RpcStats
+from controlplane.auth import KeyCache
+from controlplane.domain.audit import Actor
+from controlplane.domain.errors import DomainError, PermissionDenied, Unauthenticated
+from controlplane.domain.keys import Principal, Role, bearer_token
 from controlplane.rpc.errors import status_for
+from controlplane.store.keys import KeyStore
+from controlplane.telemetry.metrics import LatencyHistogram, RpcStats
 
 log = structlog.get_logger("burstgate.access")
 

@@ -9,6 +9,7 @@ Reads of live state run on the loop, where the fast path lives.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -22,26 +23,20 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.admin.interceptor import current_actor
-from controlplane.admin.keys import KeyCache, KeyInfo, KeyStore, parse_role
-from controlplane.admin.live import pools_live, tenant_live
-from controlplane.admin.store import (
-    Actor,
-    AdminStore,
-    AuditRecord,
-    TenantRecord,
-    decimal_text,
-    decode_page_token,
-    encode_page_token,
-    page_size,
-)
+from controlplane.auth import KeyCache
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.errors import FailedPrecondition, InvalidArgument
-from controlplane.policy import Policy, effective_policy
+from controlplane.domain.audit import Actor, AuditRecord
+from controlplane.domain.errors import FailedPrecondition, InvalidArgument
+from controlplane.domain.keys import KeyInfo, parse_role
+from controlplane.domain.policy import Policy, effective_policy
+from controlplane.rpc.auth import current_actor
 from controlplane.rpc.errors import unary_errors
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
-from controlplane.store.repo import TENANT_FIELDS
+from controlplane.store.audit import AuditLog, decimal_text
+from controlplane.store.config import TENANT_FIELDS, ConfigRepository, TenantRecord
+from controlplane.store.keys import KeyStore
+from controlplane.telemetry.live import pools_live, tenant_live
 
 log = structlog.get_logger("burstgate.admin")
 
@@ -75,6 +70,27 @@ class Plane(Protocol):
     config_reloads: int
 
     async def load_config(self) -> bool: ...
+
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+def encode_page_token(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).decode()
+
+
+def decode_page_token(token: str) -> str:
+    try:
+        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "not a token returned by this API") from None
+
+
+def page_size(requested: int) -> int:
+    if requested < 0:
+        raise InvalidArgument("page_size", f"must be >= 0, got {requested}")
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
 
 
 # ------------------------------------------------------------ conversions
@@ -133,6 +149,11 @@ def _field_value(t: apb.Tenant, name: str) -> Any:
             raise InvalidArgument(name, "must be set (true or false) when named in update_mask")
         return getattr(t, name)
     return getattr(t, name)
+
+
+def tenant_changes(t: apb.Tenant, paths: list[str]) -> dict[str, Any]:
+    """UpdateTenant's changes: field -> domain value for the masked fields."""
+    return {p: _field_value(t, p) for p in _mask(paths, TENANT_MASK_FIELDS, "Tenant")}
 
 
 def tenant_from_pb(t: apb.Tenant) -> TenantConfig:
@@ -232,13 +253,19 @@ def _mask(paths: list[str], allowed: frozenset[str], what: str) -> list[str]:
 
 class AdminServicer(apb_grpc.AdminServiceServicer):
     def __init__(
-        self, plane: Plane, store: AdminStore, key_store: KeyStore, key_cache: KeyCache
+        self,
+        plane: Plane,
+        store: ConfigRepository,
+        key_store: KeyStore,
+        key_cache: KeyCache,
+        audit: AuditLog,
     ) -> None:
         self._plane = plane
         self._svc = plane.service
         self._store = store
         self._keys = key_store
         self._key_cache = key_cache
+        self._audit = audit
 
     @staticmethod
     def _actor() -> Actor:
@@ -258,7 +285,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         self, request: apb.CreateTenantRequest, context: grpc.aio.ServicerContext
     ) -> apb.Tenant:
         cfg = tenant_from_pb(request.tenant)
-        rec = await asyncio.to_thread(self._store.create_tenant, cfg, self._actor())
+        rec = await asyncio.to_thread(self._store.add_tenant, cfg, self._actor())
         await self._apply()
         return tenant_to_pb(rec)
 
@@ -284,8 +311,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def UpdateTenant(
         self, request: apb.UpdateTenantRequest, context: grpc.aio.ServicerContext
     ) -> apb.Tenant:
-        paths = _mask(list(request.update_mask.paths), TENANT_MASK_FIELDS, "Tenant")
-        changes = {p: _field_value(request.tenant, p) for p in paths}
+        changes = tenant_changes(request.tenant, list(request.update_mask.paths))
         rec = await asyncio.to_thread(
             self._store.update_tenant, request.tenant.tenant_id, changes, self._actor()
         )
@@ -293,10 +319,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         return tenant_to_pb(rec)
 
     async def _set_enabled(self, tenant_id: str, enabled: bool) -> apb.Tenant:
-        action = "tenant.enable" if enabled else "tenant.disable"
-        rec = await asyncio.to_thread(
-            self._store.update_tenant, tenant_id, {"enabled": enabled}, self._actor(), action
-        )
+        rec = await asyncio.to_thread(self._store.set_enabled, tenant_id, enabled, self._actor())
         await self._apply()
         return tenant_to_pb(rec)
 
@@ -468,7 +491,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 raise InvalidArgument("page_token", "not a token returned by this API")
             before = int(token)
         events, next_before = await asyncio.to_thread(
-            lambda: self._store.audit(
+            lambda: self._audit.list(
                 limit, before, target=request.target, actor=request.actor, action=request.action
             )
         )
@@ -485,7 +508,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     ) -> apb.CreateApiKeyResponse:
         role = parse_role(request.role)
         secret, info = await asyncio.to_thread(
-            self._store.create_key, request.name, role, self._actor()
+            self._keys.create_key, request.name, role, self._actor()
         )
         await asyncio.to_thread(self._key_cache.refresh)
         return apb.CreateApiKeyResponse(key=key_to_pb(info), secret=secret)
@@ -503,6 +526,6 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def RevokeApiKey(
         self, request: apb.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> apb.ApiKey:
-        info = await asyncio.to_thread(self._store.revoke_key, request.key_id, self._actor())
+        info = await asyncio.to_thread(self._keys.revoke_key, request.key_id, self._actor())
         await asyncio.to_thread(self._key_cache.refresh)
         return key_to_pb(info)

@@ -1,5 +1,5 @@
 """burstgate.v1.LedgerService: protobuf <-> metering. Authentication is the
-server interceptor's (controlplane/admin/interceptor.py): any service other
+server interceptor's (controlplane/rpc/auth.py): any service other
 than admission needs an admin or viewer key, viewers Get*/List* only."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import grpc
 
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
-from controlplane.errors import DomainError, InvalidArgument, NotFound
-from controlplane.ledger.catalog import PRICE_FIELDS, PriceEntry, parse_lane_multipliers
-from controlplane.ledger.errors import LedgerUnavailable
+from controlplane.domain.catalog import PRICE_FIELDS, PriceEntry, parse_lane_multipliers
+from controlplane.domain.errors import DomainError, InvalidArgument, LedgerUnavailable, NotFound
+from controlplane.domain.ledger_records import LedgerRecord
+from controlplane.domain.money import format_fixed, format_nanos, ppm_decimal
 from controlplane.ledger.export import (
     ExportResult,
     ExportSpec,
@@ -25,8 +26,6 @@ from controlplane.ledger.export import (
     manifest_json,
 )
 from controlplane.ledger.metering import Metering
-from controlplane.ledger.money import format_fixed, format_nanos, ppm_decimal
-from controlplane.ledger.records import LedgerRecord
 from controlplane.ledger.usage import usage
 from controlplane.rpc.errors import status_for, unary_errors
 
@@ -77,8 +76,8 @@ def price_to_pb(e: PriceEntry) -> lpb.Price:
 
 
 def price_from_pb(p: lpb.Price) -> PriceEntry:
-    from controlplane.ledger.catalog import validate_entry
-    from controlplane.ledger.money import MAX_PRICE, PRICE_DECIMALS, parse_decimal
+    from controlplane.domain.catalog import validate_entry
+    from controlplane.domain.money import MAX_PRICE, PRICE_DECIMALS, parse_decimal
 
     prices = {
         name: parse_decimal(

@@ -14,9 +14,9 @@ from sqlalchemy import Engine, Table, delete, event, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
-from controlplane.ledger.catalog import PriceEntry, validate_entry
-from controlplane.ledger.pricing import WindowSummary
-from controlplane.ledger.records import COLUMNS, Key, LedgerRecord, from_db_row
+from controlplane.domain.catalog import PriceEntry, validate_entry
+from controlplane.domain.ledger_records import COLUMNS, Key, LedgerRecord, from_db_row
+from controlplane.domain.pricing import WindowSummary
 from controlplane.settings import sqlalchemy_url
 from controlplane.store.db import make_engine
 from controlplane.store.models import (

@@ -1,5 +1,5 @@
 """Prometheus metrics of metering, read at scrape time from plain counters
-(the ``Collector`` mechanism of controlplane/metrics.py)."""
+(the ``Collector`` mechanism of controlplane/telemetry/metrics.py)."""
 
 from __future__ import annotations
 

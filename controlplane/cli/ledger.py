@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.errors import InvalidArgument
+from controlplane.cli.common import settings
+from controlplane.domain.errors import InvalidArgument
 
 DbOpt = Annotated[
     str | None,
@@ -32,10 +33,9 @@ price_app = typer.Typer(
 
 
 def _engine(database_url: str | None) -> Any:
-    from controlplane.cli import _settings
-    from controlplane.ledger.store import ledger_engine
+    from controlplane.store.ledger import ledger_engine
 
-    return ledger_engine(_settings(database_url=database_url).database_url)
+    return ledger_engine(settings(database_url=database_url).database_url)
 
 
 def _period(start: str, end: str | None) -> tuple[int, int]:
@@ -105,7 +105,7 @@ def export_command(
 
 @contextlib.contextmanager
 def _store(database_url: str | None) -> Iterator[Any]:
-    from controlplane.ledger.store import LedgerStore
+    from controlplane.store.ledger import LedgerStore
 
     engine = _engine(database_url)
     try:
@@ -135,8 +135,8 @@ def price_set(
 ) -> None:
     """Create or replace a price entry (a running server picks it up within
     BURSTGATE_CONFIG_POLL_S)."""
-    from controlplane.ledger.catalog import PriceEntry, parse_lane_multipliers
-    from controlplane.ledger.money import MAX_PRICE, PRICE_DECIMALS, parse_decimal
+    from controlplane.domain.catalog import PriceEntry, parse_lane_multipliers
+    from controlplane.domain.money import MAX_PRICE, PRICE_DECIMALS, parse_decimal
 
     def price(name: str, value: str) -> Decimal:
         return parse_decimal(name, value, decimals=PRICE_DECIMALS, maximum=MAX_PRICE)
@@ -159,7 +159,7 @@ def price_set(
 
 
 def _price_json(e: Any) -> dict[str, Any]:
-    from controlplane.ledger.catalog import PRICE_FIELDS
+    from controlplane.domain.catalog import PRICE_FIELDS
 
     return {
         "id": e.id,
@@ -200,7 +200,7 @@ def price_delete(
     database_url: DbOpt = None,
 ) -> None:
     """Delete a price entry."""
-    from controlplane.errors import NotFound
+    from controlplane.domain.errors import NotFound
 
     with _store(database_url) as store:
         if not store.delete_price(tenant_id, model):
@@ -219,11 +219,10 @@ def margin_command(
 ) -> None:
     """Margin over any period: both ledgers per tenant, and whether the actual
     cost exceeds ratio x the user charge. Exit code 1 if any tenant does."""
-    from controlplane.cli import _settings
-    from controlplane.ledger.money import format_nanos
-    from controlplane.ledger.store import exceeds
+    from controlplane.domain.money import format_nanos
+    from controlplane.store.ledger import exceeds
 
-    threshold = Decimal(ratio) if ratio else _settings().margin_warning_ratio
+    threshold = Decimal(ratio) if ratio else settings().margin_warning_ratio
     s, e = _period(start, end)
     warned = False
     with _store(database_url) as store:

@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controlplane.domain import LoadSample
-from controlplane.policy import Policy
+from controlplane.domain.policy import Policy
 from controlplane.service import AdmissionService
 from fastpath.codes import NS_PER_DAY, NS_PER_HOUR
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controlplane.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument
 
 
 class Policy(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Context, Decimal, InvalidOperation
 
-from controlplane.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument
 
 NANOS_PER_UNIT = 1_000_000_000
 # Unit prices are quoted per million tokens (the industry's convention).

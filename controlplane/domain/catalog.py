@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from controlplane.errors import InvalidArgument
-from controlplane.ledger.money import (
+from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.money import (
     CONTEXT,
     MAX_MULTIPLIER,
     MAX_PRICE,
@@ -77,7 +77,7 @@ def zero_price(currency: str) -> PriceEntry:
 
 def validate_entry(e: PriceEntry) -> PriceEntry:
     """Check an entry; raise InvalidArgument naming the field."""
-    from controlplane.service.validate import check_id, check_optional_name
+    from controlplane.domain.validate import check_id, check_optional_name
 
     check_id("tenant_id", e.tenant_id)
     check_optional_name("model", e.model)

@@ -28,3 +28,20 @@ class FailedPrecondition(DomainError):
 
 class AlreadyExists(DomainError):
     pass
+
+
+# Auth failures; ``controlplane.rpc.errors`` maps them to ``UNAUTHENTICATED``
+# / ``PERMISSION_DENIED`` with every other domain error.
+class Unauthenticated(DomainError):
+    """No credentials, or credentials that do not identify an active key."""
+
+
+class PermissionDenied(DomainError):
+    """A valid key whose role may not call this method."""
+
+
+# Metering's domain error.
+class LedgerUnavailable(DomainError):
+    """The ledger cannot make a record durable (database unreachable and the
+    spool full) or cannot be consulted; nothing was changed, retry later.
+    Mapped to gRPC UNAVAILABLE."""

@@ -1,0 +1,40 @@
+"""The ``burstgate`` command: one Typer app composed of the command modules
+in this package (and the offline analysis commands)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from controlplane.analysis.cli import register as register_analysis
+from controlplane.cli import admin, keys, ledger, serve
+from controlplane.cli.config import config_app
+from controlplane.cli.tenant import tenant_app
+from controlplane.domain.errors import DomainError
+
+app = typer.Typer(
+    help="burstgate: burst-aware admission control for multi-tenant LLM serving.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command("migrate")(serve.migrate)
+app.command("serve")(serve.serve)
+app.command("demo")(serve.demo)
+app.add_typer(tenant_app, name="tenant")
+app.add_typer(config_app, name="config")
+# `burstgate tenant ...`: through the admin API or on the database (cli/tenant.py).
+# `burstgate admin ...` (lanes, policy, audit, keys, state over the admin API)
+# and `burstgate keys ...` (API keys, DB-direct bootstrap).
+app.add_typer(admin.admin_app, name="admin")
+app.add_typer(keys.keys_app, name="keys")
+ledger.register(app)
+register_analysis(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except DomainError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

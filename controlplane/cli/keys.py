@@ -1,0 +1,77 @@
+"""``burstgate keys ...``: API keys and sidecar tokens, written to the
+database directly (the bootstrap path: works before any key exists)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli.admin import KEY_COLS, _fmt_time, _key_rows, _KeyView, _print_new_key
+from controlplane.cli.common import DbOpt, JsonOpt, echo_json, fail, table
+
+keys_app = typer.Typer(
+    help="API keys and sidecar tokens, written to the database directly (the bootstrap "
+    "path: works before any key exists). Roles: admin, viewer, sidecar.",
+    no_args_is_help=True,
+)
+
+
+@contextmanager
+def _key_store(database_url: str | None) -> Iterator[Any]:
+    from controlplane.domain.errors import DomainError
+    from controlplane.settings import Settings
+    from controlplane.store.db import make_engine
+    from controlplane.store.keys import KeyStore
+
+    url = database_url or Settings().database_url
+    engine = make_engine(url)
+    try:
+        yield KeyStore(engine)
+    except DomainError as exc:
+        fail(str(exc))
+    finally:
+        engine.dispose()
+
+
+@keys_app.command("create")
+def keys_create(
+    role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
+    name: Annotated[str, typer.Option(help="Who or what uses the key.")],
+    database_url: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a key in the database (the bootstrap path); prints it once."""
+    from controlplane.domain.keys import parse_role
+
+    with _key_store(database_url) as store:
+        secret, info = store.create_key(name, parse_role(role))
+    _print_new_key(secret, info.key_id, info.role.value, as_json)
+
+
+@keys_app.command("list")
+def keys_list(
+    include_revoked: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
+    database_url: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List keys (never the secrets)."""
+    with _key_store(database_url) as store:
+        keys = store.list(include_revoked=include_revoked)
+    views = [_KeyView(k.key_id, k.name, k.role.value, k.created_by, _fmt_time(k.created_at),
+                      _fmt_time(k.revoked_at)) for k in keys]  # fmt: skip
+    if as_json:
+        echo_json(_key_rows(views))
+    else:
+        table(_key_rows(views), KEY_COLS)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, database_url: DbOpt = None) -> None:
+    """Revoke a key: admin calls are refused at once, admission calls within
+    BURSTGATE_CONFIG_POLL_S."""
+    with _key_store(database_url) as store:
+        store.revoke_key(key_id)
+    typer.echo(f"key {key_id} revoked")

@@ -1,0 +1,128 @@
+"""API keys and per-sidecar tokens.
+
+A key looks like ``bgk_<key_id>_<secret>``: ``key_id`` (12 hex chars) is
+public and finds the row; ``secret`` is 32 random bytes (URL-safe base64).
+Only ``HMAC-SHA256(salt, secret)`` with a per-key random salt is stored, and
+a presented secret is compared with :func:`hmac.compare_digest` (constant
+time). A slow password hash (bcrypt, scrypt) is for low-entropy secrets that
+people choose; a 256-bit random secret cannot be guessed, and a slow hash
+would cost milliseconds on every authenticated Admit.
+
+Roles: ``admin`` (admin API, read and write), ``viewer`` (admin API, read
+only), ``sidecar`` (the admission API only). Keys are created and revoked
+through the CLI (``burstgate keys ...``, DB-direct: the bootstrap path) or
+the admin API; every creation and revocation is audited.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from controlplane.domain.errors import InvalidArgument, Unauthenticated
+
+KEY_PREFIX = "bgk"
+KEY_ID_BYTES = 6  # 12 hex chars: public, only needs to be unique
+SECRET_BYTES = 32  # 256 bits of entropy
+SALT_BYTES = 16
+MAX_NAME_LEN = 128
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"
+    VIEWER = "viewer"
+    SIDECAR = "sidecar"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the key's public id, its name and role."""
+
+    key_id: str
+    name: str
+    role: Role
+
+    @property
+    def actor(self) -> str:
+        return f"key:{self.key_id} ({self.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """A key as listed (never the secret)."""
+
+    key_id: str
+    name: str
+    role: Role
+    created_by: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+def hash_secret(salt: bytes, secret: str) -> str:
+    # hmac.digest is the one-shot C path: ~1 us, against ~4 us for hmac.new.
+    return hmac.digest(salt, secret.encode(), "sha256").hex()
+
+
+def new_key() -> tuple[str, str, str, str]:
+    """A fresh key: (full key to show once, key_id, salt hex, secret hash)."""
+    key_id = secrets.token_hex(KEY_ID_BYTES)
+    secret = secrets.token_urlsafe(SECRET_BYTES)
+    salt = secrets.token_bytes(SALT_BYTES)
+    return f"{KEY_PREFIX}_{key_id}_{secret}", key_id, salt.hex(), hash_secret(salt, secret)
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``bgk_<key_id>_<secret>`` -> (key_id, secret); Unauthenticated if malformed."""
+    parts = key.split("_", 2)
+    if len(parts) != 3 or parts[0] != KEY_PREFIX or not parts[1] or not parts[2]:
+        raise Unauthenticated("malformed API key (expected bgk_<id>_<secret>)")
+    return parts[1], parts[2]
+
+
+def bearer_token(metadata: object) -> str:
+    """The key from ``authorization: Bearer <key>`` metadata."""
+    value: str | bytes | None = None
+    for item in metadata or ():  # type: ignore[attr-defined]
+        if item[0] == "authorization":
+            value = item[1]
+            break
+    if value is None:
+        raise Unauthenticated("missing credentials: send 'authorization: Bearer <API key>'")
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("authorization metadata must be 'Bearer <API key>'")
+    return token.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyVerifier:
+    salt: bytes
+    secret_hash: str
+    principal: Principal
+    revoked: bool
+
+    def check(self, secret: str) -> Principal:
+        # Compare even for revoked keys so that timing does not tell them apart.
+        ok = hmac.compare_digest(hash_secret(self.salt, secret), self.secret_hash)
+        if not ok or self.revoked:
+            raise Unauthenticated("invalid or revoked API key")
+        return self.principal
+
+
+def parse_role(value: str) -> Role:
+    try:
+        return Role(value)
+    except ValueError:
+        raise InvalidArgument(
+            "role", f"unknown role {value!r}; one of {', '.join(r.value for r in Role)}"
+        ) from None
