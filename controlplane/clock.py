@@ -16,10 +16,11 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 
+from controlplane.domain.units import NS_PER_S
+
 Clock = Callable[[], int]
 Sleep = Callable[[float], Awaitable[None]]
 
-NS_PER_S = 1_000_000_000
 
 real_clock: Clock = time.time_ns
 real_sleep: Sleep = asyncio.sleep

@@ -29,6 +29,7 @@ from controlplane._proto.burstgate.v1 import (
     ledger_pb2_grpc,
 )
 from controlplane.domain.policy import effective_policy
+from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.rpc.admission import AdmissionServicer
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
@@ -51,8 +52,6 @@ log = structlog.get_logger("burstgate.server")
 ADMISSION_SERVICE = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 LEDGER_SERVICE = ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
-NS_PER_HOUR = 3_600_000_000_000
-NS_PER_DAY = 24 * NS_PER_HOUR
 # How often open reservations are checked against the TTL.
 EXPIRY_INTERVAL_S = 0.5
 
@@ -80,7 +79,7 @@ def create_server(
         ]
     )
     admission = AdmissionServicer(service, waiting)
-    admission.metering = ledger  # issue 4: Complete is recorded in the ledger
+    admission.metering = ledger  # Complete is recorded in the ledger
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -88,7 +87,7 @@ def create_server(
     if admin is not None:
         admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
         names.append(ADMIN_SERVICE)
-    if ledger is not None:  # operators' ledger API (issue 4), same auth as admin
+    if ledger is not None:  # operators' ledger API, same auth as admin
         from controlplane.rpc.ledger import LedgerServicer
 
         ledger_pb2_grpc.add_LedgerServiceServicer_to_server(
@@ -122,7 +121,7 @@ class ControlPlane:
         self._tasks: list[asyncio.Task[Any]] = []
         self._fingerprint: tuple[Any, ...] | None = None
         self.config_reloads = 0
-        # Admin API, auth and observability (issue 5, controlplane/admin).
+        # Admin API, auth and observability (controlplane/rpc/admin.py, controlplane/rpc/auth.py).
         from controlplane.auth import KeyCache
         from controlplane.store.audit import AuditLog
         from controlplane.store.keys import KeyStore
@@ -146,7 +145,7 @@ class ControlPlane:
             self.live.collector(),
         ]
         self._tracer_provider: Any = None
-        # Metering (issue 4, controlplane/ledger): every Complete is recorded in
+        # Metering (controlplane/ledger): every Complete is recorded in
         # the dual ledger; pricing windows set the multiplier Admit returns.
         self.metering: Metering | None = None
         self._ledger_health_tasks: set[asyncio.Task[None]] = set()
@@ -319,7 +318,7 @@ class ControlPlane:
             log.info("quota usage restored from the ledger", tenants=restored)
 
     def _ledger_health(self, ok: bool) -> None:
-        """Ledger health (issue 4): NOT_SERVING while records are spooled
+        """Ledger health: NOT_SERVING while records are spooled
         because the database is unreachable (Admit keeps serving)."""
         if self._health is None:
             return

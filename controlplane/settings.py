@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    # --- Admin API, security and observability (issue 5; docs/operating.md) ---
+    # --- Admin API, security and observability (docs/operating.md) ---
     # The admin API (burstgate.v1.AdminService) always requires an API key.
     # The admission API requires a per-sidecar token (a key with role
     # "sidecar") unless this is off; `burstgate demo` turns it off.
@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     otlp_endpoint: str = "http://127.0.0.1:4317"
     tracing_service_name: str = "burstgate"
 
-    # --- Metering: dual ledger, pricing windows, margin warnings (issue 4; docs/ledger.md) ---
+    # --- Metering: dual ledger, pricing windows, margin warnings (docs/ledger.md) ---
     # Record every Complete in the ledger and acknowledge it only once durable.
     # Off: Complete settles in memory only (no ledger, no money figures).
     ledger_enabled: bool = True

@@ -26,7 +26,6 @@ MAX_PRICE = Decimal(1_000_000)
 MULTIPLIER_DECIMALS = 6
 MAX_MULTIPLIER = Decimal(1000)
 RATE_DECIMALS = 6  # cache-miss rates are kept in millionths
-PPM = 1_000_000
 
 
 def to_nanos(amount: Decimal) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from controlplane.domain.money import PPM
+from controlplane.domain.units import PPM
 
 BASE_MULTIPLIER = Decimal(1)
 

@@ -1,4 +1,4 @@
-"""Metering (issue 4): the dual ledger, dynamic cost-aware pricing windows,
+"""Metering: the dual ledger, dynamic cost-aware pricing windows,
 margin warnings and billing exports. See docs/ledger.md.
 
 The use cases of metering:

@@ -32,11 +32,11 @@ from sqlalchemy import Connection, Engine, Select, func, literal_column, select
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.ledger_records import COLUMNS, iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
+from controlplane.domain.units import NS_PER_DAY
 from controlplane.store.ledger import LEDGER
 
 FETCH_ROWS = 5_000
 CHUNK_BYTES = 64 * 1024
-NS_PER_DAY = 86_400 * 1_000_000_000
 FORMATS = ("csv", "jsonl", "parquet")
 GRANULARITIES = ("request", "daily")
 

@@ -31,7 +31,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,9 @@ from controlplane.domain import Settlement
 from controlplane.domain.catalog import PriceCatalog, actual_cost, user_charge, zero_price
 from controlplane.domain.errors import LedgerUnavailable, NotFound
 from controlplane.domain.ledger_records import Key, LedgerRecord
-from controlplane.domain.money import PPM, ppm_decimal, rate_ppm, to_nanos
+from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
 from controlplane.domain.pricing import StepTable
+from controlplane.domain.units import NS_PER_S, PPM
 from controlplane.ledger.pricing import PricingBook
 from controlplane.ledger.spool import Spool
 from controlplane.ledger.writer import LedgerWriter, Outcome
@@ -54,7 +54,6 @@ from controlplane.store.ledger import LedgerStore, MarginWarning, exceeds, ledge
 
 log = structlog.get_logger("burstgate.ledger")
 
-NS_PER_S = 1_000_000_000
 # Settled records remembered for duplicate answers without a database read.
 RECENT_LIMIT = 100_000
 # How often open pricing windows are saved and closed windows checked.
@@ -453,7 +452,3 @@ def _settlement_of(r: LedgerRecord) -> Settlement:
     return Settlement(
         r.request_id, r.reserved_tokens, actual, max(0, r.reserved_tokens - actual), True
     )
-
-
-def multiplier_text(m: Decimal) -> str:
-    return format(m.normalize(), "f")

@@ -27,11 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from controlplane.domain.money import PPM, ppm_decimal
 from controlplane.domain.pricing import BASE_MULTIPLIER, StepTable, WindowSummary
+from controlplane.domain.units import NS_PER_S, PPM
 from controlplane.service.pricing import FLAT, PriceQuote
-
-NS_PER_S = 1_000_000_000
 
 
 @dataclass(slots=True)
@@ -259,7 +257,3 @@ class PricingBook:
     def in_force(self) -> list[tuple[str, str, Decimal, int | None]]:
         """(pool, model, multiplier, previous window's rate ppm) per series."""
         return [(p, m, s.multiplier, s.prev_rate) for (p, m), s in sorted(self._series.items())]
-
-
-def rate_text(ppm: int | None) -> str:
-    return "" if ppm is None else str(ppm_decimal(ppm))

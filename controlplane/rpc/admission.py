@@ -12,6 +12,7 @@ from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.domain import AdmitDecision, Degradation, Pressure
 from controlplane.domain.errors import DomainError
+from controlplane.domain.units import NS_PER_S
 from controlplane.rpc.errors import status_for, unary_errors
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
@@ -19,7 +20,6 @@ from controlplane.service.waiting import WaitingRoom
 if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
 
-NS_PER_S = 1_000_000_000
 
 
 def _duration(ns: int) -> Duration:
@@ -75,7 +75,7 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
 
 
 class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
-    # The ledger (issue 4), set by create_server; None = settle in memory only.
+    # The ledger set by create_server; None = settle in memory only.
     metering: Metering | None = None
 
     def __init__(self, service: AdmissionService, waiting: WaitingRoom | None = None) -> None:
@@ -104,7 +104,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
     async def Complete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
-        # With metering (issue 4) the reply waits until the ledger record is
+        # With metering the reply waits until the ledger record is
         # durable; without it the settlement is in memory only.
         metering = self.metering
         if metering is None:

@@ -27,10 +27,10 @@ _CODES: dict[type[DomainError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
-    # Auth (issue 5): raised by controlplane.admin's interceptor.
+    # Auth: raised by the interceptor in controlplane/rpc/auth.py.
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
-    # Metering (issue 4): the ledger cannot make a record durable or be read.
+    # Metering: the ledger cannot make a record durable or be read.
     LedgerUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 

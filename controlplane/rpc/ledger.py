@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from decimal import Decimal
 from typing import Any, TypeVar
 
 import grpc
@@ -19,6 +18,7 @@ from controlplane.domain.catalog import PRICE_FIELDS, PriceEntry, parse_lane_mul
 from controlplane.domain.errors import DomainError, InvalidArgument, LedgerUnavailable, NotFound
 from controlplane.domain.ledger_records import LedgerRecord
 from controlplane.domain.money import format_fixed, format_nanos, ppm_decimal
+from controlplane.domain.units import NS_PER_S
 from controlplane.ledger.export import (
     ExportResult,
     ExportSpec,
@@ -29,7 +29,6 @@ from controlplane.ledger.metering import Metering
 from controlplane.ledger.usage import usage
 from controlplane.rpc.errors import status_for, unary_errors
 
-NS_PER_S = 1_000_000_000
 _FORMATS = {0: "csv", 1: "csv", 2: "jsonl", 3: "parquet"}
 _GRANULARITY = {0: "request", 1: "request", 2: "daily"}
 T = TypeVar("T")
@@ -334,7 +333,3 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
             last_error=w.stats.last_error,
             spool_dir=str(self.m.spool.directory),
         )
-
-
-def decimal_or_zero(text: str) -> Decimal:
-    return Decimal(text) if text else Decimal(0)

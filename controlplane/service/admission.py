@@ -53,6 +53,7 @@ from controlplane.domain import (
 )
 from controlplane.domain.errors import AlreadyExists
 from controlplane.domain.policy import Policy
+from controlplane.domain.units import NS_PER_MS, NS_PER_S
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult, Outcomes
 from controlplane.service.decider import Decider, early_reason
@@ -70,8 +71,6 @@ from fastpath import IMPLEMENTATION, Reason, TokenBucketTable
 
 __all__ = ["QUEUE_WAIT_BUCKETS_NS", "AdmissionService", "BatchResult"]
 
-NS_PER_S = 1_000_000_000
-NS_PER_MS = 1_000_000
 # A waiting call is answered ahead of its gRPC deadline, so the answer can
 # still reach the caller: a tenth of the time left, between these bounds.
 DEADLINE_MARGIN_MIN_NS = 5 * NS_PER_MS

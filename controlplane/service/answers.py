@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controlplane.domain import AdmitDecision, Decision, Degradation, Pressure
+from controlplane.domain.units import PPM
 from controlplane.service import records as R
-from controlplane.service.pools import FRESH, PPM
+from controlplane.service.pools import FRESH
 from controlplane.service.records import Key, Record, RequestLog
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import TenantDirectory

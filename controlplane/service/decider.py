@@ -26,9 +26,10 @@ from operator import itemgetter
 import numpy as np
 
 from controlplane.domain import Degradation, Pressure
+from controlplane.domain.units import NS_PER_MS, PPM
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult
-from controlplane.service.pools import FRESH, PPM, UNKNOWN
+from controlplane.service.pools import FRESH, UNKNOWN
 from controlplane.service.pressure import PressureGate, Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
 from controlplane.service.records import (
@@ -51,7 +52,6 @@ from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
 
-NS_PER_MS = 1_000_000
 _OK = int(Reason.OK)
 _CONCURRENCY = int(Reason.CONCURRENCY)
 _ADMIT = 1  # domain.Decision.ADMIT

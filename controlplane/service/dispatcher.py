@@ -19,6 +19,7 @@ else does (parts that free capacity return, and the façade dispatches).
 from __future__ import annotations
 
 from controlplane.domain import AdmitDecision
+from controlplane.domain.units import NS_PER_MS
 from controlplane.service import records as R
 from controlplane.service.answers import Outcomes
 from controlplane.service.decider import WAITABLE, Decider
@@ -27,8 +28,6 @@ from controlplane.service.records import Key, Record
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason
-
-NS_PER_MS = 1_000_000
 
 
 class Dispatcher:

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 
 from controlplane.domain import LoadSample
 from controlplane.domain.policy import Policy
+from controlplane.domain.units import NS_PER_S, PPM
 from fastpath import backpressure_score_ppm
 
-PPM = 1_000_000
-NS_PER_S = 1_000_000_000
 # The fast path's bound on batch tokens (keeps its ppm products in int64).
 MAX_BATCH = 10**12
 

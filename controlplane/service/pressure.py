@@ -15,11 +15,11 @@ from typing import NamedTuple
 from controlplane.domain import LaneConfig, LoadSample
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.policy import Policy
+from controlplane.domain.units import NS_PER_S, PPM
 from controlplane.domain.validate import check_fraction, check_id
-from controlplane.service.pools import FRESH, PPM, UNKNOWN, PoolBook, ppm
+from controlplane.service.pools import FRESH, UNKNOWN, PoolBook, ppm
 from fastpath import Reason, backpressure_retry_ns, shed_threshold_ppm
 
-NS_PER_S = 1_000_000_000
 _OK = int(Reason.OK)
 
 

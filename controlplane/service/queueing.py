@@ -25,9 +25,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from controlplane.domain import LaneConfig
+from controlplane.domain.units import PPM
 from fastpath import FairQueue
-
-PPM = 1_000_000
 
 
 class Waiter:

@@ -10,10 +10,10 @@ import bisect
 from collections import Counter
 
 from controlplane.domain import Decision
+from controlplane.domain.units import NS_PER_S
 from controlplane.service import records as R
 from fastpath import Reason
 
-NS_PER_S = 1_000_000_000
 _OK = int(Reason.OK)
 _ADMIT = int(Decision.ADMIT)
 _REJECT = int(Decision.REJECT)

@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 
 from controlplane.domain import AdmitDecision
+from controlplane.domain.units import NS_PER_S
 from controlplane.service.admission import AdmissionService
-
-NS_PER_S = 1_000_000_000
 
 
 class WaitingRoom:

@@ -126,7 +126,7 @@ class PolicyOverride(Base):
     )
 
 
-# --- Admin API: API keys and the audit log (issue 5, controlplane/admin) ---
+# --- Admin API: API keys and the audit log (rpc/admin.py, store/keys.py) ---
 
 
 class ApiKey(Base):
@@ -171,7 +171,7 @@ class AuditEvent(Base):
 
 
 # --- Metering: dual ledger, price catalog, pricing windows, margin warnings ---
-# (issue 4, controlplane/ledger; docs/ledger.md). Timestamps are integer
+# (controlplane/ledger, controlplane/store/ledger.py; docs/ledger.md). Timestamps are integer
 # nanoseconds since the Unix epoch (UTC) and amounts integer nano-units
 # (1e-9) of the row's currency, so SUM() is exact on SQLite as on PostgreSQL.
 

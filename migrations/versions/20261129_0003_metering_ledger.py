@@ -1,4 +1,4 @@
-"""Dual ledger, pricing windows and margin warnings (issue 4).
+"""Dual ledger, pricing windows and margin warnings.
 
 Revision ID: 0003
 Revises: 0002

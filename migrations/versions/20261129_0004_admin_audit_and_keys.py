@@ -1,4 +1,4 @@
-"""Admin API keys and audit log (issue 5).
+"""Admin API keys and audit log.
 
 Revision ID: 0004
 Revises: 0003

@@ -21,14 +21,15 @@ from typing import Any, TypeVar
 import pytest
 
 from controlplane.domain import AdmitDecision, Decision
+from controlplane.domain.units import NS_PER_MS, NS_PER_S
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from fastpath import Reason
 
 from .conftest import tenant
 
-MS = 1_000_000
-NS_PER_S = 1_000_000_000
+MS = NS_PER_MS
+
 T = TypeVar("T")
 
 
