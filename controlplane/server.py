@@ -9,7 +9,6 @@ import contextlib
 import gc
 import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from controlplane._proto.burstgate.v1 import (
     ledger_pb2,
     ledger_pb2_grpc,
 )
+from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.rpc.admission import AdmissionServicer
@@ -46,6 +46,7 @@ from controlplane.telemetry.metrics import (
 
 if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
+    from controlplane.ledger.pricing import PricingBook
 
 log = structlog.get_logger("burstgate.server")
 
@@ -78,8 +79,7 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ]
     )
-    admission = AdmissionServicer(service, waiting)
-    admission.metering = ledger  # Complete is recorded in the ledger
+    admission = AdmissionServicer(service, waiting, metering=ledger)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -107,9 +107,28 @@ def create_server(
 class ControlPlane:
     """One running control plane: service, gRPC server and background tasks."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock = real_clock,
+        sleep: Sleep = real_sleep,
+    ) -> None:
+        """``clock`` is the service's time; ``sleep`` is what the background
+        loops (expiry, config poll, live sampling) wait with. Tests and
+        simulations pass a ``controlplane.clock.ManualClock``'s pair, so
+        those loops run when simulated time moves, not in real time."""
         self.settings = settings
-        self.service = AdmissionService(settings, clock=clock)
+        self._sleep = sleep
+        # With metering, Admit quotes its multiplier from the ledger's
+        # pricing windows: the book is given to the service and to metering.
+        pricing: PricingBook | None = None
+        if settings.ledger_enabled:
+            from controlplane.domain.pricing import StepTable
+            from controlplane.ledger.pricing import PricingBook
+
+            pricing = PricingBook(settings.pricing_window_s, StepTable(settings.pricing_steps))
+        self.service = AdmissionService(settings, clock=clock, pricing=pricing)
         self.waiting = WaitingRoom(self.service)
         self.engine = make_engine(settings.database_url)
         self.repo = ConfigRepository(self.engine)
@@ -137,6 +156,7 @@ class ControlPlane:
             self.service,
             interval_s=settings.metrics_sample_s,
             tenant_label_limit=settings.metrics_tenant_label_limit,
+            sleep=sleep,
         )
         # Collectors registered on /metrics at start; other packages append.
         self.metrics_collectors: list[Any] = [
@@ -153,7 +173,10 @@ class ControlPlane:
             from controlplane.ledger.metering import Metering
             from controlplane.telemetry.ledger_metrics import LedgerCollector
 
-            self.metering = Metering(self.service, settings, on_health=self._ledger_health)
+            assert pricing is not None
+            self.metering = Metering(
+                self.service, settings, pricing, on_health=self._ledger_health
+            )
             self.metrics_collectors.append(LedgerCollector(self.metering))
 
     async def load_config(self) -> bool:
@@ -262,21 +285,30 @@ class ControlPlane:
 
     async def _expiry_loop(self) -> None:
         while True:
-            await asyncio.sleep(EXPIRY_INTERVAL_S)
-            released = self.service.expire()
-            self.waiting.reschedule()
-            if released:
-                log.info("reservations expired", released=released)
+            await self._sleep(EXPIRY_INTERVAL_S)
+            self.expire_once()
+
+    def expire_once(self) -> int:
+        """One step of the expiry loop: release reservations past their TTL."""
+        released = self.service.expire()
+        self.waiting.reschedule()
+        if released:
+            log.info("reservations expired", released=released)
+        return released
 
     async def _config_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.config_poll_s)
-            try:
-                await self.load_config()
-                await asyncio.to_thread(self.key_cache.refresh)
-            except Exception as exc:  # database down: keep deciding from memory
-                self.config_reload_failures += 1
-                log.warning("config poll failed; serving last config", error=str(exc))
+            await self._sleep(self.settings.config_poll_s)
+            await self.poll_once()
+
+    async def poll_once(self) -> None:
+        """One step of the config poll: reload changed config and keys."""
+        try:
+            await self.load_config()
+            await asyncio.to_thread(self.key_cache.refresh)
+        except Exception as exc:  # database down: keep deciding from memory
+            self.config_reload_failures += 1
+            log.warning("config poll failed; serving last config", error=str(exc))
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: report NOT_SERVING, let in-flight RPCs finish."""

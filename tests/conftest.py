@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from controlplane.clock import Sleep
 from controlplane.settings import Settings
 from controlplane.store.db import upgrade
 
@@ -94,19 +95,21 @@ class ServerThread:
     bound to a free port. ``on_loop`` runs a function on the loop thread (the
     service is not thread-safe, exactly as in production)."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], int]) -> None:
+    def __init__(
+        self, settings: Settings, clock: Callable[[], int], sleep: Sleep | None = None
+    ) -> None:
         from controlplane.server import ControlPlane
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.plane = self._run(self._make(ControlPlane, settings, clock))
+        self.plane = self._run(self._make(ControlPlane, settings, clock, sleep or asyncio.sleep))
         self.port: int = self._run(self.plane.start())
         self.target = f"127.0.0.1:{self.port}"
 
     @staticmethod
-    async def _make(cls: Any, settings: Settings, clock: Callable[[], int]) -> Any:
-        return cls(settings, clock=clock)
+    async def _make(cls: Any, settings: Settings, clock: Callable[[], int], sleep: Sleep) -> Any:
+        return cls(settings, clock=clock, sleep=sleep)
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
@@ -137,7 +140,10 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
     started: list[ServerThread] = []
 
     def make(
-        database_url: str, clock: Callable[[], int] | None = None, **overrides: Any
+        database_url: str,
+        clock: Callable[[], int] | None = None,
+        sleep: Sleep | None = None,
+        **overrides: Any,
     ) -> ServerThread:
         import time
 
@@ -147,7 +153,7 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
         settings = Settings(
             database_url=database_url, host="127.0.0.1", port=0, metrics_port=-1, **overrides
         )
-        srv = ServerThread(settings, clock or time.time_ns)
+        srv = ServerThread(settings, clock or time.time_ns, sleep)
         started.append(srv)
         return srv
 

@@ -42,7 +42,6 @@ from controlplane.domain.catalog import PriceCatalog, actual_cost, user_charge, 
 from controlplane.domain.errors import LedgerUnavailable, NotFound
 from controlplane.domain.ledger_records import Key, LedgerRecord
 from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
-from controlplane.domain.pricing import StepTable
 from controlplane.domain.units import NS_PER_S, PPM
 from controlplane.ledger.pricing import PricingBook
 from controlplane.ledger.spool import Spool
@@ -85,6 +84,7 @@ class Metering:
         self,
         service: AdmissionService,
         settings: Settings,
+        pricing: PricingBook,
         *,
         clock: Callable[[], int] | None = None,
         on_health: Callable[[bool], None] | None = None,
@@ -92,8 +92,10 @@ class Metering:
         self.svc = service
         self.settings = settings
         self.clock = clock or service.clock
-        self.steps = StepTable(settings.pricing_steps)
-        self.pricing = PricingBook(settings.pricing_window_s, self.steps)
+        # The book the service quotes Admit multipliers from (given to both
+        # at construction: see pricing_book); Complete feeds its windows.
+        self.pricing = pricing
+        self.steps = pricing.steps
         self.catalog = PriceCatalog()
         self.engine = ledger_engine(settings.database_url)
         self.store = LedgerStore(self.engine)
@@ -125,9 +127,8 @@ class Metering:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Install the pricing book, replay the spool, load the catalog and
-        the stored windows; start the background loops."""
-        self.svc.pricing = self.pricing
+        """Replay the spool, load the catalog and the stored windows; start
+        the background loops."""
         await self.writer.start()
         try:
             await self.reload_catalog()

@@ -75,12 +75,19 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
 
 
 class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
-    # The ledger set by create_server; None = settle in memory only.
-    metering: Metering | None = None
+    """``metering``: Complete is recorded in the ledger before it is
+    answered; None = settle in memory only."""
 
-    def __init__(self, service: AdmissionService, waiting: WaitingRoom | None = None) -> None:
+    def __init__(
+        self,
+        service: AdmissionService,
+        waiting: WaitingRoom | None = None,
+        *,
+        metering: Metering | None = None,
+    ) -> None:
         self._svc = service
         self._waiting = waiting or WaitingRoom(service)
+        self.metering = metering
 
     @unary_errors
     async def Admit(

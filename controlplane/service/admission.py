@@ -140,10 +140,6 @@ class AdmissionService:
     def pricing(self) -> Pricing:
         return self._pricing
 
-    @pricing.setter
-    def pricing(self, pricing: Pricing) -> None:
-        self._pricing = self._decider.pricing = pricing
-
     def restore_usage(self, hour_tokens: dict[str, int], day_tokens: dict[str, int]) -> int:
         """Add tokens already used in the current UTC hour and day (from the
         ledger, at start) to the tenants' quota counters; returns how many

@@ -10,7 +10,6 @@ that the scrape thread only reads.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controlplane.clock import Sleep, real_sleep
 from controlplane.domain import LoadSample
 from controlplane.domain.policy import Policy
 from controlplane.service import AdmissionService
@@ -128,9 +128,15 @@ class LiveSampler:
     snapshot; ``collector`` turns the latest one into metric families."""
 
     def __init__(
-        self, service: AdmissionService, *, interval_s: float, tenant_label_limit: int
+        self,
+        service: AdmissionService,
+        *,
+        interval_s: float,
+        tenant_label_limit: int,
+        sleep: Sleep = real_sleep,
     ) -> None:
         self.service = service
+        self._sleep = sleep
         self.interval_s = interval_s
         self.tenant_label_limit = tenant_label_limit
         self.snapshot = LiveSnapshot()
@@ -157,7 +163,7 @@ class LiveSampler:
     async def run(self) -> None:
         while True:
             self.sample()
-            await asyncio.sleep(self.interval_s)
+            await self._sleep(self.interval_s)
 
     def collector(self) -> Collector:
         return _LiveCollector(self)

@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     # 5. domain: pure types, errors, validation, settings
     "controlplane.domain": 5,
     "controlplane.settings": 5,
+    "controlplane.clock": 5,
     "controlplane": 5,  # the package root holds only __version__
     # 6. the Cython fast path
     "fastpath": 6,
@@ -197,3 +198,22 @@ def test_layer_table_orders_prefixes() -> None:
     assert layer_of("controlplane.store.config") == 4
     assert layer_of("controlplane.settings") == 5
     assert layer_of("fastpath.codes") == 6
+
+
+def test_only_the_facade_and_the_dispatcher_start_a_dispatch() -> None:
+    """Inside the service, a part that frees capacity returns what it freed
+    and the façade calls the dispatcher; a part calling ``dispatch`` itself
+    would make the release order depend on who freed what (and loops)."""
+    allowed = {"admission.py", "dispatcher.py"}
+    offenders = []
+    for path in sorted((ROOT / "controlplane" / "service").glob("*.py")):
+        if path.name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "dispatch"
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []

@@ -1,0 +1,48 @@
+"""The server's background loops (config poll, expiry) run on the injected
+clock: with a ManualClock they act when simulated time passes their
+interval, and not before, however long the test waits in real time."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+from controlplane.clock import ManualClock
+from controlplane.domain import TenantConfig
+from controlplane.server import EXPIRY_INTERVAL_S
+from tests.support import add_tenants, wait_until
+
+REAL_PAUSE_S = 0.3  # real time the loops get to (wrongly) act on their own
+
+
+def test_config_poll_waits_for_simulated_time(make_server: Any, migrated_url: str) -> None:
+    manual = ManualClock()
+    srv = make_server(migrated_url, clock=manual, sleep=manual.sleep, config_poll_s=30)
+    svc = srv.plane.service
+    assert srv.on_loop(svc.tenant_ids) == []
+    add_tenants(migrated_url, TenantConfig("late", token_rate=Decimal(10), burst_tokens=100))
+    srv.on_loop(lambda: manual.advance(29))
+    time.sleep(REAL_PAUSE_S)
+    assert srv.on_loop(svc.tenant_ids) == [], "polled before its interval passed"
+    reloads = srv.plane.config_reloads
+    srv.on_loop(lambda: manual.advance(1))
+    wait_until(lambda: srv.on_loop(svc.tenant_ids) == ["late"], message="the poll to load 'late'")
+    assert srv.plane.config_reloads == reloads + 1
+
+
+def test_expiry_runs_on_simulated_time(make_server: Any, migrated_url: str) -> None:
+    add_tenants(migrated_url, TenantConfig("acme", token_rate=Decimal(10), burst_tokens=1000))
+    manual = ManualClock()
+    srv = make_server(migrated_url, clock=manual, sleep=manual.sleep, reservation_ttl_s=60)
+    svc = srv.plane.service
+    d = srv.on_loop(lambda: svc.admit("acme", "r1", "", 100, 100))
+    assert d.reserved_tokens == 200
+    srv.on_loop(lambda: manual.advance(60 - EXPIRY_INTERVAL_S))
+    time.sleep(REAL_PAUSE_S)
+    assert srv.on_loop(lambda: svc.open_reservations) == 1, "expired before its TTL"
+    srv.on_loop(lambda: manual.advance(EXPIRY_INTERVAL_S))
+    wait_until(lambda: srv.on_loop(lambda: svc.open_reservations) == 0, message="expiry")
+    assert srv.on_loop(lambda: svc.expired_total) == 1
+    # the bucket got nothing back: an expired reservation is not refunded
+    assert srv.on_loop(lambda: svc.tenant_state("acme")["inflight"]) == 0
