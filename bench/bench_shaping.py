@@ -101,7 +101,7 @@ def _server_stats(plane: Any, gc_timer: h.GcTimer, full: bool) -> dict[str, Any]
 
     svc = plane.service
     reasons: dict[str, int] = {}
-    for (_decision, reason), count in svc.decision_counts.items():
+    for (_decision, reason), count in svc.stats.decision_counts.items():
         name = Reason(reason).name
         reasons[name] = reasons.get(name, 0) + count
     stats: dict[str, Any] = {
@@ -110,7 +110,7 @@ def _server_stats(plane: Any, gc_timer: h.GcTimer, full: bool) -> dict[str, Any]
         "open_reservations": svc.open_reservations,
         "blocked_inflight": svc.tenant_state(BLOCKED)["inflight"],
         "records": svc.remembered_requests,
-        "cancelled_total": svc.cancelled_total,
+        "cancelled_total": svc.stats.cancelled_total,
         **svc.queue_footprint(),
         "loop_tasks": len(asyncio.all_tasks()),
         "timer_armed": plane.waiting.timer_armed,

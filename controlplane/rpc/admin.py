@@ -463,7 +463,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 apb.DecisionCount(
                     decision=pb.Decision.ValueType(d), reason=pb.Reason.ValueType(r), count=n
                 )
-                for (d, r), n in sorted(svc.decision_counts.items())
+                for (d, r), n in sorted(svc.stats.decision_counts.items())
             ],
             pools=[
                 apb.PoolState(

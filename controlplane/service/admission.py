@@ -65,16 +65,12 @@ from controlplane.service.queueing import Waiter
 from controlplane.service.records import Key, Record, RequestLog
 from controlplane.service.settlement import Settler
 from controlplane.service.stats import QUEUE_WAIT_BUCKETS_NS, AdmissionStats
-from controlplane.service.tenants import Tenant, TenantDirectory
+from controlplane.service.tenants import TenantDirectory
 from controlplane.settings import Settings
 from fastpath import IMPLEMENTATION, Reason, TokenBucketTable
 
 __all__ = ["QUEUE_WAIT_BUCKETS_NS", "AdmissionService", "BatchResult"]
 
-# A waiting call is answered ahead of its gRPC deadline, so the answer can
-# still reach the caller: a tenth of the time left, between these bounds.
-DEADLINE_MARGIN_MIN_NS = 5 * NS_PER_MS
-DEADLINE_MARGIN_MAX_NS = 100 * NS_PER_MS
 _TOKEN_RATE = int(Reason.TOKEN_RATE)
 
 
@@ -144,17 +140,7 @@ class AdmissionService:
         """Add tokens already used in the current UTC hour and day (from the
         ledger, at start) to the tenants' quota counters; returns how many
         tenants were restored. Unknown tenant ids are ignored."""
-        now = self.clock()
-        restored = 0
-        for tenant_id in set(hour_tokens) | set(day_tokens):
-            entry = self._tenants.get(tenant_id)
-            if entry is None:
-                continue
-            self._table.add_usage(
-                entry.slot, now, hour_tokens.get(tenant_id, 0), day_tokens.get(tenant_id, 0)
-            )
-            restored += 1
-        return restored
+        return self._tenants.restore_usage(hour_tokens, day_tokens, self.clock())
 
     @property
     def lanes(self) -> dict[str, LaneConfig]:
@@ -165,9 +151,7 @@ class AdmissionService:
 
     def tenant_state(self, tenant_id: str) -> dict[str, int]:
         """The tenant's bucket, quotas and in-flight counts, refilled to now."""
-        entry = self._tenants.active(tenant_id)
-        self._table.level_mtok(entry.slot, self.clock())  # refill to now before reading
-        return dict(self._table.snapshot(entry.slot))
+        return self._tenants.state(tenant_id, self.clock())
 
     def inflight_tokens(self) -> int:
         """All tenants' reserved, unsettled tokens (the global watermark's measure)."""
@@ -229,7 +213,7 @@ class AdmissionService:
             slot = -1 if entry is None else entry.slot
             return self._outcomes.record(key, R.refused(early, 0, lane, slot, now, now))
         lane = tenants.place(entry, lane, prompt_tokens, max_tokens)
-        max_wait = self._max_wait_ns(entry, lane, now, deadline_ns) if wait else 0
+        max_wait = dispatcher.max_wait_ns(entry, lane, now, deadline_ns) if wait else 0
         if max_wait > 0 and dispatcher.competes(entry.slot):
             # Join the backlog so the fair order decides who goes first; the
             # dispatch right after admits it at once if it can.
@@ -249,16 +233,6 @@ class AdmissionService:
             return self._outcomes.record(key, rec)
         return dispatcher.enqueue(key, entry, lane, prompt_tokens, max_tokens, model, pool, now,
                                   now + max_wait, first_try=rec)  # fmt: skip
-
-    def _max_wait_ns(self, entry: Tenant, lane: str, now: int, deadline_ns: int | None) -> int:
-        wait = self._tenants.lanes[lane].wait_target_ms * NS_PER_MS
-        if entry.config.max_wait_ms is not None:
-            wait = min(wait, entry.config.max_wait_ms * NS_PER_MS)
-        if deadline_ns is not None:
-            left = deadline_ns - now
-            margin = min(max(left // 10, DEADLINE_MARGIN_MIN_NS), DEADLINE_MARGIN_MAX_NS)
-            wait = min(wait, left - margin)
-        return wait
 
     def tick(self) -> None:
         """Time passed: time out waiters past their deadline, then dispatch.
@@ -448,29 +422,3 @@ class AdmissionService:
     def pools(self) -> dict[str, dict[str, LoadSample]]:
         """pool -> engine id -> latest load report."""
         return self._pressure.reports()
-
-    # Counters, for the metrics collector and the admin API's live state.
-    @property
-    def decision_counts(self) -> dict[tuple[int, int], int]:
-        return self.stats.decision_counts
-
-    @property
-    def shadow_counts(self) -> dict[int, int]:
-        return self.stats.shadow_counts
-
-    @property
-    def queue_wait_buckets(self) -> dict[str, list[int]]:
-        return self.stats.queue_wait_buckets
-
-    @property
-    def queue_wait_sum_ns(self) -> dict[str, int]:
-        return self.stats.queue_wait_sum_ns
-
-    @property
-    def cancelled_total(self) -> int:
-        return self.stats.cancelled_total
-
-    @property
-    def expired_total(self) -> int:
-        return self.stats.expired_total
-

@@ -29,6 +29,11 @@ from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason
 
+# A waiting call is answered ahead of its gRPC deadline, so the answer can
+# still reach the caller: a tenth of the time left, between these bounds.
+DEADLINE_MARGIN_MIN_NS = 5 * NS_PER_MS
+DEADLINE_MARGIN_MAX_NS = 100 * NS_PER_MS
+
 
 class Dispatcher:
     def __init__(
@@ -89,6 +94,19 @@ class Dispatcher:
             q.total
             and (q.per_tenant.get(slot) or self._watermark_blocked or self._shed_blocked)
         )
+
+    def max_wait_ns(self, entry: Tenant, lane: str, now: int, deadline_ns: int | None) -> int:
+        """How long a request may wait: the lane's wait target, the tenant's
+        max wait and the caller's own deadline (less a margin), whichever is
+        earliest."""
+        wait = self._tenants.lanes[lane].wait_target_ms * NS_PER_MS
+        if entry.config.max_wait_ms is not None:
+            wait = min(wait, entry.config.max_wait_ms * NS_PER_MS)
+        if deadline_ns is not None:
+            left = deadline_ns - now
+            margin = min(max(left // 10, DEADLINE_MARGIN_MIN_NS), DEADLINE_MARGIN_MAX_NS)
+            wait = min(wait, left - margin)
+        return wait
 
     def enqueue(
         self,

@@ -93,6 +93,28 @@ class TenantDirectory:
             if tenant_id not in seen:
                 entry.deleted = True
 
+    def restore_usage(
+        self, hour_tokens: dict[str, int], day_tokens: dict[str, int], now: int
+    ) -> int:
+        """Add tokens already used this UTC hour and day to the tenants' quota
+        counters; returns how many tenants were restored."""
+        restored = 0
+        for tenant_id in set(hour_tokens) | set(day_tokens):
+            entry = self._tenants.get(tenant_id)
+            if entry is None:
+                continue
+            self._table.add_usage(
+                entry.slot, now, hour_tokens.get(tenant_id, 0), day_tokens.get(tenant_id, 0)
+            )
+            restored += 1
+        return restored
+
+    def state(self, tenant_id: str, now: int) -> dict[str, int]:
+        """A configured tenant's bucket, quotas and in-flight counts at ``now``."""
+        entry = self.active(tenant_id)
+        self._table.level_mtok(entry.slot, now)  # refill to now before reading
+        return dict(self._table.snapshot(entry.slot))
+
     def get(self, tenant_id: str) -> Tenant | None:
         """The tenant itself, deleted or not (settlement needs the deleted)."""
         return self._tenants.get(tenant_id)

@@ -1,7 +1,7 @@
 """Prometheus metrics read from the service at scrape time.
 
 The admission path only bumps plain ints in the service
-(``decision_counts``); this collector turns them into metric families when
+(``service.stats``); this collector turns them into metric families when
 Prometheus scrapes, so a decision pays no metrics-library cost.
 
 Other modules contribute collectors: anything with ``collect()`` yielding
@@ -48,7 +48,7 @@ class AdmissionCollector(Collector):
             "Admission decisions by outcome and reason",
             labels=["decision", "reason"],
         )
-        for (decision, reason), n in sorted(self._svc.decision_counts.items()):
+        for (decision, reason), n in sorted(self._svc.stats.decision_counts.items()):
             decisions.add_metric([Decision(decision).name.lower(), Reason(reason).name.lower()], n)
         yield decisions
         yield GaugeMetricFamily(
@@ -59,7 +59,7 @@ class AdmissionCollector(Collector):
         yield CounterMetricFamily(
             "burstgate_reservations_expired",
             "Reservations released by the TTL without a Complete",
-            value=self._svc.expired_total,
+            value=self._svc.stats.expired_total,
         )
         yield from self._queues()
 
@@ -77,25 +77,25 @@ class AdmissionCollector(Collector):
             labels=["lane"],
         )
         bounds = [ns / 1e9 for ns in QUEUE_WAIT_BUCKETS_NS]
-        for lane, counts in sorted(svc.queue_wait_buckets.items()):
+        for lane, counts in sorted(svc.stats.queue_wait_buckets.items()):
             counts = list(counts)  # a copy: the event loop keeps counting
             cumulative, total = [], 0
             for le, c in zip([*map(str, bounds), "+Inf"], counts, strict=True):
                 total += c
                 cumulative.append((le, float(total)))
-            waits.add_metric([lane], cumulative, svc.queue_wait_sum_ns[lane] / 1e9)
+            waits.add_metric([lane], cumulative, svc.stats.queue_wait_sum_ns[lane] / 1e9)
         yield waits
         yield CounterMetricFamily(
             "burstgate_queue_cancelled",
             "Waiting Admit calls whose caller went away",
-            value=svc.cancelled_total,
+            value=svc.stats.cancelled_total,
         )
         shadow = CounterMetricFamily(
             "burstgate_shadow_refusals",
             "Shadow mode: requests admitted that would have been refused, by reason",
             labels=["reason"],
         )
-        for reason, n in sorted(svc.shadow_counts.items()):
+        for reason, n in sorted(svc.stats.shadow_counts.items()):
             shadow.add_metric([Reason(reason).name.lower()], n)
         yield shadow
 

@@ -43,6 +43,6 @@ def test_expiry_runs_on_simulated_time(make_server: Any, migrated_url: str) -> N
     assert srv.on_loop(lambda: svc.open_reservations) == 1, "expired before its TTL"
     srv.on_loop(lambda: manual.advance(EXPIRY_INTERVAL_S))
     wait_until(lambda: srv.on_loop(lambda: svc.open_reservations) == 0, message="expiry")
-    assert srv.on_loop(lambda: svc.expired_total) == 1
+    assert srv.on_loop(lambda: svc.stats.expired_total) == 1
     # the bucket got nothing back: an expired reservation is not refunded
     assert srv.on_loop(lambda: svc.tenant_state("acme")["inflight"]) == 0

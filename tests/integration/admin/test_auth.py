@@ -142,7 +142,7 @@ def test_admission_tokens(env: Env) -> None:
     )  # fmt: skip
     assert [r.batch_id for r in streamed] == [7]
     # None of the refused calls reached the service.
-    counts = env.srv.on_loop(lambda: dict(env.srv.plane.service.decision_counts))
+    counts = env.srv.on_loop(lambda: dict(env.srv.plane.service.stats.decision_counts))
     assert sum(counts.values()) == 2
     # A sidecar token revoked through the API is refused at once.
     env.admin.call("RevokeApiKey", apb.RevokeApiKeyRequest(key_id=env.keys.ids["sidecar"]))

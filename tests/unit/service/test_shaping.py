@@ -343,7 +343,7 @@ def test_shadow_mode_admits_and_reports_what_it_would_have_refused(make_service:
     d = decided(svc.admit("acme", "b", "", 500, 0))
     assert (d.decision, d.shadow_reason) == (Decision.ADMIT, Reason.TOKEN_RATE)
     assert d.reserved_tokens == 500
-    assert svc.shadow_counts[Reason.TOKEN_RATE] == 1
+    assert svc.stats.shadow_counts[Reason.TOKEN_RATE] == 1
     svc.admit("real", "a", "", 1000, 0)
     assert decided(svc.admit("real", "b", "", 500, 0)).reason == Reason.TOKEN_RATE
     # global shadow mode covers backpressure too
@@ -440,7 +440,7 @@ def test_cancel_after_admission_releases_the_reservation(make_service: Any) -> N
     svc.cancel(w)
     assert svc.open_reservations == 0
     assert svc.tenant_state("acme")["inflight"] == 0
-    assert svc.cancelled_total == 1
+    assert svc.stats.cancelled_total == 1
     again = decided(svc.admit_or_wait("acme", "b", "", 10, 10))
     assert again.decision == Decision.ADMIT and not again.duplicate
 

@@ -218,7 +218,7 @@ def test_cancelling_the_caller_takes_its_waiter_out_of_the_queue(
         await run_pending()
         assert leave.cancelled()
         assert queued(svc) == 1 and svc.queue_depths().get("premium", 0) == 0
-        assert svc.cancelled_total == 1
+        assert svc.stats.cancelled_total == 1
         # The timer armed for the cancelled call may stay (an early wake-up
         # is harmless): at 200 ms it finds nothing due and re-arms for the
         # waiter that is left.
