@@ -96,7 +96,7 @@ class LocalTenants:
         return getattr(self, method)(request)
 
     def list_tenants(self) -> list[Any]:
-        from controlplane.rpc.admin import tenant_to_pb
+        from controlplane.rpc.admin_pb import tenant_to_pb
 
         out: list[Any] = []
         after = ""
@@ -107,12 +107,12 @@ class LocalTenants:
                 return out
 
     def CreateTenant(self, request: Any) -> Any:
-        from controlplane.rpc.admin import tenant_from_pb, tenant_to_pb
+        from controlplane.rpc.admin_pb import tenant_from_pb, tenant_to_pb
 
         return tenant_to_pb(self.repo.add_tenant(tenant_from_pb(request.tenant), self.actor))
 
     def GetTenant(self, request: Any) -> Any:
-        from controlplane.rpc.admin import tenant_to_pb
+        from controlplane.rpc.admin_pb import tenant_to_pb
 
         return tenant_to_pb(self.repo.get_tenant(request.tenant_id))
 
@@ -120,25 +120,25 @@ class LocalTenants:
         return None  # live state is the server's; there is none without one
 
     def UpdateTenant(self, request: Any) -> Any:
-        from controlplane.rpc.admin import tenant_changes, tenant_to_pb
+        from controlplane.rpc.admin_pb import tenant_changes, tenant_to_pb
 
         changes = tenant_changes(request.tenant, list(request.update_mask.paths))
         return tenant_to_pb(self.repo.update_tenant(request.tenant.tenant_id, changes, self.actor))
 
     def EnableTenant(self, request: Any) -> Any:
-        from controlplane.rpc.admin import tenant_to_pb
+        from controlplane.rpc.admin_pb import tenant_to_pb
 
         return tenant_to_pb(self.repo.set_enabled(request.tenant_id, True, self.actor))
 
     def DisableTenant(self, request: Any) -> Any:
-        from controlplane.rpc.admin import tenant_to_pb
+        from controlplane.rpc.admin_pb import tenant_to_pb
 
         return tenant_to_pb(self.repo.set_enabled(request.tenant_id, False, self.actor))
 
     def DeleteTenant(self, request: Any) -> Any:
         from controlplane.client.admin import apb
         from controlplane.domain.errors import FailedPrecondition
-        from controlplane.rpc.admin import tenant_to_pb
+        from controlplane.rpc.admin_pb import tenant_to_pb
 
         if not request.force:
             # Unsettled reservations live in a server's memory: only the

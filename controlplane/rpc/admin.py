@@ -9,11 +9,7 @@ Reads of live state run on the loop, where the fast path lives.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 from collections.abc import Callable
-from datetime import datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
 
 import grpc
@@ -24,37 +20,36 @@ from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.auth import KeyCache
-from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.domain.audit import Actor, AuditRecord
+from controlplane.domain import TenantConfig
+from controlplane.domain.audit import Actor
 from controlplane.domain.errors import FailedPrecondition, InvalidArgument
-from controlplane.domain.keys import KeyInfo, parse_role
-from controlplane.domain.policy import Policy, effective_policy
+from controlplane.domain.keys import parse_role
+from controlplane.rpc.admin_pb import (
+    LANE_MASK_FIELDS,
+    audit_to_pb,
+    decode_page_token,
+    encode_page_token,
+    json_value,
+    key_to_pb,
+    lane_to_pb,
+    mask_paths,
+    page_size,
+    parse_decimal,
+    policy_to_pb,
+    tenant_changes,
+    tenant_from_pb,
+    tenant_to_pb,
+)
 from controlplane.rpc.auth import current_actor
 from controlplane.rpc.errors import unary_errors
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
-from controlplane.store.audit import AuditLog, decimal_text
-from controlplane.store.config import TENANT_FIELDS, ConfigRepository, TenantRecord
+from controlplane.store.audit import AuditLog
+from controlplane.store.config import ConfigRepository
 from controlplane.store.keys import KeyStore
 from controlplane.telemetry.live import pools_live, tenant_live
 
 log = structlog.get_logger("burstgate.admin")
-
-# Tenant fields that UpdateTenant may name in update_mask.
-TENANT_MASK_FIELDS = frozenset(TENANT_FIELDS)
-OPTIONAL_INT_FIELDS = (
-    "hourly_quota",
-    "daily_quota",
-    "max_concurrency",
-    "max_queued",
-    "max_tokens_per_request",
-    "dedicated_quota",
-    "max_wait_ms",
-    "long_request_tokens",
-)
-LANE_MASK_FIELDS = frozenset(
-    {"priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued"}
-)
 
 # Checks run before a tenant is deleted (without force): each returns a reason
 # to refuse, or None. The metering package appends "unexported ledger rows".
@@ -70,185 +65,6 @@ class Plane(Protocol):
     config_reloads: int
 
     async def load_config(self) -> bool: ...
-
-
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
-
-
-def encode_page_token(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode()
-
-
-def decode_page_token(token: str) -> str:
-    try:
-        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument("page_token", "not a token returned by this API") from None
-
-
-def page_size(requested: int) -> int:
-    if requested < 0:
-        raise InvalidArgument("page_size", f"must be >= 0, got {requested}")
-    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-
-
-# ------------------------------------------------------------ conversions
-
-
-def _ts(dt: datetime | None) -> Timestamp | None:
-    if dt is None:
-        return None
-    ts = Timestamp()
-    ts.FromDatetime(dt)
-    return ts
-
-
-def parse_decimal(field: str, text: str) -> Decimal:
-    try:
-        value = Decimal(text.strip())
-    except InvalidOperation:
-        raise InvalidArgument(field, f"not a decimal number: {text!r}") from None
-    if not value.is_finite():
-        raise InvalidArgument(field, f"not a finite number: {text!r}")
-    return value
-
-
-def tenant_to_pb(rec: TenantRecord) -> apb.Tenant:
-    c = rec.config
-    t = apb.Tenant(
-        tenant_id=c.tenant_id,
-        display_name=c.display_name,
-        enabled=c.enabled,
-        token_rate=decimal_text(c.token_rate),
-        burst_tokens=c.burst_tokens,
-        default_lane=c.default_lane,
-        shadow_mode=c.shadow_mode,
-        demote_long_requests=c.demote_long_requests,
-        create_time=_ts(rec.created_at),
-        update_time=_ts(rec.updated_at),
-    )
-    for name in OPTIONAL_INT_FIELDS:
-        value = getattr(c, name)
-        if value is not None:
-            setattr(t, name, value)
-    if c.fallback_model is not None:
-        t.fallback_model = c.fallback_model
-    return t
-
-
-def _field_value(t: apb.Tenant, name: str) -> Any:
-    """The domain value of one Tenant field as sent (None = unset optional)."""
-    if name == "token_rate":
-        return parse_decimal("token_rate", t.token_rate)
-    msg: Any = t  # HasField is typed with literal field names
-    if name in OPTIONAL_INT_FIELDS or name == "fallback_model":
-        return getattr(t, name) if msg.HasField(name) else None
-    if name in ("enabled", "demote_long_requests"):
-        if not msg.HasField(name):
-            raise InvalidArgument(name, "must be set (true or false) when named in update_mask")
-        return getattr(t, name)
-    return getattr(t, name)
-
-
-def tenant_changes(t: apb.Tenant, paths: list[str]) -> dict[str, Any]:
-    """UpdateTenant's changes: field -> domain value for the masked fields."""
-    return {p: _field_value(t, p) for p in _mask(paths, TENANT_MASK_FIELDS, "Tenant")}
-
-
-def tenant_from_pb(t: apb.Tenant) -> TenantConfig:
-    if not t.token_rate:
-        raise InvalidArgument("token_rate", "required (tokens/s)")
-    values = {
-        name: _field_value(t, name)
-        for name in TENANT_FIELDS
-        if name not in ("enabled", "demote_long_requests")
-    }
-    values["default_lane"] = t.default_lane or "standard"
-    values["enabled"] = t.enabled if t.HasField("enabled") else True
-    values["demote_long_requests"] = (
-        t.demote_long_requests if t.HasField("demote_long_requests") else True
-    )
-    return TenantConfig(tenant_id=t.tenant_id, **values)
-
-
-def lane_to_pb(lane: LaneConfig) -> apb.Lane:
-    msg = apb.Lane(
-        name=lane.name,
-        priority=lane.priority,
-        weight=decimal_text(lane.weight),
-        wait_target_ms=lane.wait_target_ms,
-        fail_open=lane.fail_open,
-        degradable=lane.degradable,
-    )
-    if lane.max_queued is not None:
-        msg.max_queued = lane.max_queued
-    return msg
-
-
-def key_to_pb(info: KeyInfo) -> apb.ApiKey:
-    return apb.ApiKey(
-        key_id=info.key_id,
-        name=info.name,
-        role=info.role.value,
-        created_by=info.created_by,
-        create_time=_ts(info.created_at),
-        revoke_time=_ts(info.revoked_at),
-    )
-
-
-def audit_to_pb(a: AuditRecord) -> apb.AuditEvent:
-    return apb.AuditEvent(
-        id=a.id,
-        time=_ts(a.at),
-        actor=a.actor,
-        actor_role=a.actor_role,
-        action=a.action,
-        target=a.target,
-        before_json=a.before or "",
-        after_json=a.after or "",
-        request_id=a.request_id,
-    )
-
-
-def policy_to_pb(base: Policy, overrides: dict[str, Any]) -> apb.Policy:
-    effective = effective_policy(base, overrides).model_dump()
-    defaults = base.model_dump()
-    return apb.Policy(
-        settings=[
-            apb.PolicySetting(
-                key=key,
-                value_json=json.dumps(effective[key]),
-                default_json=json.dumps(defaults[key]),
-                overridden=key in overrides,
-            )
-            for key in sorted(effective)
-        ]
-    )
-
-
-def json_value(key: str, text: str) -> Any:
-    """A policy value: JSON, or a bare word taken as a string (fail_closed)."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        if text and text.replace("_", "").isalnum():
-            return text
-        raise InvalidArgument(key, f"not a JSON value: {text!r}") from None
-
-
-def _mask(paths: list[str], allowed: frozenset[str], what: str) -> list[str]:
-    if not paths:
-        raise InvalidArgument("update_mask", f"required: name the {what} fields to change")
-    for p in paths:
-        if p not in allowed:
-            raise InvalidArgument(
-                "update_mask", f"{p!r} cannot be changed; one of {', '.join(sorted(allowed))}"
-            )
-    return list(dict.fromkeys(paths))
-
-
-# --------------------------------------------------------------- servicer
 
 
 class AdminServicer(apb_grpc.AdminServiceServicer):
@@ -380,7 +196,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         self, request: apb.UpdateLaneRequest, context: grpc.aio.ServicerContext
     ) -> apb.Lane:
         lane = request.lane
-        paths = _mask(list(request.update_mask.paths), LANE_MASK_FIELDS, "Lane")
+        paths = mask_paths(list(request.update_mask.paths), LANE_MASK_FIELDS, "Lane")
         changes: dict[str, Any] = {}
         for p in paths:
             if p == "weight":

@@ -13,12 +13,12 @@ from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane.domain import LoadSample, TenantConfig
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.policy import Policy
-from controlplane.rpc.admin import (
+from controlplane.rpc.admin_pb import (
     _field_value,
-    _mask,
     decode_page_token,
     encode_page_token,
     json_value,
+    mask_paths,
     policy_to_pb,
     tenant_from_pb,
     tenant_to_pb,
@@ -63,10 +63,10 @@ def test_create_defaults_and_field_errors() -> None:
 def test_update_mask_is_required_and_checked() -> None:
     allowed = frozenset({"burst_tokens", "token_rate"})
     with pytest.raises(InvalidArgument, match=r"^update_mask: required"):
-        _mask([], allowed, "Tenant")
+        mask_paths([], allowed, "Tenant")
     with pytest.raises(InvalidArgument, match="'tenant_id' cannot be changed"):
-        _mask(["tenant_id"], allowed, "Tenant")
-    assert _mask(["burst_tokens", "burst_tokens"], allowed, "Tenant") == ["burst_tokens"]
+        mask_paths(["tenant_id"], allowed, "Tenant")
+    assert mask_paths(["burst_tokens", "burst_tokens"], allowed, "Tenant") == ["burst_tokens"]
 
 
 def test_policy_values_and_view() -> None:
