@@ -18,21 +18,14 @@ from controlplane.domain.audit import AuditRecord
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.keys import KeyInfo
 from controlplane.domain.policy import Policy, effective_policy
+from controlplane.domain.validate import POSITIVE_LIMITS
 from controlplane.store.audit import decimal_text
 from controlplane.store.config import TENANT_FIELDS, TenantRecord
 
 # Tenant fields that UpdateTenant may name in update_mask.
 TENANT_MASK_FIELDS = frozenset(TENANT_FIELDS)
-OPTIONAL_INT_FIELDS = (
-    "hourly_quota",
-    "daily_quota",
-    "max_concurrency",
-    "max_queued",
-    "max_tokens_per_request",
-    "dedicated_quota",
-    "max_wait_ms",
-    "long_request_tokens",
-)
+# Optional integer fields of the Tenant message (unset = unlimited / default).
+OPTIONAL_INT_FIELDS = (*POSITIVE_LIMITS, "max_wait_ms")
 LANE_MASK_FIELDS = frozenset(
     {"priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued"}
 )
