@@ -264,40 +264,46 @@ class Decider:
         bucket_l = out_bucket.tolist()
         hour_l = out_hour.tolist()
         day_l = out_day.tolist()
-        recs: list[Record] = [()] * n
+        recs: list[Record] = []
         admitted_keys: list[Key] = []
         admitted_recs: list[Record] = []
         rejected_keys: list[Key] = []
         rejected_recs: list[Record] = []
-        fresh_reasons: list[int] = []
-        shadow_reasons: list[int] = []
         conclude = self.conclude
         price = self.pricing.quote(pool, model, now)
         rid = self._next_reservation
-        for i in range(n):
-            rec = replayed.get(i) if replayed else None
-            if rec is None:
-                rec = pre.get(i) if pre else None
-                if rec is None:
-                    rec = conclude(
-                        reason_l[i], reserved_l[i], retry_l[i], bucket_l[i], hour_l[i],
-                        day_l[i], prompt_tokens[i], shadow_l[i], verdict_l[i], lanes[i],
-                        slots[i], pool, model, now, now, rid, price,
-                    )  # fmt: skip
-                if rec[STATE] == OPEN:
-                    rid += 1
-                    admitted_keys.append(keys[i])
-                    admitted_recs.append(rec)
-                else:
-                    rejected_keys.append(keys[i])
-                    rejected_recs.append(rec)
-                fresh_reasons.append(rec[REASON])
-                if any_shadow:
-                    shadow_reasons.append(rec[SHADOW_REASON])
-            recs[i] = rec
+        # entries not decided by the fast path: replays and early refusals
+        special = replayed.keys() | pre.keys() if replayed or pre else ()
+        # zip, not indexing: this loop runs once per request of every batch
+        for i, (key, reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot) in (
+            enumerate(zip(keys, reason_l, reserved_l, retry_l, bucket_l, hour_l, day_l,
+                          prompt_tokens, shadow_l, verdict_l, lanes, slots, strict=True))
+        ):  # fmt: skip
+            if special and i in special:
+                rec = replayed.get(i) or pre[i]
+                recs.append(rec)
+                if i in replayed:
+                    continue
+            else:
+                rec = conclude(
+                    reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
+                    pool, model, now, now, rid, price,
+                )  # fmt: skip
+                recs.append(rec)
+            if rec[STATE] == OPEN:
+                rid += 1
+                admitted_keys.append(key)
+                admitted_recs.append(rec)
+            else:
+                rejected_keys.append(key)
+                rejected_recs.append(rec)
         self._next_reservation = rid
         log.add_batch(now, admitted_keys, admitted_recs, rejected_keys, rejected_recs)
-        stats.count_reasons(fresh_reasons, shadow_reasons)
+        fresh = [r for i, r in enumerate(recs) if i not in replayed] if replayed else recs
+        stats.count_reasons(
+            list(map(itemgetter(REASON), fresh)),
+            list(map(itemgetter(SHADOW_REASON), fresh)) if any_shadow else [],
+        )
         # A fresh entry is marked degraded when its lane is, even if it was
         # refused (the sidecar learns the pool's state); a replay as before.
         degraded = [v.degraded_cap > 0 for v in verdict_l]
