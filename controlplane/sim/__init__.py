@@ -1,0 +1,13 @@
+"""``burstgate simulate``: a discrete-event model of vLLM-like engines and a
+harness that replays a trace through an admission policy in front of them,
+with simulated time.
+
+- ``engine``  the engine model (continuous batching, chunked prefill, a KV
+              cache in blocks, preemption) and the router in front of a pool
+- ``trace``   request traces (Azure CSV, JSON Lines), time scaling, tenant
+              assignment, injected bursts
+
+burstgate itself is driven through its real service layer
+(``controlplane.service.AdmissionService``) with simulated time, never
+re-implemented here.
+"""

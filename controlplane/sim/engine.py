@@ -1,0 +1,301 @@
+"""A discrete-event model of a vLLM-like inference engine, and a pool of them.
+
+What it models, in vLLM's terms (V1 scheduler, simplified):
+
+- **Continuous batching with chunked prefill.** Each iteration ("step") has
+  a budget of ``max_num_batched_tokens``. Running requests are served
+  first, in the order they started: a decoding request takes one token, a
+  request still in prefill takes the next chunk of its prompt. Then waiting
+  requests start, **first come first served**, while fewer than
+  ``max_num_seqs`` run and budget is left (the head of the queue may start
+  with a partial chunk). The waiting queue is unbounded: whatever is sent
+  to the engine waits there, in arrival order.
+- **A KV cache in blocks** of ``block_size`` tokens, ``kv_capacity_tokens``
+  in all. A request holds blocks for every token it has computed. When a
+  running request needs a block and none is free, the most recently started
+  request is **preempted**: its blocks are freed and it goes back to the
+  front of the waiting queue, to be **recomputed** from scratch (prompt and
+  the tokens generated so far), as vLLM does by default.
+- **Step time** = ``step_base_us`` (reading the weights, scheduling)
+  + ``per_token_us`` x tokens computed in the step (prefill chunks and
+  decodes: the matmuls) + ``attention_us_per_kv_token`` x KV tokens the
+  step's requests attend over (reading the KV cache). A request's first
+  token is produced at the end of the step that completes its prefill; then
+  one token per step.
+
+It is deterministic: no randomness, integer nanoseconds. The calibration of
+the default parameters (an 8B model on one H100) is in ``engine.yaml`` and
+docs/simulate.md.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NS_PER_US = 1_000
+DEFAULT_PARAMS_FILE = Path(__file__).with_name("engine.yaml")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParams:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    kv_capacity_tokens: int = 400_000
+    block_size: int = 16
+    step_base_us: float = 6_000.0
+    per_token_us: float = 22.0
+    attention_us_per_kv_token: float = 0.039
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not value > 0:
+                raise ValueError(f"engine.{f.name}: must be > 0, got {value!r}")
+        if self.kv_capacity_tokens < self.block_size:
+            raise ValueError("engine.kv_capacity_tokens: smaller than one block")
+
+    @property
+    def kv_blocks(self) -> int:
+        return self.kv_capacity_tokens // self.block_size
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> EngineParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"engine: unknown parameter(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_PARAMS_FILE) -> EngineParams:
+        """Parameters from a YAML file's ``engine:`` mapping."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict) or not isinstance(data.get("engine"), dict):
+            raise ValueError(f"{path}: expected a mapping with an 'engine:' section")
+        return cls.from_mapping(data["engine"])
+
+
+class SimRequest:
+    """One request inside the model. Times are ns on the simulation clock;
+    -1 = not yet."""
+
+    __slots__ = (
+        "arrival_ns",
+        "blocks",
+        "computed",
+        "done_ns",
+        "engine",
+        "first_token_ns",
+        "generated",
+        "key",
+        "output",
+        "preemptions",
+        "prompt",
+        "released_ns",
+        "started_ns",
+    )
+
+    def __init__(self, key: Any, prompt: int, output: int, arrival_ns: int) -> None:
+        self.key = key  # the harness's identity of the request
+        self.prompt = prompt
+        self.output = max(1, output)  # an LLM answers with at least one token
+        self.arrival_ns = arrival_ns  # reached the front door (the admission policy)
+        self.released_ns = -1  # sent to an engine
+        self.started_ns = -1  # first scheduled by the engine (left its waiting queue)
+        self.first_token_ns = -1
+        self.done_ns = -1
+        self.engine = -1
+        self.computed = 0  # tokens whose KV is in the cache
+        self.generated = 0  # output tokens produced
+        self.blocks = 0
+        self.preemptions = 0
+
+    @property
+    def known_tokens(self) -> int:
+        return self.prompt + self.generated
+
+
+@dataclass(slots=True)
+class StepResult:
+    end_ns: int
+    first_tokens: list[SimRequest]
+    finished: list[SimRequest]
+
+
+class Engine:
+    def __init__(self, engine_id: int, params: EngineParams) -> None:
+        self.engine_id = engine_id
+        self.p = params
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.free_blocks = params.kv_blocks
+        self.stepping = False  # a step is in progress
+        self.outstanding_tokens = 0  # prompt + output of unfinished requests (the router's measure)
+        self.last_batch_tokens = 0
+        # counters, in vLLM's metric terms
+        self.preemptions = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.steps = 0
+        self.finished_total = 0
+        self._scheduled: list[tuple[SimRequest, int]] = []
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use (vLLM's ``kv_cache_usage_perc``, as 0..1)."""
+        total = self.p.kv_blocks
+        return (total - self.free_blocks) / total
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def submit(self, req: SimRequest, now_ns: int) -> None:
+        if req.prompt + req.output > self.p.kv_capacity_tokens:
+            # vLLM refuses a request longer than the model's context; here it
+            # would wait at the head of the FIFO forever.
+            raise ValueError(
+                f"request {req.key!r}: {req.prompt + req.output} tokens exceed the engine's "
+                f"KV capacity ({self.p.kv_capacity_tokens})"
+            )
+        req.engine = self.engine_id
+        req.released_ns = now_ns
+        self.waiting.append(req)
+        self.outstanding_tokens += req.prompt + req.output
+
+    # ----------------------------------------------------------------- steps
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.p.block_size)
+
+    def _grow(self, req: SimRequest, tokens: int) -> bool:
+        """Hold blocks for ``tokens`` computed tokens; False when full."""
+        need = self._blocks_for(tokens) - req.blocks
+        if need <= 0:
+            return True
+        if need > self.free_blocks:
+            return False
+        self.free_blocks -= need
+        req.blocks += need
+        return True
+
+    def _preempt(self, req: SimRequest) -> None:
+        self.running.remove(req)
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        req.computed = 0  # recompute: prompt and generated tokens again
+        req.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(req)
+
+    def start_step(self, now_ns: int) -> int | None:
+        """Schedule one iteration starting at ``now_ns``; return its end time,
+        or None when there is nothing to run."""
+        assert not self.stepping
+        budget = self.p.max_num_batched_tokens
+        scheduled: list[tuple[SimRequest, int]] = []
+        preempted = False
+        # 1. running requests, oldest first
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            want = min(req.known_tokens - req.computed, budget)
+            while not self._grow(req, req.computed + want):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                scheduled.append((req, want))
+                budget -= want
+                i += 1
+                continue
+            # req itself was preempted: the list shrank under it; i stays
+        # 2. waiting requests, first come first served (not in a step that
+        # had to preempt: memory is short)
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.p.max_num_seqs
+        ):
+            req = self.waiting[0]
+            want = min(req.known_tokens - req.computed, budget)
+            if not self._grow(req, req.computed + want):
+                break  # head-of-line: the FIFO waits for memory
+            self.waiting.popleft()
+            if req.started_ns < 0:
+                req.started_ns = now_ns
+            self.running.append(req)
+            scheduled.append((req, want))
+            budget -= want
+        if not scheduled:
+            return None
+        tokens = sum(n for _, n in scheduled)
+        context = sum(r.computed + n for r, n in scheduled)
+        p = self.p
+        dur_us = p.step_base_us + p.per_token_us * tokens + p.attention_us_per_kv_token * context
+        self._scheduled = scheduled
+        self.stepping = True
+        self.last_batch_tokens = tokens
+        self.steps += 1
+        return now_ns + max(1, int(dur_us * NS_PER_US))
+
+    def finish_step(self, end_ns: int) -> StepResult:
+        """Apply the step started by ``start_step``, which ends at ``end_ns``."""
+        assert self.stepping
+        self.stepping = False
+        first: list[SimRequest] = []
+        finished: list[SimRequest] = []
+        for req, n in self._scheduled:
+            req.computed += n
+            if req.computed < req.known_tokens:
+                self.prompt_tokens_total += n
+                continue  # a prefill chunk: no token sampled yet
+            if req.generated == 0:
+                self.prompt_tokens_total += n
+            req.generated += 1
+            self.generation_tokens_total += 1
+            if req.first_token_ns < 0:
+                req.first_token_ns = end_ns
+                first.append(req)
+            if req.generated >= req.output:
+                req.done_ns = end_ns
+                self.running.remove(req)
+                self.free_blocks += req.blocks
+                req.blocks = 0
+                self.outstanding_tokens -= req.prompt + req.output
+                self.finished_total += 1
+                finished.append(req)
+        self._scheduled = []
+        return StepResult(end_ns, first, finished)
+
+
+class Pool:
+    """Identical engines behind a least-outstanding-tokens router."""
+
+    def __init__(self, n_engines: int, params: EngineParams) -> None:
+        if n_engines < 1:
+            raise ValueError(f"engines: must be >= 1, got {n_engines}")
+        self.params = params
+        self.engines = [Engine(i, params) for i in range(n_engines)]
+
+    def route(self) -> Engine:
+        """The engine with the fewest outstanding tokens (lowest id on ties)."""
+        return min(self.engines, key=lambda e: (e.outstanding_tokens, e.engine_id))

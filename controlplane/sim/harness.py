@@ -1,0 +1,289 @@
+"""The simulation loop: a trace, a client model, an admission policy and a
+pool of modelled engines, on one simulated clock.
+
+Each trace request arrives at its (scaled) time and asks the policy. The
+policy releases it to the pool at once, holds it and releases it later, or
+refuses it. A released request goes to the engine with the fewest
+outstanding tokens and waits in that engine's FIFO queue. Clients without
+retries take a refusal as final; clients with retries come back after
+``max(retry_after, full-jitter exponential backoff)`` while their SLO can
+still be met, and give up once it cannot. Engines report their load every
+``report_interval_s``, in vLLM's terms, to the policy.
+
+Everything is integer nanoseconds on one heap of events; with the same
+inputs and seed a run is identical.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from controlplane.sim.engine import Engine, EngineParams, Pool, SimRequest
+from controlplane.sim.trace import TraceRequest
+
+NS_PER_S = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    """A tenant of the simulation: its share of the trace's requests and
+    its lane (whose TTFT SLO applies)."""
+
+    name: str
+    share: float
+    lane: str
+
+
+# The issue's measurement setup: three tenants, one per lane.
+DEFAULT_TENANTS = (
+    TenantSpec("premium", 0.20, "premium"),
+    TenantSpec("standard", 0.50, "standard"),
+    TenantSpec("batch", 0.30, "batch"),
+)
+# TTFT SLOs by lane, seconds (SPEC section 2 defaults).
+DEFAULT_SLO_S = {"premium": 1.0, "standard": 3.0, "batch": 15.0}
+
+
+@dataclass(slots=True)
+class Job:
+    """One trace request on its way through the policy and the pool."""
+
+    req: SimRequest
+    tenant: str
+    lane: str
+    slo_ns: int
+    attempts: int = 0
+    outcome: str = ""  # "served" | "refused" | "" (still open)
+    reason: str = ""  # the final refusal's reason
+    refusals: int = 0  # refusals it got (retried or not)
+    rid: str = ""
+
+    @property
+    def deadline_ns(self) -> int:
+        return self.req.arrival_ns + self.slo_ns
+
+
+class Simulation(Protocol):
+    """What a policy may call back."""
+
+    now: int
+
+    def release(self, job: Job) -> None: ...
+
+    def refuse(self, job: Job, reason: str, retry_after_ns: int, retryable: bool) -> None: ...
+
+
+class AdmissionPolicy(Protocol):
+    name: str
+
+    def start(self, sim: Simulation, pool: Pool) -> None: ...
+
+    def arrive(self, job: Job) -> None:
+        """Decide: call ``sim.release`` or ``sim.refuse`` now, or later."""
+
+    def completed(self, job: Job) -> None: ...
+
+    def report(self, engine: Engine) -> None: ...
+
+    def next_wakeup_ns(self) -> int | None: ...
+
+    def tick(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Sample:
+    t_ns: int
+    queue_depth: list[int]  # per engine: requests waiting
+    running: list[int]
+    kv_usage: list[float]
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: list[Job]
+    samples: list[Sample]
+    duration_ns: int
+    engines: int
+    preemptions: int
+    capacity_rps: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientModel:
+    retries: bool = False
+    backoff_base_s: float = 0.5  # first backoff ceiling; doubles per attempt (full jitter)
+    backoff_cap_s: float = 8.0
+
+
+# Event kinds, in the order they run at the same instant: engine steps end
+# first (they free capacity), then the policy's wake-ups and load reports,
+# then arrivals and retries.
+_STEP, _WAKE, _REPORT, _ARRIVE, _RETRY = range(5)
+
+
+class Runner:
+    def __init__(
+        self,
+        trace: list[TraceRequest],
+        policy: AdmissionPolicy,
+        *,
+        engines: int,
+        params: EngineParams,
+        tenants: tuple[TenantSpec, ...] = DEFAULT_TENANTS,
+        slo_s: dict[str, float] | None = None,
+        client: ClientModel | None = None,
+        report_interval_s: float = 0.1,
+        sample_interval_s: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.now = 0
+        self.pool = Pool(engines, params)
+        self.policy = policy
+        self.client = client or ClientModel()
+        self.rng = random.Random(seed)
+        slo = dict(DEFAULT_SLO_S) | (slo_s or {})
+        lane_of = {t.name: t.lane for t in tenants}
+        self.jobs: list[Job] = []
+        for tr in trace:
+            lane = lane_of.get(tr.tenant)
+            if lane is None:
+                raise ValueError(f"trace row {tr.row}: tenant {tr.tenant!r} is not configured")
+            req = SimRequest(tr.row, tr.prompt_tokens, tr.output_tokens, tr.t_ns)
+            self.jobs.append(Job(req, tr.tenant, lane, int(slo[lane] * NS_PER_S)))
+        self._heap: list[tuple[int, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._report_ns = max(1, int(report_interval_s * NS_PER_S))
+        self._sample_ns = max(1, int(sample_interval_s * NS_PER_S))
+        self._wake_at: int | None = None
+        self.samples: list[Sample] = []
+        self._by_key = {j.req.key: j for j in self.jobs}
+
+    # -------------------------------------------------------- the policy's API
+
+    def release(self, job: Job) -> None:
+        engine = self.pool.route()
+        engine.submit(job.req, self.now)
+        if not engine.stepping:
+            self._start(engine)
+
+    def refuse(self, job: Job, reason: str, retry_after_ns: int, retryable: bool) -> None:
+        job.refusals += 1
+        c = self.client
+        if c.retries and retryable:
+            ceiling = min(c.backoff_cap_s, c.backoff_base_s * 2**job.attempts)
+            backoff = int(self.rng.uniform(0, ceiling) * NS_PER_S)
+            at = self.now + max(retry_after_ns, backoff, 1)
+            if at < job.deadline_ns:  # a retry that can still meet the SLO
+                self._push(at, _RETRY, job)
+                return
+        job.outcome = "refused"
+        job.reason = reason
+
+    # ------------------------------------------------------------------ loop
+
+    def _push(self, t: int, kind: int, payload: Any) -> None:
+        heapq.heappush(self._heap, (t, kind, next(self._seq), payload))
+
+    def _start(self, engine: Engine) -> None:
+        end = engine.start_step(self.now)
+        if end is not None:
+            self._push(end, _STEP, engine)
+
+    def _arm_wakeup(self) -> None:
+        wake = self.policy.next_wakeup_ns()
+        if wake is not None and (self._wake_at is None or wake < self._wake_at):
+            self._wake_at = max(wake, self.now)
+            self._push(self._wake_at, _WAKE, None)
+
+    def run(self) -> SimResult:
+        for job in self.jobs:
+            self._push(job.req.arrival_ns, _ARRIVE, job)
+        self.policy.start(self, self.pool)
+        self._push(0, _REPORT, None)
+        open_jobs = len(self.jobs)
+        next_sample = 0
+        while self._heap:
+            t, kind, _, payload = heapq.heappop(self._heap)
+            self.now = t
+            while next_sample <= t:
+                self._sample(next_sample)
+                next_sample += self._sample_ns
+            if kind == _STEP:
+                engine: Engine = payload
+                result = engine.finish_step(t)
+                for req in result.finished:
+                    job = self._by_key[req.key]
+                    job.outcome = "served"
+                    open_jobs -= 1
+                    self.policy.completed(job)
+                if not engine.stepping:  # a completion may have released work to it
+                    self._start(engine)
+            elif kind in (_ARRIVE, _RETRY):
+                job = payload
+                job.attempts += 1
+                self.policy.arrive(job)
+                if job.outcome == "refused":
+                    open_jobs -= 1
+            elif kind == _WAKE:
+                if self._wake_at == t:
+                    self._wake_at = None
+                self.policy.tick()
+            elif kind == _REPORT:
+                for engine in self.pool.engines:
+                    self.policy.report(engine)
+                if open_jobs > 0:
+                    self._push(t + self._report_ns, _REPORT, None)
+            self._arm_wakeup()
+        self._sample(self.now)
+        return SimResult(
+            policy=self.policy.name,
+            jobs=self.jobs,
+            samples=self.samples,
+            duration_ns=self.now,
+            engines=len(self.pool.engines),
+            preemptions=sum(e.preemptions for e in self.pool.engines),
+        )
+
+    def _sample(self, t: int) -> None:
+        es = self.pool.engines
+        waiting = [e.num_waiting for e in es]
+        running = [e.num_running for e in es]
+        self.samples.append(Sample(t, waiting, running, [round(e.kv_usage, 4) for e in es]))
+
+
+def estimate_capacity_rps(
+    trace: list[TraceRequest], params: EngineParams, *, sample: int = 2_000, seed: int = 0
+) -> float:
+    """Requests per second one engine sustains on this trace's length mix.
+
+    ``sample`` requests drawn from the trace are all offered at once (the
+    engine saturated, its own scheduler deciding); the rate is measured
+    between the 10th and the 90th percentile of completions, so neither the
+    ramp-up nor the tail of the last long requests counts."""
+    rng = random.Random(seed)
+    picked = trace if len(trace) <= sample else rng.sample(trace, sample)
+    engine = Engine(0, params)
+    for i, tr in enumerate(picked):
+        engine.submit(SimRequest(i, tr.prompt_tokens, tr.output_tokens, 0), 0)
+    now = 0
+    done: list[int] = []
+    while engine.busy:
+        end = engine.start_step(now)
+        if end is None:  # pragma: no cover - a busy engine always schedules
+            break
+        done += [end] * len(engine.finish_step(end).finished)
+        now = end
+    lo, hi = len(done) // 10, len(done) * 9 // 10
+    if hi - lo < 2 or done[hi - 1] <= done[lo]:
+        return len(done) * NS_PER_S / max(1, now)
+    return (hi - lo - 1) * NS_PER_S / (done[hi - 1] - done[lo])
+
+
+PolicyFactory = Callable[[], AdmissionPolicy]

@@ -1,0 +1,217 @@
+"""Admission policies compared by ``burstgate simulate``.
+
+- ``fifo``: no admission control; every request goes straight to the pool.
+- ``rate-limit``: a per-tenant request-rate limit (a token bucket over
+  requests, the usual API-gateway limit): refused when the bucket is empty.
+- ``burstgate``: burstgate's real service layer
+  (``controlplane.service.AdmissionService``) on the simulated clock, with
+  the default lanes and policy (or a config file's lanes, tenants and
+  policy), fed the engines' load reports. Requests it queues wait in its
+  own queues and are released when it says so.
+
+Tenant limits for ``rate-limit`` and the default ``burstgate`` config are
+derived from the trace the same way (the issue's measurement setup): each
+tenant's rate is ``rate_factor`` (1.5) x its mean rate in the scaled trace
+(requests/s, or tokens/s for burstgate's token buckets) and its burst is
+``burst_s`` (2) seconds of that rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+from controlplane.domain import AdmitDecision, Decision, LaneConfig, TenantConfig
+from controlplane.domain.policy import Policy
+from controlplane.service import AdmissionService
+from controlplane.settings import Settings
+from controlplane.sim.engine import Engine, Pool
+from controlplane.sim.harness import Job, Simulation
+from controlplane.sim.trace import TraceRequest
+from fastpath import Reason
+
+NS_PER_S = 1_000_000_000
+POOL = "sim-pool"
+
+DEFAULT_LANES = (
+    LaneConfig("premium", 0, Decimal("0.40"), 200, True, False),
+    LaneConfig("standard", 1, Decimal("0.45"), 800, False, True),
+    LaneConfig("batch", 2, Decimal("0.15"), 5000, False, True),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRates:
+    """A tenant's mean rates over the scaled trace."""
+
+    requests_per_s: float
+    tokens_per_s: float
+
+
+def tenant_rates(trace: list[TraceRequest]) -> dict[str, TenantRates]:
+    span_s = max(1e-9, (trace[-1].t_ns - trace[0].t_ns) / NS_PER_S) if trace else 1.0
+    counts: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    for r in trace:
+        counts[r.tenant] = counts.get(r.tenant, 0) + 1
+        tokens[r.tenant] = tokens.get(r.tenant, 0) + r.prompt_tokens + r.output_tokens
+    return {t: TenantRates(counts[t] / span_s, tokens[t] / span_s) for t in counts}
+
+
+class Fifo:
+    """No admission control."""
+
+    name = "fifo"
+
+    def start(self, sim: Simulation, pool: Pool) -> None:
+        self.sim = sim
+
+    def arrive(self, job: Job) -> None:
+        self.sim.release(job)
+
+    def completed(self, job: Job) -> None:
+        return None
+
+    def report(self, engine: Engine) -> None:
+        return None
+
+    def next_wakeup_ns(self) -> int | None:
+        return None
+
+    def tick(self) -> None:
+        return None
+
+
+class RequestRateLimit(Fifo):
+    """A token bucket over requests per tenant; an empty bucket refuses with
+    the exact time until the next token."""
+
+    name = "rate-limit"
+
+    def __init__(self, rates: dict[str, TenantRates], factor: float, burst_s: float) -> None:
+        self._rate = {t: r.requests_per_s * factor for t, r in rates.items()}
+        self._cap = {t: max(1.0, rate * burst_s) for t, rate in self._rate.items()}
+        self._level = dict(self._cap)
+        self._at: dict[str, int] = dict.fromkeys(self._rate, 0)
+
+    def arrive(self, job: Job) -> None:
+        now = self.sim.now
+        t = job.tenant
+        rate = self._rate[t]
+        level = min(self._cap[t], self._level[t] + rate * (now - self._at[t]) / NS_PER_S)
+        self._at[t] = now
+        if level >= 1.0:
+            self._level[t] = level - 1.0
+            self.sim.release(job)
+        else:
+            self._level[t] = level
+            self.sim.refuse(job, "RATE_LIMIT", int((1.0 - level) / rate * NS_PER_S), True)
+
+
+class Burstgate:
+    """burstgate's AdmissionService, driven through its public in-process
+    API on the simulated clock."""
+
+    def __init__(
+        self,
+        tenants: list[TenantConfig],
+        lanes: tuple[LaneConfig, ...] | list[LaneConfig] = DEFAULT_LANES,
+        policy: Policy | None = None,
+        *,
+        name: str = "burstgate",
+        max_tokens_factor: float = 1.0,
+    ) -> None:
+        self.name = name
+        self._tenants = tenants
+        self._lanes = list(lanes)
+        self._policy = policy
+        self._max_tokens_factor = max_tokens_factor
+
+    def start(self, sim: Simulation, pool: Pool) -> None:
+        self.sim = sim
+        self.pool = pool
+        # Remember (almost) nothing past the run: the simulated hour must not
+        # hit the reservation TTL of a real deployment by accident.
+        settings = Settings(reservation_ttl_s=86_400, database_url="sqlite://")
+        self.svc = AdmissionService(settings, clock=lambda: sim.now)
+        self.svc.apply_config(self._tenants, self._lanes, self._policy)
+        self._rid: dict[str, str] = {}
+
+    def _answer(self, job: Job, d: AdmitDecision) -> None:
+        if d.decision == Decision.ADMIT:
+            self.sim.release(job)
+            return
+        # a refusal that names a wait is worth retrying; 0 means "do not"
+        # for the size and configuration reasons (see the README's table)
+        retryable = d.reason not in (
+            Reason.MAX_TOKENS, Reason.UNKNOWN_TENANT, Reason.TENANT_DISABLED
+        ) and (d.retry_after_ns > 0 or d.reason == Reason.GLOBAL_WATERMARK)
+        self.sim.refuse(job, Reason(d.reason).name, d.retry_after_ns, retryable)
+
+    def arrive(self, job: Job) -> None:
+        req = job.req
+        rid = f"{req.key}.{job.attempts}"
+        self._rid[str(req.key)] = rid
+        max_tokens = max(1, int(req.output * self._max_tokens_factor))
+        out = self.svc.admit_or_wait(
+            job.tenant, rid, "", req.prompt, max_tokens, "", POOL,
+            deadline_ns=job.deadline_ns,
+        )  # fmt: skip
+        if isinstance(out, AdmitDecision):
+            self._answer(job, out)
+        else:
+            out.on_done = lambda d, job=job: self._answer(job, d)
+
+    def completed(self, job: Job) -> None:
+        req = job.req
+        self.svc.complete(job.tenant, self._rid.pop(str(req.key)), 0, req.prompt, req.output)
+
+    def report(self, engine: Engine) -> None:
+        p = engine.p
+        # vLLM has no queue capacity; the old ReportLoad asks for one: the
+        # engine's max_num_seqs stands in (documented in docs/simulate.md).
+        self.svc.report_load(
+            POOL, f"engine-{engine.engine_id}", engine.last_batch_tokens if engine.busy else 0,
+            p.max_num_batched_tokens, engine.num_waiting, p.max_num_seqs, 0.0,
+            1.0 if engine.busy else 0.0,
+        )  # fmt: skip
+
+    def next_wakeup_ns(self) -> int | None:
+        return self.svc.next_wakeup_ns()
+
+    def tick(self) -> None:
+        self.svc.tick()
+
+
+def default_tenant_configs(
+    rates: dict[str, TenantRates],
+    lanes: dict[str, str],
+    factor: float = 1.5,
+    burst_s: float = 2.0,
+) -> list[TenantConfig]:
+    """burstgate's tenants for the simulation: token rate ``factor`` x the
+    tenant's mean token rate, burst ``burst_s`` seconds of it."""
+    out = []
+    for tenant, r in sorted(rates.items()):
+        rate = max(1.0, r.tokens_per_s * factor)
+        out.append(
+            TenantConfig(
+                tenant_id=tenant,
+                token_rate=Decimal(str(round(rate, 3))),
+                burst_tokens=max(1, int(rate * burst_s)),
+                default_lane=lanes[tenant],
+            )
+        )
+    return out
+
+
+def from_config_file(path: Path, name: str) -> Burstgate:
+    """A burstgate policy from a YAML config file (lanes and tenants, the
+    ``burstgate config apply`` format)."""
+    from controlplane.configfile import load
+
+    cfg = load(path)
+    lanes = [LaneConfig(**spec.model_dump()) for spec in cfg.lanes] or list(DEFAULT_LANES)
+    tenants = [TenantConfig(**spec.model_dump()) for spec in cfg.tenants]
+    return Burstgate(tenants, lanes, name=name)
