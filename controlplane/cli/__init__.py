@@ -8,7 +8,7 @@ import sys
 import typer
 
 from controlplane.analysis.cli import register as register_analysis
-from controlplane.cli import admin, keys, ledger, serve
+from controlplane.cli import admin, keys, ledger, serve, simulate
 from controlplane.cli.config import config_app
 from controlplane.cli.tenant import tenant_app
 from controlplane.domain.errors import DomainError
@@ -21,6 +21,7 @@ app = typer.Typer(
 app.command("migrate")(serve.migrate)
 app.command("serve")(serve.serve)
 app.command("demo")(serve.demo)
+app.command("simulate")(simulate.simulate)
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(config_app, name="config")
 # `burstgate tenant ...`: through the admin API or on the database (cli/tenant.py).

@@ -164,6 +164,7 @@ class Runner:
         self._wake_at: int | None = None
         self.samples: list[Sample] = []
         self._by_key = {j.req.key: j for j in self.jobs}
+        self._open = len(self.jobs)  # requests not yet served or finally refused
 
     # -------------------------------------------------------- the policy's API
 
@@ -185,6 +186,7 @@ class Runner:
                 return
         job.outcome = "refused"
         job.reason = reason
+        self._open -= 1
 
     # ------------------------------------------------------------------ loop
 
@@ -207,7 +209,7 @@ class Runner:
             self._push(job.req.arrival_ns, _ARRIVE, job)
         self.policy.start(self, self.pool)
         self._push(0, _REPORT, None)
-        open_jobs = len(self.jobs)
+        self._open = len(self.jobs)
         next_sample = 0
         while self._heap:
             t, kind, _, payload = heapq.heappop(self._heap)
@@ -221,7 +223,7 @@ class Runner:
                 for req in result.finished:
                     job = self._by_key[req.key]
                     job.outcome = "served"
-                    open_jobs -= 1
+                    self._open -= 1
                     self.policy.completed(job)
                 if not engine.stepping:  # a completion may have released work to it
                     self._start(engine)
@@ -229,8 +231,6 @@ class Runner:
                 job = payload
                 job.attempts += 1
                 self.policy.arrive(job)
-                if job.outcome == "refused":
-                    open_jobs -= 1
             elif kind == _WAKE:
                 if self._wake_at == t:
                     self._wake_at = None
@@ -238,7 +238,7 @@ class Runner:
             elif kind == _REPORT:
                 for engine in self.pool.engines:
                     self.policy.report(engine)
-                if open_jobs > 0:
+                if self._open > 0:  # reports stop with the last request
                     self._push(t + self._report_ns, _REPORT, None)
             self._arm_wakeup()
         self._sample(self.now)

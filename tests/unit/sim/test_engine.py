@@ -125,7 +125,3 @@ def test_bad_parameters_and_oversized_requests_are_refused() -> None:
         EngineParams.from_mapping({"max_num_seqs": 8, "warp_drive": 1})
     with pytest.raises(ValueError, match="exceed the engine's KV capacity"):
         Engine(0, SMALL_KV).submit(SimRequest("huge", 5_000, 10, 0), 0)
-
-
-def test_default_parameters_file_loads() -> None:
-    assert EngineParams.load() == EngineParams()

@@ -23,7 +23,8 @@ from controlplane.sim.trace import (
     summary,
 )
 
-AZURE = Path("/work/shared/traces/AzureLLMInferenceTrace_conv.csv")
+# ../shared/ beside the repository (read-only input on every machine and CI)
+AZURE = Path(__file__).resolve().parents[4] / "shared/traces/AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = ColumnMap(
     time="timestamp", prompt="input_length", output="output_length", time_unit="ms"
 )
