@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -284,6 +283,3 @@ def estimate_capacity_rps(
     if hi - lo < 2 or done[hi - 1] <= done[lo]:
         return len(done) * NS_PER_S / max(1, now)
     return (hi - lo - 1) * NS_PER_S / (done[hi - 1] - done[lo])
-
-
-PolicyFactory = Callable[[], AdmissionPolicy]

@@ -131,8 +131,8 @@ class Burstgate:
     def start(self, sim: Simulation, pool: Pool) -> None:
         self.sim = sim
         self.pool = pool
-        # Remember (almost) nothing past the run: the simulated hour must not
-        # hit the reservation TTL of a real deployment by accident.
+        # A reservation TTL longer than any run: a simulated hour of slow
+        # requests must not see reservations expire under them.
         settings = Settings(reservation_ttl_s=86_400, database_url="sqlite://")
         self.svc = AdmissionService(settings, clock=lambda: sim.now)
         self.svc.apply_config(self._tenants, self._lanes, self._policy)
