@@ -3,6 +3,8 @@ of modelled vLLM engines, with simulated time (controlplane/sim)."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -65,6 +67,10 @@ def simulate(
         str, typer.Option(help="s, ms, us, ns, datetime, or auto (datetimes only).")
     ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="Also write an HTML report with plots to this file."),
+    ] = None,
 ) -> None:
     """Compare admission policies on a trace, in simulated time.
 
@@ -83,6 +89,10 @@ def simulate(
         if name not in BUILTIN_POLICIES:
             fail(f"--policy: unknown {name!r}; known: {', '.join(BUILTIN_POLICIES)}")
     b = _burst(burst)
+    if html is not None and not html.parent.is_dir():  # before a run that may take minutes
+        fail(f"--html: directory {html.parent} does not exist (create it first)")
+    if html is not None and html.is_dir():
+        fail(f"--html: {html} is a directory; give a file name")
     try:
         params = EngineParams.load(engine_config) if engine_config else EngineParams()
         spec = SimSpec(
@@ -105,10 +115,22 @@ def simulate(
         fail(str(exc))
     if as_json:
         typer.echo(to_json(runs))
-        return
-    first = runs[0]
-    typer.echo(
-        f"{trace.name}: {first.overall.requests:,} requests, {engines} engine(s), "
-        f"capacity {first.capacity_rps:,.1f} requests/s (measured on this trace's mix)\n"
-    )
-    typer.echo(to_table(runs))
+    else:
+        first = runs[0]
+        typer.echo(
+            f"{trace.name}: {first.overall.requests:,} requests, {engines} engine(s), "
+            f"capacity {first.capacity_rps:,.1f} requests/s (measured on this trace's mix)\n"
+        )
+        typer.echo(to_table(runs))
+    if html is not None:
+        # Imported here: matplotlib costs ~0.5 s that a table run does not need.
+        from controlplane.sim.html import render_html
+
+        page = render_html(
+            runs, title=f"burstgate simulate: {trace.name}", command=shlex.join(sys.argv)
+        )
+        try:
+            html.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            fail(f"--html: cannot write {html}: {exc.strerror or exc}")
+        typer.echo(f"report written to {html}", err=as_json)  # stdout stays valid JSON
