@@ -35,7 +35,10 @@ def simulate(
     trace: Annotated[Path, typer.Argument(help=DEFAULT_TRACE_HELP)],
     policy: Annotated[
         list[str] | None,
-        typer.Option("--policy", help="fifo, rate-limit, burstgate (repeat; default: all three)."),
+        typer.Option(
+            "--policy",
+            help="fifo, rate-limit, burstgate (repeat; default: these three), burstgate-gate.",
+        ),
     ] = None,
     config: Annotated[
         list[Path] | None,
@@ -80,14 +83,15 @@ def simulate(
     input. Reports SLO attainment, goodput, TTFT and waits per lane."""
     from controlplane.sim.engine import EngineParams
     from controlplane.sim.report import to_json, to_table
-    from controlplane.sim.run import BUILTIN_POLICIES, Burst, SimSpec
+    from controlplane.sim.run import BUILTIN_POLICIES, EXTRA_POLICIES, Burst, SimSpec
     from controlplane.sim.run import simulate as run_simulation
     from controlplane.sim.trace import ColumnMap, TraceError
 
     policies = tuple(policy or ([] if config else BUILTIN_POLICIES))
     for name in policies:
-        if name not in BUILTIN_POLICIES:
-            fail(f"--policy: unknown {name!r}; known: {', '.join(BUILTIN_POLICIES)}")
+        if name not in BUILTIN_POLICIES + EXTRA_POLICIES:
+            known = ", ".join(BUILTIN_POLICIES + EXTRA_POLICIES)
+            fail(f"--policy: unknown {name!r}; known: {known}")
     b = _burst(burst)
     if html is not None and not html.parent.is_dir():  # before a run that may take minutes
         fail(f"--html: directory {html.parent} does not exist (create it first)")

@@ -55,6 +55,26 @@ class Policy(BaseModel):
     # lowest lane (tenants may override or opt out).
     long_request_tokens: int = Field(default=16_000, ge=1)
 
+    # The pool gate (controlplane/service/gate.py): hold requests in
+    # burstgate, in lane and fairness order, while the engine pool is
+    # saturated, instead of letting them into the engines' FIFO queues. Off
+    # by default until the engine-aware admission work is measured done.
+    pool_gate: bool = False
+    # Saturated = the engines' waiting requests (reported, plus releases since
+    # the reports) reach this many per reporting engine.
+    gate_waiting_per_engine: int = Field(default=2, ge=1)
+    # Saturated too when an engine's KV cache usage reaches this fraction.
+    gate_kv_usage_threshold: float = Field(default=0.9, gt=0, le=1)
+    # Without fresh reports: at most this many released, uncompleted requests
+    # per pool (never unlimited).
+    gate_fallback_inflight: int = Field(default=64, ge=1)
+    # TTFT SLO per lane (ms). With the gate on, a held request may wait up to
+    # its lane's SLO (bounded by its tenant's max wait and its own deadline);
+    # the lane's wait target stays the target for ordering and alerts.
+    lane_ttft_slo_ms: dict[str, int] = Field(
+        default_factory=lambda: {"premium": 1000, "standard": 3000, "batch": 15000}
+    )
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         total = self.bp_alpha + self.bp_beta + self.bp_gamma

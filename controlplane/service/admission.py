@@ -30,7 +30,8 @@ The API (all times in the clock's nanoseconds):
   the counters in ``stats``.
 
 It is a façade over parts with one job each: ``TenantDirectory`` (config),
-``PressureGate`` (load reports, backpressure), ``Decider`` (one decision
+``PressureGate`` (load reports, backpressure), ``PoolGate`` (release only
+while the pool has room, when the policy turns it on), ``Decider`` (one decision
 assembly for single requests and batches), ``Dispatcher`` (queues; the only
 part that releases waiting requests), ``Settler`` (settlement and expiry),
 ``Outcomes`` (records and answers) and ``AdmissionStats``. Only the façade
@@ -59,7 +60,8 @@ from controlplane.service.answers import BatchResult, Outcomes
 from controlplane.service.decider import Decider, early_reason
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import check_admit, check_batch
-from controlplane.service.pressure import PressureGate, load_sample
+from controlplane.service.gate import DEFAULT_POOL, EngineLoad, PoolGate
+from controlplane.service.pressure import PressureGate, check_load_extras, load_sample
 from controlplane.service.pricing import FlatPricing, Pricing
 from controlplane.service.queueing import Waiter
 from controlplane.service.records import Key, Record, RequestLog
@@ -98,13 +100,17 @@ class AdmissionService:
         )
         self.stats = AdmissionStats()
         self._tenants = TenantDirectory(self._table, settings.policy, settings.default_tenant)
-        self._pressure = PressureGate(stale_ns=int(settings.load_report_stale_s * NS_PER_S))
+        stale_ns = int(settings.load_report_stale_s * NS_PER_S)
+        self._pressure = PressureGate(stale_ns=stale_ns)
+        self._gate = PoolGate(stale_ns=stale_ns)
         self._decider = Decider(
-            self._table, self._tenants, self._pressure, self._pricing,
+            self._table, self._tenants, self._pressure, self._gate, self._pricing,
             settings.concurrency_retry_ms * NS_PER_MS,
         )  # fmt: skip
         self._outcomes = Outcomes(self._log, self.stats, self._tenants)
-        self._dispatcher = Dispatcher(self._tenants, self._decider, self._outcomes, self.stats)
+        self._dispatcher = Dispatcher(
+            self._tenants, self._decider, self._outcomes, self.stats, self._gate
+        )
         self._settler = Settler(self._table, self._log, settings.complete_max_overrun_ratio)
 
     # ------------------------------------------------------------------ config
@@ -125,6 +131,7 @@ class AdmissionService:
         directory.install(tenants, lanes, policy, now)
         self._table.set_global_inflight_limit(policy.global_inflight_tokens)
         self._pressure.configure(directory.by_priority, policy, now)
+        self._gate.configure(policy)
         self._dispatcher.configured()
         self._dispatcher.dispatch(now)
 
@@ -213,6 +220,8 @@ class AdmissionService:
             slot = -1 if entry is None else entry.slot
             return self._outcomes.record(key, R.refused(early, 0, lane, slot, now, now))
         lane = tenants.place(entry, lane, prompt_tokens, max_tokens)
+        if not pool and self._gate.enabled:
+            pool = DEFAULT_POOL  # with the gate every Admit belongs to a pool
         max_wait = dispatcher.max_wait_ns(entry, lane, now, deadline_ns) if wait else 0
         if max_wait > 0 and dispatcher.competes(entry.slot):
             # Join the backlog so the fair order decides who goes first; the
@@ -249,10 +258,10 @@ class AdmissionService:
         if not w.done:
             self._dispatcher.remove(w)
         elif isinstance(w.result, AdmitDecision) and w.result.decision == Decision.ADMIT:
-            slot = self._settler.release_unseen(w.key, now)
-            if slot is None:
+            rec = self._settler.release_unseen(w.key, now)
+            if rec is None:
                 return  # settled or expired meanwhile: nothing to give back
-            self._dispatcher.slot_freed(slot)
+            self._freed(rec)
         else:
             return  # it had its answer (a refusal): nothing to undo
         self.stats.cancelled_total += 1
@@ -295,6 +304,8 @@ class AdmissionService:
         entry fails the call (naming ``field[index]``) and changes no state.
         Callers holding protobuf repeated fields should pass lists (indexing
         a repeated field costs ~6x a list index)."""
+        if not pool and self._gate.enabled:
+            pool = DEFAULT_POOL
         keys, lane_of = check_batch(
             self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
             prompt_tokens, max_tokens, model, pool,
@@ -359,23 +370,31 @@ class AdmissionService:
         unused reservation, free the slot. If the reservation expired in the
         meantime (it was released without a refund) only the answer is built."""
         now = self.clock()
-        settlement, slot = self._settler.apply(key, rec, actual, now)
-        if slot is not None:
-            self._dispatcher.slot_freed(slot)
+        settlement, ended = self._settler.apply(key, rec, actual, now)
+        if ended is not None:
+            self._freed(ended)
             self._dispatcher.dispatch(now)
         return settlement
+
+    def _freed(self, rec: Record) -> None:
+        """A reservation ended: its tenant's slot, the shared in-flight
+        tokens and its pool's gate may have room."""
+        self._dispatcher.slot_freed(rec[R.SLOT])
+        if self._gate.enabled and rec[R.POOL]:
+            self._gate.completed(rec[R.POOL])
+            self._dispatcher.pool_reported(rec[R.POOL])
 
     def expire(self) -> int:
         """Release reservations older than the TTL and forget old refusals.
         Called periodically by the server; returns how many were released."""
         now = self.clock()
-        slots = self._settler.expire(now)
-        for slot in slots:
-            self._dispatcher.slot_freed(slot)
-        self.stats.expired_total += len(slots)
-        if slots:
+        released = self._settler.expire(now)
+        for rec in released:
+            self._freed(rec)
+        self.stats.expired_total += len(released)
+        if released:
             self._dispatcher.dispatch(now)
-        return len(slots)
+        return len(released)
 
     def record(self, tenant_id: str, request_id: str) -> Record | None:
         """What the plane remembers of a request (``records`` fields), if anything."""
@@ -401,14 +420,25 @@ class AdmissionService:
         queue_capacity: int,
         kv_cache_miss_rate: float,
         gpu_utilization: float,
+        *,
+        requests_running: int | None = None,
+        max_num_seqs: int | None = None,
+        kv_cache_usage: float | None = None,
     ) -> int:
-        """Store an engine's load report; returns the pool's fresh engine count."""
+        """Store an engine's load report; returns the pool's fresh engine count.
+        The keyword fields are vLLM's own (``num_requests_running``, its
+        ``max_num_seqs``, ``kv_cache_usage_perc`` as a fraction); the pool
+        gate uses them when given."""
         now = self.clock()
+        check_load_extras(requests_running, max_num_seqs, kv_cache_usage)
         sample = load_sample(
             pool, engine_id, batch_tokens, max_batch_tokens, queue_depth, queue_capacity,
             kv_cache_miss_rate, gpu_utilization, now,
         )  # fmt: skip
         fresh = self._pressure.report(sample)
+        self._gate.report(pool, engine_id, EngineLoad(
+            queue_depth, now, requests_running, max_num_seqs, kv_cache_usage
+        ))  # fmt: skip
         self.pricing.observe_load(pool, kv_cache_miss_rate, now)  # the pool's pricing window
         self._dispatcher.pool_reported(pool)
         self._dispatcher.dispatch(now)

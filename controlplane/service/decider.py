@@ -29,6 +29,7 @@ from controlplane.domain import Degradation, Pressure
 from controlplane.domain.units import NS_PER_MS, PPM
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult
+from controlplane.service.gate import PoolGate
 from controlplane.service.pools import FRESH, UNKNOWN
 from controlplane.service.pressure import PressureGate, Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
@@ -62,6 +63,9 @@ _REJECT = 2  # domain.Decision.REJECT
 WAITABLE = frozenset(
     {Reason.TOKEN_RATE, Reason.CONCURRENCY, Reason.GLOBAL_WATERMARK, Reason.BACKPRESSURE}
 )
+# retry_after of a request the pool gate holds back and that cannot wait
+# (a batch entry, or wait=False): about one load-report interval.
+GATE_RETRY_NS = 100 * NS_PER_MS
 # A batch entry's verdict when its tenant was refused before the pool mattered.
 _NO_VERDICT = Verdict(_OK, 0, 0, UNKNOWN, False, 0)
 
@@ -81,12 +85,14 @@ class Decider:
         table: TokenBucketTable,
         tenants: TenantDirectory,
         pressure: PressureGate,
+        gate: PoolGate,
         pricing: Pricing,
         concurrency_retry_ns: int,
     ) -> None:
         self._table = table
         self._tenants = tenants
         self._pressure = pressure
+        self._gate = gate
         self.pricing = pricing
         self._concurrency_retry_ns = concurrency_retry_ns
         self._next_reservation = 1
@@ -113,6 +119,8 @@ class Decider:
         shadow = self._tenants.shadow(entry)
         if v.reason and not shadow:
             return self.pressure_refusal(v, lane, slot, now, arrived)
+        if not shadow and not self._gate.has_room(pool, now):
+            return self.gate_refusal(v, lane, slot, now, arrived)
         if shadow:
             reason, reserved, retry, bucket, hour, day = self._table.charge(
                 slot, now, prompt, max_tokens
@@ -128,6 +136,15 @@ class Decider:
         if rec[R.STATE] == R.OPEN:
             self._next_reservation += 1
         return rec
+
+    @staticmethod
+    def gate_refusal(v: Verdict, lane: str, slot: int, now: int, arrived: int) -> Record:
+        """The pool has no room: held by backpressure, a refusal waiting can
+        cure (every lane, premium included, waits for the gate)."""
+        return R.refused(
+            Reason.BACKPRESSURE, GATE_RETRY_NS, lane, slot, now, arrived,
+            score_ppm=v.score_ppm, freshness=v.freshness, shed=1,
+        )  # fmt: skip
 
     @staticmethod
     def pressure_refusal(v: Verdict, lane: str, slot: int, now: int, arrived: int) -> Record:
@@ -165,6 +182,8 @@ class Decider:
             shadow_reason = v.reason or reason
             reason = _OK
         if reason == _OK:
+            if self._gate.enabled:
+                self._gate.released(pool, now)
             if price is None:
                 price = self.pricing.quote(pool, model, now)
             return R.admitted(
@@ -229,6 +248,7 @@ class Decider:
         # The pool is batch-level: one verdict per lane.
         verdicts = {ln: self._pressure.verdict(ln, pool, now) for ln in set(lanes) if ln}
         maxt_l = list(max_tokens)
+        room = self._gate.room(pool, now)
         verdict_l = [_NO_VERDICT] * n
         fast_slots = [-1] * n  # what the fast path decides (-1 = decided here)
         pre: dict[int, Record] = {}  # refused before the fast path
@@ -244,6 +264,14 @@ class Decider:
             if v.reason and not shadow_l[i]:
                 pre[i] = self.pressure_refusal(v, lanes[i], slots[i], now, now)
                 continue
+            if room is not None and not shadow_l[i]:
+                # A batch never waits: what the pool has no room for is
+                # refused. Room is counted per entry sent to the fast path
+                # (one it refuses took none, a small overestimate).
+                if room <= 0:
+                    pre[i] = self.gate_refusal(v, lanes[i], slots[i], now, now)
+                    continue
+                room -= 1
             fast_slots[i] = slots[i]
         out_reason = np.zeros(n, dtype=np.int64)
         out_reserved = np.zeros(n, dtype=np.int64)

@@ -23,6 +23,7 @@ from controlplane.domain.units import NS_PER_MS
 from controlplane.service import records as R
 from controlplane.service.answers import Outcomes
 from controlplane.service.decider import WAITABLE, Decider
+from controlplane.service.gate import PoolGate
 from controlplane.service.queueing import Waiter, WaitQueues
 from controlplane.service.records import Key, Record
 from controlplane.service.stats import AdmissionStats
@@ -42,9 +43,14 @@ class Dispatcher:
         decider: Decider,
         outcomes: Outcomes,
         stats: AdmissionStats,
+        gate: PoolGate,
     ) -> None:
         self.queues = WaitQueues()
         self._tenants = tenants
+        self._gate = gate
+        # Lanes served before all others while the pool gate is on (the
+        # fail-open lanes: premium waits first in line, never behind the rest).
+        self._first_lanes: frozenset[int] = frozenset()
         self._decider = decider
         self._outcomes = outcomes
         self._stats = stats
@@ -60,6 +66,10 @@ class Dispatcher:
     def configured(self) -> None:
         """New lanes, limits or policy: every head may go again."""
         self.queues.set_lanes(self._tenants.by_priority)
+        lanes = self._tenants.by_priority
+        self._first_lanes = frozenset(
+            self.queues.lane_index(lane.name) for lane in lanes if lane.fail_open
+        )
         self._blocked_until.clear()
         self._concurrency_blocked.clear()
         self._shed_blocked.clear()
@@ -100,6 +110,12 @@ class Dispatcher:
         max wait and the caller's own deadline (less a margin), whichever is
         earliest."""
         wait = self._tenants.lanes[lane].wait_target_ms * NS_PER_MS
+        if self._gate.enabled:
+            # held by the gate, a request may wait as long as its lane's SLO
+            # allows; the wait target stays the target for ordering and alerts
+            slo_ms = self._tenants.policy.lane_ttft_slo_ms.get(lane)
+            if slo_ms is not None:
+                wait = max(wait, slo_ms * NS_PER_MS)
         if entry.config.max_wait_ms is not None:
             wait = min(wait, entry.config.max_wait_ms * NS_PER_MS)
         if deadline_ns is not None:
@@ -207,6 +223,17 @@ class Dispatcher:
             and (w.lane_idx, slot) not in self._shed_blocked
         )
 
+    def _eligible_first(self, w: Waiter) -> bool:
+        return w.lane_idx in self._first_lanes and self._eligible(w)
+
+    def _pick(self) -> Waiter | None:
+        q = self.queues
+        if self._gate.enabled and self._first_lanes:
+            w = q.pick(self._eligible_first)
+            if w is not None:
+                return w
+        return q.pick(self._eligible)
+
     def _resolve(self, w: Waiter, rec: Record) -> None:
         self.queues.remove(w)
         self._stats.observe_wait(w.lane, rec[R.DECIDED_NS] - w.arrived_ns)
@@ -222,7 +249,7 @@ class Dispatcher:
         self._now = now
         by_slot = self._tenants.by_slot
         while True:
-            w = q.pick(self._eligible)
+            w = self._pick()
             if w is None:
                 return
             entry = by_slot[w.slot]

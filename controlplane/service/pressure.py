@@ -130,3 +130,15 @@ def load_sample(
         pool, engine_id, batch_tokens, max_batch_tokens, queue_depth, queue_capacity,
         kv_cache_miss_rate, gpu_utilization, now,
     )  # fmt: skip
+
+
+def check_load_extras(
+    requests_running: int | None, max_num_seqs: int | None, kv_cache_usage: float | None
+) -> None:
+    """The optional vLLM fields of a load report, checked at the edge."""
+    if requests_running is not None and requests_running < 0:
+        raise InvalidArgument("requests_running", f"must be >= 0, got {requests_running}")
+    if max_num_seqs is not None and max_num_seqs <= 0:
+        raise InvalidArgument("max_num_seqs", f"must be > 0, got {max_num_seqs}")
+    if kv_cache_usage is not None:
+        check_fraction("kv_cache_usage", kv_cache_usage)

@@ -1,6 +1,6 @@
 """Settlement: a reservation ends with real usage, by expiry, or because its
-caller went away. Each returns the tenant slot it freed (or None), and the
-façade dispatches; nothing here starts a dispatch."""
+caller went away. Each returns the reservation it ended (or None), and the
+façade frees its capacity and dispatches; nothing here starts a dispatch."""
 
 from __future__ import annotations
 
@@ -82,36 +82,35 @@ class Settler:
 
     def apply(
         self, key: Key, rec: Record, actual: int, now: int
-    ) -> tuple[Settlement, int | None]:
+    ) -> tuple[Settlement, Record | None]:
         """Settle the record ``prepare`` returned: refund the unused
-        reservation. Returns the settlement and the slot it freed; if the
-        reservation expired meanwhile (released without a refund) only the
-        answer is built and no slot is freed."""
+        reservation. Returns the settlement and the reservation it ended;
+        if the reservation expired meanwhile (released without a refund)
+        only the answer is built and nothing is freed."""
         reserved = rec[R.RESERVED]
         current = self._log.get(key)
         if current is None or current[R.STATE] != R.OPEN or current[R.RID] != rec[R.RID]:
             return Settlement(key[1], reserved, actual, 0), None
         refunded = self._table.settle(rec[R.SLOT], now, reserved, actual, rec[R.DECIDED_NS])
         self._log.settle(key, current, actual, refunded)
-        return Settlement(key[1], reserved, actual, refunded), rec[R.SLOT]
+        return Settlement(key[1], reserved, actual, refunded), current
 
-    def release_unseen(self, key: Key, now: int) -> int | None:
+    def release_unseen(self, key: Key, now: int) -> Record | None:
         """An admission its caller never learned of (it went away in the same
         moment): nobody will run or settle it, so release it without a
-        charge. Returns the slot freed, None when settled or expired meanwhile."""
+        charge. Returns the reservation ended, None when settled or expired
+        meanwhile."""
         rec = self._log.drop_open(key)
         if rec is None:
             return None
         self._table.release(rec[R.SLOT], now, rec[R.RESERVED])
-        slot: int = rec[R.SLOT]
-        return slot
+        return rec
 
-    def expire(self, now: int) -> list[int]:
+    def expire(self, now: int) -> list[Record]:
         """Release reservations older than the TTL (no refund: the tenant
         keeps paying for what it reserved) and forget old refusals; returns
-        the slots freed, one per reservation."""
-        slots: list[int] = []
-        for rec in self._log.expire(now):
+        the reservations ended."""
+        released = self._log.expire(now)
+        for rec in released:
             self._table.release(rec[R.SLOT], now, rec[R.RESERVED])
-            slots.append(rec[R.SLOT])
-        return slots
+        return released

@@ -175,6 +175,8 @@ class Burstgate:
             POOL, f"engine-{engine.engine_id}", engine.last_batch_tokens if engine.busy else 0,
             p.max_num_batched_tokens, engine.num_waiting, p.max_num_seqs, 0.0,
             1.0 if engine.busy else 0.0,
+            requests_running=engine.num_running, max_num_seqs=p.max_num_seqs,
+            kv_cache_usage=engine.kv_usage,
         )  # fmt: skip
 
     def next_wakeup_ns(self) -> int | None:

@@ -1,0 +1,154 @@
+"""The pool gate (Policy.pool_gate): release a request to a pool only while
+it has room, hold the rest in burstgate's queues, premium first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controlplane.domain import AdmitDecision, Decision
+from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.policy import Policy
+from controlplane.service.queueing import Waiter
+from fastpath import Reason
+
+from .conftest import LANES, tenant
+
+GATE = Policy(pool_gate=True, gate_waiting_per_engine=2, gate_fallback_inflight=2)
+MS = 1_000_000
+
+
+def report(
+    svc: Any,
+    engine: str = "e1",
+    *,
+    waiting: int = 0,
+    running: int | None = None,
+    max_seqs: int | None = None,
+    kv: float | None = None,
+) -> None:
+    svc.report_load("p", engine, 0, 8192, waiting, 256, 0.0, 0.0,
+                    requests_running=running, max_num_seqs=max_seqs, kv_cache_usage=kv)  # fmt: skip
+
+
+def gated(make_service: Any, **policy: Any) -> Any:
+    svc = make_service(tenant(), tenant("vip", default_lane="premium"))
+    svc.apply_config([tenant(), tenant("vip", default_lane="premium")], LANES,
+                     GATE.model_copy(update=policy))  # fmt: skip
+    return svc
+
+
+def test_gate_holds_what_exceeds_the_engines_target_and_counts_its_own_releases(
+    make_service: Any,
+) -> None:
+    svc = gated(make_service)
+    report(svc, waiting=0, running=256, max_seqs=256)  # no free slot: releases will wait
+    a = svc.admit("acme", "a", "", 10, 10, pool="p")
+    b = svc.admit("acme", "b", "", 10, 10, pool="p")
+    c = svc.admit("acme", "c", "", 10, 10, pool="p")
+    assert [x.decision for x in (a, b)] == [Decision.ADMIT, Decision.ADMIT]
+    # two released since the report reach the target of 2 per engine
+    assert (c.decision, c.reason, c.pressure is not None and c.pressure.shed) == (
+        Decision.REJECT, Reason.BACKPRESSURE, True
+    )  # fmt: skip
+    assert c.retry_after_ns > 0
+
+
+def test_free_sequence_slots_absorb_releases(make_service: Any) -> None:
+    svc = gated(make_service)
+    report(svc, waiting=0, running=250, max_seqs=256)  # 6 free slots + 2 waiting allowed
+    out = [svc.admit("acme", f"r{i}", "", 10, 10, pool="p").decision for i in range(10)]
+    assert out == [Decision.ADMIT] * 8 + [Decision.REJECT] * 2
+
+
+def test_a_held_request_is_released_by_the_next_report(make_service: Any, clock: Any) -> None:
+    svc = gated(make_service)
+    report(svc, waiting=5)
+    w = svc.admit_or_wait("acme", "held", "", 10, 10, pool="p")
+    assert isinstance(w, Waiter)
+    got: list[AdmitDecision] = []
+    w.on_done = got.append
+    clock.advance(100 * MS)
+    report(svc, waiting=0)
+    assert [d.decision for d in got] == [Decision.ADMIT]
+    assert got[0].queue_wait_ns == 100 * MS
+
+
+def test_premium_goes_first_when_the_gate_opens(make_service: Any, clock: Any) -> None:
+    svc = gated(make_service, gate_waiting_per_engine=1)
+    # premium has had far more service than standard: weighted fair queueing
+    # alone would now pick standard; the gate serves premium first anyway
+    report(svc, waiting=0, running=0, max_seqs=256)
+    for i in range(5):
+        assert svc.admit("vip", f"early-{i}", "", 500, 500, pool="p").decision == Decision.ADMIT
+    clock.advance(10 * MS)
+    report(svc, waiting=3)
+    order: list[str] = []
+    for tenant_id, rid in (("acme", "std-1"), ("acme", "std-2"), ("vip", "prem-1")):
+        w = svc.admit_or_wait(tenant_id, rid, "", 10, 10, pool="p")
+        assert isinstance(w, Waiter)
+        w.on_done = lambda d, rid=rid: order.append(rid) if d.decision == Decision.ADMIT else None
+    clock.advance(10 * MS)
+    report(svc, waiting=0)  # room for one
+    assert order == ["prem-1"]
+    clock.advance(10 * MS)
+    report(svc, waiting=0)
+    assert order == ["prem-1", "std-1"]
+
+
+def test_premium_waits_up_to_its_slo_not_its_wait_target(make_service: Any, clock: Any) -> None:
+    svc = gated(make_service)
+    report(svc, waiting=5)
+    w = svc.admit_or_wait("vip", "p1", "", 10, 10, pool="p")
+    assert isinstance(w, Waiter)
+    # the premium lane's wait target is 200 ms; its TTFT SLO 1 s bounds the wait
+    assert svc.next_wakeup_ns() == clock() + 1_000 * MS
+
+
+def test_without_reports_a_fallback_concurrency_applies(make_service: Any) -> None:
+    svc = gated(make_service)  # gate_fallback_inflight=2, no report for pool p
+    a, b, c = (svc.admit("acme", r, "", 10, 10, pool="p") for r in ("a", "b", "c"))
+    assert [x.decision for x in (a, b, c)] == [Decision.ADMIT, Decision.ADMIT, Decision.REJECT]
+    svc.complete("acme", "a", 0, 10, 5)
+    assert svc.admit("acme", "d", "", 10, 10, pool="p").decision == Decision.ADMIT
+
+
+def test_every_admit_belongs_to_a_pool(make_service: Any) -> None:
+    svc = gated(make_service)  # no pool named: the default pool's fallback applies
+    out = [svc.admit("acme", r, "", 10, 10).decision for r in ("a", "b", "c")]
+    assert out == [Decision.ADMIT, Decision.ADMIT, Decision.REJECT]
+
+
+def test_a_full_kv_cache_closes_the_gate(make_service: Any) -> None:
+    svc = gated(make_service, gate_kv_usage_threshold=0.9)
+    report(svc, waiting=0, running=10, max_seqs=256, kv=0.95)
+    assert svc.admit("acme", "a", "", 10, 10, pool="p").reason == Reason.BACKPRESSURE
+
+
+def test_a_batch_gets_only_the_room_there_is(make_service: Any) -> None:
+    svc = gated(make_service)
+    report(svc, waiting=0, running=256, max_seqs=256)
+    r = svc.admit_batch(["acme"] * 4, ["a", "b", "c", "d"], [], [10] * 4, [10] * 4, pool="p")
+    assert r.reason == [Reason.OK, Reason.OK, Reason.BACKPRESSURE, Reason.BACKPRESSURE]
+
+
+def test_gate_off_changes_nothing(make_service: Any) -> None:
+    svc = make_service(tenant())
+    report(svc, waiting=1_000, running=256, max_seqs=256, kv=0.99)
+    assert all(
+        svc.admit("acme", f"r{i}", "", 10, 10, pool="p").decision == Decision.ADMIT
+        for i in range(20)
+    )
+
+
+def test_new_load_fields_are_validated(make_service: Any) -> None:
+    svc = make_service(tenant())
+    for kwargs, field in (
+        ({"running": -1}, "requests_running"),
+        ({"max_seqs": 0}, "max_num_seqs"),
+        ({"kv": 1.5}, "kv_cache_usage"),
+    ):
+        with pytest.raises(InvalidArgument) as err:
+            report(svc, **kwargs)
+        assert err.value.field == field
