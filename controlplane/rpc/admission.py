@@ -223,6 +223,11 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             request.queue_capacity,
             request.kv_cache_miss_rate,
             request.gpu_utilization,
+            requests_running=request.requests_running
+            if request.HasField("requests_running")
+            else None,
+            max_num_seqs=request.max_num_seqs if request.HasField("max_num_seqs") else None,
+            kv_cache_usage=request.kv_cache_usage if request.HasField("kv_cache_usage") else None,
         )
         self._waiting.reschedule()
         return pb.LoadReportAck(pool=request.pool, engines_reporting=n)

@@ -630,6 +630,9 @@ class LoadReport(_message.Message):
     QUEUE_CAPACITY_FIELD_NUMBER: _builtins.int
     KV_CACHE_MISS_RATE_FIELD_NUMBER: _builtins.int
     GPU_UTILIZATION_FIELD_NUMBER: _builtins.int
+    REQUESTS_RUNNING_FIELD_NUMBER: _builtins.int
+    MAX_NUM_SEQS_FIELD_NUMBER: _builtins.int
+    KV_CACHE_USAGE_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     """1..128 chars"""
     engine_id: _builtins.str
@@ -646,6 +649,16 @@ class LoadReport(_message.Message):
     """0..1"""
     gpu_utilization: _builtins.float
     """0..1"""
+    requests_running: _builtins.int
+    """vLLM's own signals (its Prometheus metrics vllm:num_requests_running,
+    the engine's max_num_seqs, vllm:kv_cache_usage_perc as a fraction).
+    Optional: when set, the pool gate (Policy.pool_gate) uses them.
+    >= 0
+    """
+    max_num_seqs: _builtins.int
+    """> 0"""
+    kv_cache_usage: _builtins.float
+    """0..1"""
     def __init__(
         self,
         *,
@@ -657,12 +670,26 @@ class LoadReport(_message.Message):
         queue_capacity: _builtins.int = ...,
         kv_cache_miss_rate: _builtins.float = ...,
         gpu_utilization: _builtins.float = ...,
+        requests_running: _builtins.int | None = ...,
+        max_num_seqs: _builtins.int | None = ...,
+        kv_cache_usage: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_cache_usage", b"_kv_cache_usage", "_max_num_seqs", b"_max_num_seqs", "_requests_running", b"_requests_running", "kv_cache_usage", b"kv_cache_usage", "max_num_seqs", b"max_num_seqs", "requests_running", b"requests_running"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_tokens", b"batch_tokens", "engine_id", b"engine_id", "gpu_utilization", b"gpu_utilization", "kv_cache_miss_rate", b"kv_cache_miss_rate", "max_batch_tokens", b"max_batch_tokens", "pool", b"pool", "queue_capacity", b"queue_capacity", "queue_depth", b"queue_depth"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_cache_usage", b"_kv_cache_usage", "_max_num_seqs", b"_max_num_seqs", "_requests_running", b"_requests_running", "batch_tokens", b"batch_tokens", "engine_id", b"engine_id", "gpu_utilization", b"gpu_utilization", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_usage", b"kv_cache_usage", "max_batch_tokens", b"max_batch_tokens", "max_num_seqs", b"max_num_seqs", "pool", b"pool", "queue_capacity", b"queue_capacity", "queue_depth", b"queue_depth", "requests_running", b"requests_running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__kv_cache_usage: _TypeAlias = _typing.Literal["kv_cache_usage"]  # noqa: Y015
+    _WhichOneofArgType__kv_cache_usage: _TypeAlias = _typing.Literal["_kv_cache_usage", b"_kv_cache_usage"]  # noqa: Y015
+    _WhichOneofReturnType__max_num_seqs: _TypeAlias = _typing.Literal["max_num_seqs"]  # noqa: Y015
+    _WhichOneofArgType__max_num_seqs: _TypeAlias = _typing.Literal["_max_num_seqs", b"_max_num_seqs"]  # noqa: Y015
+    _WhichOneofReturnType__requests_running: _TypeAlias = _typing.Literal["requests_running"]  # noqa: Y015
+    _WhichOneofArgType__requests_running: _TypeAlias = _typing.Literal["_requests_running", b"_requests_running"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_cache_usage) -> _WhichOneofReturnType__kv_cache_usage | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_num_seqs) -> _WhichOneofReturnType__max_num_seqs | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_running) -> _WhichOneofReturnType__requests_running | None: ...
 
 Global___LoadReport: _TypeAlias = LoadReport  # noqa: Y015
 
