@@ -74,6 +74,11 @@ class Policy(BaseModel):
     lane_ttft_slo_ms: dict[str, int] = Field(
         default_factory=lambda: {"premium": 1000, "standard": 3000, "batch": 15000}
     )
+    # The share of a lane's TTFT SLO kept for the engine after release: a held
+    # request still waiting after (1 - this) x its SLO is refused instead of
+    # released late (a late answer is worth nothing and takes the engine's
+    # time from requests that can still make it).
+    gate_release_headroom: float = Field(default=0.25, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

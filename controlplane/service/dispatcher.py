@@ -113,9 +113,11 @@ class Dispatcher:
         if self._gate.enabled:
             # held by the gate, a request may wait as long as its lane's SLO
             # allows; the wait target stays the target for ordering and alerts
-            slo_ms = self._tenants.policy.lane_ttft_slo_ms.get(lane)
+            policy = self._tenants.policy
+            slo_ms = policy.lane_ttft_slo_ms.get(lane)
             if slo_ms is not None:
-                wait = max(wait, slo_ms * NS_PER_MS)
+                release_by = int(slo_ms * (1 - policy.gate_release_headroom))
+                wait = max(wait, release_by * NS_PER_MS)
         if entry.config.max_wait_ms is not None:
             wait = min(wait, entry.config.max_wait_ms * NS_PER_MS)
         if deadline_ns is not None:
