@@ -97,13 +97,19 @@ def test_premium_goes_first_when_the_gate_opens(make_service: Any, clock: Any) -
     assert order == ["prem-1", "std-1"]
 
 
-def test_premium_waits_up_to_its_slo_not_its_wait_target(make_service: Any, clock: Any) -> None:
+def test_a_held_request_waits_up_to_its_slo_less_headroom(make_service: Any, clock: Any) -> None:
     svc = gated(make_service)
     report(svc, waiting=5)
     w = svc.admit_or_wait("vip", "p1", "", 10, 10, pool="p")
     assert isinstance(w, Waiter)
-    # the premium lane's wait target is 200 ms; its TTFT SLO 1 s bounds the wait
-    assert svc.next_wakeup_ns() == clock() + 1_000 * MS
+    # the premium lane's wait target is 200 ms; its TTFT SLO (1 s) less the
+    # engine's headroom (25 %) bounds the wait: released by 750 ms or refused
+    assert svc.next_wakeup_ns() == clock() + 750 * MS
+    got: list[AdmitDecision] = []
+    w.on_done = got.append
+    clock.advance(750 * MS)
+    svc.tick()
+    assert [(d.decision, d.reason) for d in got] == [(Decision.REJECT, Reason.QUEUE_TIMEOUT)]
 
 
 def test_without_reports_a_fallback_concurrency_applies(make_service: Any) -> None:
