@@ -67,6 +67,8 @@ class RunStats:
     kv_usage_max: float
     goodput_vs_capacity: float  # overall goodput / the pool's token capacity
     series: dict[str, list[float]] = field(default_factory=dict)
+    # Per lane, the requests that arrived inside an injected burst's window.
+    burst_window: dict[str, GroupStats] = field(default_factory=dict)
 
 
 def _pct(values: list[int], q: float) -> float:
@@ -118,7 +120,14 @@ def jain(values: list[float]) -> float:
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
-def summarise(result: SimResult, load: float, capacity_tokens_per_s: float) -> RunStats:
+def summarise(
+    result: SimResult,
+    load: float,
+    capacity_tokens_per_s: float,
+    window_ns: tuple[int, int] | None = None,
+) -> RunStats:
+    """Everything a run measured; ``window_ns`` = [start, end) of an injected
+    burst, whose arrivals are also reported on their own, per lane."""
     jobs = result.jobs
     open_jobs = [j for j in jobs if j.outcome not in ("served", "refused")]
     if open_jobs:
@@ -127,6 +136,10 @@ def summarise(result: SimResult, load: float, capacity_tokens_per_s: float) -> R
     lanes = {k: group_stats(v, dur) for k, v in sorted(_by(jobs, "lane").items())}
     tenants = {k: group_stats(v, dur) for k, v in sorted(_by(jobs, "tenant").items())}
     overall = group_stats(jobs, dur)
+    burst_window: dict[str, GroupStats] = {}
+    if window_ns is not None:
+        inside = [j for j in jobs if window_ns[0] <= j.req.arrival_ns < window_ns[1]]
+        burst_window = {k: group_stats(v, dur) for k, v in sorted(_by(inside, "lane").items())}
     depth = [sum(s.queue_depth) for s in result.samples]
     kv = [float(np.mean(s.kv_usage)) for s in result.samples]
     return RunStats(
@@ -147,6 +160,7 @@ def summarise(result: SimResult, load: float, capacity_tokens_per_s: float) -> R
         goodput_vs_capacity=overall.goodput_tps / capacity_tokens_per_s
         if capacity_tokens_per_s
         else float("nan"),
+        burst_window=burst_window,
         series={
             "t_s": [s.t_ns / NS_PER_S for s in result.samples],
             "engine_queue": [float(d) for d in depth],
@@ -181,6 +195,19 @@ def to_table(runs: list[RunStats]) -> str:
                 f"{g.gate_wait_p99_ms:,.0f} | {g.engine_wait_p99_ms:,.0f} | "
                 f"{g.refused / max(1, g.requests):.1%} | {g.served_after_refusal} |"
             )
+    windowed = [r for r in runs if r.burst_window]
+    if windowed:
+        lines.append("")
+        lines.append("Requests that arrived inside the injected burst's window:")
+        lines.append("")
+        lines.append("| load | policy | lane | requests | SLO met | refused |")
+        lines.append("|" + "---|" * 6)
+        for r in windowed:
+            for lane, g in r.burst_window.items():
+                lines.append(
+                    f"| {r.load:g}x | {r.policy} | {lane} | {g.requests:,} | "
+                    f"{g.attainment:.1%} | {g.refused / max(1, g.requests):.1%} |"
+                )
     lines.append("")
     lines.append(
         "| load | policy | goodput / capacity | Jain (tenants) | preemptions | "

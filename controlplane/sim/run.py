@@ -33,6 +33,7 @@ from controlplane.sim.trace import (
     scale_to_rate,
 )
 
+NS_PER_S = 1_000_000_000
 BUILTIN_POLICIES = ("fifo", "rate-limit", "burstgate")
 # Also accepted by --policy, not run by default: burstgate with the pool gate
 # on (Policy.pool_gate), while the engine-aware admission work is under way.
@@ -110,5 +111,9 @@ def simulate(spec: SimSpec) -> list[RunStats]:
                 client=ClientModel(retries=spec.retries), seed=spec.seed,
             ).run()  # fmt: skip
             result.capacity_rps = pool_rps
-            runs.append(summarise(result, load, pool_rps * mean_tokens))
+            window = None
+            if spec.burst is not None:
+                start = int(spec.burst.start_s * NS_PER_S)
+                window = (start, start + int(spec.burst.duration_s * NS_PER_S))
+            runs.append(summarise(result, load, pool_rps * mean_tokens, window))
     return runs

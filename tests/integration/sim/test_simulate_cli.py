@@ -84,3 +84,21 @@ def test_default_engine_parameters_file_loads() -> None:
     from controlplane.sim.engine import EngineParams
 
     assert EngineParams.load() == EngineParams()  # engine.yaml matches the defaults
+
+
+def test_simulate_reports_the_burst_window_apart() -> None:
+    result = runner.invoke(
+        app,
+        ["simulate", str(AZURE), "--limit", "400", "--policy", "fifo", "--json",
+         "--burst", "standard:5:5:10"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.output)["runs"][0]
+    window = run["burst_window"]
+    assert set(window) == {"premium", "standard", "batch"}
+    # 5x the standard tenant inside the window: it dominates the window's arrivals
+    assert window["standard"]["requests"] > 2 * (
+        window["premium"]["requests"] + window["batch"]["requests"]
+    )
+    assert run["overall"]["requests"] > 400  # the burst's copies were added
