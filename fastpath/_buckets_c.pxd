@@ -40,6 +40,7 @@ cdef class TokenBucketTable:
     cdef Py_ssize_t _capacity
     cdef int64_t _total_inflight_tokens
     cdef int64_t _global_limit      # watermark on _total_inflight_tokens; 0 = off
+    cdef bint _debt                 # buckets may go one burst into debt
 
     cdef int _grow(self, Py_ssize_t min_capacity) except -1
     cdef BucketSlot* _get(self, int64_t slot) except NULL

@@ -154,6 +154,7 @@ cdef inline void _decide(
     int64_t global_limit,
     int64_t total_inflight,
     bint shadow,
+    bint debt,
     Decision* d,
 ) noexcept nogil:
     # Mirrors _buckets_py._decide.  Inputs are validated: now_ns in [0, MAX_NOW_NS],
@@ -164,7 +165,7 @@ cdef inline void _decide(
     cdef int64_t hourly = s.hourly_quota
     cdef int64_t daily = s.daily_quota
     cdef int64_t cost = 0
-    cdef int64_t need, level
+    cdef int64_t need, level, floor, largest
     cdef int64_t reason = R_OK
     cdef int64_t retry_ns = 0
     _refill(s, now_ns)
@@ -185,8 +186,15 @@ cdef inline void _decide(
     else:
         cost = prompt + estimate
         need = cost * BG_MTOK_PER_TOKEN
+        # the level a request needs: its cost, or with debt 0 (full for one over the burst)
+        if not debt:
+            floor = need
+            largest = s.burst
+        else:
+            floor = 0 if need <= s.burst else s.burst
+            largest = 2 * s.burst  # burst <= 1e15 mtok: no overflow
         if (
-            need > s.burst
+            need > largest
             or (daily > 0 and cost > daily)
             or (hourly > 0 and cost > hourly)
             or (global_limit > 0 and cost > global_limit)
@@ -200,9 +208,9 @@ cdef inline void _decide(
             retry_ns = (s.hour_idx + 1) * BG_NS_PER_HOUR - now_ns
         elif s.max_concurrency > 0 and s.inflight >= s.max_concurrency:
             reason = R_CONCURRENCY
-        elif s.level < need:
+        elif s.level < floor:
             reason = R_TOKEN_RATE
-            retry_ns = _token_wait_ns(s, need, now_ns)
+            retry_ns = _token_wait_ns(s, floor, now_ns)
         elif global_limit > 0 and cost > global_limit - total_inflight:
             # limit - total cannot overflow: both are in [0, 2**63).
             reason = R_GLOBAL_WATERMARK
@@ -274,6 +282,7 @@ cdef class TokenBucketTable:
         self._capacity = <Py_ssize_t>c_capacity
         self._total_inflight_tokens = 0
         self._global_limit = 0
+        self._debt = False
 
     def __dealloc__(self):
         free(self._slots)
@@ -411,6 +420,13 @@ cdef class TokenBucketTable:
         """The global in-flight watermark in tokens, 0 when off."""
         return self._global_limit
 
+    def set_bucket_debt(self, enabled):
+        """Let every bucket go one burst into debt (see ``admit``); off by default."""
+        self._debt = bool(enabled)
+
+    def bucket_debt(self):
+        return bool(self._debt)
+
     cdef tuple _one(self, object slot, object now_ns, object prompt_tokens,
                     object max_tokens, bint shadow):
         cdef int64_t c_slot = _i64(slot)
@@ -425,7 +441,7 @@ cdef class TokenBucketTable:
             raise ValueError(f"max_tokens must be >= 0, got {c_max}")
         _decide(
             self._get(c_slot), c_now, c_prompt, c_max,
-            self._global_limit, self._total_inflight_tokens, shadow, &d,
+            self._global_limit, self._total_inflight_tokens, shadow, self._debt, &d,
         )
         self._total_inflight_tokens += d.reserved
         return (d.reason, d.reserved, d.retry_ns, d.bucket_rem, d.hour_rem, d.day_rem)
@@ -494,7 +510,7 @@ cdef class TokenBucketTable:
             _decide(
                 &self._slots[slot], c_now, prompt[i], max_tokens[i],
                 self._global_limit, self._total_inflight_tokens,
-                has_shadow and shadow[i] != 0, &d,
+                has_shadow and shadow[i] != 0, self._debt, &d,
             )
             out_reason[i] = d.reason
             out_reserved[i] = d.reserved

@@ -206,8 +206,14 @@ def _decide(
     global_limit: int,
     total_inflight: int,
     shadow: bool,
+    debt: bool = False,
 ) -> AdmitResult:
     """One admission decision; charges the slot when the answer is OK, or always in shadow.
+
+    With ``debt`` the bucket may go into debt down to ``-burst``: a request whose cost
+    fits the burst is admitted while the level is non-negative and charged in full; one
+    larger than the burst (up to twice it) waits for a full bucket and is admitted into
+    debt.  Without, the level must cover the cost and a cost over the burst never fits.
 
     ``global_limit`` is the global in-flight watermark in tokens (0 = off) and
     ``total_inflight`` the tokens in flight over all slots before this request.  In shadow
@@ -239,7 +245,10 @@ def _decide(
     else:
         cost = prompt_tokens + estimate
         need = cost * MTOK_PER_TOKEN
-        if need > s.burst or (0 < daily < cost) or (0 < hourly < cost) or (0 < global_limit < cost):
+        # the level a request needs: its cost, or with debt 0 (full for one over the burst)
+        floor = need if not debt else (0 if need <= s.burst else s.burst)
+        largest = s.burst if not debt else 2 * s.burst
+        if need > largest or (0 < daily < cost) or (0 < hourly < cost) or (0 < global_limit < cost):
             reason = _MAX_TOKENS
         elif daily > 0 and s.day_used + cost > daily:
             reason = _DAILY_QUOTA
@@ -249,14 +258,15 @@ def _decide(
             retry_ns = (s.hour_idx + 1) * NS_PER_HOUR - now_ns
         elif s.max_concurrency > 0 and s.inflight >= s.max_concurrency:
             reason = _CONCURRENCY
-        elif s.level < need:
+        elif s.level < floor:
             reason = _TOKEN_RATE
-            retry_ns = _token_wait_ns(s, need, now_ns)
+            retry_ns = _token_wait_ns(s, floor, now_ns)
         elif global_limit > 0 and cost > global_limit - total_inflight:
             # Written so that it cannot overflow in C: total_inflight >= 0.
             reason = _GLOBAL_WATERMARK
     if reason == _OK or shadow:
-        # When OK the level is >= the cost and the floor never binds.
+        # When OK the level is >= the cost (without debt) or the debt stays within one
+        # burst (with), so the floor never binds.
         level = s.level - cost * MTOK_PER_TOKEN
         s.level = level if level > -s.burst else -s.burst
         s.hour_used += cost
@@ -286,7 +296,7 @@ class TokenBucketTable:
     thread-safe: one event loop owns it.
     """
 
-    __slots__ = ("_global_limit", "_slots", "_total_inflight_tokens")
+    __slots__ = ("_debt", "_global_limit", "_slots", "_total_inflight_tokens")
 
     def __init__(self, capacity: int = 64) -> None:
         capacity = _i64(capacity)
@@ -295,6 +305,7 @@ class TokenBucketTable:
         self._slots: list[_Slot | None] = [None] * capacity
         self._total_inflight_tokens = 0
         self._global_limit = 0  # tokens in flight over all slots; 0 = no watermark
+        self._debt = False  # buckets may go one burst into debt (set_bucket_debt)
 
     @property
     def capacity(self) -> int:
@@ -401,6 +412,13 @@ class TokenBucketTable:
         """The global in-flight watermark in tokens, 0 when off."""
         return self._global_limit
 
+    def set_bucket_debt(self, enabled: bool) -> None:
+        """Let every bucket go one burst into debt (see ``admit``); off by default."""
+        self._debt = bool(enabled)
+
+    def bucket_debt(self) -> bool:
+        return self._debt
+
     def _one(
         self, slot: int, now_ns: int, prompt_tokens: int, max_tokens: int, shadow: bool
     ) -> AdmitResult:
@@ -421,6 +439,7 @@ class TokenBucketTable:
             self._global_limit,
             self._total_inflight_tokens,
             shadow,
+            self._debt,
         )
         self._total_inflight_tokens += result[1]
         return result
@@ -516,6 +535,7 @@ class TokenBucketTable:
                 self._global_limit,
                 self._total_inflight_tokens,
                 shadow_list[i] != 0,
+                self._debt,
             )
             for out, value in zip(outs, result, strict=True):
                 out[i] = value

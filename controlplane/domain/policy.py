@@ -43,6 +43,11 @@ class Policy(BaseModel):
 
     # Sum of all tenants' in-flight (reserved) tokens never passes this; 0 = off.
     global_inflight_tokens: int = Field(default=0, ge=0)
+    # Buckets may go one burst into debt: a tenant's own burst is admitted
+    # while its bucket is non-negative (charged in full), and a request over
+    # the burst waits for a full bucket instead of being refused for good.
+    # Off by default for now: exact buckets (the level covers the cost).
+    bucket_debt: bool = False
     # Shadow mode for everyone: decide and count, but admit.
     shadow_mode: bool = False
 

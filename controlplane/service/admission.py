@@ -130,6 +130,7 @@ class AdmissionService:
         directory = self._tenants
         directory.install(tenants, lanes, policy, now)
         self._table.set_global_inflight_limit(policy.global_inflight_tokens)
+        self._table.set_bucket_debt(policy.bucket_debt)
         self._pressure.configure(directory.by_priority, policy, now)
         self._gate.configure(policy)
         self._dispatcher.configured()

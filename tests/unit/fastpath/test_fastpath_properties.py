@@ -169,6 +169,10 @@ class DifferentialMachine(RuleBasedStateMachine):
     def set_global_limit(self, limit: int) -> None:
         self.both("set_global_inflight_limit", limit)
 
+    @rule(enabled=st.booleans())
+    def set_debt(self, enabled: bool) -> None:
+        self.both("set_bucket_debt", enabled)
+
     def _admit(self, slot: int, prompt: int, max_tokens: int) -> None:
         result = self.both("admit", slot, self.now, prompt, max_tokens)
         if result is not None and result[0] == Reason.OK:

@@ -158,3 +158,17 @@ def test_new_load_fields_are_validated(make_service: Any) -> None:
         with pytest.raises(InvalidArgument) as err:
             report(svc, **kwargs)
         assert err.value.field == field
+
+
+def test_bucket_debt_admits_a_tenants_own_burst(make_service: Any) -> None:
+    exact = make_service(tenant(burst_tokens=1_000))
+    debt = make_service(tenant(burst_tokens=1_000))
+    debt.apply_config([tenant(burst_tokens=1_000)], LANES, Policy(bucket_debt=True))
+    for svc, expected in ((exact, [Reason.OK, Reason.TOKEN_RATE]), (debt, [Reason.OK, Reason.OK])):
+        got = [svc.admit("acme", r, "", 300, 300).reason for r in ("a", "b")]
+        assert got == expected
+    # over the burst: refused for good without debt, admitted into debt when full
+    assert exact.admit("acme", "big", "", 1_500, 0).reason == Reason.MAX_TOKENS
+    fresh = make_service(tenant(burst_tokens=1_000))
+    fresh.apply_config([tenant(burst_tokens=1_000)], LANES, Policy(bucket_debt=True))
+    assert fresh.admit("acme", "big", "", 1_500, 0).reason == Reason.OK
