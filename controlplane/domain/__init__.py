@@ -102,6 +102,7 @@ class AdmitDecision:
     degradation: Degradation | None = None
     shadow_reason: int = 0  # Reason the request would have been refused for (shadow mode)
     pressure: Pressure | None = None
+    retryable: bool = False  # a refusal that retrying (after retry_after) may cure
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,16 @@ REASON_TEXT: dict[int, str] = {
 }
 
 
+# Refusals that retrying as is can never cure: the request is too large for
+# some limit, or the tenant is unknown or switched off. Every other refusal
+# names a wait (a refill, a window, a slot, the pool) after which it may pass.
+NOT_RETRYABLE = frozenset({Reason.MAX_TOKENS, Reason.UNKNOWN_TENANT, Reason.TENANT_DISABLED})
+
+
+def retryable(reason: int) -> bool:
+    return reason != _OK and reason not in NOT_RETRYABLE
+
+
 @dataclass(slots=True)
 class BatchResult:
     """Columns answering one AdmitStream message, index i answering request i."""
@@ -52,6 +62,7 @@ class BatchResult:
     pricing_multiplier: float = 1.0  # the batch's pool/model multiplier in force
     degradation: Degradation | None = None  # the pool's instructions, for entries degraded[i]
     pressure: Pressure | None = None  # the pool as the batch saw it
+    retryable: list[bool] | None = None  # entry i: a refusal retrying may cure
 
 
 class Outcomes:
@@ -105,4 +116,5 @@ class Outcomes:
                 "" if freshness == FRESH else policy.stale_policy,
                 bool(rec[R.SHED]),
             ),
+            retryable=retryable(reason),
         )

@@ -28,7 +28,7 @@ import numpy as np
 from controlplane.domain import Degradation, Pressure
 from controlplane.domain.units import NS_PER_MS, PPM
 from controlplane.service import records as R
-from controlplane.service.answers import BatchResult
+from controlplane.service.answers import BatchResult, retryable
 from controlplane.service.gate import PoolGate
 from controlplane.service.pools import FRESH, UNKNOWN
 from controlplane.service.pressure import PressureGate, Verdict
@@ -365,6 +365,7 @@ class Decider:
             duplicate=[i in replayed for i in range(n)] if replayed else [False] * n,
             shadow_reason=list(map(itemgetter(SHADOW_REASON), recs)),
             degraded=degraded,
+            retryable=[retryable(x) for x in reasons],
             pricing_multiplier=multiplier,
             # Per-tenant fallback models are only in unary answers: one batch
             # mixes tenants, and the instructions here are the pool's.

@@ -142,12 +142,7 @@ class Burstgate:
         if d.decision == Decision.ADMIT:
             self.sim.release(job)
             return
-        # a refusal that names a wait is worth retrying; 0 means "do not"
-        # for the size and configuration reasons (see the README's table)
-        retryable = d.reason not in (
-            Reason.MAX_TOKENS, Reason.UNKNOWN_TENANT, Reason.TENANT_DISABLED
-        ) and (d.retry_after_ns > 0 or d.reason == Reason.GLOBAL_WATERMARK)
-        self.sim.refuse(job, Reason(d.reason).name, d.retry_after_ns, retryable)
+        self.sim.refuse(job, Reason(d.reason).name, d.retry_after_ns, d.retryable)
 
     def arrive(self, job: Job) -> None:
         req = job.req

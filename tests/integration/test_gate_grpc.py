@@ -75,3 +75,25 @@ def test_bad_vllm_load_fields_are_refused_and_nothing_is_stored(
         assert srv.on_loop(lambda: srv.plane.service.pools) == {}  # nothing stored
         ack = c.report_load(load(requests_running=3, max_num_seqs=256, kv_cache_usage=0.5))
         assert ack.engines_reporting == 1
+
+
+def test_refusals_carry_retryable_over_grpc(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    add_tenants(
+        migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1), burst_tokens=1_000)
+    )
+    srv = make_server(migrated_url)
+    with AdmissionClient(srv.target) as c:
+        assert not c.admit("acme", "a", prompt_tokens=900, max_tokens=0).retryable  # admitted
+        short = c.admit("acme", "b", prompt_tokens=900, max_tokens=0)
+        assert short.reason == pb.REASON_TOKEN_RATE and short.retryable
+        huge = c.admit("acme", "c", prompt_tokens=5_000, max_tokens=0)
+        assert huge.reason == pb.REASON_MAX_TOKENS and not huge.retryable
+        unknown = c.admit("nobody", "d", prompt_tokens=1, max_tokens=1)
+        assert unknown.reason == pb.REASON_UNKNOWN_TENANT and not unknown.retryable
+        batch = pb.AdmitBatch(batch_id=1, tenant_id=["acme", "acme", "nobody"],
+                              request_id=["e", "f", "g"], prompt_tokens=[900, 5_000, 1],
+                              max_tokens=[0, 0, 1])  # fmt: skip
+        (result,) = list(c.admit_stream(iter([batch])))
+        assert list(result.retryable) == [True, False, False]

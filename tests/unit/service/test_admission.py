@@ -353,3 +353,23 @@ def test_every_record_has_every_field(make_service: Any) -> None:
     assert [r[R.STATE] for r in recs.values() if r is not None] == [
         R.SETTLED, R.REJECTED, R.OPEN, R.REJECTED
     ]  # fmt: skip
+
+
+def test_refusals_say_whether_retrying_can_help(make_service: Any) -> None:
+    """``retryable`` is its own field: retry_after == 0 is not the signal."""
+    svc = make_service(
+        tenant(burst_tokens=1_000, max_tokens_per_request=2_000), tenant("off", enabled=False)
+    )
+    ok = svc.admit("acme", "ok", "", 900, 0)
+    short = svc.admit("acme", "short", "", 900, 0)  # bucket short: wait for the refill
+    huge = svc.admit("acme", "huge", "", 1_500, 0)  # over the burst: never as is
+    unknown = svc.admit("nobody", "x", "", 1, 1)
+    off = svc.admit("off", "y", "", 1, 1)
+    assert [d.retryable for d in (ok, short, huge, unknown, off)] == [
+        False, True, False, False, False
+    ]  # fmt: skip
+    assert short.retry_after_ns > 0 and huge.retry_after_ns == 0
+    batch = svc.admit_batch(["acme", "acme", "nobody"], ["b1", "b2", "b3"], [],
+                            [500, 1_500, 1], [0, 0, 1])  # fmt: skip
+    assert batch.reason[0] == Reason.TOKEN_RATE  # b1: the bucket is still short
+    assert batch.retryable == [True, False, False]

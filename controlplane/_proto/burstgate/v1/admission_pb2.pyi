@@ -288,6 +288,7 @@ class AdmitResponse(_message.Message):
     SHADOW_REASON_FIELD_NUMBER: _builtins.int
     PRESSURE_FIELD_NUMBER: _builtins.int
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    RETRYABLE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     decision: Global___Decision.ValueType
     reason: Global___Reason.ValueType
@@ -310,6 +311,12 @@ class AdmitResponse(_message.Message):
     pricing_multiplier: _builtins.float
     """The pricing multiplier in force for the request's pool and model; the
     ledger bills the multiplier locked here, at admission.
+    """
+    retryable: _builtins.bool
+    """A refusal that the same request may cure by retrying after retry_after
+    (false when admitted, and for MAX_TOKENS, UNKNOWN_TENANT and
+    TENANT_DISABLED: retrying as is cannot help). Read this, not
+    retry_after == 0, to decide whether to retry.
     """
     @_builtins.property
     def retry_after(self) -> _duration_pb2.Duration:
@@ -344,10 +351,11 @@ class AdmitResponse(_message.Message):
         shadow_reason: Global___Reason.ValueType = ...,
         pressure: Global___Pressure | None = ...,
         pricing_multiplier: _builtins.float = ...,
+        retryable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure", "queue_wait", b"queue_wait", "remaining", b"remaining", "retry_after", b"retry_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait", b"queue_wait", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after", b"retry_after", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait", b"queue_wait", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after", b"retry_after", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -549,6 +557,7 @@ class AdmitBatchResult(_message.Message):
     DEGRADATION_FIELD_NUMBER: _builtins.int
     PRESSURE_FIELD_NUMBER: _builtins.int
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    RETRYABLE_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     pricing_multiplier: _builtins.float
     """the batch's pool/model multiplier in force"""
@@ -590,6 +599,10 @@ class AdmitBatchResult(_message.Message):
     def pressure(self) -> Global___Pressure:
         """the pool's pressure when the batch was decided"""
 
+    @_builtins.property
+    def retryable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """see AdmitResponse.retryable"""
+
     def __init__(
         self,
         *,
@@ -609,10 +622,11 @@ class AdmitBatchResult(_message.Message):
         degradation: Global___Degradation | None = ...,
         pressure: Global___Pressure | None = ...,
         pricing_multiplier: _builtins.float = ...,
+        retryable: _abc.Iterable[_builtins.bool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
