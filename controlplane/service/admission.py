@@ -382,7 +382,7 @@ class AdmissionService:
         tokens and its pool's gate may have room."""
         self._dispatcher.slot_freed(rec[R.SLOT])
         if self._gate.enabled and rec[R.POOL]:
-            self._gate.completed(rec[R.POOL])
+            self._gate.completed(rec[R.POOL], self.clock())
             self._dispatcher.pool_reported(rec[R.POOL])
 
     def expire(self) -> int:

@@ -63,9 +63,6 @@ _REJECT = 2  # domain.Decision.REJECT
 WAITABLE = frozenset(
     {Reason.TOKEN_RATE, Reason.CONCURRENCY, Reason.GLOBAL_WATERMARK, Reason.BACKPRESSURE}
 )
-# retry_after of a request the pool gate holds back and that cannot wait
-# (a batch entry, or wait=False): about one load-report interval.
-GATE_RETRY_NS = 100 * NS_PER_MS
 # A batch entry's verdict when its tenant was refused before the pool mattered.
 _NO_VERDICT = Verdict(_OK, 0, 0, UNKNOWN, False, 0)
 
@@ -120,7 +117,7 @@ class Decider:
         if v.reason and not shadow:
             return self.pressure_refusal(v, lane, slot, now, arrived)
         if not shadow and not self._gate.has_room(pool, now):
-            return self.gate_refusal(v, lane, slot, now, arrived)
+            return self.gate_refusal(v, lane, slot, pool, now, arrived)
         if shadow:
             reason, reserved, retry, bucket, hour, day = self._table.charge(
                 slot, now, prompt, max_tokens
@@ -137,12 +134,14 @@ class Decider:
             self._next_reservation += 1
         return rec
 
-    @staticmethod
-    def gate_refusal(v: Verdict, lane: str, slot: int, now: int, arrived: int) -> Record:
+    def gate_refusal(
+        self, v: Verdict, lane: str, slot: int, pool: str, now: int, arrived: int
+    ) -> Record:
         """The pool has no room: held by backpressure, a refusal waiting can
-        cure (every lane, premium included, waits for the gate)."""
+        cure (every lane, premium included, waits for the gate); retry_after
+        is when the pool is predicted to take it."""
         return R.refused(
-            Reason.BACKPRESSURE, GATE_RETRY_NS, lane, slot, now, arrived,
+            Reason.BACKPRESSURE, self._gate.retry_ns(pool, now), lane, slot, now, arrived,
             score_ppm=v.score_ppm, freshness=v.freshness, shed=1,
         )  # fmt: skip
 
@@ -269,7 +268,7 @@ class Decider:
                 # refused. Room is counted per entry sent to the fast path
                 # (one it refuses took none, a small overestimate).
                 if room <= 0:
-                    pre[i] = self.gate_refusal(v, lanes[i], slots[i], now, now)
+                    pre[i] = self.gate_refusal(v, lanes[i], slots[i], pool, now, now)
                     continue
                 room -= 1
             fast_slots[i] = slots[i]

@@ -45,11 +45,20 @@ class EngineLoad:
     kv_usage: float | None = None  # fraction of KV blocks in use
 
 
+# Completions remembered per pool to measure its drain rate.
+DRAIN_WINDOW = 64
+# Bounds of a predicted retry_after (ns).
+MIN_RETRY_NS = 1_000_000
+MAX_RETRY_NS = 30_000_000_000
+
+
 @dataclass(slots=True)
 class _PoolState:
     engines: dict[str, EngineLoad] = field(default_factory=dict)
     releases: deque[int] = field(default_factory=deque)  # release times, newest last
     inflight: int = 0  # released and not yet completed
+    done: deque[int] = field(default_factory=lambda: deque(maxlen=DRAIN_WINDOW))
+    report_gap_ns: int = 0  # typical time between two reports of one engine
 
 
 class PoolGate:
@@ -75,6 +84,11 @@ class PoolGate:
 
     def report(self, pool: str, engine_id: str, load: EngineLoad) -> None:
         state = self._pool(pool)
+        prev = state.engines.get(engine_id)
+        if prev is not None and load.at_ns > prev.at_ns:
+            gap = load.at_ns - prev.at_ns
+            old = state.report_gap_ns
+            state.report_gap_ns = gap if not old else (old + gap) // 2
         state.engines[engine_id] = load
         # releases older than every fresh report are in those reports already
         now = load.at_ns
@@ -88,10 +102,11 @@ class PoolGate:
         state.inflight += 1
         state.releases.append(now)
 
-    def completed(self, pool: str) -> None:
+    def completed(self, pool: str, now: int) -> None:
         state = self._pools.get(pool)
         if state is not None and state.inflight > 0:
             state.inflight -= 1
+            state.done.append(now)
 
     def has_room(self, pool: str, now: int) -> bool:
         """Whether one more request may be released to ``pool`` now."""
@@ -103,10 +118,27 @@ class PoolGate:
         gate is off, no limit)."""
         if not self.enabled:
             return None
+        return max(0, self._room(self._pool(pool), now))
+
+    def retry_ns(self, pool: str, now: int) -> int:
+        """When the pool is predicted to take one more request: the requests
+        it is over its target (at least one) over its measured drain rate
+        (completions per second, the last ``DRAIN_WINDOW``); before any
+        completion was seen, one load-report interval."""
         state = self._pool(pool)
+        over = max(1, 1 - self._room(state, now))
+        done = state.done
+        if len(done) >= 2 and done[-1] > done[0]:
+            wait = over * (done[-1] - done[0]) // (len(done) - 1)
+        else:
+            wait = state.report_gap_ns or MIN_RETRY_NS * 100
+        return min(max(wait, MIN_RETRY_NS), MAX_RETRY_NS)
+
+    def _room(self, state: _PoolState, now: int) -> int:
+        """``room`` before clamping at 0: negative = over the target by that many."""
         fresh = [e for e in state.engines.values() if now - e.at_ns <= self._stale_ns]
         if not fresh:
-            return max(0, self._fallback - state.inflight)
+            return self._fallback - state.inflight
         if any(e.kv_usage is not None and e.kv_usage >= self._kv_threshold for e in fresh):
             return 0  # KV cache nearly full: more work now means preemptions
         # How many more may go before the engines' waiting queues reach the
@@ -118,7 +150,7 @@ class PoolGate:
             room -= e.waiting
             if e.waiting == 0 and e.running is not None and e.max_running is not None:
                 room += max(0, e.max_running - e.running)
-        return max(0, room - len(state.releases))
+        return room - len(state.releases)
 
     def inflight(self, pool: str) -> int:
         state = self._pools.get(pool)

@@ -172,3 +172,21 @@ def test_bucket_debt_admits_a_tenants_own_burst(make_service: Any) -> None:
     fresh = make_service(tenant(burst_tokens=1_000))
     fresh.apply_config([tenant(burst_tokens=1_000)], LANES, Policy(bucket_debt=True))
     assert fresh.admit("acme", "big", "", 1_500, 0).reason == Reason.OK
+
+
+def test_gate_retry_after_is_predicted_from_the_pools_drain_rate(
+    make_service: Any, clock: Any
+) -> None:
+    svc = gated(make_service)  # fallback: 2 in flight per pool, no reports
+    assert all(svc.admit("acme", r, "", 10, 10, pool="p").decision == Decision.ADMIT
+               for r in ("a", "b"))  # fmt: skip
+    first = svc.admit("acme", "early", "", 10, 10, pool="p")
+    assert first.reason == Reason.BACKPRESSURE and first.retryable
+    assert first.retry_after_ns == 100 * MS  # nothing measured yet: a report interval
+    for done, new in (("a", "c"), ("b", "d")):
+        clock.advance(250 * MS)
+        svc.complete("acme", done, 0, 10, 5)
+        assert svc.admit("acme", new, "", 10, 10, pool="p").decision == Decision.ADMIT
+    # the pool completed one request every 250 ms: that is when it takes the next
+    late = svc.admit("acme", "late", "", 10, 10, pool="p")
+    assert (late.reason, late.retry_after_ns) == (Reason.BACKPRESSURE, 250 * MS)
