@@ -280,9 +280,12 @@ class Dispatcher:
         """Answer waiters whose deadline passed with QUEUE_TIMEOUT."""
         for w in self.queues.expired(now):
             blocked = self._blocked_until.get(w.slot, 0) - now
-            retry = (
-                blocked if blocked > 0 else self._tenants.lanes[w.lane].wait_target_ms * NS_PER_MS
-            )
+            if blocked > 0:  # its bucket refills then
+                retry = blocked
+            elif (w.lane_idx, w.slot) in self._shed_blocked and self._gate.enabled:
+                retry = self._gate.retry_ns(w.pool, now)  # when its pool takes more
+            else:
+                retry = self._tenants.lanes[w.lane].wait_target_ms * NS_PER_MS
             rec = R.refused(Reason.QUEUE_TIMEOUT, retry, w.lane, w.slot, now, w.arrived_ns)
             self._stats.observe_wait(w.lane, now - w.arrived_ns)
             w.done = True

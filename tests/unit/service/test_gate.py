@@ -190,3 +190,24 @@ def test_gate_retry_after_is_predicted_from_the_pools_drain_rate(
     # the pool completed one request every 250 ms: that is when it takes the next
     late = svc.admit("acme", "late", "", 10, 10, pool="p")
     assert (late.reason, late.retry_after_ns) == (Reason.BACKPRESSURE, 250 * MS)
+
+
+def test_a_gate_timeout_predicts_when_the_pool_takes_more(make_service: Any, clock: Any) -> None:
+    svc = gated(make_service)  # fallback: 2 in flight, no reports
+    for r in ("a", "b"):
+        assert svc.admit("acme", r, "", 10, 10, pool="p").decision == Decision.ADMIT
+    clock.advance(400 * MS)
+    svc.complete("acme", "a", 0, 10, 5)
+    svc.admit("acme", "c", "", 10, 10, pool="p")
+    clock.advance(400 * MS)
+    svc.complete("acme", "b", 0, 10, 5)
+    svc.admit("acme", "d", "", 10, 10, pool="p")  # full again; drain: one per 400 ms
+    w = svc.admit_or_wait("acme", "held", "", 10, 10, pool="p")
+    assert isinstance(w, Waiter)
+    got: list[AdmitDecision] = []
+    w.on_done = got.append
+    clock.advance(3_000 * MS)  # the standard lane's SLO (3 s) less headroom passes
+    svc.tick()
+    assert [(d.reason, d.retry_after_ns, d.retryable) for d in got] == [
+        (Reason.QUEUE_TIMEOUT, 400 * MS, True)
+    ]
