@@ -232,4 +232,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             kv_cache_usage=request.kv_cache_usage if request.HasField("kv_cache_usage") else None,
         )
         self._waiting.reschedule()
-        return pb.LoadReportAck(pool=request.pool, engines_reporting=n)
+        load, evict_below = self._svc.eviction_advice(request.pool)
+        return pb.LoadReportAck(
+            pool=request.pool, engines_reporting=n, load=load, evict_below_reuse_per_s=evict_below
+        )

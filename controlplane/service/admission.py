@@ -61,7 +61,12 @@ from controlplane.service.decider import Decider, early_reason
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import check_admit, check_batch
 from controlplane.service.gate import DEFAULT_POOL, EngineLoad, PoolGate
-from controlplane.service.pressure import PressureGate, check_load_extras, load_sample
+from controlplane.service.pressure import (
+    PressureGate,
+    check_load_extras,
+    eviction_advice,
+    load_sample,
+)
 from controlplane.service.pricing import FlatPricing, Pricing
 from controlplane.service.queueing import Waiter
 from controlplane.service.records import Key, Record, RequestLog
@@ -444,6 +449,12 @@ class AdmissionService:
         self._dispatcher.pool_reported(pool)
         self._dispatcher.dispatch(now)
         return fresh
+
+    def eviction_advice(self, pool: str) -> tuple[float, float]:
+        """(the pool's load, the KV-cache reuse rate per second under which its
+        engines should evict), answered with each load report."""
+        load = self._pressure.views(self.clock()).get(pool, (0.0, 0, False))[0]
+        return load, eviction_advice(load)
 
     def pool_views(self) -> dict[str, tuple[float, int, bool]]:
         """pool -> (backpressure score, freshness, degraded), for operators."""

@@ -142,3 +142,18 @@ def check_load_extras(
         raise InvalidArgument("max_num_seqs", f"must be > 0, got {max_num_seqs}")
     if kv_cache_usage is not None:
         check_fraction("kv_cache_usage", kv_cache_usage)
+
+
+# Adaptive KV-cache eviction advice by load (SPEC section 2): (load above,
+# evict blocks reused less than this many times per second), first match.
+EVICTION_STEPS: tuple[tuple[float, float], ...] = ((0.85, 0.05), (0.50, 0.15))
+EVICTION_DEFAULT = 0.30
+
+
+def eviction_advice(load: float) -> float:
+    """Reuse rate (per second) under which an engine should evict cached
+    blocks, given its pool's load: the busier, the more it keeps."""
+    for above, rate in EVICTION_STEPS:
+        if load > above:
+            return rate
+    return EVICTION_DEFAULT

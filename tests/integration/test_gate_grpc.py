@@ -97,3 +97,18 @@ def test_refusals_carry_retryable_over_grpc(
                               max_tokens=[0, 0, 1])  # fmt: skip
         (result,) = list(c.admit_stream(iter([batch])))
         assert list(result.retryable) == [True, False, False]
+
+
+def test_load_report_answers_with_eviction_advice(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    srv = make_server(migrated_url)
+    with AdmissionClient(srv.target) as c:
+        idle = c.report_load(load())
+        assert (idle.load, idle.evict_below_reuse_per_s) == (0.0, 0.30)
+        busy = c.report_load(load(batch_tokens=8192, queue_depth=512, queue_capacity=256,
+                                  kv_cache_miss_rate=0.9))  # fmt: skip
+        assert busy.load > 0.85 and busy.evict_below_reuse_per_s == 0.05
+        # the advice is the pool's: a second, idle engine halves its load
+        half = c.report_load(load(engine_id="e1"))
+        assert 0.5 < half.load < 0.85 and half.evict_below_reuse_per_s == 0.15

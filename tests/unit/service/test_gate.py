@@ -211,3 +211,11 @@ def test_a_gate_timeout_predicts_when_the_pool_takes_more(make_service: Any, clo
     assert [(d.reason, d.retry_after_ns, d.retryable) for d in got] == [
         (Reason.QUEUE_TIMEOUT, 400 * MS, True)
     ]
+
+
+def test_eviction_advice_steps_with_load() -> None:
+    from controlplane.service.pressure import eviction_advice
+
+    assert [eviction_advice(x) for x in (0.0, 0.5, 0.51, 0.85, 0.86, 1.0)] == [
+        0.30, 0.30, 0.15, 0.15, 0.05, 0.05
+    ]  # fmt: skip

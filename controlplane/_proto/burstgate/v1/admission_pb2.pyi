@@ -713,18 +713,29 @@ class LoadReportAck(_message.Message):
 
     POOL_FIELD_NUMBER: _builtins.int
     ENGINES_REPORTING_FIELD_NUMBER: _builtins.int
+    EVICT_BELOW_REUSE_PER_S_FIELD_NUMBER: _builtins.int
+    LOAD_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     engines_reporting: _builtins.int
     """engines of this pool with a fresh report"""
+    evict_below_reuse_per_s: _builtins.float
+    """Adaptive KV-cache eviction advice (SPEC section 2): evict cached blocks
+    reused less often than this many times per second, by the pool's load
+    (its backpressure score): > 0.85: 0.05/s; > 0.50: 0.15/s; else 0.30/s.
+    """
+    load: _builtins.float
+    """the pool's backpressure score the advice is for"""
     def __init__(
         self,
         *,
         pool: _builtins.str = ...,
         engines_reporting: _builtins.int = ...,
+        evict_below_reuse_per_s: _builtins.float = ...,
+        load: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines_reporting", b"engines_reporting", "pool", b"pool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines_reporting", b"engines_reporting", "evict_below_reuse_per_s", b"evict_below_reuse_per_s", "load", b"load", "pool", b"pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
