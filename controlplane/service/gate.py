@@ -61,6 +61,9 @@ class _PoolState:
     report_gap_ns: int = 0  # typical time between two reports of one engine
 
 
+_EMPTY = _PoolState()  # read-only stand-in for a pool nobody released to yet
+
+
 class PoolGate:
     def __init__(self, stale_ns: int) -> None:
         self._stale_ns = stale_ns
@@ -118,14 +121,15 @@ class PoolGate:
         gate is off, no limit)."""
         if not self.enabled:
             return None
-        return max(0, self._room(self._pool(pool), now))
+        # asking creates nothing: only releases and reports make a pool's state
+        return max(0, self._room(self._pools.get(pool) or _EMPTY, now))
 
     def retry_ns(self, pool: str, now: int) -> int:
         """When the pool is predicted to take one more request: the requests
         it is over its target (at least one) over its measured drain rate
         (completions per second, the last ``DRAIN_WINDOW``); before any
         completion was seen, one load-report interval."""
-        state = self._pool(pool)
+        state = self._pools.get(pool) or _EMPTY
         over = max(1, 1 - self._room(state, now))
         done = state.done
         if len(done) >= 2 and done[-1] > done[0]:
