@@ -26,15 +26,11 @@ import time
 from collections.abc import Callable
 from decimal import Decimal
 
-from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.domain import DEFAULT_LANES, TenantConfig
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
 
-LANES = [
-    LaneConfig("premium", 0, Decimal("0.40"), 200, True, False),
-    LaneConfig("standard", 1, Decimal("0.45"), 800, False, True),
-    LaneConfig("batch", 2, Decimal("0.15"), 5000, False, True),
-]
+LANES = list(DEFAULT_LANES)
 TENANTS = 100
 
 

@@ -35,6 +35,15 @@ class LaneConfig:
     max_queued: int | None = None  # None = the policy's lane_queue_limit
 
 
+# The SPEC's default lanes (section 1), as the first migration seeds them and
+# controlplane/demo.yaml lists them: for harnesses that run without a database.
+DEFAULT_LANES = (
+    LaneConfig("premium", 0, Decimal("0.40"), 200, True, False),
+    LaneConfig("standard", 1, Decimal("0.45"), 800, False, True),
+    LaneConfig("batch", 2, Decimal("0.15"), 5000, False, True),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TenantConfig:
     """A tenant's limits; ``None`` means unlimited."""

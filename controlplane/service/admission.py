@@ -453,7 +453,7 @@ class AdmissionService:
     def eviction_advice(self, pool: str) -> tuple[float, float]:
         """(the pool's load, the KV-cache reuse rate per second under which its
         engines should evict), answered with each load report."""
-        load = self._pressure.views(self.clock()).get(pool, (0.0, 0, False))[0]
+        load = self._pressure.score(pool, self.clock())
         return load, eviction_advice(load)
 
     def pool_views(self) -> dict[str, tuple[float, int, bool]]:

@@ -25,7 +25,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from controlplane.domain import Degradation, Pressure
+from controlplane.domain import Decision, Degradation, Pressure
 from controlplane.domain.units import NS_PER_MS, PPM
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult, retryable
@@ -55,8 +55,8 @@ from fastpath import Reason, TokenBucketTable
 
 _OK = int(Reason.OK)
 _CONCURRENCY = int(Reason.CONCURRENCY)
-_ADMIT = 1  # domain.Decision.ADMIT
-_REJECT = 2  # domain.Decision.REJECT
+_ADMIT = int(Decision.ADMIT)
+_REJECT = int(Decision.REJECT)
 
 # Refusals that waiting can cure: the tenant's bucket refills, a slot frees,
 # in-flight tokens drain, the pool's load drops. Quotas and sizes cannot.

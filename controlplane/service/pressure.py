@@ -88,6 +88,11 @@ class PressureGate:
         assert self._policy is not None, "configure() first"
         return self.book.report(sample, self._policy)
 
+    def score(self, pool: str, now: int) -> float:
+        """The pool's backpressure score (0 for a pool that never reported)."""
+        view, _ = self.book.view(pool, now)
+        return 0.0 if view is None else view.score_ppm / PPM
+
     def views(self, now: int) -> dict[str, tuple[float, int, bool]]:
         """pool -> (backpressure score, freshness, degraded), for operators."""
         out: dict[str, tuple[float, int, bool]] = {}

@@ -37,7 +37,9 @@ from typing import Any
 
 import yaml
 
-NS_PER_US = 1_000
+from controlplane.domain.units import NS_PER_S
+
+NS_PER_US = NS_PER_S // 1_000_000
 DEFAULT_PARAMS_FILE = Path(__file__).with_name("engine.yaml")
 
 

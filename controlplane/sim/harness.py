@@ -22,10 +22,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from controlplane.domain.units import NS_PER_S
 from controlplane.sim.engine import Engine, EngineParams, Pool, SimRequest
 from controlplane.sim.trace import TraceRequest
-
-NS_PER_S = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)

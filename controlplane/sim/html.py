@@ -22,7 +22,15 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from controlplane.analysis.plots import DPI, to_png
-from controlplane.sim.report import GroupStats, RunStats, to_json
+from controlplane.sim.report import (
+    LANE_HEAD,
+    SUMMARY_HEAD,
+    GroupStats,
+    RunStats,
+    lane_cells,
+    summary_cells,
+    to_json,
+)
 
 PANEL = (4.4, 3.3)  # inches per panel; three panels a row fill ~1000 px
 MAX_COLS = 3
@@ -42,14 +50,6 @@ img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
 .meta{color:#666}code{background:#f4f4f4;padding:0 .2rem}
 """
 
-LANE_HEAD = (
-    "load", "policy", "lane", "SLO met", "goodput tok/s", "TTFT p50/p99 ms",
-    "gate wait p99 ms", "engine wait p99 ms", "refused", "served after refusal",
-)  # fmt: skip
-SUMMARY_HEAD = (
-    "load", "policy", "goodput / capacity", "Jain (tenants)", "preemptions",
-    "engine queue max / mean", "KV usage mean / max",
-)  # fmt: skip
 
 
 T = TypeVar("T")
@@ -67,24 +67,7 @@ def _group(run: RunStats, lane: str) -> GroupStats | None:
     return run.overall if lane == "all" else run.lanes.get(lane)
 
 
-# ---- tables: the cells of to_table(), formatted the same way ----
-
-
-def lane_cells(r: RunStats, lane: str, g: GroupStats) -> tuple[str, ...]:
-    return (
-        f"{r.load:g}x", r.policy, lane, f"{g.attainment:.1%}", f"{g.goodput_tps:,.0f}",
-        f"{g.ttft_p50_ms:,.0f} / {g.ttft_p99_ms:,.0f}", f"{g.gate_wait_p99_ms:,.0f}",
-        f"{g.engine_wait_p99_ms:,.0f}", f"{g.refused / max(1, g.requests):.1%}",
-        str(g.served_after_refusal),
-    )  # fmt: skip
-
-
-def summary_cells(r: RunStats) -> tuple[str, ...]:
-    return (
-        f"{r.load:g}x", r.policy, f"{r.goodput_vs_capacity:.0%}", f"{r.jain_fairness:.3f}",
-        f"{r.preemptions:,}", f"{r.engine_queue_max:,} / {r.engine_queue_mean:,.1f}",
-        f"{r.kv_usage_mean:.0%} / {r.kv_usage_max:.0%}",
-    )  # fmt: skip
+# ---- tables: the cells of to_table() (report.py), as HTML ----
 
 
 def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:

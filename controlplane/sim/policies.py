@@ -22,8 +22,15 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from controlplane.domain import AdmitDecision, Decision, LaneConfig, TenantConfig
+from controlplane.domain import (
+    DEFAULT_LANES,
+    AdmitDecision,
+    Decision,
+    LaneConfig,
+    TenantConfig,
+)
 from controlplane.domain.policy import Policy
+from controlplane.domain.units import NS_PER_S
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
 from controlplane.sim.engine import Engine, Pool
@@ -31,14 +38,8 @@ from controlplane.sim.harness import Job, Simulation
 from controlplane.sim.trace import TraceRequest
 from fastpath import Reason
 
-NS_PER_S = 1_000_000_000
 POOL = "sim-pool"
 
-DEFAULT_LANES = (
-    LaneConfig("premium", 0, Decimal("0.40"), 200, True, False),
-    LaneConfig("standard", 1, Decimal("0.45"), 800, False, True),
-    LaneConfig("batch", 2, Decimal("0.15"), 5000, False, True),
-)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,11 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 
+from controlplane.domain.units import NS_PER_MS, NS_PER_S
 from controlplane.sim.harness import Job, SimResult
-
-NS_PER_S = 1_000_000_000
-NS_PER_MS = 1_000_000
 
 
 @dataclass(slots=True)
@@ -179,22 +176,45 @@ def to_json(runs: list[RunStats], *, series: bool = False) -> str:
     return json.dumps({"runs": out}, indent=2, default=float)
 
 
+# The comparison tables' columns and cells: the terminal table and the HTML
+# report print the very same strings.
+LANE_HEAD = (
+    "load", "policy", "lane", "SLO met", "goodput tok/s", "TTFT p50/p99 ms",
+    "gate wait p99 ms", "engine wait p99 ms", "refused", "served after refusal",
+)  # fmt: skip
+SUMMARY_HEAD = (
+    "load", "policy", "goodput / capacity", "Jain (tenants)", "preemptions",
+    "engine queue max / mean", "KV usage mean / max",
+)  # fmt: skip
+
+
+def lane_cells(r: RunStats, lane: str, g: GroupStats) -> tuple[str, ...]:
+    return (
+        f"{r.load:g}x", r.policy, lane, f"{g.attainment:.1%}", f"{g.goodput_tps:,.0f}",
+        f"{g.ttft_p50_ms:,.0f} / {g.ttft_p99_ms:,.0f}", f"{g.gate_wait_p99_ms:,.0f}",
+        f"{g.engine_wait_p99_ms:,.0f}", f"{g.refused / max(1, g.requests):.1%}",
+        str(g.served_after_refusal),
+    )  # fmt: skip
+
+
+def summary_cells(r: RunStats) -> tuple[str, ...]:
+    return (
+        f"{r.load:g}x", r.policy, f"{r.goodput_vs_capacity:.0%}", f"{r.jain_fairness:.3f}",
+        f"{r.preemptions:,}", f"{r.engine_queue_max:,} / {r.engine_queue_mean:,.1f}",
+        f"{r.kv_usage_mean:.0%} / {r.kv_usage_max:.0%}",
+    )  # fmt: skip
+
+
+def _row(cells: tuple[str, ...]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def to_table(runs: list[RunStats]) -> str:
     """One row per run and lane: the figures the issue asks to compare."""
-    head = (
-        "| load | policy | lane | SLO met | goodput tok/s | TTFT p50/p99 ms | "
-        "gate wait p99 ms | engine wait p99 ms | refused | served after refusal |"
-    )
-    lines = [head, "|" + "---|" * 10]
+    lines = [_row(LANE_HEAD), "|" + "---|" * len(LANE_HEAD)]
     for r in runs:
-        groups = [*r.lanes.items(), ("all", r.overall)]
-        for lane, g in groups:
-            lines.append(
-                f"| {r.load:g}x | {r.policy} | {lane} | {g.attainment:.1%} | "
-                f"{g.goodput_tps:,.0f} | {g.ttft_p50_ms:,.0f} / {g.ttft_p99_ms:,.0f} | "
-                f"{g.gate_wait_p99_ms:,.0f} | {g.engine_wait_p99_ms:,.0f} | "
-                f"{g.refused / max(1, g.requests):.1%} | {g.served_after_refusal} |"
-            )
+        for lane, g in [*r.lanes.items(), ("all", r.overall)]:
+            lines.append(_row(lane_cells(r, lane, g)))
     windowed = [r for r in runs if r.burst_window]
     if windowed:
         lines.append("")
@@ -209,19 +229,7 @@ def to_table(runs: list[RunStats]) -> str:
                     f"{g.attainment:.1%} | {g.refused / max(1, g.requests):.1%} |"
                 )
     lines.append("")
-    lines.append(
-        "| load | policy | goodput / capacity | Jain (tenants) | preemptions | "
-        "engine queue max / mean | KV usage mean / max |"
-    )
-    lines.append("|" + "---|" * 7)
-    for r in runs:
-        lines.append(
-            f"| {r.load:g}x | {r.policy} | {r.goodput_vs_capacity:.0%} | {r.jain_fairness:.3f} | "
-            f"{r.preemptions:,} | {r.engine_queue_max:,} / {r.engine_queue_mean:,.1f} | "
-            f"{r.kv_usage_mean:.0%} / {r.kv_usage_max:.0%} |"
-        )
+    lines.append(_row(SUMMARY_HEAD))
+    lines.append("|" + "---|" * len(SUMMARY_HEAD))
+    lines.extend(_row(summary_cells(r)) for r in runs)
     return "\n".join(lines)
-
-
-def as_dict(r: RunStats) -> dict[str, Any]:
-    return asdict(r)

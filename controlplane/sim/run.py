@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.domain.policy import Policy
+from controlplane.domain.units import NS_PER_S
 from controlplane.sim.engine import EngineParams
 from controlplane.sim.harness import (
     DEFAULT_TENANTS,
@@ -33,7 +34,6 @@ from controlplane.sim.trace import (
     scale_to_rate,
 )
 
-NS_PER_S = 1_000_000_000
 BUILTIN_POLICIES = ("fifo", "rate-limit", "burstgate")
 # Also accepted by --policy, not run by default: burstgate with the pool gate
 # on (Policy.pool_gate), while the engine-aware admission work is under way.

@@ -41,7 +41,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-NS_PER_S = 1_000_000_000
+from controlplane.domain.units import NS_PER_S
+
 _UNIT_NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 _TIME_UNITS = frozenset({*_UNIT_NS, "datetime", "auto"})
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
