@@ -226,6 +226,7 @@ def setup_sched(module: Any, op: str, flows: int, seed: int, cap: int) -> Setup:
         queue = fair_queue(module, flows, seed)
         pick, charge = queue.pick, queue.charge
         score = module.backpressure_score_ppm
+        weights = (400_000, 300_000, 300_000, 400_000)  # alpha, beta, gamma, delta
 
         def run(n: int) -> int:
             items = work[:n]
@@ -244,7 +245,7 @@ def setup_sched(module: Any, op: str, flows: int, seed: int, cap: int) -> Setup:
                     charge(pick(), cost)
             elif op == "score":
                 for batch, depth in items:
-                    score(batch, 4_096, depth, 1_000, 250_000, 400_000, 300_000, 300_000)
+                    score(batch, 4_096, depth, 1_000, 250_000, 600_000, *weights)
             else:  # loop only: the cost of iterating the (flow, cost) pairs
                 for _flow, _cost in items:
                     pass

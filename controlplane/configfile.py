@@ -73,9 +73,7 @@ def load(path: Path) -> ConfigFile:
         raise InvalidArgument(f"{path}:{where}", first["msg"]) from exc
 
 
-def apply(
-    repo: ConfigRepository, cfg: ConfigFile, actor: Actor | None = None
-) -> tuple[int, int]:
+def apply(repo: ConfigRepository, cfg: ConfigFile, actor: Actor | None = None) -> tuple[int, int]:
     """Upsert lanes then tenants, each audited as ``actor`` (default
     ``local:<os user>``). Returns (tenants created, tenants updated)."""
     lanes = [LaneConfig(**spec.model_dump()) for spec in cfg.lanes]

@@ -77,7 +77,7 @@ def create_server(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     admission = AdmissionServicer(service, waiting, metering=ledger)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, server)
@@ -174,9 +174,7 @@ class ControlPlane:
             from controlplane.telemetry.ledger_metrics import LedgerCollector
 
             assert pricing is not None
-            self.metering = Metering(
-                self.service, settings, pricing, on_health=self._ledger_health
-            )
+            self.metering = Metering(self.service, settings, pricing, on_health=self._ledger_health)
             self.metrics_collectors.append(LedgerCollector(self.metering))
 
     async def load_config(self) -> bool:
@@ -248,9 +246,7 @@ class ControlPlane:
             max_message_bytes=self.settings.max_message_bytes,
             waiting=self.waiting,
             interceptors=self._interceptors(),
-            admin=AdminServicer(
-                self, self.repo, self.key_store, self.key_cache, self.audit_log
-            ),
+            admin=AdminServicer(self, self.repo, self.key_store, self.key_cache, self.audit_log),
             credentials=self._credentials(),
             ledger=self.metering,
         )
@@ -354,8 +350,10 @@ class ControlPlane:
         because the database is unreachable (Admit keeps serving)."""
         if self._health is None:
             return
-        status = health_pb2.HealthCheckResponse.SERVING if ok else (
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ok
+            else (health_pb2.HealthCheckResponse.NOT_SERVING)
         )
         task = asyncio.get_running_loop().create_task(self._health.set(LEDGER_SERVICE, status))
         self._ledger_health_tasks.add(task)

@@ -11,9 +11,11 @@ def backpressure_score_ppm(
     queue_depth: int,
     queue_capacity: int,
     miss_ppm: int,
+    kv_ppm: int,
     alpha_ppm: int,
     beta_ppm: int,
     gamma_ppm: int,
+    delta_ppm: int,
 ) -> int: ...
 def backpressure_retry_ns(
     score_ppm: int, target_ppm: int, drain_ppm_per_s: int, cap_ns: int

@@ -71,42 +71,53 @@ def backpressure_score_ppm(
     queue_depth,
     queue_capacity,
     miss_ppm,
+    kv_ppm,
     alpha_ppm,
     beta_ppm,
     gamma_ppm,
+    delta_ppm,
 ):
-    """``B = alpha * batch/max_batch + beta * depth/capacity + gamma * miss``, in ppm."""
+    """The weighted mean of the load signals present (miss/kv -1 = absent), in ppm."""
     cdef int64_t batch = _i64(batch_tokens)
     cdef int64_t max_batch = _i64(max_batch_tokens)
     cdef int64_t depth = _i64(queue_depth)
     cdef int64_t capacity = _i64(queue_capacity)
     cdef int64_t miss = _i64(miss_ppm)
+    cdef int64_t kv = _i64(kv_ppm)
     cdef int64_t alpha = _i64(alpha_ppm)
     cdef int64_t beta = _i64(beta_ppm)
     cdef int64_t gamma = _i64(gamma_ppm)
-    cdef int64_t r_batch, r_queue
+    cdef int64_t delta = _i64(delta_ppm)
+    cdef int64_t r_batch, r_queue, total, weights
     if batch < 0:
         raise ValueError(f"batch_tokens must be >= 0, got {batch}")
     _check_range("max_batch_tokens", max_batch, 1, BG_MAX_BACKPRESSURE_CAPACITY)
     if depth < 0:
         raise ValueError(f"queue_depth must be >= 0, got {depth}")
     _check_range("queue_capacity", capacity, 1, BG_MAX_BACKPRESSURE_CAPACITY)
-    _check_range("miss_ppm", miss, 0, BG_PPM)
+    _check_range("miss_ppm", miss, -1, BG_PPM)
+    _check_range("kv_ppm", kv, -1, BG_PPM)
     _check_range("alpha_ppm", alpha, 0, BG_PPM)
     _check_range("beta_ppm", beta, 0, BG_PPM)
     _check_range("gamma_ppm", gamma, 0, BG_PPM)
-    if alpha + beta + gamma != BG_PPM:
-        raise ValueError(
-            f"alpha_ppm + beta_ppm + gamma_ppm must be {BG_PPM}, "
-            f"got {alpha} + {beta} + {gamma}"
-        )
+    _check_range("delta_ppm", delta, 0, BG_PPM)
     if batch > max_batch:
         batch = max_batch
     if depth > capacity:
         depth = capacity
     r_batch = batch * BG_PPM // max_batch  # <= 1e18
     r_queue = depth * BG_PPM // capacity
-    return (alpha * r_batch + beta * r_queue + gamma * miss) // BG_PPM  # sum <= 1e12
+    total = alpha * r_batch + beta * r_queue  # every sum <= 4e12
+    weights = alpha + beta
+    if miss >= 0:
+        total += gamma * miss
+        weights += gamma
+    if kv >= 0:
+        total += delta * kv
+        weights += delta
+    if weights == 0:
+        return 0
+    return total // weights
 
 
 def backpressure_retry_ns(score_ppm, target_ppm, drain_ppm_per_s, cap_ns):

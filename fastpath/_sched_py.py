@@ -10,7 +10,8 @@ range check; then each is validated, in the same order in both builds, with a
 ``ValueError`` that names it.  Every division has a non-negative dividend and a positive
 divisor, where C's truncating division equals Python's flooring one.
 
-* ``backpressure_score_ppm``: SPEC section 2's score B from an engine pool's load report.
+* ``backpressure_score_ppm``: SPEC section 2's score B from an engine pool's load report,
+  renormalised over the signals the report carries.
 * ``backpressure_retry_ns``: how long until a draining pool's score is back at a target.
 * ``shed_threshold_ppm``: the score at which a sheddable lane starts being held.
 * ``FairQueue``: virtual-time fair queueing over small-integer flows (lanes by weight,
@@ -67,42 +68,61 @@ def backpressure_score_ppm(
     queue_depth: int,
     queue_capacity: int,
     miss_ppm: int,
+    kv_ppm: int,
     alpha_ppm: int,
     beta_ppm: int,
     gamma_ppm: int,
+    delta_ppm: int,
 ) -> int:
-    """``B = alpha * batch/max_batch + beta * depth/capacity + gamma * miss``, in ppm.
+    """The weighted mean of the load signals present, in ppm:
 
-    Each ratio is clamped to [0, PPM] (a batch or queue past its nominal size counts as
-    full) and floored to whole ppm; the weights must sum to PPM, so B is in [0, PPM].
+    ``B = (alpha*batch/max_batch + beta*depth/capacity + gamma*miss + delta*kv)
+    / (the weights of the terms present)``.
+
+    ``miss_ppm`` (prefix-cache miss rate) and ``kv_ppm`` (KV-cache usage) may be -1 for
+    "not reported": their weights then leave the denominator, so the score reaches 1.0
+    with the signals an engine really has. With every weight 0 among the present terms
+    the score is 0 (no signal). With SPEC section 2's weights (alpha + beta + gamma = 1),
+    a miss rate and no KV usage, this is the SPEC's ``alpha*batch + beta*queue +
+    gamma*miss`` exactly. Each ratio is clamped to [0, PPM] (a batch or queue past its
+    nominal size counts as full) and floored to whole ppm; the mean is floored once.
     """
     batch_tokens = _i64(batch_tokens)
     max_batch_tokens = _i64(max_batch_tokens)
     queue_depth = _i64(queue_depth)
     queue_capacity = _i64(queue_capacity)
     miss_ppm = _i64(miss_ppm)
+    kv_ppm = _i64(kv_ppm)
     alpha_ppm = _i64(alpha_ppm)
     beta_ppm = _i64(beta_ppm)
     gamma_ppm = _i64(gamma_ppm)
+    delta_ppm = _i64(delta_ppm)
     if batch_tokens < 0:
         raise ValueError(f"batch_tokens must be >= 0, got {batch_tokens}")
     _check_range("max_batch_tokens", max_batch_tokens, 1, MAX_BACKPRESSURE_CAPACITY)
     if queue_depth < 0:
         raise ValueError(f"queue_depth must be >= 0, got {queue_depth}")
     _check_range("queue_capacity", queue_capacity, 1, MAX_BACKPRESSURE_CAPACITY)
-    _check_range("miss_ppm", miss_ppm, 0, PPM)
+    _check_range("miss_ppm", miss_ppm, -1, PPM)
+    _check_range("kv_ppm", kv_ppm, -1, PPM)
     _check_range("alpha_ppm", alpha_ppm, 0, PPM)
     _check_range("beta_ppm", beta_ppm, 0, PPM)
     _check_range("gamma_ppm", gamma_ppm, 0, PPM)
-    if alpha_ppm + beta_ppm + gamma_ppm != PPM:
-        raise ValueError(
-            f"alpha_ppm + beta_ppm + gamma_ppm must be {PPM}, "
-            f"got {alpha_ppm} + {beta_ppm} + {gamma_ppm}"
-        )
+    _check_range("delta_ppm", delta_ppm, 0, PPM)
     # min(x, cap) * PPM <= 1e18: in int64 for caps up to MAX_BACKPRESSURE_CAPACITY.
     r_batch = min(batch_tokens, max_batch_tokens) * PPM // max_batch_tokens
     r_queue = min(queue_depth, queue_capacity) * PPM // queue_capacity
-    return (alpha_ppm * r_batch + beta_ppm * r_queue + gamma_ppm * miss_ppm) // PPM
+    total = alpha_ppm * r_batch + beta_ppm * r_queue  # every sum <= 4e12
+    weights = alpha_ppm + beta_ppm
+    if miss_ppm >= 0:
+        total += gamma_ppm * miss_ppm
+        weights += gamma_ppm
+    if kv_ppm >= 0:
+        total += delta_ppm * kv_ppm
+        weights += delta_ppm
+    if weights == 0:
+        return 0
+    return total // weights
 
 
 def backpressure_retry_ns(

@@ -132,8 +132,6 @@ def parse_limit(value: str | None, name: str) -> tuple[bool, int | None]:
         fail(f"{name}: not an integer or 'unlimited': {value!r}")
 
 
-
-
 def settings(**overrides: Any) -> Any:
     from controlplane.settings import Settings
 

@@ -37,7 +37,8 @@ def simulate(
         list[str] | None,
         typer.Option(
             "--policy",
-            help="fifo, rate-limit, burstgate (repeat; default: these three), burstgate-gate.",
+            help="fifo, rate-limit, burstgate (repeat; default: these three); "
+            "burstgate-ungated (the pool gate off).",
         ),
     ] = None,
     config: Annotated[

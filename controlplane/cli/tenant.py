@@ -174,7 +174,6 @@ def _tenants(ctx: typer.Context) -> Iterator[Any]:
         engine.dispose()
 
 
-
 TENANT_COLS = (
     "tenant_id", "enabled", "token_rate", "burst_tokens", "hourly_quota", "daily_quota",
     "max_concurrency", "default_lane", "shadow_mode",

@@ -129,8 +129,12 @@ class LoadSample:
     engine_id: str
     batch_tokens: int
     max_batch_tokens: int
-    queue_depth: int
-    queue_capacity: int
-    kv_cache_miss_rate: float
+    queue_depth: int  # requests waiting (vLLM: num_requests_waiting)
+    queue_capacity: int  # 0 = unbounded (vLLM): pressure measured against the gate's target
+    kv_cache_miss_rate: float | None  # prefix-cache miss rate; None = not measured
     gpu_utilization: float
     received_ns: int
+    # vLLM's own signals, when the engine reports them
+    requests_running: int | None = None  # num_requests_running
+    max_num_seqs: int | None = None  # the engine's max_num_seqs
+    kv_cache_usage: float | None = None  # kv_cache_usage_perc, as a fraction

@@ -20,11 +20,18 @@ from controlplane.domain.errors import InvalidArgument
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # B = alpha*batch_tokens/max_batch_tokens + beta*queue_depth/queue_capacity
-    #   + gamma*kv_cache_miss_rate  (SPEC section 2; alpha + beta + gamma = 1)
+    # B = (alpha*batch_tokens/max_batch_tokens + beta*queue_depth/queue_capacity
+    #   + gamma*kv_cache_miss_rate + delta*kv_cache_usage) / (the weights of the
+    # signals the reports carry). With a miss rate and no KV usage that is SPEC
+    # section 2's formula (alpha + beta + gamma = 1); an engine without a
+    # bounded queue (vLLM) has its queue measured against the gate's target
+    # (gate_waiting_per_engine). README, "The backpressure score".
     bp_alpha: float = Field(default=0.4, ge=0, le=1)
     bp_beta: float = Field(default=0.3, ge=0, le=1)
     bp_gamma: float = Field(default=0.3, ge=0, le=1)
+    # KV-cache usage, the signal that says most about an engine's room: weighted
+    # as much as the batch.
+    bp_delta: float = Field(default=0.4, ge=0, le=1)
     # Between soft and hard the lowest lanes are held in their queues, lowest
     # first; above hard, non-premium lanes are refused with BACKPRESSURE.
     bp_soft_threshold: float = Field(default=0.70, ge=0, le=1)
@@ -64,7 +71,7 @@ class Policy(BaseModel):
     # burstgate, in lane and fairness order, while the engine pool is
     # saturated, instead of letting them into the engines' FIFO queues. Off
     # by default until the engine-aware admission work is measured done.
-    pool_gate: bool = False
+    pool_gate: bool = True
     # Saturated = the engines' waiting requests (reported, plus releases since
     # the reports) reach this many per reporting engine.
     gate_waiting_per_engine: int = Field(default=2, ge=1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -19,7 +19,6 @@ from controlplane.service.waiting import WaitingRoom
 
 if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
-
 
 
 def _duration(ns: int) -> Duration:
@@ -223,16 +222,19 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             request.max_batch_tokens,
             request.queue_depth,
             request.queue_capacity,
-            request.kv_cache_miss_rate,
+            _optional(request, "kv_cache_miss_rate"),
             request.gpu_utilization,
-            requests_running=request.requests_running
-            if request.HasField("requests_running")
-            else None,
-            max_num_seqs=request.max_num_seqs if request.HasField("max_num_seqs") else None,
-            kv_cache_usage=request.kv_cache_usage if request.HasField("kv_cache_usage") else None,
+            requests_running=_optional(request, "requests_running"),
+            max_num_seqs=_optional(request, "max_num_seqs"),
+            kv_cache_usage=_optional(request, "kv_cache_usage"),
         )
         self._waiting.reschedule()
         load, evict_below = self._svc.eviction_advice(request.pool)
         return pb.LoadReportAck(
             pool=request.pool, engines_reporting=n, load=load, evict_below_reuse_per_s=evict_below
         )
+
+
+def _optional(message: Any, name: str) -> Any:
+    """An optional (explicit-presence) field's value, None when unset."""
+    return getattr(message, name) if message.HasField(name) else None

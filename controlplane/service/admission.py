@@ -60,10 +60,9 @@ from controlplane.service.answers import BatchResult, Outcomes
 from controlplane.service.decider import Decider, early_reason
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import check_admit, check_batch
-from controlplane.service.gate import DEFAULT_POOL, EngineLoad, PoolGate
+from controlplane.service.gate import DEFAULT_POOL, PoolGate
 from controlplane.service.pressure import (
     PressureGate,
-    check_load_extras,
     eviction_advice,
     load_sample,
 )
@@ -424,7 +423,7 @@ class AdmissionService:
         max_batch_tokens: int,
         queue_depth: int,
         queue_capacity: int,
-        kv_cache_miss_rate: float,
+        kv_cache_miss_rate: float | None,
         gpu_utilization: float,
         *,
         requests_running: int | None = None,
@@ -432,20 +431,21 @@ class AdmissionService:
         kv_cache_usage: float | None = None,
     ) -> int:
         """Store an engine's load report; returns the pool's fresh engine count.
-        The keyword fields are vLLM's own (``num_requests_running``, its
-        ``max_num_seqs``, ``kv_cache_usage_perc`` as a fraction); the pool
-        gate uses them when given."""
+        ``queue_capacity`` 0 = the engine's queue is unbounded (vLLM's);
+        ``kv_cache_miss_rate`` None = not measured. The keyword fields are
+        vLLM's own (``num_requests_running``, its ``max_num_seqs``,
+        ``kv_cache_usage_perc`` as a fraction); the gate and the score use
+        them when given. InvalidArgument names a bad field; nothing is stored."""
         now = self.clock()
-        check_load_extras(requests_running, max_num_seqs, kv_cache_usage)
         sample = load_sample(
             pool, engine_id, batch_tokens, max_batch_tokens, queue_depth, queue_capacity,
-            kv_cache_miss_rate, gpu_utilization, now,
+            kv_cache_miss_rate, gpu_utilization, now, requests_running, max_num_seqs,
+            kv_cache_usage,
         )  # fmt: skip
         fresh = self._pressure.report(sample)
-        self._gate.report(pool, engine_id, EngineLoad(
-            queue_depth, now, requests_running, max_num_seqs, kv_cache_usage
-        ))  # fmt: skip
-        self.pricing.observe_load(pool, kv_cache_miss_rate, now)  # the pool's pricing window
+        self._gate.report(sample)
+        if kv_cache_miss_rate is not None:  # the pool's pricing window
+            self.pricing.observe_load(pool, kv_cache_miss_rate, now)
         self._dispatcher.pool_reported(pool)
         self._dispatcher.dispatch(now)
         return fresh

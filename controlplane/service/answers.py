@@ -106,9 +106,7 @@ class Outcomes:
             queue_wait_ns=rec[R.DECIDED_NS] - rec[R.ARRIVED_NS],
             degradation=None
             if not cap
-            else Degradation(
-                cap, policy.degrade_page_tokens, self._tenants.fallback_model(key[0])
-            ),
+            else Degradation(cap, policy.degrade_page_tokens, self._tenants.fallback_model(key[0])),
             shadow_reason=rec[R.SHADOW_REASON],
             pressure=Pressure(
                 rec[R.SCORE_PPM] / PPM,

@@ -101,8 +101,7 @@ class Dispatcher:
         passed over by another tenant's request: it takes nothing of theirs."""
         q = self.queues
         return bool(
-            q.total
-            and (q.per_tenant.get(slot) or self._watermark_blocked or self._shed_blocked)
+            q.total and (q.per_tenant.get(slot) or self._watermark_blocked or self._shed_blocked)
         )
 
     def max_wait_ns(self, entry: Tenant, lane: str, now: int, deadline_ns: int | None) -> int:

@@ -29,20 +29,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from controlplane.domain import LoadSample
 from controlplane.domain.policy import Policy
 
 DEFAULT_POOL = "default"  # the pool of an Admit that names none
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """One engine's last report, in vLLM's terms (None = not reported)."""
-
-    waiting: int
-    at_ns: int
-    running: int | None = None
-    max_running: int | None = None  # the engine's max_num_seqs
-    kv_usage: float | None = None  # fraction of KV blocks in use
 
 
 # Completions remembered per pool to measure its drain rate.
@@ -54,7 +44,7 @@ MAX_RETRY_NS = 30_000_000_000
 
 @dataclass(slots=True)
 class _PoolState:
-    engines: dict[str, EngineLoad] = field(default_factory=dict)
+    engines: dict[str, LoadSample] = field(default_factory=dict)
     releases: deque[int] = field(default_factory=deque)  # release times, newest last
     inflight: int = 0  # released and not yet completed
     done: deque[int] = field(default_factory=lambda: deque(maxlen=DRAIN_WINDOW))
@@ -85,17 +75,19 @@ class PoolGate:
             state = self._pools[pool] = _PoolState()
         return state
 
-    def report(self, pool: str, engine_id: str, load: EngineLoad) -> None:
-        state = self._pool(pool)
-        prev = state.engines.get(engine_id)
-        if prev is not None and load.at_ns > prev.at_ns:
-            gap = load.at_ns - prev.at_ns
+    def report(self, load: LoadSample) -> None:
+        state = self._pool(load.pool)
+        prev = state.engines.get(load.engine_id)
+        now = load.received_ns
+        if prev is not None and now > prev.received_ns:
+            gap = now - prev.received_ns
             old = state.report_gap_ns
             state.report_gap_ns = gap if not old else (old + gap) // 2
-        state.engines[engine_id] = load
+        state.engines[load.engine_id] = load
         # releases older than every fresh report are in those reports already
-        now = load.at_ns
-        fresh = [e.at_ns for e in state.engines.values() if now - e.at_ns <= self._stale_ns]
+        fresh = [
+            e.received_ns for e in state.engines.values() if now - e.received_ns <= self._stale_ns
+        ]
         oldest = min(fresh, default=now)
         while state.releases and state.releases[0] <= oldest:
             state.releases.popleft()
@@ -140,10 +132,11 @@ class PoolGate:
 
     def _room(self, state: _PoolState, now: int) -> int:
         """``room`` before clamping at 0: negative = over the target by that many."""
-        fresh = [e for e in state.engines.values() if now - e.at_ns <= self._stale_ns]
+        fresh = [e for e in state.engines.values() if now - e.received_ns <= self._stale_ns]
         if not fresh:
             return self._fallback - state.inflight
-        if any(e.kv_usage is not None and e.kv_usage >= self._kv_threshold for e in fresh):
+        kv_full = self._kv_threshold
+        if any(e.kv_cache_usage is not None and e.kv_cache_usage >= kv_full for e in fresh):
             return 0  # KV cache nearly full: more work now means preemptions
         # How many more may go before the engines' waiting queues reach the
         # target. An engine that reports its running requests and its
@@ -151,9 +144,9 @@ class PoolGate:
         # what exceeds that room will wait; otherwise every release counts.
         room = self._per_engine * len(fresh)
         for e in fresh:
-            room -= e.waiting
-            if e.waiting == 0 and e.running is not None and e.max_running is not None:
-                room += max(0, e.max_running - e.running)
+            room -= e.queue_depth
+            if e.queue_depth == 0 and e.requests_running is not None and e.max_num_seqs:
+                room += max(0, e.max_num_seqs - e.requests_running)
         return room - len(state.releases)
 
     def inflight(self, pool: str) -> int:

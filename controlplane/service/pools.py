@@ -2,8 +2,9 @@
 
 Each engine's latest report is kept; on every report the pool's aggregate is
 recomputed (sums over the engines whose reports are fresh) and scored by the
-fast path's ``backpressure_score_ppm``. Decisions read the cached aggregate,
-so scoring costs nothing per request. Everything is integer ppm (1.0 =
+fast path's ``backpressure_score_ppm``, renormalised over the signals
+present. Decisions read the cached aggregate, so scoring costs nothing per
+request. Everything is integer ppm (1.0 =
 1,000,000) like the fast path.
 """
 
@@ -15,9 +16,7 @@ from controlplane.domain import LoadSample
 from controlplane.domain.policy import Policy
 from controlplane.domain.units import NS_PER_S, PPM
 from fastpath import backpressure_score_ppm
-
-# The fast path's bound on batch tokens (keeps its ppm products in int64).
-MAX_BATCH = 10**12
+from fastpath.codes import MAX_BACKPRESSURE_CAPACITY
 
 # Freshness of a pool's view (same numbers as burstgate.v1.PoolFreshness).
 FRESH = 1
@@ -50,6 +49,34 @@ class Pool:
         return [s for s in self.engines.values() if now_ns - s.received_ns <= stale_ns]
 
 
+def pool_score_ppm(fresh: list[LoadSample], policy: Policy) -> int:
+    """The backpressure score of a pool's fresh reports: the weighted mean of
+    the signals present (README, "The backpressure score"). Sums over the
+    engines, so a big engine weighs more; an engine without a bounded queue
+    (``queue_capacity`` 0, vLLM) counts the gate's per-engine target as its
+    capacity; the prefix-cache miss rate is weighted by batch capacity over
+    the engines that measure it, KV usage averaged over those that report it,
+    and a signal no engine reports leaves the mean."""
+    cap = MAX_BACKPRESSURE_CAPACITY
+    batch = min(sum(s.batch_tokens for s in fresh), cap)
+    max_batch = min(sum(s.max_batch_tokens for s in fresh), cap)
+    depth = min(sum(s.queue_depth for s in fresh), cap)
+    capacity = min(sum(s.queue_capacity or policy.gate_waiting_per_engine for s in fresh), cap)
+    measured = [s for s in fresh if s.kv_cache_miss_rate is not None]
+    miss = -1
+    if measured:
+        weight = sum(s.max_batch_tokens for s in measured)
+        miss = ppm(
+            sum((s.kv_cache_miss_rate or 0.0) * s.max_batch_tokens for s in measured) / weight
+        )
+    usage = [s.kv_cache_usage for s in fresh if s.kv_cache_usage is not None]
+    kv = ppm(sum(usage) / len(usage)) if usage else -1
+    return backpressure_score_ppm(
+        batch, max_batch, depth, capacity, miss, kv,
+        ppm(policy.bp_alpha), ppm(policy.bp_beta), ppm(policy.bp_gamma), ppm(policy.bp_delta),
+    )  # fmt: skip
+
+
 # Weight of the newest drain-rate sample in the EWMA: half, so one noisy
 # report cannot swing the retry_after hint on its own.
 DRAIN_EWMA_NEW = 0.5
@@ -74,19 +101,9 @@ class PoolBook:
         view = pool.view
         old_score, old_ns = view.score_ppm, view.last_report_ns
         if fresh:
-            batch = sum(s.batch_tokens for s in fresh)
-            max_batch = sum(s.max_batch_tokens for s in fresh)
+            view.score_ppm = pool_score_ppm(fresh, policy)
             depth = sum(s.queue_depth for s in fresh)
-            capacity = sum(s.queue_capacity for s in fresh)
-            # KV-cache miss rate weighted by each engine's batch capacity.
-            miss = sum(s.kv_cache_miss_rate * s.max_batch_tokens for s in fresh) / max_batch
             gpu = sum(s.gpu_utilization for s in fresh) / len(fresh)
-            alpha, beta = ppm(policy.bp_alpha), ppm(policy.bp_beta)
-            # gamma as the remainder so the weights sum to exactly 1e6 ppm
-            view.score_ppm = backpressure_score_ppm(
-                min(batch, MAX_BATCH), min(max_batch, MAX_BATCH), depth, capacity, ppm(miss),
-                alpha, beta, PPM - alpha - beta,
-            )  # fmt: skip
             view.degraded = depth > policy.degrade_queue_depth or gpu > policy.degrade_gpu_util
         else:
             view.score_ppm = 0

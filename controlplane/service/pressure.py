@@ -19,6 +19,7 @@ from controlplane.domain.units import NS_PER_S, PPM
 from controlplane.domain.validate import check_fraction, check_id
 from controlplane.service.pools import FRESH, UNKNOWN, PoolBook, ppm
 from fastpath import Reason, backpressure_retry_ns, shed_threshold_ppm
+from fastpath.codes import MAX_BACKPRESSURE_CAPACITY
 
 _OK = int(Reason.OK)
 
@@ -79,8 +80,11 @@ class PressureGate:
         drain = view.drain_ppm_per_s if view is not None and freshness == FRESH else 0
         retry = backpressure_retry_ns(score, shed_at, drain, self._cap_ns)
         # Between the lane's shed threshold and the hard one the request may
-        # wait for the pool to drain; above the hard threshold it is refused.
-        return Verdict(Reason.BACKPRESSURE, retry, score, freshness, score < self._hard_ppm, cap)
+        # wait for the pool to drain; above the hard threshold it is refused,
+        # unless the pool gate is on: then it waits too, and is refused only
+        # when it can no longer be released in time for its SLO.
+        shed = score < self._hard_ppm or policy.pool_gate
+        return Verdict(Reason.BACKPRESSURE, retry, score, freshness, shed, cap)
 
     def report(self, sample: LoadSample) -> int:
         """Store a validated report and rescore its pool; returns the pool's
@@ -114,39 +118,43 @@ def load_sample(
     max_batch_tokens: int,
     queue_depth: int,
     queue_capacity: int,
-    kv_cache_miss_rate: float,
+    kv_cache_miss_rate: float | None,
     gpu_utilization: float,
     now: int,
+    requests_running: int | None = None,
+    max_num_seqs: int | None = None,
+    kv_cache_usage: float | None = None,
 ) -> LoadSample:
-    """A load report checked at the edge (InvalidArgument names the field)."""
+    """A load report checked at the edge with the fast path's real bounds
+    (InvalidArgument names the field; nothing is stored before this passes)."""
     check_id("pool", pool)
     check_id("engine_id", engine_id)
-    if batch_tokens < 0:
-        raise InvalidArgument("batch_tokens", f"must be >= 0, got {batch_tokens}")
-    if max_batch_tokens <= 0:
-        raise InvalidArgument("max_batch_tokens", f"must be > 0, got {max_batch_tokens}")
-    if queue_depth < 0:
-        raise InvalidArgument("queue_depth", f"must be >= 0, got {queue_depth}")
-    if queue_capacity <= 0:
-        raise InvalidArgument("queue_capacity", f"must be > 0, got {queue_capacity}")
-    check_fraction("kv_cache_miss_rate", kv_cache_miss_rate)
+    _check_count("batch_tokens", batch_tokens, 0)
+    _check_count("max_batch_tokens", max_batch_tokens, 1)
+    _check_count("queue_depth", queue_depth, 0)
+    _check_count("queue_capacity", queue_capacity, 0)
+    if kv_cache_miss_rate is not None:
+        check_fraction("kv_cache_miss_rate", kv_cache_miss_rate)
     check_fraction("gpu_utilization", gpu_utilization)
+    if requests_running is not None:
+        _check_count("requests_running", requests_running, 0)
+    if max_num_seqs is not None:
+        _check_count("max_num_seqs", max_num_seqs, 1)
+    if kv_cache_usage is not None:
+        check_fraction("kv_cache_usage", kv_cache_usage)
     return LoadSample(
         pool, engine_id, batch_tokens, max_batch_tokens, queue_depth, queue_capacity,
-        kv_cache_miss_rate, gpu_utilization, now,
+        kv_cache_miss_rate, gpu_utilization, now, requests_running, max_num_seqs, kv_cache_usage,
     )  # fmt: skip
 
 
-def check_load_extras(
-    requests_running: int | None, max_num_seqs: int | None, kv_cache_usage: float | None
-) -> None:
-    """The optional vLLM fields of a load report, checked at the edge."""
-    if requests_running is not None and requests_running < 0:
-        raise InvalidArgument("requests_running", f"must be >= 0, got {requests_running}")
-    if max_num_seqs is not None and max_num_seqs <= 0:
-        raise InvalidArgument("max_num_seqs", f"must be > 0, got {max_num_seqs}")
-    if kv_cache_usage is not None:
-        check_fraction("kv_cache_usage", kv_cache_usage)
+def _check_count(field: str, value: int, low: int) -> None:
+    # The fast path scores sums of these in int64 ppm: a count above
+    # MAX_BACKPRESSURE_CAPACITY is not a real engine's and is refused here.
+    if not (low <= value <= MAX_BACKPRESSURE_CAPACITY):
+        raise InvalidArgument(
+            field, f"must be between {low} and {MAX_BACKPRESSURE_CAPACITY}, got {value}"
+        )
 
 
 # Adaptive KV-cache eviction advice by load (SPEC section 2): (load above,

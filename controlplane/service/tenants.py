@@ -33,9 +33,7 @@ class Tenant:
 
 
 class TenantDirectory:
-    def __init__(
-        self, table: TokenBucketTable, policy: Policy, default_tenant: str | None
-    ) -> None:
+    def __init__(self, table: TokenBucketTable, policy: Policy, default_tenant: str | None) -> None:
         self._table = table
         self.policy = policy
         self.lanes: dict[str, LaneConfig] = {}

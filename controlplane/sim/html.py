@@ -51,7 +51,6 @@ img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
 """
 
 
-
 T = TypeVar("T")
 
 

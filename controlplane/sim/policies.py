@@ -41,7 +41,6 @@ from fastpath import Reason
 POOL = "sim-pool"
 
 
-
 @dataclass(frozen=True, slots=True)
 class TenantRates:
     """A tenant's mean rates over the scaled trace."""
@@ -165,11 +164,11 @@ class Burstgate:
 
     def report(self, engine: Engine) -> None:
         p = engine.p
-        # vLLM has no queue capacity; the old ReportLoad asks for one: the
-        # engine's max_num_seqs stands in (documented in docs/simulate.md).
+        # What a vLLM sidecar reports: an unbounded waiting queue (capacity
+        # 0), no prefix-cache miss rate (the model has no prefix cache).
         self.svc.report_load(
             POOL, f"engine-{engine.engine_id}", engine.last_batch_tokens if engine.busy else 0,
-            p.max_num_batched_tokens, engine.num_waiting, p.max_num_seqs, 0.0,
+            p.max_num_batched_tokens, engine.num_waiting, 0, None,
             1.0 if engine.busy else 0.0,
             requests_running=engine.num_running, max_num_seqs=p.max_num_seqs,
             kv_cache_usage=engine.kv_usage,

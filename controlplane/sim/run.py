@@ -36,8 +36,8 @@ from controlplane.sim.trace import (
 
 BUILTIN_POLICIES = ("fifo", "rate-limit", "burstgate")
 # Also accepted by --policy, not run by default: burstgate with the pool gate
-# on (Policy.pool_gate), while the engine-aware admission work is under way.
-EXTRA_POLICIES = ("burstgate-gate",)
+# off (Policy.pool_gate=false), what the default was before the gate.
+EXTRA_POLICIES = ("burstgate-ungated",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +78,10 @@ def make_policy(name: str, spec: SimSpec, scaled: list[TraceRequest]) -> Admissi
         return Fifo()
     if name == "rate-limit":
         return RequestRateLimit(rates, spec.rate_factor, spec.burst_s)
-    if name in ("burstgate", "burstgate-gate"):
+    if name in ("burstgate", "burstgate-ungated"):
         lanes = {t.name: t.lane for t in spec.tenants}
         tenants = default_tenant_configs(rates, lanes, spec.rate_factor, spec.burst_s)
-        policy = Policy(pool_gate=True) if name == "burstgate-gate" else None
+        policy = Policy(pool_gate=False) if name == "burstgate-ungated" else None
         return Burstgate(tenants, policy=policy, name=name)
     known = ", ".join((*BUILTIN_POLICIES, *EXTRA_POLICIES))
     raise ValueError(f"policy: unknown {name!r}; known: {known}")

@@ -91,9 +91,7 @@ class KeyStore:
             s.flush()
         return before, _info(row)
 
-    def create_key(
-        self, name: str, role: Role, actor: Actor | None = None
-    ) -> tuple[str, KeyInfo]:
+    def create_key(self, name: str, role: Role, actor: Actor | None = None) -> tuple[str, KeyInfo]:
         """Create a key, audited; returns (the key to show once, its info)."""
         actor = actor or local_actor()
         with Session(self.engine) as s, s.begin():

@@ -77,9 +77,7 @@ class Tenant(Base):
     # goes to the lowest lane. NULL = the policy's long_request_tokens.
     long_request_tokens: Mapped[int | None] = mapped_column(BigInteger, default=None)
     # server_default: rows that existed before migration 0002 get True.
-    demote_long_requests: Mapped[bool] = mapped_column(
-        Boolean, default=True, server_default=true()
-    )
+    demote_long_requests: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow

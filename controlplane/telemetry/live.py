@@ -11,16 +11,13 @@ that the scrape thread only reads.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controlplane.clock import Sleep, real_sleep
-from controlplane.domain import LoadSample
-from controlplane.domain.policy import Policy
 from controlplane.service import AdmissionService
 from fastpath.codes import NS_PER_DAY, NS_PER_HOUR
 
@@ -71,43 +68,20 @@ def tenant_live(service: AdmissionService, tenant_id: str) -> TenantLive:
     )
 
 
-def _engine_reports(service: AdmissionService) -> dict[str, list[LoadSample]]:
-    """pool -> latest report per engine. ``service.pools`` maps a pool to its
-    engines (a dict, or an object with ``.engines`` in older services)."""
-    out: dict[str, list[LoadSample]] = {}
-    pools: Mapping[str, Any] = service.pools
-    for name, pool in pools.items():
-        engines = pool if isinstance(pool, Mapping) else pool.engines
-        out[name] = list(engines.values())
-    return out
-
-
-def spec_score(fresh: Sequence[LoadSample], policy: Policy) -> float:
-    """SPEC section 2's B over a pool's fresh reports (sums, so a big engine
-    weighs more); 0 when none reports."""
-    if not fresh:
-        return 0.0
-    batch = sum(s.batch_tokens for s in fresh) / sum(s.max_batch_tokens for s in fresh)
-    queue = sum(s.queue_depth for s in fresh) / sum(s.queue_capacity for s in fresh)
-    miss = sum(s.kv_cache_miss_rate for s in fresh) / len(fresh)
-    return policy.bp_alpha * batch + policy.bp_beta * queue + policy.bp_gamma * miss
-
-
 def pools_live(service: AdmissionService) -> list[PoolLive]:
-    """Every pool that reported: fresh engines, backpressure, pricing multiplier.
-    The backpressure score is the service's own (``pool_views()``) when it
-    scores pools, else :func:`spec_score`. Loop thread only."""
+    """Every pool that reported: fresh engines, the service's own backpressure
+    score (``pool_views()``), pricing multiplier. Loop thread only."""
     now = service.clock()
     stale_ns = int(service.settings.load_report_stale_s * 1_000_000_000)
-    views = getattr(service, "pool_views", None)
-    scored: Mapping[str, tuple[float, int, bool]] = views() if callable(views) else {}
-    reports = _engine_reports(service)
+    scored = service.pool_views()
+    reports = service.pools
     out = []
     for pool in sorted(set(reports) | set(scored)):
-        fresh = [s for s in reports.get(pool, ()) if now - s.received_ns <= stale_ns]
-        score = float(scored[pool][0]) if pool in scored else spec_score(fresh, service.policy)
+        engines = reports.get(pool, {}).values()
+        fresh = sum(1 for s in engines if now - s.received_ns <= stale_ns)
+        score = float(scored[pool][0]) if pool in scored else 0.0
         multiplier = service.pricing.quote(pool, "", now).multiplier
-        out.append(PoolLive(pool, len(fresh), score, multiplier))
+        out.append(PoolLive(pool, fresh, score, multiplier))
     return out
 
 

@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from controlplane.client import AdmissionClient, make_batch, pb
 from controlplane.domain import TenantConfig
+from controlplane.domain.policy import Policy
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
 from tests.support import add_tenants, wait_until
@@ -36,7 +37,12 @@ def served(migrated_url: str, make_server: Callable[..., Any], clock: Any) -> An
         acme(max_concurrency=50, hourly_quota=1_000_000),
         acme(tenant_id="beta", burst_tokens=2000),
     )
-    srv = make_server(migrated_url, clock=clock, config_poll_s=0.05)
+    # These tests are about the tenants' own limits: admitted requests are
+    # not completed, so the pool gate's fallback (no load reports) must not
+    # be what refuses them (the gate over gRPC: test_gate_grpc.py).
+    srv = make_server(
+        migrated_url, clock=clock, config_poll_s=0.05, policy=Policy(gate_fallback_inflight=10_000)
+    )
     with AdmissionClient(srv.target) as client:
         yield srv, client
 
@@ -76,15 +82,15 @@ def test_admit_complete_round_trip(served: Any, clock: Any) -> None:
 def test_denial_is_a_reply_with_retry_after_from_the_bucket(served: Any) -> None:
     _, c = served
     assert c.admit("beta", "a", prompt_tokens=1500, max_tokens=0).decision == pb.DECISION_ADMIT
-    # 1,500 short at 1,000 tokens/s: the refill (1.5 s) is longer than the
-    # standard lane's 800 ms wait target, so it is refused at once
-    d = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0)
+    # 1,500 short at 1,000 tokens/s: the refill (1.5 s) is longer than a
+    # premium request may wait (0.75 x its 1 s SLO), so it is refused at once
+    d = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0, lane="premium")
     assert d.decision == pb.DECISION_REJECT
     assert d.reason == pb.REASON_TOKEN_RATE
     assert d.retry_after.ToNanoseconds() == 3 * NS // 2
     assert d.queue_wait.ToNanoseconds() == 0
     assert "bucket" in d.message
-    dup = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0)
+    dup = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0, lane="premium")
     assert dup.duplicate and dup.reason == pb.REASON_TOKEN_RATE
     unknown = c.admit("nobody", "x", prompt_tokens=1, max_tokens=1)
     assert unknown.reason == pb.REASON_UNKNOWN_TENANT
@@ -210,12 +216,21 @@ def test_report_load(served: Any) -> None:
         )
     )
     assert (ack.pool, ack.engines_reporting) == ("a100", 1)
-    with pytest.raises(grpc.RpcError) as err:
-        c.report_load(
-            pb.LoadReport(pool="a100", engine_id="vllm-0", max_batch_tokens=8192, queue_capacity=0)
-        )
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert err.value.details().startswith("queue_capacity")
+    for bad, field in (
+        ({"queue_capacity": -1}, "queue_capacity"),
+        # allowed by the proto, beyond any engine: refused at the edge, not
+        # failed inside the score (INTERNAL) with the report kept
+        ({"queue_capacity": 2**63 - 1}, "queue_capacity"),
+        ({"kv_cache_miss_rate": 1.5}, "kv_cache_miss_rate"),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            c.report_load(pb.LoadReport(pool="a100", engine_id="vllm-0", max_batch_tokens=8192,
+                                        **bad))  # fmt: skip
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(field)
+    # vLLM: an unbounded queue (0) and no miss rate are a valid report
+    ack = c.report_load(pb.LoadReport(pool="a100", engine_id="vllm-1", max_batch_tokens=8192))
+    assert ack.engines_reporting == 2
 
 
 def test_health_and_reflection(served: Any) -> None:
@@ -263,7 +278,8 @@ def test_concurrent_unary_calls_admit_exactly_what_the_bucket_holds(
     # frozen clock: no refill, so exactly burst / cost requests fit; a tenant
     # max wait of 0 answers refusals at once instead of queueing them
     add_tenants(migrated_url, acme(burst_tokens=10_000, max_wait_ms=0))
-    srv = make_server(migrated_url, clock=clock)
+    # nothing completes: the pool gate's fallback must not be the limit
+    srv = make_server(migrated_url, clock=clock, policy=Policy(gate_fallback_inflight=1_000))
     admitted: list[int] = []
     errors: list[BaseException] = []
 

@@ -13,6 +13,7 @@ import pytest
 
 from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
+from controlplane.domain.policy import Policy
 from tests.support import add_tenants, wait_until
 
 
@@ -105,10 +106,12 @@ def test_deadline_is_answered_with_queue_timeout_before_it_passes(
 
 
 def test_backpressure_over_grpc(migrated_url: str, make_server: Callable[..., Any]) -> None:
+    # the SPEC's score thresholds alone (the pool gate off: above the hard
+    # threshold non-premium is refused, premium fails open)
     add_tenants(
         migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
     )
-    srv = make_server(migrated_url)
+    srv = make_server(migrated_url, policy=Policy(pool_gate=False))
     with AdmissionClient(srv.target) as c:
         c.report_load(pb.LoadReport(pool="gpu-a", engine_id="e0", batch_tokens=8000,
                                     max_batch_tokens=8000, queue_depth=100, queue_capacity=100,

@@ -54,6 +54,11 @@ def test_limit_change_under_load(env: Env) -> None:
                 errors.append(exc)
                 return
             decisions.append((sent, r.decision))
+            if r.decision == pb.DECISION_ADMIT:  # done at once, as a sidecar reports it
+                stub.Complete(
+                    pb.CompleteRequest(tenant_id="slow", request_id=f"L{i}", prompt_tokens=100),
+                    timeout=10,
+                )
             if changed_at:
                 after += 1
                 if after >= AFTER_CHANGE:

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane.domain import LoadSample, TenantConfig
+from controlplane.domain import TenantConfig
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.policy import Policy
 from controlplane.rpc.admin_pb import (
@@ -25,7 +25,6 @@ from controlplane.rpc.admin_pb import (
 )
 from controlplane.store.audit import to_json
 from controlplane.store.config import TenantRecord
-from controlplane.telemetry.live import spec_score
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -90,12 +89,3 @@ def test_page_tokens_and_audit_json() -> None:
         '{"at": "2026-11-29T12:00:00+00:00", "token_rate": "1.5"}'
     )
     assert to_json(None) is None
-
-
-def test_spec_backpressure_score() -> None:
-    def sample(bt: int, qd: int, miss: float) -> LoadSample:
-        return LoadSample("p", "e", bt, 1000, qd, 100, miss, 0.5, 0)
-
-    assert spec_score([], Policy()) == 0.0
-    # 0.4 * 0.5 + 0.3 * 0.2 + 0.3 * 0.1
-    assert spec_score([sample(500, 20, 0.1)], Policy()) == pytest.approx(0.29)

@@ -69,10 +69,14 @@ loads = st.one_of(st.integers(0, 20_000), st.integers(0, 2 * MAX_BACKPRESSURE_CA
 
 
 @st.composite
-def score_weights(draw: st.DrawFn) -> tuple[int, int, int]:
+def score_weights(draw: st.DrawFn) -> tuple[int, int, int, int]:
+    """SPEC weights (alpha + beta + gamma = 1) and any delta."""
     alpha = draw(ppm)
     beta = draw(st.integers(0, PPM - alpha))
-    return alpha, beta, PPM - alpha - beta
+    return alpha, beta, PPM - alpha - beta, draw(ppm)
+
+
+signal = st.one_of(st.just(-1), ppm)  # a miss rate or KV usage, -1 = not reported
 
 
 @settings(max_examples=300, deadline=None)
@@ -81,18 +85,27 @@ def score_weights(draw: st.DrawFn) -> tuple[int, int, int]:
     max_batch=odd(sizes),
     depth=odd(loads),
     capacity=odd(sizes),
-    miss=odd(ppm),
-    weights=st.one_of(score_weights(), st.tuples(odd(ppm), odd(ppm), odd(ppm))),
+    miss=odd(signal),
+    kv=odd(signal),
+    weights=st.one_of(score_weights(), st.tuples(odd(ppm), odd(ppm), odd(ppm), odd(ppm))),
 )
 def test_backpressure_score_builds_agree(
-    batch: int, max_batch: int, depth: int, capacity: int, miss: int, weights: tuple[int, ...]
-) -> None:
+    batch: int, max_batch: int, depth: int, capacity: int, miss: int, kv: int,
+    weights: tuple[int, ...],
+) -> None:  # fmt: skip
     outcome, score = _agree("backpressure_score_ppm", batch, max_batch, depth, capacity, miss,
-                            *weights)  # fmt: skip
+                            kv, *weights)  # fmt: skip
     if outcome == "ok":
         assert 0 <= score <= PPM
-        if miss == PPM and batch >= max_batch and depth >= capacity:
+        full = batch >= max_batch and depth >= capacity and miss in (-1, PPM) and kv in (-1, PPM)
+        present = weights[0] + weights[1] + weights[2] * (miss >= 0) + weights[3] * (kv >= 0)
+        if full and present > 0:
             assert score == PPM
+        if kv == -1 and miss >= 0 and sum(weights[:3]) == PPM:  # the SPEC's formula
+            r_batch = min(batch, max_batch) * PPM // max_batch
+            r_queue = min(depth, capacity) * PPM // capacity
+            spec = (weights[0] * r_batch + weights[1] * r_queue + weights[2] * miss) // PPM
+            assert score == spec
 
 
 @settings(max_examples=300, deadline=None)

@@ -326,7 +326,10 @@ def test_report_load_validates_and_counts_fresh_engines(make_service: Any, clock
         (("p1", "e1", -1, 1000, 0, 1, 0.0, 0.0), "batch_tokens"),
         (("p1", "e1", 1, 0, 0, 1, 0.0, 0.0), "max_batch_tokens"),
         (("p1", "e1", 1, 1, -3, 1, 0.0, 0.0), "queue_depth"),
-        (("p1", "e1", 1, 1, 0, 0, 0.0, 0.0), "queue_capacity"),
+        (("p1", "e1", 1, 1, 0, -1, 0.0, 0.0), "queue_capacity"),
+        # values the proto allows but no engine has: refused, not scored
+        (("p1", "e1", 1, 1, 0, 2**63 - 1, 0.0, 0.0), "queue_capacity"),
+        (("p1", "e1", 10**12 + 1, 1, 0, 1, 0.0, 0.0), "batch_tokens"),
         (("p1", "e1", 1, 1, 0, 1, 1.5, 0.0), "kv_cache_miss_rate"),
         (("p1", "e1", 1, 1, 0, 1, 0.0, -0.1), "gpu_utilization"),
         (("", "e1", 1, 1, 0, 1, 0.0, 0.0), "pool"),
@@ -334,6 +337,10 @@ def test_report_load_validates_and_counts_fresh_engines(make_service: Any, clock
         with pytest.raises(InvalidArgument) as err:
             svc.report_load(*args)
         assert err.value.field == field
+    # nothing was stored by the refused reports: still one fresh engine
+    assert {e: s.queue_capacity for e, s in svc.pools["p1"].items()} == {"e1": 100, "e2": 100}
+    # an unbounded queue (0) and an unmeasured miss rate (None) are valid
+    assert svc.report_load("p1", "e3", 1, 1, 0, 0, None, 0.0) == 2
 
 
 def test_every_record_has_every_field(make_service: Any) -> None:

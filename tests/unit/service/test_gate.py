@@ -15,7 +15,7 @@ from fastpath import Reason
 
 from .conftest import LANES, tenant
 
-GATE = Policy(pool_gate=True, gate_waiting_per_engine=2, gate_fallback_inflight=2)
+GATE = Policy(gate_waiting_per_engine=2, gate_fallback_inflight=2)  # the gate is on by default
 MS = 1_000_000
 
 
@@ -139,13 +139,63 @@ def test_a_batch_gets_only_the_room_there_is(make_service: Any) -> None:
     assert r.reason == [Reason.OK, Reason.OK, Reason.BACKPRESSURE, Reason.BACKPRESSURE]
 
 
-def test_gate_off_changes_nothing(make_service: Any) -> None:
-    svc = make_service(tenant())
-    report(svc, waiting=1_000, running=256, max_seqs=256, kv=0.99)
+def test_the_gate_is_on_by_default_and_off_lets_everything_through(make_service: Any) -> None:
+    assert Policy().pool_gate
+    on = make_service(tenant())
+    report(on, waiting=1_000, running=256, max_seqs=256, kv=0.99)
+    assert on.admit("acme", "a", "", 10, 10, pool="p").reason == Reason.BACKPRESSURE
+    off = make_service(tenant(), policy=Policy(pool_gate=False))
+    report(off, waiting=1_000, running=256, max_seqs=256, kv=0.99)
     assert all(
-        svc.admit("acme", f"r{i}", "", 10, 10, pool="p").decision == Decision.ADMIT
+        off.admit("acme", f"r{i}", "", 10, 10, pool="p").decision == Decision.ADMIT
         for i in range(20)
     )
+
+
+def test_above_the_hard_threshold_the_gate_holds_rather_than_refuses(
+    make_service: Any, clock: Any
+) -> None:
+    # B = 1.0 (full batch, queue far over the target, KV full): without the
+    # gate standard would be refused outright; with it, it waits like
+    # premium, and premium goes first when the pool has room again
+    svc = gated(make_service)
+    svc.report_load("p", "e1", 8192, 8192, 50, 0, None, 1.0, requests_running=256,
+                    max_num_seqs=256, kv_cache_usage=1.0)  # fmt: skip
+    std = svc.admit_or_wait("acme", "s", "standard", 10, 10, pool="p")
+    prem = svc.admit_or_wait("vip", "p", "premium", 10, 10, pool="p")
+    assert isinstance(std, Waiter) and isinstance(prem, Waiter)
+    clock.advance(100 * MS)
+    svc.report_load(
+        "p",
+        "e1",
+        100,
+        8192,
+        1,
+        0,
+        None,
+        0.5,
+        requests_running=256,
+        max_num_seqs=256,
+        kv_cache_usage=0.5,
+    )  # one place below the target
+    assert prem.done and prem.result.decision == Decision.ADMIT
+    assert not std.done
+
+
+def test_the_score_is_renormalised_over_the_signals_present(make_service: Any) -> None:
+    svc = make_service(tenant())
+    # vLLM: no queue bound (measured against the gate's target of 2), no miss
+    # rate; (0.4 * 4096/8192 + 0.3 * 1/2 + 0.4 * 0.8) / (0.4 + 0.3 + 0.4)
+    svc.report_load("p", "e1", 4096, 8192, 1, 0, None, 0.5, kv_cache_usage=0.8)
+    assert svc.pool_views()["p"][0] == pytest.approx((0.2 + 0.15 + 0.32) / 1.1, abs=1e-6)
+    # a second engine without KV usage: its batch and queue count, the KV term
+    # is the first engine's; its miss rate enters with gamma
+    svc.report_load("p", "e2", 0, 8192, 3, 0, 0.5, 0.5)
+    expected = (0.4 * 4096 / 16384 + 0.3 * 1.0 + 0.3 * 0.5 + 0.4 * 0.8) / 1.4
+    assert svc.pool_views()["p"][0] == pytest.approx(expected, abs=1e-6)
+    # everything full reaches 1.0 without a miss rate (SPEC weights alone: 0.7)
+    svc.report_load("q", "e1", 8192, 8192, 9, 0, None, 1.0, kv_cache_usage=1.0)
+    assert svc.pool_views()["q"][0] == pytest.approx(1.0)
 
 
 def test_new_load_fields_are_validated(make_service: Any) -> None:

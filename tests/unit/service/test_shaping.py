@@ -55,11 +55,14 @@ def test_token_rate_refusal_becomes_a_wait_then_admission(make_service: Any, clo
 
 
 def test_refill_beyond_the_max_wait_is_refused_at_once(make_service: Any) -> None:
-    # standard lane waits at most 800 ms; 2,000 tokens at 1,000/s take 2 s
-    svc = make_service(tenant(token_rate=Decimal(1000), burst_tokens=2000))
-    svc.admit_or_wait("acme", "a", "", 2000, 0)
-    d = decided(svc.admit_or_wait("acme", "b", "", 2000, 0))
-    assert d.reason == Reason.TOKEN_RATE and d.retry_after_ns == 2 * NS
+    # a standard request waits at most 0.75 x its 3 s TTFT SLO = 2.25 s;
+    # 3,000 tokens at 1,000/s take 3 s
+    svc = make_service(tenant(token_rate=Decimal(1000), burst_tokens=3000))
+    svc.admit_or_wait("acme", "a", "", 3000, 0)
+    d = decided(svc.admit_or_wait("acme", "b", "", 3000, 0))
+    assert d.reason == Reason.TOKEN_RATE and d.retry_after_ns == 3 * NS
+    # 2,000 tokens (2 s) fit in the wait: it waits
+    waiting(svc.admit_or_wait("acme", "c", "", 2000, 0))
 
 
 def test_quota_refusals_never_wait(make_service: Any) -> None:
@@ -68,18 +71,29 @@ def test_quota_refusals_never_wait(make_service: Any) -> None:
     assert decided(svc.admit_or_wait("acme", "b", "", 200, 0)).reason == Reason.HOURLY_QUOTA
 
 
-def test_wait_ends_at_the_lane_target_with_queue_timeout(make_service: Any, clock: Any) -> None:
-    svc = make_service(tenant(max_concurrency=1))
+@pytest.mark.parametrize(
+    ("policy", "wait_ms"),
+    [
+        (Policy(), 750),  # 0.75 x premium's 1 s TTFT SLO
+        (Policy(gate_release_headroom=0.5), 500),
+        (Policy(lane_ttft_slo_ms={"standard": 3000}), 200),  # no SLO: the wait target
+        (Policy(pool_gate=False), 200),  # without the gate: the lane's wait target
+    ],
+)
+def test_wait_ends_at_the_lanes_bound_with_queue_timeout(
+    make_service: Any, clock: Any, policy: Policy, wait_ms: int
+) -> None:
+    svc = make_service(tenant(max_concurrency=1), policy=policy)
     svc.admit_or_wait("acme", "a", "premium", 1, 1)
-    w = waiting(svc.admit_or_wait("acme", "b", "premium", 1, 1))  # premium waits 200 ms
-    clock.advance(199 * MS)
+    w = waiting(svc.admit_or_wait("acme", "b", "premium", 1, 1))
+    clock.advance((wait_ms - 1) * MS)
     svc.tick()
     assert not w.done
     clock.advance(1 * MS)
     svc.tick()
     assert w.result.reason == Reason.QUEUE_TIMEOUT
-    assert w.result.retry_after_ns == 200 * MS
-    assert w.result.queue_wait_ns == 200 * MS
+    assert w.result.retry_after_ns == 200 * MS  # the lane's wait target: a slot, not the pool
+    assert w.result.queue_wait_ns == wait_ms * MS
     assert svc.waiting == 0
 
 
@@ -258,7 +272,10 @@ def test_backpressure_score_follows_the_spec_formula(make_service: Any) -> None:
 def test_above_hard_threshold_non_premium_is_refused_premium_fails_open(
     make_service: Any, clock: Any
 ) -> None:
-    svc = make_service(tenant(burst_tokens=10**6), policy=Policy(bp_retry_cap_s=30))
+    # SPEC section 2 without the pool gate: above hard, refused outright
+    svc = make_service(
+        tenant(burst_tokens=10**6), policy=Policy(bp_retry_cap_s=30, pool_gate=False)
+    )
     report(svc, batch=1000, depth=1000, miss=0.9)  # B = 0.97
     d = decided(svc.admit_or_wait("acme", "s", "standard", 10, 10, pool="p"))
     assert (d.decision, d.reason) == (Decision.REJECT, Reason.BACKPRESSURE)
@@ -278,8 +295,8 @@ def test_above_hard_threshold_non_premium_is_refused_premium_fails_open(
 
 def test_soft_zone_sheds_the_lowest_lane_first(make_service: Any) -> None:
     # soft 0.70, hard 0.85, two sheddable lanes: batch sheds at 0.70,
-    # standard at 0.775
-    svc = make_service(tenant(burst_tokens=10**6))
+    # standard at 0.775 (the score alone: the pool gate off)
+    svc = make_service(tenant(burst_tokens=10**6), policy=Policy(pool_gate=False))
     report(svc, batch=1000, depth=500, miss=0.3)  # B = 0.4 + 0.15 + 0.09 = 0.64
     assert decided(svc.admit_or_wait("acme", "b0", "batch", 1, 1, pool="p")).reason == Reason.OK
     report(svc, batch=1000, depth=700, miss=0.3)  # B = 0.70
@@ -377,7 +394,7 @@ def test_batch_applies_backpressure_shadow_and_degradation(make_service: Any) ->
     svc = make_service(
         tenant(burst_tokens=10**6),
         tenant("shadow", burst_tokens=10**6, shadow_mode=True),
-        policy=Policy(degrade_max_tokens=500, long_request_tokens=10**6),
+        policy=Policy(degrade_max_tokens=500, long_request_tokens=10**6, pool_gate=False),
     )
     report(svc, batch=1000, depth=1000, miss=0.5, gpu=0.99)  # B = 0.85, degraded
     r = svc.admit_batch(

@@ -7,8 +7,8 @@ was armed for; nothing here sleeps in real time. After moving the clock a
 test yields to the loop (``run_pending``), which runs every callback and timer
 due by then.
 
-Lanes (tests/unit/service/conftest.py): premium waits at most 200 ms,
-standard 800 ms.
+Lanes (tests/unit/service/conftest.py) with the default policy: a premium
+request waits at most 0.75 x its 1 s TTFT SLO = 750 ms, standard 2.25 s.
 """
 
 from __future__ import annotations
@@ -133,8 +133,9 @@ def test_the_timer_ends_a_wait_at_its_deadline_with_queue_timeout(
         await admit(room, "a", "premium")
         waiter = asyncio.create_task(admit(room, "b", "premium"))
         await run_pending()
-        assert loop.pending_timers() == [pytest.approx(0.2)]  # armed for the 200 ms deadline
-        clock.advance(199 * MS)
+        # armed for the 750 ms deadline (0.75 x its 1 s SLO)
+        assert loop.pending_timers() == [pytest.approx(0.75)]
+        clock.advance(749 * MS)
         await run_pending()
         assert not waiter.done()
         clock.advance(1 * MS)
@@ -144,7 +145,7 @@ def test_the_timer_ends_a_wait_at_its_deadline_with_queue_timeout(
         assert (d.decision, d.reason, d.queue_wait_ns) == (
             Decision.REJECT,
             Reason.QUEUE_TIMEOUT,
-            200 * MS,
+            750 * MS,
         )
         assert queued(svc) == 0 and svc.next_wakeup_ns() is None
         assert loop.pending_timers() == []  # nothing left to wake up for
@@ -157,19 +158,19 @@ def test_an_earlier_wakeup_rearms_the_timer(room: WaitingRoom, clock: Any, run: 
 
     async def body(loop: VirtualTimeLoop) -> None:
         await admit(room, "a")
-        late = asyncio.create_task(admit(room, "late", "standard"))  # deadline +800 ms
+        late = asyncio.create_task(admit(room, "late", "standard"))  # deadline +2.25 s
         await run_pending()
-        assert loop.pending_timers() == [pytest.approx(0.8)]
-        early = asyncio.create_task(admit(room, "early", "premium"))  # deadline +200 ms
+        assert loop.pending_timers() == [pytest.approx(2.25)]
+        early = asyncio.create_task(admit(room, "early", "premium"))  # deadline +750 ms
         await run_pending()
-        assert loop.pending_timers() == [pytest.approx(0.2)]  # moved, not doubled
-        clock.advance(200 * MS)
+        assert loop.pending_timers() == [pytest.approx(0.75)]  # moved, not doubled
+        clock.advance(750 * MS)
         await run_pending()
         assert early.done() and early.result().reason == Reason.QUEUE_TIMEOUT
         assert not late.done() and queued(svc) == 1
         # the firing timer armed the next one, for the remaining deadline
-        assert loop.pending_timers() == [pytest.approx(0.8)]
-        clock.advance(600 * MS)
+        assert loop.pending_timers() == [pytest.approx(2.25)]
+        clock.advance(1500 * MS)
         await run_pending()
         assert late.done() and late.result().reason == Reason.QUEUE_TIMEOUT
 
@@ -182,15 +183,15 @@ def test_a_later_wakeup_leaves_the_armed_timer_alone(
 
     async def body(loop: VirtualTimeLoop) -> None:
         await admit(room, "a")
-        early = asyncio.create_task(admit(room, "early", "premium"))  # deadline +200 ms
+        early = asyncio.create_task(admit(room, "early", "premium"))  # deadline +750 ms
         await run_pending()
         armed = len(loop.timers)
-        assert loop.pending_timers() == [pytest.approx(0.2)]
-        late = asyncio.create_task(admit(room, "late", "standard"))  # deadline +800 ms
+        assert loop.pending_timers() == [pytest.approx(0.75)]
+        late = asyncio.create_task(admit(room, "late", "standard"))  # deadline +2.25 s
         await run_pending()
         assert len(loop.timers) == armed  # no timer scheduled (nor cancelled) for it
-        assert loop.pending_timers() == [pytest.approx(0.2)]
-        clock.advance(200 * MS)
+        assert loop.pending_timers() == [pytest.approx(0.75)]
+        clock.advance(750 * MS)
         await run_pending()
         assert early.done() and early.result().reason == Reason.QUEUE_TIMEOUT
         assert not late.done()
@@ -213,18 +214,18 @@ def test_cancelling_the_caller_takes_its_waiter_out_of_the_queue(
         assert queued(svc) == 2
         depths = svc.queue_depths()
         assert (depths.get("premium"), depths.get("standard")) == (1, 1)
-        assert loop.pending_timers() == [pytest.approx(0.2)]
+        assert loop.pending_timers() == [pytest.approx(0.75)]
         leave.cancel()
         await run_pending()
         assert leave.cancelled()
         assert queued(svc) == 1 and svc.queue_depths().get("premium", 0) == 0
         assert svc.stats.cancelled_total == 1
         # The timer armed for the cancelled call may stay (an early wake-up
-        # is harmless): at 200 ms it finds nothing due and re-arms for the
+        # is harmless): at 750 ms it finds nothing due and re-arms for the
         # waiter that is left.
-        clock.advance(200 * MS)
+        clock.advance(750 * MS)
         await run_pending()
-        assert not stay.done() and loop.pending_timers() == [pytest.approx(0.8)]
+        assert not stay.done() and loop.pending_timers() == [pytest.approx(2.25)]
         # the freed place goes to the call that stayed
         svc.complete("acme", "a", first.reservation_id, 10, 5)
         await run_pending()
@@ -253,7 +254,7 @@ def test_a_failing_tick_still_rearms_the_timer(
         await admit(room, "a", "premium")
         waiter = asyncio.create_task(admit(room, "b", "premium"))
         await run_pending()
-        clock.advance(200 * MS)
+        clock.advance(750 * MS)
         await run_pending()
         # the first tick raised (reported to the loop's exception handler),
         # the timer was armed again at once and the second tick timed out

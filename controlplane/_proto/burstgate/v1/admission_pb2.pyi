@@ -656,17 +656,22 @@ class LoadReport(_message.Message):
     max_batch_tokens: _builtins.int
     """> 0"""
     queue_depth: _builtins.int
-    """>= 0"""
+    """requests waiting (vllm:num_requests_waiting), >= 0"""
     queue_capacity: _builtins.int
-    """> 0"""
+    """The engine's queue bound, >= 0; 0 = unbounded (vLLM's waiting queue):
+    queue pressure is then measured against the pool gate's target.
+    """
     kv_cache_miss_rate: _builtins.float
-    """0..1"""
+    """Prefix-cache miss rate, 0..1 (1 - vllm:prefix_cache_hits /
+    vllm:prefix_cache_queries over the report interval). Unset = not
+    measured: the backpressure score leaves the term out.
+    """
     gpu_utilization: _builtins.float
     """0..1"""
     requests_running: _builtins.int
     """vLLM's own signals (its Prometheus metrics vllm:num_requests_running,
     the engine's max_num_seqs, vllm:kv_cache_usage_perc as a fraction).
-    Optional: when set, the pool gate (Policy.pool_gate) uses them.
+    Optional: when set, the pool gate and the backpressure score use them.
     >= 0
     """
     max_num_seqs: _builtins.int
@@ -682,22 +687,26 @@ class LoadReport(_message.Message):
         max_batch_tokens: _builtins.int = ...,
         queue_depth: _builtins.int = ...,
         queue_capacity: _builtins.int = ...,
-        kv_cache_miss_rate: _builtins.float = ...,
+        kv_cache_miss_rate: _builtins.float | None = ...,
         gpu_utilization: _builtins.float = ...,
         requests_running: _builtins.int | None = ...,
         max_num_seqs: _builtins.int | None = ...,
         kv_cache_usage: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_cache_usage", b"_kv_cache_usage", "_max_num_seqs", b"_max_num_seqs", "_requests_running", b"_requests_running", "kv_cache_usage", b"kv_cache_usage", "max_num_seqs", b"max_num_seqs", "requests_running", b"requests_running"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_cache_miss_rate", b"_kv_cache_miss_rate", "_kv_cache_usage", b"_kv_cache_usage", "_max_num_seqs", b"_max_num_seqs", "_requests_running", b"_requests_running", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_usage", b"kv_cache_usage", "max_num_seqs", b"max_num_seqs", "requests_running", b"requests_running"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_cache_usage", b"_kv_cache_usage", "_max_num_seqs", b"_max_num_seqs", "_requests_running", b"_requests_running", "batch_tokens", b"batch_tokens", "engine_id", b"engine_id", "gpu_utilization", b"gpu_utilization", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_usage", b"kv_cache_usage", "max_batch_tokens", b"max_batch_tokens", "max_num_seqs", b"max_num_seqs", "pool", b"pool", "queue_capacity", b"queue_capacity", "queue_depth", b"queue_depth", "requests_running", b"requests_running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_cache_miss_rate", b"_kv_cache_miss_rate", "_kv_cache_usage", b"_kv_cache_usage", "_max_num_seqs", b"_max_num_seqs", "_requests_running", b"_requests_running", "batch_tokens", b"batch_tokens", "engine_id", b"engine_id", "gpu_utilization", b"gpu_utilization", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_usage", b"kv_cache_usage", "max_batch_tokens", b"max_batch_tokens", "max_num_seqs", b"max_num_seqs", "pool", b"pool", "queue_capacity", b"queue_capacity", "queue_depth", b"queue_depth", "requests_running", b"requests_running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__kv_cache_miss_rate: _TypeAlias = _typing.Literal["kv_cache_miss_rate"]  # noqa: Y015
+    _WhichOneofArgType__kv_cache_miss_rate: _TypeAlias = _typing.Literal["_kv_cache_miss_rate", b"_kv_cache_miss_rate"]  # noqa: Y015
     _WhichOneofReturnType__kv_cache_usage: _TypeAlias = _typing.Literal["kv_cache_usage"]  # noqa: Y015
     _WhichOneofArgType__kv_cache_usage: _TypeAlias = _typing.Literal["_kv_cache_usage", b"_kv_cache_usage"]  # noqa: Y015
     _WhichOneofReturnType__max_num_seqs: _TypeAlias = _typing.Literal["max_num_seqs"]  # noqa: Y015
     _WhichOneofArgType__max_num_seqs: _TypeAlias = _typing.Literal["_max_num_seqs", b"_max_num_seqs"]  # noqa: Y015
     _WhichOneofReturnType__requests_running: _TypeAlias = _typing.Literal["requests_running"]  # noqa: Y015
     _WhichOneofArgType__requests_running: _TypeAlias = _typing.Literal["_requests_running", b"_requests_running"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_cache_miss_rate) -> _WhichOneofReturnType__kv_cache_miss_rate | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_cache_usage) -> _WhichOneofReturnType__kv_cache_usage | None: ...
     @_typing.overload
