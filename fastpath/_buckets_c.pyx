@@ -186,13 +186,15 @@ cdef inline void _decide(
     else:
         cost = prompt + estimate
         need = cost * BG_MTOK_PER_TOKEN
-        # the level a request needs: its cost, or with debt 0 (full for one over the burst)
-        if not debt:
-            floor = need
-            largest = s.burst
+        # the level a request needs: its cost (with debt 0); a full bucket for one over
+        # the burst, which then goes into debt; up to one burst of debt either way
+        if need > s.burst:
+            floor = s.burst
+        elif debt:
+            floor = 0
         else:
-            floor = 0 if need <= s.burst else s.burst
-            largest = 2 * s.burst  # burst <= 1e15 mtok: no overflow
+            floor = need
+        largest = 2 * s.burst  # burst <= 1e15 mtok: no overflow
         if (
             need > largest
             or (daily > 0 and cost > daily)
@@ -216,7 +218,7 @@ cdef inline void _decide(
             reason = R_GLOBAL_WATERMARK
     if reason == R_OK or shadow:
         # level >= -burst >= -1e15 and cost * 1000 <= 1e10: no overflow; when OK the
-        # level is >= the cost and the debt floor never binds.
+        # debt stays within one burst and the floor never binds.
         level = s.level - cost * BG_MTOK_PER_TOKEN
         s.level = level if level > -s.burst else -s.burst
         s.hour_used += cost

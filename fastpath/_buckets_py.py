@@ -215,10 +215,12 @@ def _decide(
 ) -> AdmitResult:
     """One admission decision; charges the slot when the answer is OK, or always in shadow.
 
-    With ``debt`` the bucket may go into debt down to ``-burst``: a request whose cost
-    fits the burst is admitted while the level is non-negative and charged in full; one
-    larger than the burst (up to twice it) waits for a full bucket and is admitted into
-    debt.  Without, the level must cover the cost and a cost over the burst never fits.
+    A request larger than the burst (up to twice it) waits for a full bucket and is
+    admitted into debt, charged in full: the level goes down to ``burst - cost`` >=
+    ``-burst``, and the tenant's next requests wait for the refill that repays it.  A
+    request within the burst needs its cost in the bucket (exact buckets), or with
+    ``debt`` only a non-negative level (a tenant's own burst goes up to one burst into
+    debt, charged in full).
 
     ``global_limit`` is the global in-flight watermark in tokens (0 = off) and
     ``total_inflight`` the tokens in flight over all slots before this request.  In shadow
@@ -250,9 +252,10 @@ def _decide(
     else:
         cost = prompt_tokens + estimate
         need = cost * MTOK_PER_TOKEN
-        # the level a request needs: its cost, or with debt 0 (full for one over the burst)
-        floor = need if not debt else (0 if need <= s.burst else s.burst)
-        largest = s.burst if not debt else 2 * s.burst
+        # the level a request needs: its cost (with debt 0); a full bucket for one over
+        # the burst, which then goes into debt; up to one burst of debt either way
+        floor = s.burst if need > s.burst else (0 if debt else need)
+        largest = 2 * s.burst
         if need > largest or (0 < daily < cost) or (0 < hourly < cost) or (0 < global_limit < cost):
             reason = _MAX_TOKENS
         elif daily > 0 and s.day_used + cost > daily:
@@ -270,8 +273,7 @@ def _decide(
             # Written so that it cannot overflow in C: total_inflight >= 0.
             reason = _GLOBAL_WATERMARK
     if reason == _OK or shadow:
-        # When OK the level is >= the cost (without debt) or the debt stays within one
-        # burst (with), so the floor never binds.
+        # When OK the debt stays within one burst, so the floor never binds.
         level = s.level - cost * MTOK_PER_TOKEN
         s.level = level if level > -s.burst else -s.burst
         s.hour_used += cost
@@ -418,7 +420,9 @@ class TokenBucketTable:
         return self._global_limit
 
     def set_bucket_debt(self, enabled: bool) -> None:
-        """Let every bucket go one burst into debt (see ``admit``); off by default."""
+        """Admit a request within the burst while its bucket is non-negative, up to one
+        burst into debt (see ``admit``); off by default (exact buckets).  A request over
+        the burst goes into debt either way."""
         self._debt = bool(enabled)
 
     def bucket_debt(self) -> bool:

@@ -50,10 +50,13 @@ class Policy(BaseModel):
 
     # Sum of all tenants' in-flight (reserved) tokens never passes this; 0 = off.
     global_inflight_tokens: int = Field(default=0, ge=0)
-    # Buckets may go one burst into debt: a tenant's own burst is admitted
-    # while its bucket is non-negative (charged in full), and a request over
-    # the burst waits for a full bucket instead of being refused for good.
-    # Off by default for now: exact buckets (the level covers the cost).
+    # A request over its tenant's burst (up to twice it) always waits for a
+    # full bucket and goes into debt, charged in full, instead of being refused
+    # for good. With bucket_debt, a request within the burst is also admitted
+    # while the bucket is non-negative, down to one burst of debt. Off by
+    # default: exact buckets (the level covers the cost) admit exactly
+    # burst / cost requests of a burst, and measured with the gate, debt made
+    # premium worse at 0.7x (docs/simulate.md).
     bucket_debt: bool = False
     # Shadow mode for everyone: decide and count, but admit.
     shadow_mode: bool = False

@@ -198,7 +198,7 @@ def test_batch_watermark_sees_earlier_entries(impl: ModuleType) -> None:
 def test_batch_shadow_entries_are_charged(impl: ModuleType) -> None:
     table = table_with_two_tenants(impl)  # slot 0: 10 tokens; slot 2: 100 tokens, 1 in flight
     slots = np.array([0, 0, 2, 2, 0, -1], dtype=np.int64)
-    prompt = np.array([8, 4, 10, 10, 20, 99], dtype=np.int64)
+    prompt = np.array([8, 4, 10, 10, 21, 99], dtype=np.int64)
     zeros = np.zeros(6, dtype=np.int64)
     shadow = np.array([0, 1, 0, 7, 1, 1], dtype=np.int64)  # any nonzero value means shadow
     outs = outputs(6)
@@ -208,12 +208,12 @@ def test_batch_shadow_entries_are_charged(impl: ModuleType) -> None:
         [Reason.TOKEN_RATE, 4, 2 * NS_PER_S, 0, -1, -1],  # would wait 2 s; taken anyway
         [Reason.OK, 10, 0, 90, 40, -1],
         [Reason.CONCURRENCY, 10, 0, 80, 30, -1],
-        [Reason.MAX_TOKENS, 20, 0, 0, -1, -1],  # bigger than the bucket: floored at -burst
+        [Reason.MAX_TOKENS, 21, 0, 0, -1, -1],  # over two bursts: floored at -burst
         [SENTINEL] * 6,
     ]
     assert table.snapshot(0)["level_mtok"] == -10_000
     assert (table.inflight(0), table.inflight(2)) == (3, 2)
-    assert table.total_inflight_tokens() == 52
+    assert table.total_inflight_tokens() == 53
 
 
 def test_batch_all_zero_shadow_is_no_shadow(impl: ModuleType) -> None:

@@ -1,7 +1,7 @@
-"""Bucket debt (``set_bucket_debt``), on both builds: a tenant's own bursts
-are admitted while its bucket is non-negative and charged in full, down to
-one burst of debt; a request over the burst waits for a full bucket instead
-of being refused for good."""
+"""Bucket debt, on both builds: a request over the burst waits for a full
+bucket and goes into debt instead of being refused for good (always); with
+``set_bucket_debt`` a tenant's own bursts are admitted while its bucket is
+non-negative and charged in full, down to one burst of debt."""
 
 from __future__ import annotations
 
@@ -27,7 +27,15 @@ def test_without_debt_the_level_must_cover_the_cost(impl: ModuleType) -> None:
     assert t.admit(0, 0, 8_000, 0)[0] == Reason.OK
     reason, _, retry, *_ = t.admit(0, 0, 3_000, 0)
     assert (reason, retry) == (Reason.TOKEN_RATE, 1 * S)  # 1,000 tokens short at 1,000/s
-    assert t.admit(0, 0, 15_000, 0)[0] == Reason.MAX_TOKENS  # over the burst: never
+    # over the burst: waits for a full bucket (8 s of refill), not refused for good
+    reason, _, retry, *_ = t.admit(0, 0, 15_000, 0)
+    assert (reason, retry) == (Reason.TOKEN_RATE, 8 * S)
+    reason, reserved, *_ = t.admit(0, 8 * S, 15_000, 0)
+    assert (reason, reserved) == (Reason.OK, 15_000)  # level -5,000, charged in full
+    reason, _, retry, *_ = t.admit(0, 8 * S, 1_000, 0)
+    assert (reason, retry) == (Reason.TOKEN_RATE, 6 * S)  # repays the debt first
+    # more than two bursts can never fit within one burst of debt
+    assert t.admit(0, 100 * S, 20_001, 0)[0] == Reason.MAX_TOKENS
 
 
 def test_with_debt_a_non_negative_level_admits_the_full_cost(impl: ModuleType) -> None:

@@ -369,14 +369,18 @@ def test_refusals_say_whether_retrying_can_help(make_service: Any) -> None:
     )
     ok = svc.admit("acme", "ok", "", 900, 0)
     short = svc.admit("acme", "short", "", 900, 0)  # bucket short: wait for the refill
-    huge = svc.admit("acme", "huge", "", 1_500, 0)  # over the burst: never as is
+    huge = svc.admit("acme", "huge", "", 2_500, 0)  # over the per-request cap: never
     unknown = svc.admit("nobody", "x", "", 1, 1)
     off = svc.admit("off", "y", "", 1, 1)
     assert [d.retryable for d in (ok, short, huge, unknown, off)] == [
         False, True, False, False, False
     ]  # fmt: skip
     assert short.retry_after_ns > 0 and huge.retry_after_ns == 0
+    # over the burst, within twice it: waits for a full bucket, then into debt
+    big = svc.admit("acme", "big", "", 1_500, 0)
+    assert (big.reason, big.retryable) == (Reason.TOKEN_RATE, True)
+    assert big.retry_after_ns == 900 * 1_000_000  # 900 tokens at 1,000/s: a full bucket
     batch = svc.admit_batch(["acme", "acme", "nobody"], ["b1", "b2", "b3"], [],
-                            [500, 1_500, 1], [0, 0, 1])  # fmt: skip
+                            [500, 2_500, 1], [0, 0, 1])  # fmt: skip
     assert batch.reason[0] == Reason.TOKEN_RATE  # b1: the bucket is still short
     assert batch.retryable == [True, False, False]

@@ -217,11 +217,13 @@ def test_bucket_debt_admits_a_tenants_own_burst(make_service: Any) -> None:
     for svc, expected in ((exact, [Reason.OK, Reason.TOKEN_RATE]), (debt, [Reason.OK, Reason.OK])):
         got = [svc.admit("acme", r, "", 300, 300).reason for r in ("a", "b")]
         assert got == expected
-    # over the burst: refused for good without debt, admitted into debt when full
-    assert exact.admit("acme", "big", "", 1_500, 0).reason == Reason.MAX_TOKENS
-    fresh = make_service(tenant(burst_tokens=1_000))
-    fresh.apply_config([tenant(burst_tokens=1_000)], LANES, Policy(bucket_debt=True))
-    assert fresh.admit("acme", "big", "", 1_500, 0).reason == Reason.OK
+    # over the burst, with or without debt: waits for a full bucket, then into debt
+    assert exact.admit("acme", "big", "", 1_500, 0).reason == Reason.TOKEN_RATE
+    for policy in (Policy(), Policy(bucket_debt=True)):
+        fresh = make_service(tenant(burst_tokens=1_000))
+        fresh.apply_config([tenant(burst_tokens=1_000)], LANES, policy)
+        assert fresh.admit("acme", "big", "", 1_500, 0).reason == Reason.OK
+        assert fresh.tenant_state("acme")["level_mtok"] == -500_000
 
 
 def test_gate_retry_after_is_predicted_from_the_pools_drain_rate(
