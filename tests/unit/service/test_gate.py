@@ -3,9 +3,12 @@ it has room, hold the rest in burstgate's queues, premium first."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from controlplane.domain import AdmitDecision, Decision
 from controlplane.domain.errors import InvalidArgument
@@ -271,3 +274,95 @@ def test_eviction_advice_steps_with_load() -> None:
     assert [eviction_advice(x) for x in (0.0, 0.5, 0.51, 0.85, 0.86, 1.0)] == [
         0.30, 0.30, 0.15, 0.15, 0.05, 0.05
     ]  # fmt: skip
+
+
+# ------------------------------------------------ dispatch order behind the gate
+
+
+def _release_one_at_a_time(svc: Any, clock: Any, waiters: list[Waiter]) -> list[Waiter]:
+    """Open the gate for one request per report; return the release order."""
+    order: list[Waiter] = []
+    pending = list(waiters)
+    while pending:
+        clock.advance(MS)
+        report(svc, waiting=0)  # room for exactly one (target 1 per engine)
+        released = [w for w in pending if w.done]
+        assert len(released) == 1, "one place opens each time"
+        w = released[0]
+        assert w.result.decision == Decision.ADMIT
+        order.append(w)
+        pending.remove(w)
+        svc.complete(w.key[0], w.key[1], 0, w.result.reserved_tokens, 0)
+    return order
+
+
+# make_service builds a fresh service per example; the shared clock only moves on
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(lanes=st.lists(st.sampled_from(["premium", "standard", "batch"]), min_size=2, max_size=30))
+def test_premium_is_never_released_behind_a_lower_lane(
+    make_service: Any, clock: Any, lanes: list[str]
+) -> None:
+    svc = make_service(tenant(burst_tokens=10**9, token_rate=Decimal(10**6), max_queued=100))
+    svc.apply_config([tenant(burst_tokens=10**9, token_rate=Decimal(10**6), max_queued=100)],
+                     LANES, GATE.model_copy(update={"gate_waiting_per_engine": 1}))  # fmt: skip
+    report(svc, waiting=1)  # closed
+    ws = []
+    for i, lane in enumerate(lanes):
+        w = svc.admit_or_wait("acme", f"r{i}", lane, 10, 10, pool="p")
+        assert isinstance(w, Waiter)
+        ws.append(w)
+    order = [w.lane for w in _release_one_at_a_time(svc, clock, ws)]
+    premium = order.count("premium")
+    assert order[:premium] == ["premium"] * premium
+
+
+def test_tenants_of_a_lane_share_the_gate_by_virtual_token_counters(
+    make_service: Any, clock: Any
+) -> None:
+    # "flood" queued 100 requests of 300 tokens before "calm" queued 30 of 100:
+    # behind the gate their service stays within two requests of each other
+    svc = gated(make_service, gate_waiting_per_engine=1)
+    cfg = [tenant(t, burst_tokens=10**9, token_rate=Decimal(10**6), max_queued=1000)
+           for t in ("flood", "calm")]  # fmt: skip
+    svc.apply_config(cfg, LANES, GATE.model_copy(update={"gate_waiting_per_engine": 1}))
+    report(svc, waiting=1)
+    ws = [svc.admit_or_wait("flood", f"f{i}", "", 150, 150, pool="p") for i in range(100)]
+    ws += [svc.admit_or_wait("calm", f"c{i}", "", 50, 50, pool="p") for i in range(30)]
+    assert all(isinstance(w, Waiter) for w in ws)
+    served = {"flood": 0, "calm": 0}
+    max_gap = 0
+    for w in _release_one_at_a_time(svc, clock, ws):
+        served[w.key[0]] += w.result.reserved_tokens
+        if served["calm"] < 30 * 100:  # both still backlogged
+            max_gap = max(max_gap, abs(served["flood"] - served["calm"]))
+    assert max_gap <= 2 * 300
+    assert served == {"flood": 100 * 300, "calm": 30 * 100}
+
+
+def test_a_tenant_at_its_own_limit_blocks_nobody_behind_the_gate(
+    make_service: Any, clock: Any
+) -> None:
+    # "solo" may run one request at a time; its second waits for its own slot
+    # while the gate opens for the others: no head-of-line blocking, and a
+    # large request is not passed over for ever by small ones
+    svc = gated(make_service, gate_waiting_per_engine=1)
+    cfg = [tenant("solo", max_concurrency=1), tenant(), tenant("big", burst_tokens=10**6)]
+    svc.apply_config(cfg, LANES, GATE.model_copy(update={"gate_waiting_per_engine": 1}))
+    report(svc, waiting=0, running=0, max_seqs=1)
+    assert svc.admit("solo", "s0", "", 10, 10, pool="p").decision == Decision.ADMIT
+    report(svc, waiting=1)  # closed
+    solo = svc.admit_or_wait("solo", "s1", "", 10, 10, pool="p")
+    large = svc.admit_or_wait("big", "L", "", 50_000, 50_000, pool="p")
+    small = [svc.admit_or_wait("acme", f"a{i}", "", 10, 10, pool="p") for i in range(3)]
+    assert all(isinstance(w, Waiter) for w in (solo, large, *small))
+    opened = 0
+    while not large.done:
+        clock.advance(MS)
+        report(svc, waiting=0)
+        opened += 1
+    assert large.result.decision == Decision.ADMIT and opened <= 2  # fair share: not last
+    clock.advance(MS)
+    report(svc, waiting=0)
+    assert not solo.done  # still behind its own limit, and nobody waits for it
+    assert sum(w.done for w in small) >= 1
