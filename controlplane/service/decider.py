@@ -263,15 +263,18 @@ class Decider:
             if v.reason and not shadow_l[i]:
                 pre[i] = self.pressure_refusal(v, lanes[i], slots[i], now, now)
                 continue
-            if room is not None and not shadow_l[i]:
-                # A batch never waits: what the pool has no room for is
-                # refused. Room is counted per entry sent to the fast path
-                # (one it refuses took none, a small overestimate).
-                if room <= 0:
-                    pre[i] = self.gate_refusal(v, lanes[i], slots[i], pool, now, now)
-                    continue
-                room -= 1
             fast_slots[i] = slots[i]
+        if room is not None:
+            # A batch never waits: what the pool has no room for is refused,
+            # fail-open lanes (premium) served first, then the rest in batch
+            # order. Room is counted per entry sent to the fast path (one it
+            # refuses took none, a small overestimate).
+            lane_cfg = self._tenants.lanes
+            gated = [i for i in range(n) if fast_slots[i] >= 0 and not shadow_l[i]]
+            gated.sort(key=lambda i: not lane_cfg[lanes[i]].fail_open)  # stable
+            for i in gated[max(room, 0):]:
+                pre[i] = self.gate_refusal(verdict_l[i], lanes[i], slots[i], pool, now, now)
+                fast_slots[i] = -1
         out_reason = np.zeros(n, dtype=np.int64)
         out_reserved = np.zeros(n, dtype=np.int64)
         out_retry = np.zeros(n, dtype=np.int64)

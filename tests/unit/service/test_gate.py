@@ -140,6 +140,22 @@ def test_a_batch_gets_only_the_room_there_is(make_service: Any) -> None:
     report(svc, waiting=0, running=256, max_seqs=256)
     r = svc.admit_batch(["acme"] * 4, ["a", "b", "c", "d"], [], [10] * 4, [10] * 4, pool="p")
     assert r.reason == [Reason.OK, Reason.OK, Reason.BACKPRESSURE, Reason.BACKPRESSURE]
+    assert r.retryable is not None and all(r.retryable[2:]) and min(r.retry_after_ms[2:]) > 0
+
+
+def test_a_batch_gives_the_room_to_premium_first(make_service: Any, clock: Any) -> None:
+    svc = gated(make_service)
+    report(svc, waiting=0, running=256, max_seqs=256)  # room for 2
+    lanes = ["standard", "batch", "premium", "standard", "premium"]
+    r = svc.admit_batch(["acme"] * 5, [f"r{i}" for i in range(5)], lanes, [10] * 5, [10] * 5,
+                        pool="p")  # fmt: skip
+    ok = [lane for lane, reason in zip(lanes, r.reason, strict=True) if reason == Reason.OK]
+    assert ok == ["premium", "premium"]
+    clock.advance(100 * MS)
+    report(svc, waiting=0, running=256, max_seqs=256)  # room for 2 again: then batch order
+    r = svc.admit_batch(["acme"] * 3, ["s0", "s1", "s2"], ["standard", "batch", "standard"],
+                        [10] * 3, [10] * 3, pool="p")  # fmt: skip
+    assert r.reason == [Reason.OK, Reason.OK, Reason.BACKPRESSURE]
 
 
 def test_the_gate_is_on_by_default_and_off_lets_everything_through(make_service: Any) -> None:
