@@ -116,7 +116,7 @@ class Decider:
         shadow = self._tenants.shadow(entry)
         if v.reason and not shadow:
             return self.pressure_refusal(v, lane, slot, now, arrived)
-        if not shadow and not self._gate.has_room(pool, now):
+        if not shadow and not self._gate.has_room(pool, now, prompt):
             return self.gate_refusal(v, lane, slot, pool, now, arrived)
         if shadow:
             reason, reserved, retry, bucket, hour, day = self._table.charge(
@@ -182,7 +182,7 @@ class Decider:
             reason = _OK
         if reason == _OK:
             if self._gate.enabled:
-                self._gate.released(pool, now)
+                self._gate.released(pool, now, prompt)
             if price is None:
                 price = self.pricing.quote(pool, model, now)
             return R.admitted(
@@ -247,7 +247,6 @@ class Decider:
         # The pool is batch-level: one verdict per lane.
         verdicts = {ln: self._pressure.verdict(ln, pool, now) for ln in set(lanes) if ln}
         maxt_l = list(max_tokens)
-        room = self._gate.room(pool, now)
         verdict_l = [_NO_VERDICT] * n
         fast_slots = [-1] * n  # what the fast path decides (-1 = decided here)
         pre: dict[int, Record] = {}  # refused before the fast path
@@ -264,17 +263,19 @@ class Decider:
                 pre[i] = self.pressure_refusal(v, lanes[i], slots[i], now, now)
                 continue
             fast_slots[i] = slots[i]
-        if room is not None:
+        if self._gate.enabled:
             # A batch never waits: what the pool has no room for is refused,
             # fail-open lanes (premium) served first, then the rest in batch
-            # order. Room is counted per entry sent to the fast path (one it
-            # refuses took none, a small overestimate).
+            # order. The pool's share is planned for every entry sent to the
+            # fast path (one it then refuses took none: a small overestimate).
             lane_cfg = self._tenants.lanes
             gated = [i for i in range(n) if fast_slots[i] >= 0 and not shadow_l[i]]
             gated.sort(key=lambda i: not lane_cfg[lanes[i]].fail_open)  # stable
-            for i in gated[max(room, 0):]:
-                pre[i] = self.gate_refusal(verdict_l[i], lanes[i], slots[i], pool, now, now)
-                fast_slots[i] = -1
+            fits = self._gate.plan(pool, now, [prompt_tokens[i] for i in gated])
+            for i, ok in zip(gated, fits, strict=True):
+                if not ok:
+                    pre[i] = self.gate_refusal(verdict_l[i], lanes[i], slots[i], pool, now, now)
+                    fast_slots[i] = -1
         out_reason = np.zeros(n, dtype=np.int64)
         out_reserved = np.zeros(n, dtype=np.int64)
         out_retry = np.zeros(n, dtype=np.int64)

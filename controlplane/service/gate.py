@@ -5,14 +5,19 @@ where no lane or fairness rule can reach it. With ``Policy.pool_gate`` on,
 burstgate holds the backlog itself instead and releases work only while the
 pool is below its saturation point:
 
-- **with fresh load reports**: the engines' waiting requests (as last
-  reported) plus the requests burstgate released since the oldest of those
-  reports stay below ``gate_waiting_per_engine`` x the reporting engines,
-  where an engine that reports its running requests and ``max_num_seqs``
-  absorbs up to its free sequence slots first; and no engine's KV cache is
-  above ``gate_kv_usage_threshold``. Counting its own releases between
-  reports is what keeps a burst inside one report interval from overrunning
-  the pool;
+- **with fresh load reports**, a request may go when either
+  - it will start at the engines' next step: an engine that reports no
+    waiting request, its running requests and ``max_num_seqs`` has free
+    sequence slots, and the prompts released into them since the reports
+    fit the step's token budget (``max_batch_tokens`` less one token per
+    running decode): vLLM only starts what its chunked-prefill budget
+    allows, so free slots alone would let a burst of long prompts queue; or
+  - it will wait, but the engines' waiting requests (as last reported) plus
+    the releases that will wait since the reports stay below
+    ``gate_waiting_per_engine`` x the reporting engines;
+  and no engine's KV cache is at or above ``gate_kv_usage_threshold``.
+  Counting its own releases between reports is what keeps a burst inside one
+  report interval from overrunning the pool;
 - **without** (no engine reported, or every report is stale): at most
   ``gate_fallback_inflight`` requests released and not completed — a
   conservative concurrency, never "unlimited".
@@ -45,13 +50,28 @@ MAX_RETRY_NS = 30_000_000_000
 @dataclass(slots=True)
 class _PoolState:
     engines: dict[str, LoadSample] = field(default_factory=dict)
-    releases: deque[int] = field(default_factory=deque)  # release times, newest last
+    # Releases since the reports, newest last: those that start at the next
+    # step (time, prompt tokens) and those that will wait (time).
+    starting: deque[tuple[int, int]] = field(default_factory=deque)
+    starting_tokens: int = 0
+    waiting: deque[int] = field(default_factory=deque)
     inflight: int = 0  # released and not yet completed
     done: deque[int] = field(default_factory=lambda: deque(maxlen=DRAIN_WINDOW))
     report_gap_ns: int = 0  # typical time between two reports of one engine
 
 
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """What a pool can take now, before the releases since its reports."""
+
+    fallback: int  # >= 0 without fresh reports: in-flight requests allowed; -1 = reports
+    slots: int = 0  # free sequence slots of engines with nothing waiting
+    tokens: int = 0  # those engines' next-step token budget for new prompts
+    waiting: int = 0  # how many more may wait before the target is reached
+
+
 _EMPTY = _PoolState()  # read-only stand-in for a pool nobody released to yet
+_CLOSED = _Room(-1)
 
 
 class PoolGate:
@@ -89,13 +109,20 @@ class PoolGate:
             e.received_ns for e in state.engines.values() if now - e.received_ns <= self._stale_ns
         ]
         oldest = min(fresh, default=now)
-        while state.releases and state.releases[0] <= oldest:
-            state.releases.popleft()
+        while state.starting and state.starting[0][0] <= oldest:
+            state.starting_tokens -= state.starting.popleft()[1]
+        while state.waiting and state.waiting[0] <= oldest:
+            state.waiting.popleft()
 
-    def released(self, pool: str, now: int) -> None:
+    def released(self, pool: str, now: int, prompt: int) -> None:
+        """A request of ``prompt`` tokens was released to ``pool``."""
         state = self._pool(pool)
         state.inflight += 1
-        state.releases.append(now)
+        if self._starts(state, self._room(state, now), prompt):
+            state.starting.append((now, prompt))
+            state.starting_tokens += prompt
+        else:
+            state.waiting.append(now)
 
     def completed(self, pool: str, now: int) -> None:
         state = self._pools.get(pool)
@@ -103,18 +130,39 @@ class PoolGate:
             state.inflight -= 1
             state.done.append(now)
 
-    def has_room(self, pool: str, now: int) -> bool:
-        """Whether one more request may be released to ``pool`` now."""
-        room = self.room(pool, now)
-        return room is None or room > 0
-
-    def room(self, pool: str, now: int) -> int | None:
-        """How many more requests may be released to ``pool`` now (None: the
-        gate is off, no limit)."""
+    def has_room(self, pool: str, now: int, prompt: int) -> bool:
+        """Whether a request of ``prompt`` tokens may be released to ``pool``
+        now (always, with the gate off). Asking creates nothing: only
+        releases and reports make a pool's state."""
         if not self.enabled:
-            return None
-        # asking creates nothing: only releases and reports make a pool's state
-        return max(0, self._room(self._pools.get(pool) or _EMPTY, now))
+            return True
+        state = self._pools.get(pool) or _EMPTY
+        return self._fits(state, self._room(state, now), prompt)
+
+    def plan(self, pool: str, now: int, prompts: list[int]) -> list[bool]:
+        """Which of ``prompts``, released in this order, the pool would take
+        now (all, with the gate off): a batch's share, before the fast path
+        decides. One that does not fit does not stop a later, smaller one."""
+        if not self.enabled:
+            return [True] * len(prompts)
+        state = self._pools.get(pool) or _EMPTY
+        room = self._room(state, now)
+        if room.fallback >= 0:
+            left = room.fallback - state.inflight
+            return [i < left for i in range(len(prompts))]
+        starting, tokens, waiting = len(state.starting), state.starting_tokens, len(state.waiting)
+        out = []
+        for prompt in prompts:
+            if waiting < room.waiting and starting < room.slots and tokens + prompt <= room.tokens:
+                starting += 1
+                tokens += prompt
+                out.append(True)
+            elif waiting < room.waiting:
+                waiting += 1
+                out.append(True)
+            else:
+                out.append(False)
+        return out
 
     def retry_ns(self, pool: str, now: int) -> int:
         """When the pool is predicted to take one more request: the requests
@@ -122,7 +170,12 @@ class PoolGate:
         (completions per second, the last ``DRAIN_WINDOW``); before any
         completion was seen, one load-report interval."""
         state = self._pools.get(pool) or _EMPTY
-        over = max(1, 1 - self._room(state, now))
+        room = self._room(state, now)
+        if room.fallback >= 0:
+            left = room.fallback - state.inflight
+        else:
+            left = room.waiting - len(state.waiting)
+        over = max(1, 1 - left)
         done = state.done
         if len(done) >= 2 and done[-1] > done[0]:
             wait = over * (done[-1] - done[0]) // (len(done) - 1)
@@ -130,24 +183,42 @@ class PoolGate:
             wait = state.report_gap_ns or MIN_RETRY_NS * 100
         return min(max(wait, MIN_RETRY_NS), MAX_RETRY_NS)
 
-    def _room(self, state: _PoolState, now: int) -> int:
-        """``room`` before clamping at 0: negative = over the target by that many."""
+    def _room(self, state: _PoolState, now: int) -> _Room:
         fresh = [e for e in state.engines.values() if now - e.received_ns <= self._stale_ns]
         if not fresh:
-            return self._fallback - state.inflight
+            return _Room(self._fallback)
         kv_full = self._kv_threshold
         if any(e.kv_cache_usage is not None and e.kv_cache_usage >= kv_full for e in fresh):
-            return 0  # KV cache nearly full: more work now means preemptions
-        # How many more may go before the engines' waiting queues reach the
-        # target. An engine that reports its running requests and its
-        # max_num_seqs starts what it has room for at its next step, so only
-        # what exceeds that room will wait; otherwise every release counts.
-        room = self._per_engine * len(fresh)
+            return _CLOSED  # KV cache nearly full: more work now means preemptions
+        slots = tokens = 0
+        waiting = self._per_engine * len(fresh)
         for e in fresh:
-            room -= e.queue_depth
-            if e.queue_depth == 0 and e.requests_running is not None and e.max_num_seqs:
-                room += max(0, e.max_num_seqs - e.requests_running)
-        return room - len(state.releases)
+            waiting -= e.queue_depth
+            running, seqs = e.requests_running, e.max_num_seqs
+            if e.queue_depth == 0 and running is not None and seqs and running < seqs:
+                # it starts new requests at its next step, within its token
+                # budget less one token for each running decode
+                slots += seqs - running
+                tokens += max(0, e.max_batch_tokens - running)
+        return _Room(-1, slots, tokens, waiting)
+
+    @staticmethod
+    def _starts(state: _PoolState, room: _Room, prompt: int) -> bool:
+        """Whether a release now would start at the next step (a free slot
+        and prefill budget) rather than wait. Only while the pool is under
+        its waiting target: burstgate does not route, and a router may send
+        the release to an engine that has no free slot (least outstanding
+        tokens does), so free slots elsewhere must not let the queue grow."""
+        return (
+            len(state.waiting) < room.waiting
+            and len(state.starting) < room.slots
+            and state.starting_tokens + prompt <= room.tokens
+        )
+
+    def _fits(self, state: _PoolState, room: _Room, prompt: int) -> bool:
+        if room.fallback >= 0:
+            return state.inflight < room.fallback
+        return self._starts(state, room, prompt) or len(state.waiting) < room.waiting
 
     def inflight(self, pool: str) -> int:
         state = self._pools.get(pool)

@@ -232,7 +232,8 @@ def test_live_state(env: Env) -> None:
     env.admission().Complete(
         pb.CompleteRequest(tenant_id="acme", request_id="r0", prompt_tokens=600)
     )
-    assert env.admit("beta", "big", prompt=9000).reason == pb.REASON_MAX_TOKENS
+    # over twice its burst of 5,000: never fits
+    assert env.admit("beta", "big", prompt=10_001).reason == pb.REASON_MAX_TOKENS
     s = env.viewer.call("GetTenantState", apb.GetTenantStateRequest(tenant_id="acme"))
     assert s.enabled and s.burst_tokens == 10_000
     assert 7_000 <= s.bucket_tokens <= 10_000

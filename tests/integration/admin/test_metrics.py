@@ -77,7 +77,7 @@ def test_metrics_move_with_decisions(env: Env) -> None:
 
     for i in range(5):
         assert timed_admit("acme", f"r{i}", 500).decision == pb.DECISION_ADMIT
-    assert timed_admit("beta", "huge", 9000).reason == pb.REASON_MAX_TOKENS
+    assert timed_admit("beta", "huge", 10_001).reason == pb.REASON_MAX_TOKENS  # > 2 bursts
     env.admission().Complete(
         pb.CompleteRequest(tenant_id="acme", request_id="r0", prompt_tokens=500)
     )

@@ -65,6 +65,26 @@ def test_free_sequence_slots_absorb_releases(make_service: Any) -> None:
     assert out == [Decision.ADMIT] * 8 + [Decision.REJECT] * 2
 
 
+def test_free_slots_take_only_what_the_next_steps_token_budget_starts(make_service: Any) -> None:
+    # 6 free slots, but a step of 8,192 tokens less 250 running decodes starts
+    # one 4,000-token prompt: the next ones will wait, so the target counts them
+    svc = gated(make_service)
+    big = tenant("big", burst_tokens=10**6)
+    svc.apply_config([big], LANES, GATE)
+    report(svc, waiting=0, running=250, max_seqs=256)
+    out = [svc.admit("big", f"r{i}", "", 4_000, 10, pool="p").reason for i in range(5)]
+    assert out == [Reason.OK] * 3 + [Reason.BACKPRESSURE] * 2
+
+
+def test_free_slots_count_only_while_the_pool_is_under_its_target(make_service: Any) -> None:
+    # one engine has free slots, the other a queue at the target: a router may
+    # send the release to the busy one, so the free slots do not open the gate
+    svc = gated(make_service)
+    report(svc, "e1", waiting=0, running=100, max_seqs=256)
+    report(svc, "e2", waiting=4, running=256, max_seqs=256)
+    assert svc.admit("acme", "a", "", 10, 10, pool="p").reason == Reason.BACKPRESSURE
+
+
 def test_a_held_request_is_released_by_the_next_report(make_service: Any, clock: Any) -> None:
     svc = gated(make_service)
     report(svc, waiting=5)

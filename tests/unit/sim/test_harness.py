@@ -6,6 +6,7 @@ burstgate policy really drives the admission service."""
 from __future__ import annotations
 
 import random
+from bisect import bisect_left, bisect_right
 from typing import Any
 
 import pytest
@@ -146,3 +147,27 @@ def test_burstgate_default_beats_fifo_the_rate_limit_and_the_ungated_policy(load
         assert default.engine_queue_max < other.engine_queue_max
     # premium is never served worse than standard
     assert default.lanes["premium"].attainment >= default.lanes["standard"].attainment
+
+
+@pytest.mark.parametrize("engines", [1, 2])
+def test_the_gate_keeps_the_engines_queue_within_one_report_intervals_releases(
+    engines: int,
+) -> None:
+    """At any release, the engines' waiting requests (released, not yet
+    scheduled) are at most the gate's target (2 per engine) plus what was
+    released within the last report interval (100 ms): between reports the
+    gate counts its own releases, so a burst cannot overrun the pool."""
+    trace = synthetic(900)
+    scaled = scale_to_rate(trace, 1.5 * engines * estimate_capacity_rps(trace, PARAMS))
+    policy = Burstgate(default_tenant_configs(tenant_rates(scaled), LANES))
+    res = Runner(scaled, policy, engines=engines, params=PARAMS).run()
+    served = [j.req for j in res.jobs if j.outcome == "served"]
+    assert all(r.preemptions == 0 for r in served)  # waiting = released, not yet started
+    releases = sorted(r.released_ns for r in served)
+    starts = sorted(r.started_ns for r in served)
+    interval = 100_000_000  # the harness's report interval; a report's instant included
+    for t in releases:
+        waiting = bisect_right(releases, t) - bisect_right(starts, t)
+        recent = bisect_right(releases, t) - bisect_left(releases, t - interval)
+        assert waiting <= 2 * engines + recent, f"{waiting} waiting at {t}, {recent} released"
+    assert sum(1 for j in res.jobs if j.outcome == "refused") > 0  # it was overloaded
