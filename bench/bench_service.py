@@ -6,7 +6,9 @@
 
 Drives ``AdmissionService`` directly, as the simulator and replays do, with
 a fake clock: unary ``admit`` + ``complete``, ``admit_or_wait`` against a
-backlog, and ``admit_batch`` at batch sizes 100 and 1,000. Prints the median
+backlog, and ``admit_batch`` at batch sizes 100 and 1,000, each with the
+pool gate on (the default: requests name a pool whose one engine reports,
+every 100 decisions, free room for all of them) and off. Prints the median
 nanoseconds per decision over interleaved rounds (JSON with ``--json``).
 
 It measures only the Python around the fast path, so two checkouts can be
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from decimal import Decimal
 
 from controlplane.domain import DEFAULT_LANES, TenantConfig
+from controlplane.domain.policy import Policy
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
 
@@ -42,38 +45,51 @@ class Clock:
         return self.now
 
 
-def make_service() -> tuple[AdmissionService, Clock]:
+POOL = "bench"
+
+
+def make_service(gate: bool = True) -> tuple[AdmissionService, Clock]:
     clock = Clock()
     svc = AdmissionService(Settings(), clock=clock)
     tenants = [
         TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**8) for i in range(TENANTS)
     ]
-    svc.apply_config(tenants, LANES)
+    svc.apply_config(tenants, LANES, Policy(pool_gate=gate))
+    report(svc)
     return svc, clock
 
 
-def unary(n: int) -> float:
-    svc, clock = make_service()
+def report(svc: AdmissionService) -> None:
+    """One engine with room for everything the benchmark sends."""
+    svc.report_load(POOL, "e0", 0, 10**12, 0, 0, None, 0.5,
+                    requests_running=0, max_num_seqs=10**9, kv_cache_usage=0.1)  # fmt: skip
+
+
+def unary(n: int, gate: bool) -> float:
+    svc, clock = make_service(gate)
     start = time.perf_counter_ns()
     for i in range(n):
         t = f"t{i % TENANTS}"
         rid = f"r{i}"
-        svc.admit(t, rid, "standard", 500, 200)
+        svc.admit(t, rid, "standard", 500, 200, pool=POOL)
         svc.complete(t, rid, 0, 500, 100)
         clock.now += 1000
+        if i % 100 == 99:
+            report(svc)
     return (time.perf_counter_ns() - start) / n
 
 
-def batch(n: int, size: int) -> float:
-    svc, clock = make_service()
+def batch(n: int, size: int, gate: bool) -> float:
+    svc, clock = make_service(gate)
     tenants = [f"t{i % TENANTS}" for i in range(size)]
     prompts = [500] * size
     maxt = [200] * size
     start = time.perf_counter_ns()
     for b in range(n // size):
         ids = [f"b{b}-{i}" for i in range(size)]
-        svc.admit_batch(tenants, ids, [], prompts, maxt)
+        svc.admit_batch(tenants, ids, [], prompts, maxt, pool=POOL)
         clock.now += 1000
+        report(svc)
     return (time.perf_counter_ns() - start) / (n // size * size)
 
 
@@ -106,10 +122,13 @@ def main() -> None:
     ap.add_argument("--only", help="run one scenario (e.g. under valgrind --tool=callgrind)")
     args = ap.parse_args()
     scenarios: dict[str, Callable[[], float]] = {
-        "admit+complete": lambda: unary(args.n),
+        "admit+complete": lambda: unary(args.n, True),
+        "admit+complete, gate off": lambda: unary(args.n, False),
         "admit_or_wait (backlog)": lambda: waiting(args.n),
-        "admit_batch 100": lambda: batch(args.n, 100),
-        "admit_batch 1000": lambda: batch(args.n, 1000),
+        "admit_batch 100": lambda: batch(args.n, 100, True),
+        "admit_batch 100, gate off": lambda: batch(args.n, 100, False),
+        "admit_batch 1000": lambda: batch(args.n, 1000, True),
+        "admit_batch 1000, gate off": lambda: batch(args.n, 1000, False),
     }
     if args.only:
         scenarios = {args.only: scenarios[args.only]}

@@ -171,17 +171,20 @@ class Decider:
         arrived: int,
         rid: int,
         price: PriceQuote | None,
+        release: bool = True,
     ) -> Record:
         """The record of a fast-path verdict; an admission takes reservation
-        id ``rid`` and the price in force (``price``, or quoted here). In
-        shadow mode the request was charged whatever the verdict and is
-        admitted with the reason it would have been refused for."""
+        id ``rid`` and the price in force (``price``, or quoted here), and is
+        counted by the pool gate unless ``release`` is false (a batch counts
+        its admissions at once). In shadow mode the request was charged
+        whatever the verdict and is admitted with the reason it would have
+        been refused for."""
         shadow_reason = 0
         if shadow:
             shadow_reason = v.reason or reason
             reason = _OK
         if reason == _OK:
-            if self._gate.enabled:
+            if release and self._gate.enabled:
                 self._gate.released(pool, now, prompt)
             if price is None:
                 price = self.pricing.quote(pool, model, now)
@@ -270,7 +273,9 @@ class Decider:
             # fast path (one it then refuses took none: a small overestimate).
             lane_cfg = self._tenants.lanes
             gated = [i for i in range(n) if fast_slots[i] >= 0 and not shadow_l[i]]
-            gated.sort(key=lambda i: not lane_cfg[lanes[i]].fail_open)  # stable
+            first = {ln for ln in verdicts if lane_cfg[ln].fail_open}
+            if first and len(first) < len(verdicts):  # a mix: fail-open lanes first
+                gated.sort(key=lambda i: lanes[i] not in first)  # stable
             fits = self._gate.plan(pool, now, [prompt_tokens[i] for i in gated])
             for i, ok in zip(gated, fits, strict=True):
                 if not ok:
@@ -298,6 +303,7 @@ class Decider:
         recs: list[Record] = []
         admitted_keys: list[Key] = []
         admitted_recs: list[Record] = []
+        admitted_prompts: list[int] = []
         rejected_keys: list[Key] = []
         rejected_recs: list[Record] = []
         conclude = self.conclude
@@ -318,17 +324,20 @@ class Decider:
             else:
                 rec = conclude(
                     reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
-                    pool, model, now, now, rid, price,
+                    pool, model, now, now, rid, price, False,
                 )  # fmt: skip
                 recs.append(rec)
             if rec[STATE] == OPEN:
                 rid += 1
                 admitted_keys.append(key)
                 admitted_recs.append(rec)
+                admitted_prompts.append(prompt)
             else:
                 rejected_keys.append(key)
                 rejected_recs.append(rec)
         self._next_reservation = rid
+        if admitted_prompts and self._gate.enabled:
+            self._gate.released_many(pool, now, admitted_prompts)
         log.add_batch(now, admitted_keys, admitted_recs, rejected_keys, rejected_recs)
         fresh = [r for i, r in enumerate(recs) if i not in replayed] if replayed else recs
         stats.count_reasons(

@@ -47,19 +47,6 @@ MIN_RETRY_NS = 1_000_000
 MAX_RETRY_NS = 30_000_000_000
 
 
-@dataclass(slots=True)
-class _PoolState:
-    engines: dict[str, LoadSample] = field(default_factory=dict)
-    # Releases since the reports, newest last: those that start at the next
-    # step (time, prompt tokens) and those that will wait (time).
-    starting: deque[tuple[int, int]] = field(default_factory=deque)
-    starting_tokens: int = 0
-    waiting: deque[int] = field(default_factory=deque)
-    inflight: int = 0  # released and not yet completed
-    done: deque[int] = field(default_factory=lambda: deque(maxlen=DRAIN_WINDOW))
-    report_gap_ns: int = 0  # typical time between two reports of one engine
-
-
 @dataclass(frozen=True, slots=True)
 class _Room:
     """What a pool can take now, before the releases since its reports."""
@@ -68,6 +55,26 @@ class _Room:
     slots: int = 0  # free sequence slots of engines with nothing waiting
     tokens: int = 0  # those engines' next-step token budget for new prompts
     waiting: int = 0  # how many more may wait before the target is reached
+
+
+@dataclass(slots=True)
+class _PoolState:
+    engines: dict[str, LoadSample] = field(default_factory=dict)
+    # Releases since the reports, newest last: those that start at the next
+    # step (times, and their prompt tokens: two deques of ints, because ints
+    # are not tracked by the garbage collector and tuples are) and those that
+    # will wait (times).
+    starting: deque[int] = field(default_factory=deque)
+    starting_prompts: deque[int] = field(default_factory=deque)
+    starting_tokens: int = 0
+    waiting: deque[int] = field(default_factory=deque)
+    inflight: int = 0  # released and not yet completed
+    done: deque[int] = field(default_factory=lambda: deque(maxlen=DRAIN_WINDOW))
+    report_gap_ns: int = 0  # typical time between two reports of one engine
+    # The pool's room from its reports, cached until a report arrives, the
+    # first fresh one goes stale or the policy changes.
+    room: _Room | None = None
+    room_until: int = -1
 
 
 _EMPTY = _PoolState()  # read-only stand-in for a pool nobody released to yet
@@ -88,6 +95,8 @@ class PoolGate:
         self._per_engine = policy.gate_waiting_per_engine
         self._fallback = policy.gate_fallback_inflight
         self._kv_threshold = policy.gate_kv_usage_threshold
+        for state in self._pools.values():
+            state.room = None  # the thresholds changed
 
     def _pool(self, pool: str) -> _PoolState:
         state = self._pools.get(pool)
@@ -104,25 +113,63 @@ class PoolGate:
             old = state.report_gap_ns
             state.report_gap_ns = gap if not old else (old + gap) // 2
         state.engines[load.engine_id] = load
+        state.room = None
         # releases older than every fresh report are in those reports already
         fresh = [
             e.received_ns for e in state.engines.values() if now - e.received_ns <= self._stale_ns
         ]
         oldest = min(fresh, default=now)
-        while state.starting and state.starting[0][0] <= oldest:
-            state.starting_tokens -= state.starting.popleft()[1]
-        while state.waiting and state.waiting[0] <= oldest:
-            state.waiting.popleft()
+        starting, waiting = state.starting, state.waiting
+        if starting and starting[-1] <= oldest:  # the usual case: all of them
+            starting.clear()
+            state.starting_prompts.clear()
+            state.starting_tokens = 0
+        while starting and starting[0] <= oldest:
+            starting.popleft()
+            state.starting_tokens -= state.starting_prompts.popleft()
+        if waiting and waiting[-1] <= oldest:
+            waiting.clear()
+        while waiting and waiting[0] <= oldest:
+            waiting.popleft()
 
     def released(self, pool: str, now: int, prompt: int) -> None:
         """A request of ``prompt`` tokens was released to ``pool``."""
         state = self._pool(pool)
         state.inflight += 1
         if self._starts(state, self._room(state, now), prompt):
-            state.starting.append((now, prompt))
+            state.starting.append(now)
+            state.starting_prompts.append(prompt)
             state.starting_tokens += prompt
         else:
             state.waiting.append(now)
+
+    def released_many(self, pool: str, now: int, prompts: list[int]) -> None:
+        """Requests of these prompt sizes were released to ``pool`` at once
+        (an AdmitStream batch), in this order."""
+        state = self._pool(pool)
+        k = len(prompts)
+        state.inflight += k
+        room = self._room(state, now)
+        starting, starting_prompts, waiting = state.starting, state.starting_prompts, state.waiting
+        tokens = state.starting_tokens
+        n_start, n_wait = len(starting), len(waiting)
+        if n_wait < room.waiting and n_start + k <= room.slots:
+            total = sum(prompts)
+            if tokens + total <= room.tokens:  # the usual case: all start at the next step
+                starting.extend([now] * k)
+                starting_prompts.extend(prompts)
+                state.starting_tokens = tokens + total
+                return
+        for prompt in prompts:
+            if n_wait < room.waiting and n_start < room.slots and tokens + prompt <= room.tokens:
+                starting.append(now)
+                starting_prompts.append(prompt)
+                tokens += prompt
+                n_start += 1
+            else:
+                waiting.append(now)
+                n_wait += 1
+        state.starting_tokens = tokens
 
     def completed(self, pool: str, now: int) -> None:
         state = self._pools.get(pool)
@@ -151,6 +198,13 @@ class PoolGate:
             left = room.fallback - state.inflight
             return [i < left for i in range(len(prompts))]
         starting, tokens, waiting = len(state.starting), state.starting_tokens, len(state.waiting)
+        k = len(prompts)
+        if waiting + k <= room.waiting or (
+            waiting < room.waiting
+            and starting + k <= room.slots
+            and tokens + sum(prompts) <= room.tokens
+        ):
+            return [True] * k  # the usual case: room for all
         out = []
         for prompt in prompts:
             if waiting < room.waiting and starting < room.slots and tokens + prompt <= room.tokens:
@@ -184,7 +238,19 @@ class PoolGate:
         return min(max(wait, MIN_RETRY_NS), MAX_RETRY_NS)
 
     def _room(self, state: _PoolState, now: int) -> _Room:
-        fresh = [e for e in state.engines.values() if now - e.received_ns <= self._stale_ns]
+        room = state.room
+        if room is not None and now < state.room_until:
+            return room
+        if state is _EMPTY:  # shared by every gate: computed, never cached
+            return _Room(self._fallback)
+        stale = self._stale_ns
+        fresh = [e for e in state.engines.values() if now - e.received_ns <= stale]
+        # valid until the first fresh report goes stale (or the next report)
+        state.room_until = min((e.received_ns + stale + 1 for e in fresh), default=1 << 62)
+        room = state.room = self._compute(fresh)
+        return room
+
+    def _compute(self, fresh: list[LoadSample]) -> _Room:
         if not fresh:
             return _Room(self._fallback)
         kv_full = self._kv_threshold
