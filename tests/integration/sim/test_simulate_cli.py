@@ -36,6 +36,16 @@ def test_simulate_compares_the_policies_on_the_same_input() -> None:
     # with room FIFO meets nearly every SLO; past capacity it cannot
     assert fifo_light["overall"]["attainment"] > 0.95
     assert fifo_heavy["overall"]["attainment"] < fifo_light["overall"]["attainment"]
+    # past capacity burstgate's default holds the burst and serves premium
+    # first: the ranking, not a wall time
+    heavy = {r["policy"]: r for r in runs[3:]}
+    gate = heavy["burstgate"]
+    for other in (heavy["fifo"], heavy["rate-limit"]):
+        assert (
+            gate["lanes"]["premium"]["attainment"] > other["lanes"]["premium"]["attainment"] + 0.3
+        )
+        assert gate["overall"]["goodput_tps"] > other["overall"]["goodput_tps"]
+        assert gate["engine_queue_max"] < other["engine_queue_max"]
 
 
 def test_simulate_table_output_and_config_policy(tmp_path: Path) -> None:
