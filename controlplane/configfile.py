@@ -31,6 +31,7 @@ class LaneSpec(BaseModel):
     fail_open: bool = False
     degradable: bool = True
     max_queued: int | None = Field(default=None, ge=0)
+    pool: str | None = None  # engine pool; checked by domain.validate.check_pool
 
 
 class TenantSpec(BaseModel):
@@ -52,6 +53,7 @@ class TenantSpec(BaseModel):
     max_wait_ms: int | None = Field(default=None, ge=0)
     long_request_tokens: int | None = Field(default=None, gt=0)
     demote_long_requests: bool = True
+    pool: str | None = None
 
 
 class ConfigFile(BaseModel):

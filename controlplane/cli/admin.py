@@ -19,6 +19,7 @@ import typer
 
 from controlplane.cli.common import (
     DEFAULT_ADMIN_TARGET,
+    UNLIMITED,
     ApiKeyOpt,
     JsonOpt,
     TimeoutOpt,
@@ -138,7 +139,7 @@ def lane_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         echo_json(rows)
     else:
         table(rows, ("name", "priority", "weight", "wait_target_ms", "fail_open", "degradable",
-                      "max_queued"))  # fmt: skip
+                      "max_queued", "pool"))  # fmt: skip
 
 
 @lane_app.command("set")
@@ -152,6 +153,10 @@ def lane_set(
     degradable: Annotated[bool | None, typer.Option("--degradable/--no-degradable")] = None,
     max_queued: Annotated[
         str | None, typer.Option(help="Queue bound, or 'none' (= policy).")
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="Engine pool when neither request nor tenant names one, or 'none'."),
     ] = None,
     create: Annotated[bool, typer.Option(help="Create the lane if it does not exist.")] = False,
     as_json: JsonOpt = False,
@@ -174,6 +179,10 @@ def lane_set(
         paths.append("max_queued")
         if mq is not None:
             lane.max_queued = mq
+    if pool is not None:
+        paths.append("pool")
+        if pool.lower() not in UNLIMITED:
+            lane.pool = pool
     if not paths:
         fail("nothing to change: give at least one option (see --help)")
     with admin_client(_root_ctx(ctx)) as c:

@@ -196,7 +196,7 @@ def _tenant_row(t: Any) -> dict[str, Any]:
             row[name] = "unlimited"
         elif field.type == field.TYPE_BOOL:
             row[name] = False
-        elif name in ("fallback_model", "max_wait_ms", "long_request_tokens"):
+        elif name in ("fallback_model", "max_wait_ms", "long_request_tokens", "pool"):
             row[name] = "-"
     return row
 
@@ -256,6 +256,9 @@ ConcOpt = Annotated[str | None, typer.Option(help="Requests in flight, or 'unlim
 QueuedOpt = Annotated[str | None, typer.Option(help="Requests queued, or 'unlimited'.")]
 MaxTokOpt = Annotated[str | None, typer.Option(help="Cap on prompt + max_tokens per request.")]
 DedicatedOpt = Annotated[str | None, typer.Option(help="Hard token cap, or 'unlimited'.")]
+PoolOpt = Annotated[
+    str | None, typer.Option(help="Engine pool of requests that name none (default: the lane's).")
+]
 ShadowOpt = Annotated[
     bool | None, typer.Option("--shadow-mode/--no-shadow-mode", help="Decide and count, but admit.")
 ]
@@ -305,6 +308,8 @@ def _update(ctx: typer.Context, tenant_id: str, fields: dict[str, Any], as_json:
             f"{k}={cell(getattr(updated, k))}"
             if k in _PLAIN or updated.HasField(k)
             else f"{k}=unlimited"
+            if k in LIMIT_FIELDS
+            else f"{k}=-"  # cleared: not configured (max_wait_ms, fallback_model, pool ...)
             for k in fields
         ]
         typer.echo(f"tenant {tenant_id} updated: " + ", ".join(shown))
@@ -329,6 +334,7 @@ def tenant_add(
     default_lane: Annotated[str, typer.Option(help="Lane when a request names none.")] = "standard",
     display_name: Annotated[str, typer.Option(help="Human-readable name.")] = "",
     fallback_model: Annotated[str | None, typer.Option(help="Model to degrade to.")] = None,
+    pool: PoolOpt = None,
     shadow_mode: Annotated[bool, typer.Option("--shadow-mode/--no-shadow-mode")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -341,6 +347,8 @@ def tenant_add(
                    shadow_mode=shadow_mode)  # fmt: skip
     if fallback_model is not None:
         t.fallback_model = fallback_model
+    if pool is not None:
+        t.pool = pool
     for name, value in fields.items():
         if value is not None:
             setattr(t, name, value)
@@ -369,6 +377,10 @@ def tenant_update(
     demote_long_requests: Annotated[
         bool | None, typer.Option("--demote-long-requests/--no-demote-long-requests")
     ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="Engine pool of requests that name none, or 'none' (= the lane's)."),
+    ] = None,
     shadow_mode: ShadowOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -386,6 +398,8 @@ def tenant_update(
             fields[name] = v
     if demote_long_requests is not None:
         fields["demote_long_requests"] = demote_long_requests
+    if pool is not None:
+        fields["pool"] = None if pool.lower() in UNLIMITED else pool
     if shadow_mode is not None:
         fields["shadow_mode"] = shadow_mode
     _update(ctx, tenant_id, fields, as_json)

@@ -26,6 +26,10 @@ class Decision(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class LaneConfig:
+    """A lane. ``pool``: the engine pool of its requests when neither the
+    request nor its tenant names one (``TenantDirectory.pool_for``); None =
+    not configured."""
+
     name: str
     priority: int
     weight: Decimal
@@ -33,6 +37,7 @@ class LaneConfig:
     fail_open: bool
     degradable: bool
     max_queued: int | None = None  # None = the policy's lane_queue_limit
+    pool: str | None = None  # None = not configured
 
 
 # The SPEC's default lanes (section 1), as the first migration seeds them and
@@ -46,7 +51,11 @@ DEFAULT_LANES = (
 
 @dataclass(frozen=True, slots=True)
 class TenantConfig:
-    """A tenant's limits; ``None`` means unlimited."""
+    """A tenant's limits; ``None`` means unlimited.
+
+    ``pool`` is the engine pool of the tenant's requests that name none
+    (before the lane's pool and "default"; ``TenantDirectory.pool_for``);
+    None = not configured."""
 
     tenant_id: str
     token_rate: Decimal  # tokens per second
@@ -65,6 +74,7 @@ class TenantConfig:
     max_wait_ms: int | None = None  # None = the lane's wait target
     long_request_tokens: int | None = None  # None = the policy's threshold
     demote_long_requests: bool = True
+    pool: str | None = None  # None = not configured
 
     @property
     def rate_mtok_per_s(self) -> int:

@@ -62,6 +62,13 @@ def check_optional_name(field: str, value: str, *, max_len: int = MAX_MODEL_LEN)
         raise InvalidArgument(field, "must not contain control characters")
 
 
+def check_pool(pool: str | None) -> None:
+    """A configured engine pool (tenant or lane): None (not configured), or
+    a name as a load report gives it, so a configured pool can be reported."""
+    if pool is not None:
+        check_id("pool", pool)
+
+
 def check_tokens(field: str, value: int) -> None:
     if value < 0:
         raise InvalidArgument(field, f"must be >= 0, got {value}")
@@ -105,6 +112,7 @@ def check_tenant(cfg: TenantConfig, lane_names: Iterable[str]) -> None:
             raise InvalidArgument(name, f"longer than {MAX_TEXT} characters")
         if text and not text.isprintable():
             raise InvalidArgument(name, "must not contain control characters")
+    check_pool(cfg.pool)
     names = set(lane_names)
     if cfg.default_lane not in names:
         raise InvalidArgument(
@@ -126,3 +134,4 @@ def check_lane(lane: LaneConfig) -> None:
         raise InvalidArgument("wait_target_ms", f"must be between 0 and {INT32_MAX}")
     if lane.max_queued is not None and not 0 <= lane.max_queued <= INT32_MAX:
         raise InvalidArgument("max_queued", f"must be between 0 and {INT32_MAX}, or unset")
+    check_pool(lane.pool)

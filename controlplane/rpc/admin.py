@@ -33,6 +33,7 @@ from controlplane.rpc.admin_pb import (
     key_to_pb,
     lane_to_pb,
     mask_paths,
+    optional_pool,
     page_size,
     parse_decimal,
     policy_to_pb,
@@ -203,6 +204,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 changes[p] = parse_decimal("weight", lane.weight)
             elif p == "max_queued":
                 changes[p] = lane.max_queued if lane.HasField("max_queued") else None
+            elif p == "pool":
+                changes[p] = optional_pool(lane)
             else:
                 changes[p] = getattr(lane, p)
         updated = await asyncio.to_thread(

@@ -27,7 +27,7 @@ TENANT_MASK_FIELDS = frozenset(TENANT_FIELDS)
 # Optional integer fields of the Tenant message (unset = unlimited / default).
 OPTIONAL_INT_FIELDS = (*POSITIVE_LIMITS, "max_wait_ms")
 LANE_MASK_FIELDS = frozenset(
-    {"priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued"}
+    {"priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued", "pool"}
 )
 
 DEFAULT_PAGE_SIZE = 100
@@ -92,13 +92,23 @@ def tenant_to_pb(rec: TenantRecord) -> apb.Tenant:
             setattr(t, name, value)
     if c.fallback_model is not None:
         t.fallback_model = c.fallback_model
+    if c.pool is not None:
+        t.pool = c.pool
     return t
+
+
+def optional_pool(msg: apb.Tenant | apb.Lane) -> str | None:
+    """A Tenant's or Lane's configured pool as sent: unset and empty both
+    mean none (an empty pool is no pool), so either clears it."""
+    return msg.pool or None
 
 
 def _field_value(t: apb.Tenant, name: str) -> Any:
     """The domain value of one Tenant field as sent (None = unset optional)."""
     if name == "token_rate":
         return parse_decimal("token_rate", t.token_rate)
+    if name == "pool":
+        return optional_pool(t)
     msg: Any = t  # HasField is typed with literal field names
     if name in OPTIONAL_INT_FIELDS or name == "fallback_model":
         return getattr(t, name) if msg.HasField(name) else None
@@ -141,6 +151,8 @@ def lane_to_pb(lane: LaneConfig) -> apb.Lane:
     )
     if lane.max_queued is not None:
         msg.max_queued = lane.max_queued
+    if lane.pool is not None:
+        msg.pool = lane.pool
     return msg
 
 

@@ -60,7 +60,7 @@ from controlplane.service.answers import BatchResult, Outcomes
 from controlplane.service.decider import Decider, early_reason
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import check_admit, check_batch
-from controlplane.service.gate import DEFAULT_POOL, PoolGate
+from controlplane.service.gate import PoolGate
 from controlplane.service.pressure import (
     PressureGate,
     eviction_advice,
@@ -225,8 +225,7 @@ class AdmissionService:
             slot = -1 if entry is None else entry.slot
             return self._outcomes.record(key, R.refused(early, 0, lane, slot, now, now))
         lane = tenants.place(entry, lane, prompt_tokens, max_tokens)
-        if not pool and self._gate.enabled:
-            pool = DEFAULT_POOL  # with the gate every Admit belongs to a pool
+        pool = tenants.pool_for(entry, lane, pool)  # after placement: the final lane's pool
         max_wait = dispatcher.max_wait_ns(entry, lane, now, deadline_ns) if wait else 0
         if max_wait > 0 and dispatcher.competes(entry.slot):
             # Join the backlog so the fair order decides who goes first; the
@@ -308,9 +307,8 @@ class AdmissionService:
         The batch is validated in full before anything is decided: a bad
         entry fails the call (naming ``field[index]``) and changes no state.
         Callers holding protobuf repeated fields should pass lists (indexing
-        a repeated field costs ~6x a list index)."""
-        if not pool and self._gate.enabled:
-            pool = DEFAULT_POOL
+        a repeated field costs ~6x a list index). An empty ``pool`` is
+        resolved per entry (``TenantDirectory.pool_for``)."""
         keys, lane_of = check_batch(
             self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
             prompt_tokens, max_tokens, model, pool,

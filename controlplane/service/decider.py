@@ -217,7 +217,9 @@ class Decider:
     ) -> BatchResult:
         """Decide a validated batch with one call into the fast path; store
         and count the fresh decisions. ``lanes[i]`` is the named lane or ""
-        (the tenant's default). Repeated keys answer their earlier decision."""
+        (the tenant's default); ``pool`` is the batch's, "" = each entry's
+        own (``TenantDirectory.pool_for``). Repeated keys answer their
+        earlier decision."""
         n = len(keys)
         tenants = self._tenants
         policy = tenants.policy
@@ -229,15 +231,18 @@ class Decider:
             resolved[tenant_id] = (entry, early_reason(entry), shadow)
         slots = [-1] * n
         early = [_OK] * n
+        pools = [""] * n  # each fresh entry's pool, once its lane is final
         shadow_l = [False] * n
         replayed = log.replay_many(keys, now)
         long_threshold = policy.long_request_tokens
+        pool_for = tenants.pool_for
         for i in range(n):
             if replayed and i in replayed:
                 continue
             entry, early[i], shadow_l[i] = resolved[keys[i][0]]
             if entry is None:
                 lanes[i] = tenants.lane_for("lane", lanes[i], None)
+                pools[i] = pool_for(None, lanes[i], pool)
                 continue
             slots[i] = entry.slot
             if not lanes[i]:
@@ -247,9 +252,16 @@ class Decider:
                 long_threshold, entry.config.long_request_tokens or long_threshold
             ):
                 lanes[i] = tenants.place(entry, lanes[i], prompt_tokens[i], max_tokens[i])
-        # The pool is batch-level: one verdict per lane.
-        verdicts = {ln: self._pressure.verdict(ln, pool, now) for ln in set(lanes) if ln}
+            pools[i] = pool_for(entry, lanes[i], pool)
+        # One verdict per (lane, pool) of the fresh entries, in batch order
+        # (the batch-level answer reports the first), and one gate count per pool.
+        if replayed:
+            pairs = dict.fromkeys((lanes[i], pools[i]) for i in range(n) if i not in replayed)
+        else:
+            pairs = dict.fromkeys(zip(lanes, pools, strict=True))
+        verdicts = {lp: self._pressure.verdict(*lp, now) for lp in pairs}
         maxt_l = list(max_tokens)
+        batch_pools = list(dict.fromkeys(p for _, p in pairs))
         verdict_l = [_NO_VERDICT] * n
         fast_slots = [-1] * n  # what the fast path decides (-1 = decided here)
         pre: dict[int, Record] = {}  # refused before the fast path
@@ -259,7 +271,7 @@ class Decider:
             if early[i] != _OK:
                 pre[i] = R.refused(early[i], 0, lanes[i], slots[i], now, now)
                 continue
-            v = verdict_l[i] = verdicts[lanes[i]]
+            v = verdict_l[i] = verdicts[lanes[i], pools[i]]
             if v.degraded_cap and maxt_l[i] > v.degraded_cap:
                 maxt_l[i] = v.degraded_cap
             if v.reason and not shadow_l[i]:
@@ -267,20 +279,24 @@ class Decider:
                 continue
             fast_slots[i] = slots[i]
         if self._gate.enabled:
-            # A batch never waits: what the pool has no room for is refused,
+            # A batch never waits: what a pool has no room for is refused,
             # fail-open lanes (premium) served first, then the rest in batch
-            # order. The pool's share is planned for every entry sent to the
+            # order. Each pool's share is planned for every entry sent to the
             # fast path (one it then refuses took none: a small overestimate).
             lane_cfg = self._tenants.lanes
             gated = [i for i in range(n) if fast_slots[i] >= 0 and not shadow_l[i]]
-            first = {ln for ln in verdicts if lane_cfg[ln].fail_open}
-            if first and len(first) < len(verdicts):  # a mix: fail-open lanes first
-                gated.sort(key=lambda i: lanes[i] not in first)  # stable
-            fits = self._gate.plan(pool, now, [prompt_tokens[i] for i in gated])
-            for i, ok in zip(gated, fits, strict=True):
-                if not ok:
-                    pre[i] = self.gate_refusal(verdict_l[i], lanes[i], slots[i], pool, now, now)
-                    fast_slots[i] = -1
+            batch_lanes = {ln for ln, _ in verdicts}
+            # (an unknown tenant's fallback lane may not be configured)
+            fail_open = {ln for ln in batch_lanes if ln in lane_cfg and lane_cfg[ln].fail_open}
+            if fail_open and len(fail_open) < len(batch_lanes):  # a mix: those first
+                gated.sort(key=lambda i: lanes[i] not in fail_open)  # stable
+            for p in batch_pools:
+                mine = gated if len(batch_pools) == 1 else [i for i in gated if pools[i] == p]
+                fits = self._gate.plan(p, now, [prompt_tokens[i] for i in mine])
+                for i, ok in zip(mine, fits, strict=True):
+                    if not ok:
+                        pre[i] = self.gate_refusal(verdict_l[i], lanes[i], slots[i], p, now, now)
+                        fast_slots[i] = -1
         out_reason = np.zeros(n, dtype=np.int64)
         out_reserved = np.zeros(n, dtype=np.int64)
         out_retry = np.zeros(n, dtype=np.int64)
@@ -303,18 +319,20 @@ class Decider:
         recs: list[Record] = []
         admitted_keys: list[Key] = []
         admitted_recs: list[Record] = []
-        admitted_prompts: list[int] = []
+        admitted: list[int] = []  # indexes, for the pool gate's count
         rejected_keys: list[Key] = []
         rejected_recs: list[Record] = []
         conclude = self.conclude
-        price = self.pricing.quote(pool, model, now)
+        # Quoted once per pool of the batch, not per entry.
+        prices = {p: self.pricing.quote(p, model, now) for p in batch_pools}
         rid = self._next_reservation
         # entries not decided by the fast path: replays and early refusals
         special = replayed.keys() | pre.keys() if replayed or pre else ()
         # zip, not indexing: this loop runs once per request of every batch
-        for i, (key, reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot) in (
+        for i, (key, reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
+                pool_i) in (
             enumerate(zip(keys, reason_l, reserved_l, retry_l, bucket_l, hour_l, day_l,
-                          prompt_tokens, shadow_l, verdict_l, lanes, slots, strict=True))
+                          prompt_tokens, shadow_l, verdict_l, lanes, slots, pools, strict=True))
         ):  # fmt: skip
             if special and i in special:
                 rec = replayed.get(i) or pre[i]
@@ -324,20 +342,23 @@ class Decider:
             else:
                 rec = conclude(
                     reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
-                    pool, model, now, now, rid, price, False,
+                    pool_i, model, now, now, rid, prices[pool_i], False,
                 )  # fmt: skip
                 recs.append(rec)
             if rec[STATE] == OPEN:
                 rid += 1
                 admitted_keys.append(key)
                 admitted_recs.append(rec)
-                admitted_prompts.append(prompt)
+                admitted.append(i)
             else:
                 rejected_keys.append(key)
                 rejected_recs.append(rec)
         self._next_reservation = rid
-        if admitted_prompts and self._gate.enabled:
-            self._gate.released_many(pool, now, admitted_prompts)
+        if admitted and self._gate.enabled:
+            for p in batch_pools:
+                mine = admitted if len(batch_pools) == 1 else [i for i in admitted if pools[i] == p]
+                if mine:
+                    self._gate.released_many(p, now, [prompt_tokens[i] for i in mine])
         log.add_batch(now, admitted_keys, admitted_recs, rejected_keys, rejected_recs)
         fresh = [r for i, r in enumerate(recs) if i not in replayed] if replayed else recs
         stats.count_reasons(
@@ -349,14 +370,20 @@ class Decider:
         degraded = [v.degraded_cap > 0 for v in verdict_l]
         for i, prior in replayed.items():
             degraded[i] = bool(prior[R.DEGRADED_CAP])
-        return self._columns(recs, replayed, degraded, verdicts, price.multiplier)
+        # Entries of one batch may resolve to different pools: the batch-level
+        # multiplier is the first fresh entry's (each admission's record, which
+        # the ledger bills, locks its own pool's).
+        first = next(iter(prices.values()), None)
+        return self._columns(
+            recs, replayed, degraded, verdicts, first.multiplier if first is not None else 1.0
+        )
 
     def _columns(
         self,
         recs: list[Record],
         replayed: dict[int, Record],
         degraded: list[bool],
-        verdicts: dict[str, Verdict],
+        verdicts: dict[tuple[str, str], Verdict],
         multiplier: float,
     ) -> BatchResult:
         policy = self._tenants.policy

@@ -74,7 +74,9 @@ class PressureGate:
             # Stale or unknown: the configured policy decides, and says so.
             score = PPM if policy.stale_policy == "fail_closed" else 0
             cap = 0
-        shed_at = self._shed_ppm[lane]
+        # an unknown tenant's fallback lane may not be configured: never shed
+        # (its request is refused for the tenant before this matters)
+        shed_at = self._shed_ppm.get(lane, PPM + 1)
         if lane in self._fail_open or score < shed_at:
             return Verdict(_OK, 0, score, freshness, False, cap)
         drain = view.drain_ppm_per_s if view is not None and freshness == FRESH else 0

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.errors import InvalidArgument, NotFound
 from controlplane.domain.policy import Policy
+from controlplane.service.gate import DEFAULT_POOL
 from fastpath import TokenBucketTable
 
 # Lane of a request whose tenant is unknown and that named no lane (only the
@@ -163,6 +164,23 @@ class TenantDirectory:
         if prompt + max_tokens > threshold and not self.lanes[lane].fail_open:
             return self.lowest_lane
         return lane
+
+    def pool_for(self, entry: Tenant | None, lane: str, requested: str) -> str:
+        """The engine pool an Admit belongs to: the request's ``pool`` if it
+        names one; else its tenant's configured pool; else the configured
+        pool of ``lane``, the lane it was finally placed in (after
+        length-aware placement); else, with the pool gate on,
+        ``DEFAULT_POOL`` — never none (with the gate off, none: no
+        backpressure, as before the gate). The one place this rule lives:
+        the unary and the batch paths both call it."""
+        if requested:
+            return requested
+        if entry is not None and entry.config.pool:
+            return entry.config.pool
+        # .get: an unknown tenant's lane may be FALLBACK_LANE, configured or not
+        placed = self.lanes.get(lane)
+        configured = placed.pool if placed is not None else None
+        return configured or (DEFAULT_POOL if self.policy.pool_gate else "")
 
     def shadow(self, entry: Tenant) -> bool:
         """Shadow mode: decide and charge as usual, but admit whatever the verdict."""

@@ -51,8 +51,11 @@ TENANT_FIELDS = (
     "max_wait_ms",
     "long_request_tokens",
     "demote_long_requests",
+    "pool",
 )
-LANE_FIELDS = ("priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued")
+LANE_FIELDS = (
+    "priority", "weight", "wait_target_ms", "fail_open", "degradable", "max_queued", "pool",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +273,7 @@ class ConfigRepository:
                     fail_open=changes.get("fail_open", False),
                     degradable=changes.get("degradable", True),
                     max_queued=changes.get("max_queued"),
+                    pool=changes.get("pool"),
                 )
                 row = Lane(name=name)
                 s.add(row)

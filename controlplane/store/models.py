@@ -78,6 +78,8 @@ class Tenant(Base):
     long_request_tokens: Mapped[int | None] = mapped_column(BigInteger, default=None)
     # server_default: rows that existed before migration 0002 get True.
     demote_long_requests: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # Engine pool of requests that name none (before the lane's); NULL = not configured.
+    pool: Mapped[str | None] = mapped_column(String(128), default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
@@ -104,6 +106,8 @@ class Lane(Base):
     degradable: Mapped[bool] = mapped_column(Boolean, default=True)
     # Most requests waiting in this lane; NULL = the policy's lane_queue_limit.
     max_queued: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Engine pool of requests that name none and whose tenant has none; NULL = not configured.
+    pool: Mapped[str | None] = mapped_column(String(128), default=None)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
     )

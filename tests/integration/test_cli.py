@@ -49,6 +49,13 @@ def test_migrate_tenants_and_config_apply(db_url: str, tmp_path: Path) -> None:
     assert shown["tenant"]["token_rate"] == "1500.5"
     assert "max_concurrency=7" in run(*tenant, "limits", "acme", "--max-concurrency", "7")
     run(*tenant, "update", "acme", "--display-name", "Acme Corp")
+    assert "pool=gpu-a" in run(*tenant, "update", "acme", "--pool", "gpu-a")
+    assert json.loads(run(*tenant, "show", "acme", "--json"))["tenant"]["pool"] == "gpu-a"
+    assert "pool=-" in run(*tenant, "update", "acme", "--pool", "none")  # cleared
+    assert "pool" not in json.loads(run(*tenant, "show", "acme", "--json"))["tenant"]
+    run(*tenant, "add", "pooled", "--rate", "1", "--burst", "10", "--pool", "gpu-b")
+    assert json.loads(run(*tenant, "show", "pooled", "--json"))["tenant"]["pool"] == "gpu-b"
+    run(*tenant, "delete", "pooled", "--force")
     run(*tenant, "disable", "acme")
     assert json.loads(run(*tenant, "list", "--json"))[0]["enabled"] is False
     cfg = tmp_path / "tenants.yaml"

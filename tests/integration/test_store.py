@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import column, inspect, table
 
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.errors import AlreadyExists, InvalidArgument, NotFound
@@ -93,6 +94,70 @@ def test_tenant_repository(migrated_url: str) -> None:
     repo.engine.dispose()
 
 
+OLD_TENANT = ("tenant_id", "display_name", "enabled", "token_rate", "burst_tokens",
+              "default_lane", "shadow_mode", "created_at", "updated_at")  # fmt: skip
+
+
+def test_tenant_and_lane_pools(db_url: str) -> None:
+    # Rows written before migration 0005 come out with no configured pool.
+    upgrade(db_url, "0004")
+    engine = make_engine(db_url)
+    now = datetime.now(UTC)
+    with engine.begin() as conn:  # the 0004 schema: the models already have the column
+        conn.execute(
+            table("tenants", *(column(c) for c in OLD_TENANT)).insert(),
+            [dict(zip(OLD_TENANT, ("old", "", True, 1, 10, "standard", False, now, now),
+                      strict=True))],
+        )  # fmt: skip
+    upgrade(db_url)
+    repo = ConfigRepository(engine)
+    assert repo.get_tenant("old").config.pool is None
+    assert {lane.pool for lane in repo.lanes()} == {None}
+    t = TenantConfig(tenant_id="acme", token_rate=Decimal(1), burst_tokens=10, pool="gpu-a")
+    repo.add_tenant(t)
+    assert repo.get_tenant("acme").config == t
+    assert repo.update_tenant("acme", {"pool": "gpu-b"}).config.pool == "gpu-b"
+    assert repo.update_tenant("acme", {"pool": None}).config.pool is None  # cleared
+    assert repo.update_tenant("old", {"pool": "p" * 128}).config.pool == "p" * 128
+    repo.upsert_lane(LaneConfig("bulk", 3, Decimal("0.05"), 60_000, False, True, pool="gpu-c"))
+    repo.update_lane("standard", {"pool": "gpu-d"})
+    assert {lane.name: lane.pool for lane in repo.lanes()} == {
+        "premium": None, "standard": "gpu-d", "batch": None, "bulk": "gpu-c",
+    }  # fmt: skip
+    repo.update_lane("bulk", {"pool": None})
+    assert {lane.name: lane.pool for lane in repo.lanes()}["bulk"] is None
+    for bad in ("", "p" * 129, "gpu\x00"):
+        with pytest.raises(InvalidArgument) as err:
+            repo.update_tenant("acme", {"pool": bad})
+        assert err.value.field == "pool"
+        with pytest.raises(InvalidArgument) as err:
+            repo.update_lane("standard", {"pool": bad})
+        assert err.value.field == "pool"
+    assert repo.get_tenant("acme").config.pool is None
+    assert {lane.name: lane.pool for lane in repo.lanes()}["standard"] == "gpu-d"
+    engine.dispose()
+
+
+def test_yaml_config_accepts_pools(migrated_url: str, tmp_path: Any) -> None:
+    from controlplane import configfile
+
+    repo = ConfigRepository(make_engine(migrated_url))
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "lanes:\n- {name: bulk, priority: 3, weight: 0.05, wait_target_ms: 60000, pool: gpu-c}\n"
+        "tenants:\n- {tenant_id: a, token_rate: 1, burst_tokens: 10, pool: gpu-a}\n"
+        "- {tenant_id: b, token_rate: 1, burst_tokens: 10}\n"
+    )
+    assert configfile.apply(repo, configfile.load(path)) == (2, 0)
+    assert {t.tenant_id: t.pool for t in repo.tenants()} == {"a": "gpu-a", "b": None}
+    assert {lane.name: lane.pool for lane in repo.lanes()}["bulk"] == "gpu-c"
+    # applied again without it: the pool is no longer configured
+    path.write_text("tenants:\n- {tenant_id: a, token_rate: 1, burst_tokens: 10}\n")
+    assert configfile.apply(repo, configfile.load(path)) == (0, 1)
+    assert repo.get_tenant("a").config.pool is None
+    repo.engine.dispose()
+
+
 # Values the admin API refuses (INVALID_ARGUMENT naming the field) must be
 # refused by the YAML path too: both go through controlplane.domain.validate.
 YAML_REJECTS = [
@@ -112,6 +177,10 @@ YAML_REJECTS = [
      "lanes[0].weight"),
     ("lanes:\n- {name: bulk, priority: 3, weight: 0.1, wait_target_ms: 2147483648}\n",
      "lanes[0].wait_target_ms"),
+    ("tenants:\n- {tenant_id: a, token_rate: 1, burst_tokens: 10, pool: \"\"}\n",
+     "tenants[0].pool"),
+    ("lanes:\n- {name: bulk, priority: 3, weight: 0.1, wait_target_ms: 1, pool: " + "p" * 129
+     + "}\n", "lanes[0].pool"),
 ]  # fmt: skip
 
 

@@ -22,11 +22,13 @@ def test_the_bounds_themselves_are_accepted() -> None:
         dataclasses.replace(
             TENANT, max_concurrency=INT32_MAX, max_queued=INT32_MAX, max_wait_ms=INT32_MAX,
             hourly_quota=2**63 - 1, display_name="x" * MAX_TEXT, fallback_model="m" * MAX_TEXT,
+            pool="p" * 128,
         ),
         LANES,
     )  # fmt: skip
     check_lane(dataclasses.replace(LANE, priority=INT32_MAX, wait_target_ms=INT32_MAX,
-                                   max_queued=INT32_MAX, weight=Decimal("0.0001")))  # fmt: skip
+                                   max_queued=INT32_MAX, weight=Decimal("0.0001"),
+                                   pool="p" * 128))  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -47,6 +49,10 @@ def test_the_bounds_themselves_are_accepted() -> None:
         ({"display_name": "a\nb"}, "display_name"),
         ({"fallback_model": "m" * (MAX_TEXT + 1)}, "fallback_model"),
         ({"default_lane": "gold"}, "default_lane"),
+        # a configured pool follows a reported pool's rule; None = not configured
+        ({"pool": ""}, "pool"),
+        ({"pool": "p" * 129}, "pool"),
+        ({"pool": "gpu\na"}, "pool"),
     ],
 )
 def test_check_tenant_names_the_field(change: dict[str, Any], field: str) -> None:
@@ -67,6 +73,9 @@ def test_check_tenant_names_the_field(change: dict[str, Any], field: str) -> Non
         ({"weight": Decimal("0.12345")}, "weight"),
         ({"wait_target_ms": -1}, "wait_target_ms"),
         ({"max_queued": INT32_MAX + 1}, "max_queued"),
+        ({"pool": ""}, "pool"),
+        ({"pool": "p" * 129}, "pool"),
+        ({"pool": "gpu\ta"}, "pool"),
     ],
 )
 def test_check_lane_names_the_field(change: dict[str, Any], field: str) -> None:

@@ -11,6 +11,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.service import records as R
 from tests.integration.admin.conftest import Env, code_of
 
 
@@ -287,3 +288,65 @@ def test_api_keys_through_the_api(env: Env) -> None:
     )
     assert code == grpc.StatusCode.NOT_FOUND
     bob.close()
+
+
+def test_tenant_and_lane_pools(env: Env) -> None:
+    def live_pool(tenant: str, rid: str) -> str:
+        svc = env.srv.plane.service
+        rec = env.srv.on_loop(lambda: svc.record(tenant, rid))
+        assert rec is not None and rec[R.STATE] == R.OPEN
+        pool: str = rec[R.POOL]
+        return pool
+
+    def update_tenant(t: apb.Tenant) -> apb.Tenant:
+        req = apb.UpdateTenantRequest(tenant=t, update_mask=FieldMask(paths=["pool"]))
+        out: apb.Tenant = env.admin.call("UpdateTenant", req)
+        return out
+
+    def update_lane(lane: apb.Lane) -> apb.Lane:
+        req = apb.UpdateLaneRequest(lane=lane, update_mask=FieldMask(paths=["pool"]))
+        out: apb.Lane = env.admin.call("UpdateLane", req)
+        return out
+
+    created = env.admin.call(
+        "CreateTenant",
+        apb.CreateTenantRequest(
+            tenant=apb.Tenant(tenant_id="gamma", token_rate="1000", burst_tokens=10_000,
+                              pool="gpu-a")
+        ),
+    )  # fmt: skip
+    assert created.pool == "gpu-a" and env.tenant("gamma").pool == "gpu-a"
+    assert not env.tenant("acme").HasField("pool")
+    env.admit("gamma", "r1")  # names no pool: the tenant's, live at once
+    assert live_pool("gamma", "r1") == "gpu-a"
+    assert update_lane(apb.Lane(name="standard", pool="gpu-lane")).pool == "gpu-lane"
+    assert {x.name: x.pool for x in env.viewer.call("ListLanes", apb.ListLanesRequest()).lanes}[
+        "standard"
+    ] == "gpu-lane"
+    env.admit("gamma", "r2")  # the tenant's pool still comes first
+    assert live_pool("gamma", "r2") == "gpu-a"
+    # clearing: named in update_mask and unset, or set empty
+    assert not update_tenant(apb.Tenant(tenant_id="gamma")).HasField("pool")
+    assert not env.tenant("gamma").HasField("pool")
+    env.admit("gamma", "r3")  # now its lane's
+    assert live_pool("gamma", "r3") == "gpu-lane"
+    assert update_tenant(apb.Tenant(tenant_id="gamma", pool="gpu-b")).pool == "gpu-b"
+    assert not update_tenant(apb.Tenant(tenant_id="gamma", pool="")).HasField("pool")
+    assert not update_lane(apb.Lane(name="standard")).HasField("pool")
+    env.admit("gamma", "r4")  # neither: the default pool
+    assert live_pool("gamma", "r4") == "default"
+    audit = env.audit(target="tenant:gamma")
+    assert any(json.loads(e.after_json or "{}").get("pool") == "gpu-b" for e in audit)
+    # a bad pool name is refused naming the field, and nothing changes
+    for bad in ("p" * 129, "gpu\na"):
+        for call in (
+            partial(env.admin.call, "CreateTenant", apb.CreateTenantRequest(
+                tenant=apb.Tenant(tenant_id="delta", token_rate="1", burst_tokens=5, pool=bad))),
+            partial(update_tenant, apb.Tenant(tenant_id="gamma", pool=bad)),
+            partial(update_lane, apb.Lane(name="standard", pool=bad)),
+        ):  # fmt: skip
+            code, details = code_of(call)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+            assert details.startswith("pool"), details
+    assert not env.tenant("gamma").HasField("pool")
+    assert "delta" not in [t.tenant_id for t in env.admin.list_tenants()]

@@ -3,6 +3,7 @@ setting parser: no I/O."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -10,7 +11,7 @@ from decimal import Decimal
 import pytest
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane.domain import TenantConfig
+from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.policy import Policy
 from controlplane.rpc.admin_pb import (
@@ -18,8 +19,10 @@ from controlplane.rpc.admin_pb import (
     decode_page_token,
     encode_page_token,
     json_value,
+    lane_to_pb,
     mask_paths,
     policy_to_pb,
+    tenant_changes,
     tenant_from_pb,
     tenant_to_pb,
 )
@@ -45,6 +48,21 @@ def test_tenant_round_trip_keeps_unset_limits_unlimited() -> None:
     assert tenant_from_pb(msg) == cfg
     whole = tenant_to_pb(TenantRecord(TenantConfig("b", Decimal("2000.000"), 5), NOW, NOW))
     assert whole.token_rate == "2000"
+
+
+def test_pool_round_trips_and_empty_means_not_configured() -> None:
+    cfg = TenantConfig(tenant_id="acme", token_rate=Decimal(1), burst_tokens=10, pool="gpu-a")
+    msg = tenant_to_pb(TenantRecord(cfg, NOW, NOW))
+    assert msg.pool == "gpu-a" and tenant_from_pb(msg) == cfg
+    unset = tenant_to_pb(TenantRecord(dataclasses.replace(cfg, pool=None), NOW, NOW))
+    assert not unset.HasField("pool")
+    # named in update_mask: unset or empty both clear it
+    assert tenant_changes(apb.Tenant(), ["pool"]) == {"pool": None}
+    assert tenant_changes(apb.Tenant(pool=""), ["pool"]) == {"pool": None}
+    assert tenant_changes(apb.Tenant(pool="gpu-b"), ["pool"]) == {"pool": "gpu-b"}
+    lane = lane_to_pb(LaneConfig("bulk", 3, Decimal("0.05"), 1, False, True, pool="gpu-c"))
+    assert lane.pool == "gpu-c"
+    assert not lane_to_pb(LaneConfig("bulk", 3, Decimal("0.05"), 1, False, True)).HasField("pool")
 
 
 def test_create_defaults_and_field_errors() -> None:

@@ -58,6 +58,7 @@ class Tenant(_message.Message):
     DEMOTE_LONG_REQUESTS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """1..128 chars, as sidecars send it"""
     display_name: _builtins.str
@@ -90,6 +91,11 @@ class Tenant(_message.Message):
     """length-aware placement threshold; unset = policy"""
     demote_long_requests: _builtins.bool
     """create: default true"""
+    pool: _builtins.str
+    """Engine pool of the tenant's requests that name none (before the lane's
+    pool, then "default"; with the pool gate on). Unset or empty = not
+    configured; UpdateTenant with "pool" in update_mask and no value clears it.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """output only"""
@@ -120,10 +126,11 @@ class Tenant(_message.Message):
         demote_long_requests: _builtins.bool | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        pool: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_daily_quota", b"_daily_quota", "_dedicated_quota", b"_dedicated_quota", "_demote_long_requests", b"_demote_long_requests", "_enabled", b"_enabled", "_fallback_model", b"_fallback_model", "_hourly_quota", b"_hourly_quota", "_long_request_tokens", b"_long_request_tokens", "_max_concurrency", b"_max_concurrency", "_max_queued", b"_max_queued", "_max_tokens_per_request", b"_max_tokens_per_request", "_max_wait_ms", b"_max_wait_ms", "create_time", b"create_time", "daily_quota", b"daily_quota", "dedicated_quota", b"dedicated_quota", "demote_long_requests", b"demote_long_requests", "enabled", b"enabled", "fallback_model", b"fallback_model", "hourly_quota", b"hourly_quota", "long_request_tokens", b"long_request_tokens", "max_concurrency", b"max_concurrency", "max_queued", b"max_queued", "max_tokens_per_request", b"max_tokens_per_request", "max_wait_ms", b"max_wait_ms", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_daily_quota", b"_daily_quota", "_dedicated_quota", b"_dedicated_quota", "_demote_long_requests", b"_demote_long_requests", "_enabled", b"_enabled", "_fallback_model", b"_fallback_model", "_hourly_quota", b"_hourly_quota", "_long_request_tokens", b"_long_request_tokens", "_max_concurrency", b"_max_concurrency", "_max_queued", b"_max_queued", "_max_tokens_per_request", b"_max_tokens_per_request", "_max_wait_ms", b"_max_wait_ms", "_pool", b"_pool", "create_time", b"create_time", "daily_quota", b"daily_quota", "dedicated_quota", b"dedicated_quota", "demote_long_requests", b"demote_long_requests", "enabled", b"enabled", "fallback_model", b"fallback_model", "hourly_quota", b"hourly_quota", "long_request_tokens", b"long_request_tokens", "max_concurrency", b"max_concurrency", "max_queued", b"max_queued", "max_tokens_per_request", b"max_tokens_per_request", "max_wait_ms", b"max_wait_ms", "pool", b"pool", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_daily_quota", b"_daily_quota", "_dedicated_quota", b"_dedicated_quota", "_demote_long_requests", b"_demote_long_requests", "_enabled", b"_enabled", "_fallback_model", b"_fallback_model", "_hourly_quota", b"_hourly_quota", "_long_request_tokens", b"_long_request_tokens", "_max_concurrency", b"_max_concurrency", "_max_queued", b"_max_queued", "_max_tokens_per_request", b"_max_tokens_per_request", "_max_wait_ms", b"_max_wait_ms", "burst_tokens", b"burst_tokens", "create_time", b"create_time", "daily_quota", b"daily_quota", "dedicated_quota", b"dedicated_quota", "default_lane", b"default_lane", "demote_long_requests", b"demote_long_requests", "display_name", b"display_name", "enabled", b"enabled", "fallback_model", b"fallback_model", "hourly_quota", b"hourly_quota", "long_request_tokens", b"long_request_tokens", "max_concurrency", b"max_concurrency", "max_queued", b"max_queued", "max_tokens_per_request", b"max_tokens_per_request", "max_wait_ms", b"max_wait_ms", "shadow_mode", b"shadow_mode", "tenant_id", b"tenant_id", "token_rate", b"token_rate", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_daily_quota", b"_daily_quota", "_dedicated_quota", b"_dedicated_quota", "_demote_long_requests", b"_demote_long_requests", "_enabled", b"_enabled", "_fallback_model", b"_fallback_model", "_hourly_quota", b"_hourly_quota", "_long_request_tokens", b"_long_request_tokens", "_max_concurrency", b"_max_concurrency", "_max_queued", b"_max_queued", "_max_tokens_per_request", b"_max_tokens_per_request", "_max_wait_ms", b"_max_wait_ms", "_pool", b"_pool", "burst_tokens", b"burst_tokens", "create_time", b"create_time", "daily_quota", b"daily_quota", "dedicated_quota", b"dedicated_quota", "default_lane", b"default_lane", "demote_long_requests", b"demote_long_requests", "display_name", b"display_name", "enabled", b"enabled", "fallback_model", b"fallback_model", "hourly_quota", b"hourly_quota", "long_request_tokens", b"long_request_tokens", "max_concurrency", b"max_concurrency", "max_queued", b"max_queued", "max_tokens_per_request", b"max_tokens_per_request", "max_wait_ms", b"max_wait_ms", "pool", b"pool", "shadow_mode", b"shadow_mode", "tenant_id", b"tenant_id", "token_rate", b"token_rate", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__daily_quota: _TypeAlias = _typing.Literal["daily_quota"]  # noqa: Y015
     _WhichOneofArgType__daily_quota: _TypeAlias = _typing.Literal["_daily_quota", b"_daily_quota"]  # noqa: Y015
@@ -147,6 +154,8 @@ class Tenant(_message.Message):
     _WhichOneofArgType__max_tokens_per_request: _TypeAlias = _typing.Literal["_max_tokens_per_request", b"_max_tokens_per_request"]  # noqa: Y015
     _WhichOneofReturnType__max_wait_ms: _TypeAlias = _typing.Literal["max_wait_ms"]  # noqa: Y015
     _WhichOneofArgType__max_wait_ms: _TypeAlias = _typing.Literal["_max_wait_ms", b"_max_wait_ms"]  # noqa: Y015
+    _WhichOneofReturnType__pool: _TypeAlias = _typing.Literal["pool"]  # noqa: Y015
+    _WhichOneofArgType__pool: _TypeAlias = _typing.Literal["_pool", b"_pool"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__daily_quota) -> _WhichOneofReturnType__daily_quota | None: ...
     @_typing.overload
@@ -169,6 +178,8 @@ class Tenant(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens_per_request) -> _WhichOneofReturnType__max_tokens_per_request | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_wait_ms) -> _WhichOneofReturnType__max_wait_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pool) -> _WhichOneofReturnType__pool | None: ...
 
 Global___Tenant: _TypeAlias = Tenant  # noqa: Y015
 
@@ -385,6 +396,7 @@ class Lane(_message.Message):
     FAIL_OPEN_FIELD_NUMBER: _builtins.int
     DEGRADABLE_FIELD_NUMBER: _builtins.int
     MAX_QUEUED_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     priority: _builtins.int
     """0 is served first"""
@@ -397,6 +409,10 @@ class Lane(_message.Message):
     degradable: _builtins.bool
     max_queued: _builtins.int
     """unset = the policy's lane_queue_limit"""
+    pool: _builtins.str
+    """Engine pool of the lane's requests when neither the request nor its
+    tenant names one (with the pool gate on). Unset or empty = not configured.
+    """
     def __init__(
         self,
         *,
@@ -407,14 +423,20 @@ class Lane(_message.Message):
         fail_open: _builtins.bool = ...,
         degradable: _builtins.bool = ...,
         max_queued: _builtins.int | None = ...,
+        pool: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued", "max_queued", b"max_queued"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued", "_pool", b"_pool", "max_queued", b"max_queued", "pool", b"pool"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued", "degradable", b"degradable", "fail_open", b"fail_open", "max_queued", b"max_queued", "name", b"name", "priority", b"priority", "wait_target_ms", b"wait_target_ms", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued", "_pool", b"_pool", "degradable", b"degradable", "fail_open", b"fail_open", "max_queued", b"max_queued", "name", b"name", "pool", b"pool", "priority", b"priority", "wait_target_ms", b"wait_target_ms", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_queued: _TypeAlias = _typing.Literal["max_queued"]  # noqa: Y015
     _WhichOneofArgType__max_queued: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued"]  # noqa: Y015
+    _WhichOneofReturnType__pool: _TypeAlias = _typing.Literal["pool"]  # noqa: Y015
+    _WhichOneofArgType__pool: _TypeAlias = _typing.Literal["_pool", b"_pool"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queued) -> _WhichOneofReturnType__max_queued | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pool) -> _WhichOneofReturnType__pool | None: ...
 
 Global___Lane: _TypeAlias = Lane  # noqa: Y015
 

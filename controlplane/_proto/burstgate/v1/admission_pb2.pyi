@@ -220,7 +220,9 @@ class AdmitRequest(_message.Message):
     model: _builtins.str
     """optional, <= 256 chars"""
     pool: _builtins.str
-    """engine pool the request will run on, <= 128 chars"""
+    """Engine pool the request will run on, <= 128 chars. Empty, with the pool
+    gate on: the tenant's configured pool, else the lane's, else "default".
+    """
     def __init__(
         self,
         *,
@@ -489,7 +491,8 @@ Global___CompleteResponse: _TypeAlias = CompleteResponse  # noqa: Y015
 class AdmitBatch(_message.Message):
     """One message of AdmitStream: N requests as columns. tenant_id, request_id,
     prompt_tokens and max_tokens have N entries; lane has 0 (tenant default),
-    1 (applies to all) or N entries. model and pool apply to the whole batch.
+    1 (applies to all) or N entries. model and pool apply to the whole batch;
+    an empty pool is resolved per entry as in AdmitRequest.pool.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -560,7 +563,6 @@ class AdmitBatchResult(_message.Message):
     RETRYABLE_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     pricing_multiplier: _builtins.float
-    """the batch's pool/model multiplier in force"""
     @_builtins.property
     def decision(self) -> _containers.RepeatedScalarFieldContainer[Global___Decision.ValueType]: ...
     @_builtins.property
@@ -593,12 +595,12 @@ class AdmitBatchResult(_message.Message):
 
     @_builtins.property
     def degradation(self) -> Global___Degradation:
-        """the pool's degradation instructions (pool is batch-level)"""
+        """The pool's degradation instructions, pressure and multiplier in force; when
+        the entries' pools differ (AdmitBatch.pool empty), the first entry's pool.
+        """
 
     @_builtins.property
-    def pressure(self) -> Global___Pressure:
-        """the pool's pressure when the batch was decided"""
-
+    def pressure(self) -> Global___Pressure: ...
     @_builtins.property
     def retryable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
         """see AdmitResponse.retryable"""
