@@ -70,6 +70,12 @@ class Policy(BaseModel):
     # lowest lane (tenants may override or opt out).
     long_request_tokens: int = Field(default=16_000, ge=1)
 
+    # The engine pools that exist. Empty (the default): any pool name is
+    # accepted, and one nobody reports for gets the gate's fallback
+    # concurrency and the stale policy (its answers say freshness UNKNOWN).
+    # Listed: an Admit, a batch or a load report naming another pool (a typo,
+    # a wrong case) is refused INVALID_ARGUMENT naming `pool`.
+    known_pools: list[str] = Field(default_factory=list)
     # The pool gate (controlplane/service/gate.py): hold requests in
     # burstgate, in lane and fairness order, while the engine pool is
     # saturated, instead of letting them into the engines' FIFO queues. Off

@@ -209,6 +209,7 @@ class AdmissionService:
         the service clock; the wait also ends at the lane's wait target and
         the tenant's max wait, whichever is earliest."""
         check_admit(tenant_id, request_id, prompt_tokens, max_tokens, model, pool)
+        self._tenants.check_pool(pool)
         now = self.clock()
         key = (tenant_id, request_id)
         prior = self._log.replay(key, now)
@@ -313,6 +314,7 @@ class AdmissionService:
             self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
             prompt_tokens, max_tokens, model, pool,
         )  # fmt: skip
+        self._tenants.check_pool(pool)
         return self._decider.decide_batch(
             keys, lane_of, prompt_tokens, max_tokens, model, pool, self.clock(), self._log,
             self.stats,
@@ -440,6 +442,7 @@ class AdmissionService:
             kv_cache_miss_rate, gpu_utilization, now, requests_running, max_num_seqs,
             kv_cache_usage,
         )  # fmt: skip
+        self._tenants.check_pool(pool)
         fresh = self._pressure.report(sample)
         self._gate.report(sample)
         if kv_cache_miss_rate is not None:  # the pool's pricing window

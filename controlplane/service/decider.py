@@ -94,6 +94,11 @@ class Decider:
         self._concurrency_retry_ns = concurrency_retry_ns
         self._next_reservation = 1
 
+    def verdict(self, lane: str, pool: str, now: int) -> Verdict:
+        """The pool's load for a request of ``lane`` now (what every answer
+        reports as its pressure)."""
+        return self._pressure.verdict(lane, pool, now)
+
     # ------------------------------------------------------------ one request
 
     def decide(
@@ -257,6 +262,13 @@ class Decider:
         # (the batch-level answer reports the first), and one gate count per pool.
         if replayed:
             pairs = dict.fromkeys((lanes[i], pools[i]) for i in range(n) if i not in replayed)
+            if not pairs:
+                # only replays: the batch still reports its pool's pressure
+                # now, from the first replay's recorded lane and pool
+                i = min(replayed)
+                lane = replayed[i][R.LANE]
+                first_pool = replayed[i][R.POOL] or pool_for(resolved[keys[i][0]][0], lane, pool)
+                pairs = {(lane, first_pool): None}
         else:
             pairs = dict.fromkeys(zip(lanes, pools, strict=True))
         verdicts = {lp: self._pressure.verdict(*lp, now) for lp in pairs}

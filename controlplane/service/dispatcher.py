@@ -285,7 +285,11 @@ class Dispatcher:
                 retry = self._gate.retry_ns(w.pool, now)  # when its pool takes more
             else:
                 retry = self._tenants.lanes[w.lane].wait_target_ms * NS_PER_MS
-            rec = R.refused(Reason.QUEUE_TIMEOUT, retry, w.lane, w.slot, now, w.arrived_ns)
+            # the answer reports the pool as it is now (it may have reported
+            # while the request waited), like any other decision
+            v = self._decider.verdict(w.lane, w.pool, now)
+            rec = R.refused(Reason.QUEUE_TIMEOUT, retry, w.lane, w.slot, now, w.arrived_ns,
+                            score_ppm=v.score_ppm, freshness=v.freshness)  # fmt: skip
             self._stats.observe_wait(w.lane, now - w.arrived_ns)
             w.done = True
             w.result = self._outcomes.record(w.key, rec)

@@ -165,6 +165,15 @@ class TenantDirectory:
             return self.lowest_lane
         return lane
 
+    def check_pool(self, pool: str) -> None:
+        """A pool named at the edge (an Admit, a batch, a load report) must be
+        one of ``Policy.known_pools`` when the operator listed them."""
+        known = self.policy.known_pools
+        if pool and known and pool not in known:
+            raise InvalidArgument(
+                "pool", f"unknown pool {pool!r} (known: {', '.join(sorted(known))})"
+            )
+
     def pool_for(self, entry: Tenant | None, lane: str, requested: str) -> str:
         """The engine pool an Admit belongs to: the request's ``pool`` if it
         names one; else its tenant's configured pool; else the configured

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane.client import AdmissionClient, pb
+from controlplane.client import AdmissionClient, make_batch, pb
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy
 from tests.support import add_tenants, wait_until
@@ -112,3 +112,74 @@ def test_load_report_answers_with_eviction_advice(
         # the advice is the pool's: a second, idle engine halves its load
         half = c.report_load(load(engine_id="e1"))
         assert 0.5 < half.load < 0.85 and half.evict_below_reuse_per_s == 0.15
+
+
+# ------------------------------------------------ regressions of the API contract
+
+
+def test_a_queue_timeout_reports_the_pool_as_it_is(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    # it was answered with the pool UNKNOWN / fail-open although the pool had
+    # just reported (an Admit right after showed it FRESH)
+    add_tenants(migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000),
+                                           burst_tokens=10**6, max_wait_ms=100))  # fmt: skip
+    srv = make_server(migrated_url)
+    with AdmissionClient(srv.target, timeout=10) as c:
+        c.report_load(load(queue_depth=5, requests_running=256, max_num_seqs=256))
+        d = c.admit("acme", "held", prompt_tokens=10, max_tokens=10, pool="gpu-a")
+        assert d.reason == pb.REASON_QUEUE_TIMEOUT
+        assert d.pressure.freshness == pb.POOL_FRESHNESS_FRESH
+        assert d.pressure.score > 0
+
+
+def test_a_batch_of_only_repeated_ids_still_reports_its_pool(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    add_tenants(
+        migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
+    )
+    srv = make_server(migrated_url)
+    with AdmissionClient(srv.target) as c:
+        c.report_load(load(queue_depth=0, requests_running=10, max_num_seqs=256))
+        batch = make_batch(1, ["acme", "acme"], ["a", "b"], [10, 10], [10, 10], pool="gpu-a")
+        first = next(c.admit_stream([batch]))
+        again = next(c.admit_stream([batch]))
+        assert list(again.duplicate) == [True, True]
+        for result in (first, again):
+            assert result.HasField("pressure")
+            assert result.pressure.freshness == pb.POOL_FRESHNESS_FRESH
+
+
+def test_an_unknown_pool_is_refused_when_the_pools_are_listed(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    # a misspelt or wrong-case pool silently turned backpressure off
+    add_tenants(
+        migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
+    )
+    srv = make_server(migrated_url, policy=Policy(known_pools=["gpu-a"]))
+    with AdmissionClient(srv.target) as c:
+        calls: list[Callable[[], Any]] = [
+            lambda: c.admit("acme", "x", prompt_tokens=1, max_tokens=1, pool="GPU-A"),
+            lambda: next(c.admit_stream([make_batch(1, ["acme"], ["y"], [1], [1], pool="gpu-b")])),
+            lambda: c.report_load(load(pool="gpu-b")),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            # a stream's error names its batch first
+            assert err.value.details().removeprefix("batch 1: ").startswith("pool: unknown pool")
+            assert "gpu-a" in err.value.details()
+        assert srv.on_loop(lambda: srv.plane.service.pools) == {}  # nothing stored
+        assert c.admit("acme", "ok", prompt_tokens=1, max_tokens=1, pool="gpu-a").decision == (
+            pb.DECISION_ADMIT
+        )
+    # without the list, any name is a pool: one nobody reports for says so
+    # (freshness UNKNOWN) and gets the gate's fallback concurrency
+    srv2 = make_server(migrated_url)
+    with AdmissionClient(srv2.target) as c:
+        d = c.admit("acme", "z", prompt_tokens=1, max_tokens=1, pool="GPU-A")
+        assert d.decision == pb.DECISION_ADMIT
+        assert d.pressure.freshness == pb.POOL_FRESHNESS_UNKNOWN
