@@ -22,7 +22,10 @@ The API (all times in the clock's nanoseconds):
 - ``admit_batch(...)``: decide a whole AdmitStream batch now (never waits).
 - ``complete(...)``, or ``prepare_complete`` + ``apply_complete`` around a
   durable ledger write: settle with real usage and refund.
-- ``report_load(...)``: an engine's load report.
+- ``report_load(...)``: an engine's load report, in vLLM's terms
+  (``queue_capacity`` 0 = unbounded; ``kv_cache_miss_rate`` None = not
+  measured; keywords ``requests_running``, ``max_num_seqs``,
+  ``kv_cache_usage``). It rescores the pool and may release held requests.
 - ``expire()``: release reservations past their TTL (call periodically).
 - Read-only: ``tenant_ids``, ``tenant_state``, ``tenant_queued``,
   ``queue_depths``, ``waiting``, ``pool_views``, ``pools``, ``lanes``,
@@ -31,7 +34,7 @@ The API (all times in the clock's nanoseconds):
 
 It is a façade over parts with one job each: ``TenantDirectory`` (config),
 ``PressureGate`` (load reports, backpressure), ``PoolGate`` (release only
-while the pool has room, when the policy turns it on), ``Decider`` (one decision
+while the pool has room; on by default), ``Decider`` (one decision
 assembly for single requests and batches), ``Dispatcher`` (queues; the only
 part that releases waiting requests), ``Settler`` (settlement and expiry),
 ``Outcomes`` (records and answers) and ``AdmissionStats``. Only the façade
@@ -206,8 +209,11 @@ class AdmissionService:
         ``on_done`` callback (or ``result`` when already decided).
 
         ``deadline_ns`` is the caller's own deadline (the gRPC deadline), on
-        the service clock; the wait also ends at the lane's wait target and
-        the tenant's max wait, whichever is earliest."""
+        the service clock; the wait also ends at the lane's bound (with the
+        pool gate, (1 - gate_release_headroom) x the lane's TTFT SLO, else
+        its wait target) and the tenant's max wait, whichever is earliest.
+        ``pool`` "" = the tenant's, else the lane's configured pool, else
+        the default pool (``TenantDirectory.pool_for``)."""
         check_admit(tenant_id, request_id, prompt_tokens, max_tokens, model, pool)
         self._tenants.check_pool(pool)
         now = self.clock()
