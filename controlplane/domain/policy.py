@@ -78,8 +78,8 @@ class Policy(BaseModel):
     known_pools: list[str] = Field(default_factory=list)
     # The pool gate (controlplane/service/gate.py): hold requests in
     # burstgate, in lane and fairness order, while the engine pool is
-    # saturated, instead of letting them into the engines' FIFO queues. Off
-    # by default until the engine-aware admission work is measured done.
+    # saturated, instead of letting them into the engines' FIFO queues
+    # (measured in docs/simulate.md). Off: burstgate as it was before the gate.
     pool_gate: bool = True
     # Saturated = the engines' waiting requests (reported, plus releases since
     # the reports) reach this many per reporting engine.
