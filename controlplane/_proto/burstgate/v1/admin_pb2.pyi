@@ -752,14 +752,15 @@ class PoolState(_message.Message):
     """with a fresh load report"""
     backpressure_score: _builtins.float
     """B over the fresh reports (SPEC section 2), 0 when none"""
-    pricing_multiplier: _builtins.float
+    pricing_multiplier: _builtins.str
+    """in force now, decimal text with 6 places ("1.200000")"""
     def __init__(
         self,
         *,
         pool: _builtins.str = ...,
         engines_reporting: _builtins.int = ...,
         backpressure_score: _builtins.float = ...,
-        pricing_multiplier: _builtins.float = ...,
+        pricing_multiplier: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

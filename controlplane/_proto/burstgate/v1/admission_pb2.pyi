@@ -4,7 +4,7 @@ isort:skip_file
 burstgate admission API: what an engine sidecar calls per request.
 
 Denials are data: an admission "no" is a normal AdmitResponse with a
-reason and retry_after, the way Envoy's rate-limit service answers
+reason and retry_after_ms, the way Envoy's rate-limit service answers
 OVER_LIMIT. gRPC status codes mean the *call* failed (INVALID_ARGUMENT
 for bad input, NOT_FOUND for an unknown reservation, UNAVAILABLE when the
 plane cannot decide).
@@ -12,7 +12,6 @@ plane cannot decide).
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
-from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -53,7 +52,7 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     REASON_UNSPECIFIED: _Reason.ValueType  # 0
     """admitted"""
     REASON_TOKEN_RATE: _Reason.ValueType  # 1
-    """the tenant's token bucket is short; retry_after says when it refills"""
+    """the tenant's token bucket is short; retry_after_ms says when it refills"""
     REASON_HOURLY_QUOTA: _Reason.ValueType  # 2
     """hourly token quota used up until the next UTC hour"""
     REASON_DAILY_QUOTA: _Reason.ValueType  # 3
@@ -69,7 +68,7 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     REASON_GLOBAL_WATERMARK: _Reason.ValueType  # 8
     """all tenants' in-flight tokens are at the configured safe level"""
     REASON_BACKPRESSURE: _Reason.ValueType  # 9
-    """the pool is overloaded (score above the hard threshold); retry_after from its drain rate"""
+    """the pool is overloaded (score above the hard threshold); retry_after_ms from its drain rate"""
     REASON_QUEUE_TIMEOUT: _Reason.ValueType  # 10
     """waited in the lane's queue until the max wait passed"""
     REASON_QUEUE_FULL: _Reason.ValueType  # 11
@@ -83,7 +82,7 @@ class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
 REASON_UNSPECIFIED: Reason.ValueType  # 0
 """admitted"""
 REASON_TOKEN_RATE: Reason.ValueType  # 1
-"""the tenant's token bucket is short; retry_after says when it refills"""
+"""the tenant's token bucket is short; retry_after_ms says when it refills"""
 REASON_HOURLY_QUOTA: Reason.ValueType  # 2
 """hourly token quota used up until the next UTC hour"""
 REASON_DAILY_QUOTA: Reason.ValueType  # 3
@@ -99,7 +98,7 @@ REASON_TENANT_DISABLED: Reason.ValueType  # 7
 REASON_GLOBAL_WATERMARK: Reason.ValueType  # 8
 """all tenants' in-flight tokens are at the configured safe level"""
 REASON_BACKPRESSURE: Reason.ValueType  # 9
-"""the pool is overloaded (score above the hard threshold); retry_after from its drain rate"""
+"""the pool is overloaded (score above the hard threshold); retry_after_ms from its drain rate"""
 REASON_QUEUE_TIMEOUT: Reason.ValueType  # 10
 """waited in the lane's queue until the max wait passed"""
 REASON_QUEUE_FULL: Reason.ValueType  # 11
@@ -132,6 +131,58 @@ POOL_FRESHNESS_UNKNOWN: PoolFreshness.ValueType  # 3
 """the pool never reported (or no pool named)"""
 Global___PoolFreshness: _TypeAlias = PoolFreshness  # noqa: Y015
 
+class _StalePolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StalePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StalePolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STALE_POLICY_UNSPECIFIED: _StalePolicy.ValueType  # 0
+    """the pool is fresh: no stale policy was applied"""
+    STALE_POLICY_FAIL_OPEN: _StalePolicy.ValueType  # 1
+    """scored as unloaded (0)"""
+    STALE_POLICY_FAIL_CLOSED: _StalePolicy.ValueType  # 2
+    """scored as fully loaded (1)"""
+
+class StalePolicy(_StalePolicy, metaclass=_StalePolicyEnumTypeWrapper):
+    """How a pool without fresh load reports is treated (the `stale_policy` policy key)."""
+
+STALE_POLICY_UNSPECIFIED: StalePolicy.ValueType  # 0
+"""the pool is fresh: no stale policy was applied"""
+STALE_POLICY_FAIL_OPEN: StalePolicy.ValueType  # 1
+"""scored as unloaded (0)"""
+STALE_POLICY_FAIL_CLOSED: StalePolicy.ValueType  # 2
+"""scored as fully loaded (1)"""
+Global___StalePolicy: _TypeAlias = StalePolicy  # noqa: Y015
+
+class _MissRateSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MissRateSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MissRateSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MISS_RATE_SOURCE_UNSPECIFIED: _MissRateSource.ValueType  # 0
+    """no ledger record (metering off)"""
+    MISS_RATE_SOURCE_REQUEST: _MissRateSource.ValueType  # 1
+    """the request's own rate, from CompleteRequest"""
+    MISS_RATE_SOURCE_WINDOW: _MissRateSource.ValueType  # 2
+    """the pool's rate over the current pricing window"""
+    MISS_RATE_SOURCE_NONE: _MissRateSource.ValueType  # 3
+    """neither was measured: priced at a rate of 0"""
+
+class MissRateSource(_MissRateSource, metaclass=_MissRateSourceEnumTypeWrapper):
+    """Where the KV-cache miss rate a ledger record was priced with came from."""
+
+MISS_RATE_SOURCE_UNSPECIFIED: MissRateSource.ValueType  # 0
+"""no ledger record (metering off)"""
+MISS_RATE_SOURCE_REQUEST: MissRateSource.ValueType  # 1
+"""the request's own rate, from CompleteRequest"""
+MISS_RATE_SOURCE_WINDOW: MissRateSource.ValueType  # 2
+"""the pool's rate over the current pricing window"""
+MISS_RATE_SOURCE_NONE: MissRateSource.ValueType  # 3
+"""neither was measured: priced at a rate of 0"""
+Global___MissRateSource: _TypeAlias = MissRateSource  # noqa: Y015
+
 @_typing.final
 class Pressure(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -143,8 +194,8 @@ class Pressure(_message.Message):
     score: _builtins.float
     """backpressure score B in [0, 1]"""
     freshness: Global___PoolFreshness.ValueType
-    stale_policy: _builtins.str
-    """How a stale/unknown pool was treated: "fail_open" or "fail_closed"; empty when fresh."""
+    stale_policy: Global___StalePolicy.ValueType
+    """how a stale/unknown pool was treated; UNSPECIFIED when fresh"""
     shed: _builtins.bool
     """the lane was held back (queued) by backpressure"""
     def __init__(
@@ -152,7 +203,7 @@ class Pressure(_message.Message):
         *,
         score: _builtins.float = ...,
         freshness: Global___PoolFreshness.ValueType = ...,
-        stale_policy: _builtins.str = ...,
+        stale_policy: Global___StalePolicy.ValueType = ...,
         shed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
@@ -277,7 +328,7 @@ class AdmitResponse(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
-    RETRY_AFTER_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     RESERVED_TOKENS_FIELD_NUMBER: _builtins.int
     RESERVATION_ID_FIELD_NUMBER: _builtins.int
     GRANTED_MAX_TOKENS_FIELD_NUMBER: _builtins.int
@@ -285,7 +336,7 @@ class AdmitResponse(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
     LANE_FIELD_NUMBER: _builtins.int
-    QUEUE_WAIT_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
     DEGRADATION_FIELD_NUMBER: _builtins.int
     SHADOW_REASON_FIELD_NUMBER: _builtins.int
     PRESSURE_FIELD_NUMBER: _builtins.int
@@ -294,6 +345,8 @@ class AdmitResponse(_message.Message):
     request_id: _builtins.str
     decision: Global___Decision.ValueType
     reason: Global___Reason.ValueType
+    retry_after_ms: _builtins.int
+    """Milliseconds, rounded up; 0 when admitted or when retrying cannot help."""
     reserved_tokens: _builtins.int
     """taken from bucket and quotas; refunded on Complete"""
     reservation_id: _builtins.int
@@ -306,30 +359,25 @@ class AdmitResponse(_message.Message):
     """true when this replays the decision already made for request_id"""
     lane: _builtins.str
     """lane the request was placed in (after length-aware placement)"""
+    queue_wait_ms: _builtins.int
+    """time this call waited in the lane's queue, ms rounded up"""
     shadow_reason: Global___Reason.ValueType
     """Shadow mode: the request was admitted, but without shadow mode it would
     have been refused for this reason (UNSPECIFIED otherwise).
     """
-    pricing_multiplier: _builtins.float
-    """The pricing multiplier in force for the request's pool and model; the
-    ledger bills the multiplier locked here, at admission.
+    pricing_multiplier: _builtins.str
+    """The pricing multiplier in force for the request's pool and model, decimal
+    text with 6 places ("1.200000"); the ledger bills the multiplier locked
+    here, at admission.
     """
     retryable: _builtins.bool
-    """A refusal that the same request may cure by retrying after retry_after
+    """A refusal that the same request may cure by retrying after retry_after_ms
     (false when admitted, and for MAX_TOKENS, UNKNOWN_TENANT and
     TENANT_DISABLED: retrying as is cannot help). Read this, not
-    retry_after == 0, to decide whether to retry.
+    retry_after_ms == 0, to decide whether to retry.
     """
     @_builtins.property
-    def retry_after(self) -> _duration_pb2.Duration:
-        """zero when admitted or when retrying cannot help"""
-
-    @_builtins.property
     def remaining(self) -> Global___Remaining: ...
-    @_builtins.property
-    def queue_wait(self) -> _duration_pb2.Duration:
-        """time this call waited in the lane's queue"""
-
     @_builtins.property
     def degradation(self) -> Global___Degradation: ...
     @_builtins.property
@@ -340,7 +388,7 @@ class AdmitResponse(_message.Message):
         request_id: _builtins.str = ...,
         decision: Global___Decision.ValueType = ...,
         reason: Global___Reason.ValueType = ...,
-        retry_after: _duration_pb2.Duration | None = ...,
+        retry_after_ms: _builtins.int = ...,
         reserved_tokens: _builtins.int = ...,
         reservation_id: _builtins.int = ...,
         granted_max_tokens: _builtins.int = ...,
@@ -348,16 +396,16 @@ class AdmitResponse(_message.Message):
         message: _builtins.str = ...,
         duplicate: _builtins.bool = ...,
         lane: _builtins.str = ...,
-        queue_wait: _duration_pb2.Duration | None = ...,
+        queue_wait_ms: _builtins.int = ...,
         degradation: Global___Degradation | None = ...,
         shadow_reason: Global___Reason.ValueType = ...,
         pressure: Global___Pressure | None = ...,
-        pricing_multiplier: _builtins.float = ...,
+        pricing_multiplier: _builtins.str = ...,
         retryable: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure", "queue_wait", b"queue_wait", "remaining", b"remaining", "retry_after", b"retry_after"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure", "remaining", b"remaining"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait", b"queue_wait", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after", b"retry_after", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -460,8 +508,7 @@ class CompleteResponse(_message.Message):
     """decimal text"""
     kv_cache_miss_rate: _builtins.float
     """the rate actual_cost used"""
-    miss_rate_source: _builtins.str
-    """"request", "window" (the pool's) or "none" """
+    miss_rate_source: Global___MissRateSource.ValueType
     def __init__(
         self,
         *,
@@ -477,7 +524,7 @@ class CompleteResponse(_message.Message):
         pricing_window: _builtins.int = ...,
         lane_multiplier: _builtins.str = ...,
         kv_cache_miss_rate: _builtins.float = ...,
-        miss_rate_source: _builtins.str = ...,
+        miss_rate_source: Global___MissRateSource.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -562,7 +609,8 @@ class AdmitBatchResult(_message.Message):
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
-    pricing_multiplier: _builtins.float
+    pricing_multiplier: _builtins.str
+    """decimal text, as AdmitResponse.pricing_multiplier"""
     @_builtins.property
     def decision(self) -> _containers.RepeatedScalarFieldContainer[Global___Decision.ValueType]: ...
     @_builtins.property
@@ -623,7 +671,7 @@ class AdmitBatchResult(_message.Message):
         degraded: _abc.Iterable[_builtins.bool] | None = ...,
         degradation: Global___Degradation | None = ...,
         pressure: Global___Pressure | None = ...,
-        pricing_multiplier: _builtins.float = ...,
+        pricing_multiplier: _builtins.str = ...,
         retryable: _abc.Iterable[_builtins.bool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure"]  # noqa: Y015

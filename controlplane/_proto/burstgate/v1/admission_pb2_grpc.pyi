@@ -4,7 +4,7 @@ isort:skip_file
 burstgate admission API: what an engine sidecar calls per request.
 
 Denials are data: an admission "no" is a normal AdmitResponse with a
-reason and retry_after, the way Envoy's rate-limit service answers
+reason and retry_after_ms, the way Envoy's rate-limit service answers
 OVER_LIMIT. gRPC status codes mean the *call* failed (INVALID_ARGUMENT
 for bad input, NOT_FOUND for an unknown reservation, UNAVAILABLE when the
 plane cannot decide).

@@ -14,6 +14,7 @@ stated ISO 4217 currency. Times are Unix nanoseconds, UTC; periods are
 half-open [start, end) over the time a request was settled.
 """
 
+from controlplane._proto.burstgate.v1 import admission_pb2 as _admission_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -179,7 +180,7 @@ class LedgerRecord(_message.Message):
     output_tokens: _builtins.int
     reserved_tokens: _builtins.int
     kv_cache_miss_rate: _builtins.str
-    miss_rate_source: _builtins.str
+    miss_rate_source: _admission_pb2.MissRateSource.ValueType
     pricing_multiplier: _builtins.str
     pricing_window: _builtins.int
     """window start, Unix s (0 = flat)"""
@@ -208,7 +209,7 @@ class LedgerRecord(_message.Message):
         output_tokens: _builtins.int = ...,
         reserved_tokens: _builtins.int = ...,
         kv_cache_miss_rate: _builtins.str = ...,
-        miss_rate_source: _builtins.str = ...,
+        miss_rate_source: _admission_pb2.MissRateSource.ValueType = ...,
         pricing_multiplier: _builtins.str = ...,
         pricing_window: _builtins.int = ...,
         lane_multiplier: _builtins.str = ...,
@@ -388,7 +389,7 @@ class MarginWarning(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     WINDOW_START_FIELD_NUMBER: _builtins.int
-    WINDOW_S_FIELD_NUMBER: _builtins.int
+    WINDOW_MS_FIELD_NUMBER: _builtins.int
     CURRENCY_FIELD_NUMBER: _builtins.int
     REQUESTS_FIELD_NUMBER: _builtins.int
     USER_CHARGE_FIELD_NUMBER: _builtins.int
@@ -397,7 +398,8 @@ class MarginWarning(_message.Message):
     tenant_id: _builtins.str
     window_start: _builtins.int
     """Unix s"""
-    window_s: _builtins.int
+    window_ms: _builtins.int
+    """the pricing window's length"""
     currency: _builtins.str
     requests: _builtins.int
     user_charge: _builtins.str
@@ -409,7 +411,7 @@ class MarginWarning(_message.Message):
         *,
         tenant_id: _builtins.str = ...,
         window_start: _builtins.int = ...,
-        window_s: _builtins.int = ...,
+        window_ms: _builtins.int = ...,
         currency: _builtins.str = ...,
         requests: _builtins.int = ...,
         user_charge: _builtins.str = ...,
@@ -418,7 +420,7 @@ class MarginWarning(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_cost", b"actual_cost", "currency", b"currency", "ratio", b"ratio", "requests", b"requests", "tenant_id", b"tenant_id", "user_charge", b"user_charge", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_cost", b"actual_cost", "currency", b"currency", "ratio", b"ratio", "requests", b"requests", "tenant_id", b"tenant_id", "user_charge", b"user_charge", "window_ms", b"window_ms", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -567,7 +569,7 @@ class PricingWindow(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     WINDOW_START_FIELD_NUMBER: _builtins.int
-    WINDOW_S_FIELD_NUMBER: _builtins.int
+    WINDOW_MS_FIELD_NUMBER: _builtins.int
     COMPLETIONS_FIELD_NUMBER: _builtins.int
     LOAD_REPORTS_FIELD_NUMBER: _builtins.int
     MISS_RATE_FIELD_NUMBER: _builtins.int
@@ -578,7 +580,8 @@ class PricingWindow(_message.Message):
     model: _builtins.str
     window_start: _builtins.int
     """Unix s"""
-    window_s: _builtins.int
+    window_ms: _builtins.int
+    """the window's length"""
     completions: _builtins.int
     """completions that reported their miss rate"""
     load_reports: _builtins.int
@@ -595,7 +598,7 @@ class PricingWindow(_message.Message):
         pool: _builtins.str = ...,
         model: _builtins.str = ...,
         window_start: _builtins.int = ...,
-        window_s: _builtins.int = ...,
+        window_ms: _builtins.int = ...,
         completions: _builtins.int = ...,
         load_reports: _builtins.int = ...,
         miss_rate: _builtins.str = ...,
@@ -605,7 +608,7 @@ class PricingWindow(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "completions", b"completions", "load_reports", b"load_reports", "miss_rate", b"miss_rate", "model", b"model", "multiplier", b"multiplier", "next_multiplier", b"next_multiplier", "pool", b"pool", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "completions", b"completions", "load_reports", b"load_reports", "miss_rate", b"miss_rate", "model", b"model", "multiplier", b"multiplier", "next_multiplier", b"next_multiplier", "pool", b"pool", "window_ms", b"window_ms", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -728,11 +731,12 @@ Global___MultiplierInForce: _TypeAlias = MultiplierInForce  # noqa: Y015
 class PricingState(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    WINDOW_S_FIELD_NUMBER: _builtins.int
+    WINDOW_MS_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     IN_FORCE_FIELD_NUMBER: _builtins.int
     MARGIN_WARNING_RATIO_FIELD_NUMBER: _builtins.int
-    window_s: _builtins.int
+    window_ms: _builtins.int
+    """the pricing window's length"""
     margin_warning_ratio: _builtins.str
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___PricingStep]: ...
@@ -741,14 +745,14 @@ class PricingState(_message.Message):
     def __init__(
         self,
         *,
-        window_s: _builtins.int = ...,
+        window_ms: _builtins.int = ...,
         steps: _abc.Iterable[Global___PricingStep] | None = ...,
         in_force: _abc.Iterable[Global___MultiplierInForce] | None = ...,
         margin_warning_ratio: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_force", b"in_force", "margin_warning_ratio", b"margin_warning_ratio", "steps", b"steps", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_force", b"in_force", "margin_warning_ratio", b"margin_warning_ratio", "steps", b"steps", "window_ms", b"window_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
