@@ -7,11 +7,14 @@ import asyncio
 from typing import Any
 
 import grpc
+import pytest
 
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
 from controlplane.client import pb
-from tests.integration.ledger.conftest import NS, Served, complete, rpc_code
+from controlplane.client.admin import authenticated_channel
+from controlplane.domain.keys import Role
+from tests.integration.ledger.conftest import NS, Served, admin_key, complete, rpc_code
 
 WINDOW_NS = 300 * NS
 
@@ -125,6 +128,35 @@ def test_ledger_service_needs_an_operator_key(served: Served) -> None:
     assert code == grpc.StatusCode.UNAUTHENTICATED
     status = served.ledger().GetLedgerStatus(lpb.GetLedgerStatusRequest(), timeout=5)
     assert status.enabled and status.database_ok and status.spool_bytes == 0
+
+
+def test_a_viewer_may_read_and_export_but_not_change_prices(served: Served) -> None:
+    # What ledger.proto promises: Get*/List*/Export* for viewers, writes for admins.
+    channel = authenticated_channel(served.srv.target, admin_key(served.url, Role.VIEWER))
+    viewer = lpb_grpc.LedgerServiceStub(channel)
+    assert viewer.ListPrices(lpb.ListPricesRequest(), timeout=5).prices
+    chunks = list(viewer.ExportLedger(lpb.ExportLedgerRequest(), timeout=10))
+    assert chunks and chunks[-1].manifest_json
+    set_price = lpb.SetPriceRequest(price=lpb.Price(tenant_id="beta", currency="GBP"))
+    assert rpc_code(lambda: viewer.SetPrice(set_price, timeout=5)) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    delete = lpb.DeletePriceRequest(tenant_id="acme")
+    assert rpc_code(lambda: viewer.DeletePrice(delete, timeout=5)) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+
+
+def test_complete_names_the_wire_field_of_bad_exec_times(served: Served) -> None:
+    c = served.client
+    c.admit("acme", "t", prompt_tokens=10, max_tokens=10)
+    with pytest.raises(grpc.RpcError) as err:
+        complete(c, "acme", "t", prompt_tokens=10, generated_tokens=1,
+                 exec_start_unix_ns=2 * NS, exec_end_unix_ns=NS)  # fmt: skip
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("exec_end_unix_ns")
+    # nothing was settled: the right times are accepted afterwards
+    assert not complete(c, "acme", "t", prompt_tokens=10, generated_tokens=1).duplicate
 
 
 def test_prices_records_and_usage_through_the_api(served: Served, clock: Any) -> None:
