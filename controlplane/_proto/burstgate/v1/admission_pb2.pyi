@@ -40,10 +40,11 @@ answers OVER_LIMIT. A gRPC status other than OK means the *call* failed:
                        read to answer a repeated Complete. Retry.
   INTERNAL             a server bug; the details are in the server's log.
 
-Numbers: every int64 here is far below 2^53 (token counts per request
-are at most 10,000,000, counts in load reports at most 10^12, bucket
-levels within +-10^12), so JavaScript may read them as Numbers. The
-exception: Unix-nanosecond timestamps (*_unix_ns, about 1.8 x 10^18).
+Numbers: the int64 counts here stay far below 2^53 (token counts per
+request at most 10,000,000, counts in load reports at most 10^12, bucket
+levels within +-10^12, remaining quotas at most the configured quota), so
+JavaScript may read them as Numbers. The exception: Unix-nanosecond
+timestamps (*_unix_ns, about 1.8 x 10^18).
 Durations are int64 milliseconds named *_ms; decimal values (multipliers,
 money) are decimal text, never floating point.
 """
