@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PG_HOST ?= 127.0.0.1
 PG_PORT ?= 5432
 
-.PHONY: demo test install install-test pg-up lint unit bench proto clean
+.PHONY: demo test install install-test os-packages pg-up lint unit bench proto clean
 
 ## Install everything, migrate the embedded SQLite database, load the demo
 ## tenants and lanes, and serve gRPC on 127.0.0.1:50051 (Ctrl-C stops).
@@ -33,8 +33,38 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,bench,parquet,otel]'
 	touch $@
 
+# The API contract tests (tests/integration/test_proto_contract.py, the
+# Node.js client test) need buf and the Node gRPC packages, pinned in
+# clients/node/package-lock.json, and protoc with the Go toolchain and
+# plugins from the OS packages. Nothing is fetched while the tests run.
+NODE_DIR := clients/node
+OS_PACKAGES := protobuf-compiler libprotobuf-dev golang-go protoc-gen-go protoc-gen-go-grpc \
+               golang-google-protobuf-dev golang-google-grpc-dev
+
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json | os-packages
+	cd $(NODE_DIR) && npm ci --ignore-scripts --no-audit --no-fund
+	touch $@
+
+## Install the OS packages the tests need, only those missing (Debian/Ubuntu;
+## as root, or through sudo). Node.js (with npm) too, when absent.
+os-packages:
+	@missing=""; \
+	for p in $(OS_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
+	if [ -n "$$missing" ]; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "missing OS packages:$$missing (install them; apt-get is not available here)"; exit 1; \
+	  fi; \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  echo "installing OS packages:$$missing"; \
+	  $$sudo apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test os-packages $(NODE_DIR)/node_modules/.installed
 
 ## Start the local PostgreSQL cluster when it is installed but not running.
 ## Skipped when BURSTGATE_TEST_PG_DSN points the tests elsewhere.

@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from unittest import mock
 
-from google.protobuf.duration_pb2 import Duration
-
 import controlplane.server as server_mod
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
@@ -50,7 +48,7 @@ def prebuilt_response() -> pb.AdmitResponse:
         request_id="u-00000000-standard",
         decision=pb.DECISION_ADMIT,
         reason=pb.REASON_UNSPECIFIED,
-        retry_after=Duration(seconds=0, nanos=0),
+        retry_after_ms=0,
         reserved_tokens=150,
         reservation_id=1_000_000,
         granted_max_tokens=50,

@@ -190,7 +190,7 @@ class Holder:
         self.pending: dict[str, asyncio.Task[None]] = {}
         self.admitted_total = 0
         self.admit_times: list[int] = []  # perf_counter_ns of ADMIT answers (while recording)
-        self.queue_waits: list[int] = []
+        self.queue_waits: list[int] = []  # ms, as answered (queue_wait_ms)
         self.recording = False
         self.refusals: Counter[str] = Counter()
         self.errors: list[str] = []
@@ -236,7 +236,7 @@ class Holder:
             self.admitted_total += 1
             if self.recording:
                 self.admit_times.append(now)
-                self.queue_waits.append(resp.queue_wait.ToNanoseconds())
+                self.queue_waits.append(resp.queue_wait_ms)
         else:
             self.refusals[pb.Reason.Name(resp.reason)] += 1
 
@@ -349,7 +349,7 @@ class Holder:
             raise RuntimeError("cycle ended before its measured window began")
         pairs = list(zip(complete_sent, self.admit_times, strict=False))[first_measured:]
         handoff = sorted((a - c) / 1e6 for c, a in pairs)
-        waits = sorted(w / 1e6 for w in self.queue_waits[first_measured:])
+        waits = sorted(float(w) for w in self.queue_waits[first_measured:])
         new_errors = self.errors[errors_before:]
         return CycleResult(
             ticks=n_meas,

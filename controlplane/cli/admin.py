@@ -119,7 +119,7 @@ def server_state(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         table(
             [{"pool": p.pool, "engines": p.engines_reporting,
               "backpressure": f"{p.backpressure_score:.3f}",
-              "pricing_multiplier": f"{p.pricing_multiplier:g}"} for p in s.pools],
+              "pricing_multiplier": p.pricing_multiplier} for p in s.pools],
             ("pool", "engines", "backpressure", "pricing_multiplier"),
         )  # fmt: skip
 

@@ -46,8 +46,14 @@ def _channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
     return grpc.secure_channel(target, creds, options=options)
 
 
-class _BearerAuth(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
-    """Adds ``authorization: Bearer <key>`` to every call."""
+class _BearerAuth(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Adds ``authorization: Bearer <key>`` to every call, of every shape
+    (ExportLedger is server-streaming, AdmitStream bidirectional)."""
 
     def __init__(self, key: str) -> None:
         self._md = ("authorization", f"Bearer {key}")
@@ -60,6 +66,16 @@ class _BearerAuth(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInter
         self, continuation: Callable[[Any, Any], Any], details: Any, request: Any
     ) -> Any:
         return continuation(self._details(details), request)
+
+    def intercept_unary_stream(
+        self, continuation: Callable[[Any, Any], Any], details: Any, request: Any
+    ) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(
+        self, continuation: Callable[[Any, Any], Any], details: Any, request_iterator: Any
+    ) -> Any:
+        return continuation(self._details(details), request_iterator)
 
     def intercept_stream_stream(
         self, continuation: Callable[[Any, Any], Any], details: Any, request_iterator: Any

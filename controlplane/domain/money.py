@@ -9,6 +9,7 @@ record, half-to-even, to 1e-9 of the currency unit.
 
 from __future__ import annotations
 
+import functools
 from decimal import ROUND_HALF_EVEN, Context, Decimal, InvalidOperation
 
 from controlplane.domain.errors import InvalidArgument
@@ -83,6 +84,14 @@ def multiplier_decimal(value: float) -> Decimal:
     decimals with <= 6 places, and ``repr`` of a float is the shortest text
     that round-trips, so this gives the configured value back exactly."""
     return CONTEXT.quantize(Decimal(repr(value)), Decimal(1).scaleb(-MULTIPLIER_DECIMALS))
+
+
+@functools.lru_cache(maxsize=1024)
+def format_multiplier(value: float) -> str:
+    """A float multiplier as the API writes it: 6-decimal text ("1.200000"),
+    the ledger's form. Cached: it is on every Admit answer, and a pool's
+    multiplier takes few distinct values."""
+    return format_fixed(multiplier_decimal(value), MULTIPLIER_DECIMALS)
 
 
 def rate_ppm(rate: float) -> int:

@@ -210,7 +210,7 @@ class Metering:
         if exec_start_ns and exec_end_ns and exec_end_ns < exec_start_ns:
             from controlplane.domain.errors import InvalidArgument
 
-            raise InvalidArgument("exec_end", "is before exec_start")
+            raise InvalidArgument("exec_end_unix_ns", "is before exec_start_unix_ns")
         reported = kv_cache_miss_rate > 0 if miss_rate_reported is None else miss_rate_reported
         record = self.build_record(
             key, prepared, prompt_tokens, cached_prompt_tokens, generated_tokens,

@@ -24,6 +24,7 @@ from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor
 from controlplane.domain.errors import FailedPrecondition, InvalidArgument
 from controlplane.domain.keys import parse_role
+from controlplane.domain.money import format_multiplier
 from controlplane.rpc.admin_pb import (
     LANE_MASK_FIELDS,
     audit_to_pb,
@@ -289,7 +290,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                     pool=p.pool,
                     engines_reporting=p.engines,
                     backpressure_score=p.backpressure,
-                    pricing_multiplier=p.pricing_multiplier,
+                    pricing_multiplier=format_multiplier(p.pricing_multiplier),
                 )
                 for p in pools_live(svc)
             ],

@@ -6,13 +6,13 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.domain import AdmitDecision, Degradation, Pressure
 from controlplane.domain.errors import DomainError
-from controlplane.domain.units import NS_PER_S
+from controlplane.domain.money import format_multiplier
+from controlplane.domain.units import NS_PER_MS
 from controlplane.rpc.errors import status_for, unary_errors
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
@@ -21,9 +21,25 @@ if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
 
 
-def _duration(ns: int) -> Duration:
-    secs, nanos = divmod(ns, NS_PER_S)
-    return Duration(seconds=secs, nanos=nanos)
+def ceil_ms(ns: int) -> int:
+    """Nanoseconds as whole milliseconds, rounded up, as the batch's
+    retry_after_ms column is (controlplane/service/decider.py): a client
+    that waits the answer's retry_after_ms is never early."""
+    return -(-ns // NS_PER_MS)
+
+
+# The service's stale policy names (domain Policy.stale_policy; "" = fresh)
+# and the ledger's miss-rate sources, as their wire enums.
+STALE_POLICY = {
+    "": pb.STALE_POLICY_UNSPECIFIED,
+    "fail_open": pb.STALE_POLICY_FAIL_OPEN,
+    "fail_closed": pb.STALE_POLICY_FAIL_CLOSED,
+}
+MISS_RATE_SOURCE = {
+    "request": pb.MISS_RATE_SOURCE_REQUEST,
+    "window": pb.MISS_RATE_SOURCE_WINDOW,
+    "none": pb.MISS_RATE_SOURCE_NONE,
+}
 
 
 def _pressure_pb(p: Pressure | None) -> pb.Pressure | None:
@@ -32,7 +48,7 @@ def _pressure_pb(p: Pressure | None) -> pb.Pressure | None:
     return pb.Pressure(
         score=p.score,
         freshness=pb.PoolFreshness.ValueType(p.freshness),
-        stale_policy=p.stale_policy,
+        stale_policy=STALE_POLICY[p.stale_policy],
         shed=p.shed,
     )
 
@@ -53,7 +69,7 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
         request_id=d.request_id,
         decision=pb.Decision.ValueType(d.decision),
         reason=pb.Reason.ValueType(d.reason),
-        retry_after=_duration(d.retry_after_ns),
+        retry_after_ms=ceil_ms(d.retry_after_ns),
         reserved_tokens=d.reserved_tokens,
         reservation_id=d.reservation_id,
         granted_max_tokens=d.granted_max_tokens,
@@ -65,9 +81,9 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
         message=d.message,
         duplicate=d.duplicate,
         lane=d.lane,
-        pricing_multiplier=d.pricing_multiplier,
+        pricing_multiplier=format_multiplier(d.pricing_multiplier),
         retryable=d.retryable,
-        queue_wait=_duration(d.queue_wait_ns),
+        queue_wait_ms=ceil_ms(d.queue_wait_ns),
         degradation=_degradation_pb(d.degradation),
         shadow_reason=pb.Reason.ValueType(d.shadow_reason),
         pressure=_pressure_pb(d.pressure),
@@ -165,7 +181,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             resp.pricing_window = rec.pricing_window
             resp.lane_multiplier = format_fixed(rec.lane_multiplier, 6)
             resp.kv_cache_miss_rate = float(rec.kv_cache_miss_rate)
-            resp.miss_rate_source = rec.miss_rate_source
+            resp.miss_rate_source = MISS_RATE_SOURCE[rec.miss_rate_source]
         return resp
 
     async def AdmitStream(
@@ -203,7 +219,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                 hourly_remaining=r.hourly_remaining,
                 daily_remaining=r.daily_remaining,
                 duplicate=r.duplicate,
-                pricing_multiplier=r.pricing_multiplier,
+                pricing_multiplier=format_multiplier(r.pricing_multiplier),
                 retryable=r.retryable or [],
                 shadow_reason=cast("list[pb.Reason.ValueType]", r.shadow_reason),
                 degraded=r.degraded,

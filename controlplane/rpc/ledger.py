@@ -27,11 +27,13 @@ from controlplane.ledger.export import (
 )
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.usage import usage
+from controlplane.rpc.admission import MISS_RATE_SOURCE
 from controlplane.rpc.errors import status_for, unary_errors
 
 _FORMATS = {0: "csv", 1: "csv", 2: "jsonl", 3: "parquet"}
 _GRANULARITY = {0: "request", 1: "request", 2: "daily"}
 T = TypeVar("T")
+MS_PER_S = 1000  # window lengths are kept in seconds, sent in ms (every duration on the wire is)
 
 
 def record_to_pb(r: LedgerRecord) -> lpb.LedgerRecord:
@@ -52,7 +54,7 @@ def record_to_pb(r: LedgerRecord) -> lpb.LedgerRecord:
         output_tokens=r.output_tokens,
         reserved_tokens=r.reserved_tokens,
         kv_cache_miss_rate=format_fixed(r.kv_cache_miss_rate, 6),
-        miss_rate_source=r.miss_rate_source,
+        miss_rate_source=MISS_RATE_SOURCE[r.miss_rate_source],
         pricing_multiplier=format_fixed(r.pricing_multiplier, 6),
         pricing_window=r.pricing_window,
         lane_multiplier=format_fixed(r.lane_multiplier, 6),
@@ -198,7 +200,7 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
                 lpb.MarginWarning(
                     tenant_id=w.tenant_id,
                     window_start=w.window_start,
-                    window_s=w.window_s,
+                    window_ms=w.window_s * MS_PER_S,
                     currency=w.currency,
                     requests=w.requests,
                     user_charge=format_nanos(w.user_charge_nanos),
@@ -245,7 +247,7 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
                     pool=w.pool,
                     model=w.model,
                     window_start=w.window_start_s,
-                    window_s=w.window_s,
+                    window_ms=w.window_s * MS_PER_S,
                     completions=w.completions,
                     load_reports=w.load_reports,
                     miss_rate=""
@@ -265,7 +267,7 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
     ) -> lpb.PricingState:
         book = self.m.pricing
         return lpb.PricingState(
-            window_s=book.window_s,
+            window_ms=book.window_s * MS_PER_S,
             steps=[
                 lpb.PricingStep(above_miss_rate=str(t), multiplier=str(m))
                 for t, m in self.m.settings.pricing_steps

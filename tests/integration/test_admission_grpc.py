@@ -87,13 +87,40 @@ def test_denial_is_a_reply_with_retry_after_from_the_bucket(served: Any) -> None
     d = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0, lane="premium")
     assert d.decision == pb.DECISION_REJECT
     assert d.reason == pb.REASON_TOKEN_RATE
-    assert d.retry_after.ToNanoseconds() == 3 * NS // 2
-    assert d.queue_wait.ToNanoseconds() == 0
+    assert d.retry_after_ms == 1500
+    assert d.queue_wait_ms == 0
     assert "bucket" in d.message
     dup = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0, lane="premium")
     assert dup.duplicate and dup.reason == pb.REASON_TOKEN_RATE
     unknown = c.admit("nobody", "x", prompt_tokens=1, max_tokens=1)
     assert unknown.reason == pb.REASON_UNKNOWN_TENANT
+
+
+def test_retry_after_ms_is_rounded_up_alike_in_unary_and_batch_answers(
+    migrated_url: str, make_server: Callable[..., Any], clock: Any
+) -> None:
+    # 3 tokens/s: one token short is a third of a second, not a whole number
+    # of milliseconds; both answers round it up, so a client that waits
+    # retry_after_ms is never early.
+    add_tenants(
+        migrated_url,
+        acme(tenant_id="u", token_rate=Decimal(3), burst_tokens=10, max_wait_ms=0),
+        acme(tenant_id="b", token_rate=Decimal(3), burst_tokens=10),
+    )
+    srv = make_server(migrated_url, clock=clock)
+    with AdmissionClient(srv.target) as c:
+        assert c.admit("u", "a", prompt_tokens=10, max_tokens=0).decision == pb.DECISION_ADMIT
+        d = c.admit("u", "b", prompt_tokens=1, max_tokens=0, lane="premium")
+        assert (d.reason, d.retryable) == (pb.REASON_TOKEN_RATE, True)
+        short = srv.on_loop(lambda: srv.plane.service.admit("u", "c", "premium", 1, 0))
+        assert short.retry_after_ns % 1_000_000 != 0  # the case worth testing
+        assert d.retry_after_ms == -(-short.retry_after_ns // 1_000_000) == 334
+        (r,) = c.admit_stream(
+            [make_batch(1, ["b", "b"], ["a", "b"], [10, 1], [0, 0], lanes=["premium"])]
+        )
+        assert list(r.reason) == [pb.REASON_UNSPECIFIED, pb.REASON_TOKEN_RATE]
+        assert list(r.retry_after_ms) == [0, d.retry_after_ms]
+        assert r.pricing_multiplier == d.pricing_multiplier == "1.000000"
 
 
 @pytest.mark.parametrize(

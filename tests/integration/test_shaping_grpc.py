@@ -50,7 +50,7 @@ def test_many_waiting_calls_are_admitted_as_slots_free(
                         settled.add(i)
         for f in futures:
             f.result()
-    waited = [r for r in results if r.queue_wait.ToNanoseconds() > 0]
+    waited = [r for r in results if r.queue_wait_ms > 0]
     assert len(waited) >= n - 4  # all but the first few had to wait
     assert srv.on_loop(lambda: srv.plane.service.waiting) == 0
     assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 0
@@ -101,7 +101,7 @@ def test_deadline_is_answered_with_queue_timeout_before_it_passes(
         # batch lane would wait 5 s; the call's own 1 s deadline wins
         d = c.admit("acme", "w", prompt_tokens=1, max_tokens=1, lane="batch")
         assert d.reason == pb.REASON_QUEUE_TIMEOUT
-        assert 0 < d.queue_wait.ToNanoseconds() < 1_000_000_000
+        assert 0 < d.queue_wait_ms <= 1000  # ms, rounded up
     assert srv.on_loop(lambda: srv.plane.service.waiting) == 0
 
 
@@ -120,8 +120,30 @@ def test_backpressure_over_grpc(migrated_url: str, make_server: Callable[..., An
         assert d.decision == pb.DECISION_REJECT and d.reason == pb.REASON_BACKPRESSURE
         assert d.pressure.score == pytest.approx(0.97)
         assert d.pressure.freshness == pb.POOL_FRESHNESS_FRESH
-        assert d.retry_after.ToNanoseconds() > 0
+        assert d.pressure.stale_policy == pb.STALE_POLICY_UNSPECIFIED  # fresh: none applied
+        assert d.retry_after_ms > 0
         p = c.admit("acme", "p", prompt_tokens=10, max_tokens=10, lane="premium", pool="gpu-a")
         assert p.decision == pb.DECISION_ADMIT
         assert not p.degradation.active  # premium is not degradable
         assert p.HasField("pressure")
+
+
+def test_stale_policy_is_an_enum_over_grpc(
+    migrated_url: str, make_server: Callable[..., Any], clock: Any
+) -> None:
+    add_tenants(
+        migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
+    )
+    srv = make_server(
+        migrated_url, clock=clock, policy=Policy(pool_gate=False, stale_policy="fail_closed")
+    )
+    with AdmissionClient(srv.target) as c:
+        c.report_load(pb.LoadReport(pool="gpu-a", engine_id="e0", batch_tokens=100,
+                                    max_batch_tokens=8000, gpu_utilization=0.1))  # fmt: skip
+        clock.advance(11 * 1_000_000_000)  # past load_report_stale_s (10 s)
+        # premium (fail-open) is admitted whatever the score; the answer says why
+        d = c.admit("acme", "p", prompt_tokens=10, max_tokens=10, lane="premium", pool="gpu-a")
+        assert d.decision == pb.DECISION_ADMIT
+        assert d.pressure.freshness == pb.POOL_FRESHNESS_STALE
+        assert d.pressure.stale_policy == pb.STALE_POLICY_FAIL_CLOSED
+        assert d.pressure.score == 1.0  # fail-closed: a stale pool counts as fully loaded

@@ -255,7 +255,7 @@ def test_live_state(env: Env) -> None:
     assert st.fastpath in ("cython", "python")
     (pool,) = st.pools
     assert pool.pool == "a100" and pool.engines_reporting == 1
-    assert 0 < pool.backpressure_score < 1 and pool.pricing_multiplier == 1.0
+    assert 0 < pool.backpressure_score < 1 and pool.pricing_multiplier == "1.000000"
     code, _ = code_of(
         lambda: env.viewer.call("GetTenantState", apb.GetTenantStateRequest(tenant_id="nobody"))
     )

@@ -70,9 +70,9 @@ def setup_db(url: str, *tenants: str, prices: tuple[PriceEntry, ...] = (ACME_PRI
     engine.dispose()
 
 
-def admin_key(url: str) -> str:
+def admin_key(url: str, role: Role = Role.ADMIN) -> str:
     engine = make_engine(url)
-    key, _ = KeyStore(engine).create_key("ledger-test", Role.ADMIN, Actor("local:test", "local"))
+    key, _ = KeyStore(engine).create_key("ledger-test", role, Actor("local:test", "local"))
     engine.dispose()
     return key
 

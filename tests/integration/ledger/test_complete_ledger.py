@@ -16,7 +16,7 @@ from tests.integration.ledger.conftest import NS, Served, complete, ledger_rows,
 def test_complete_records_both_ledgers_with_cached_price(served: Served) -> None:
     c = served.client
     d = c.admit("acme", "r1", prompt_tokens=1000, max_tokens=500, model="m", pool="p")
-    assert d.decision == pb.DECISION_ADMIT and d.pricing_multiplier == 1.0
+    assert d.decision == pb.DECISION_ADMIT and d.pricing_multiplier == "1.000000"
     r = complete(
         c, "acme", "r1", prompt_tokens=1000, generated_tokens=300, cached_prompt_tokens=400,
         kv_cache_miss_rate=0.2,
@@ -26,7 +26,7 @@ def test_complete_records_both_ledgers_with_cached_price(served: Served) -> None
     # cost: 1000 x (1 + 0.2 x 0.5) x 1.00 / 1e6 + 300 x 4.00 / 1e6 + 0.0001 = 0.0024
     assert r.actual_cost == "0.002400000"
     assert (r.pricing_multiplier, r.lane_multiplier, r.miss_rate_source) == (
-        "1.000000", "1.000000", "request"
+        "1.000000", "1.000000", pb.MISS_RATE_SOURCE_REQUEST
     )  # fmt: skip
     assert not r.duplicate and r.refunded_tokens == 1500 - 1300
     (row,) = ledger_rows(served.url)

@@ -12,7 +12,9 @@ import pytest
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
 from controlplane.client import pb
-from tests.integration.ledger.conftest import NS, Served, complete, rpc_code
+from controlplane.client.admin import authenticated_channel
+from controlplane.domain.keys import Role
+from tests.integration.ledger.conftest import NS, Served, admin_key, complete, rpc_code
 
 WINDOW_NS = 300 * NS
 
@@ -32,12 +34,12 @@ def test_multiplier_switches_exactly_at_the_window_boundary(served: Served, cloc
     complete(c, "acme", "a", prompt_tokens=100, generated_tokens=10, kv_cache_miss_rate=0.5)
     clock.advance(WINDOW_NS - 1)  # the last nanosecond of window k: still 1.0
     last = c.admit("acme", "b", prompt_tokens=100, max_tokens=10, model="m", pool="p")
-    assert last.pricing_multiplier == 1.0
+    assert last.pricing_multiplier == "1.000000"
     clock.advance(1)  # window k+1 starts: the multiplier window k's rate set
     first = c.admit("acme", "c", prompt_tokens=100, max_tokens=10, model="m", pool="p")
-    assert first.pricing_multiplier == pytest.approx(1.2)
+    assert first.pricing_multiplier == "1.200000"
     other = c.admit("acme", "o", prompt_tokens=1, max_tokens=1, model="other", pool="p")
-    assert other.pricing_multiplier == 1.0  # per pool *and* model
+    assert other.pricing_multiplier == "1.000000"  # per pool *and* model
     # Locked at admission: "b" was admitted at 1.0 and is billed at 1.0 now.
     rb = complete(c, "acme", "b", prompt_tokens=100, generated_tokens=10)
     rc = complete(c, "acme", "c", prompt_tokens=100, generated_tokens=10)
@@ -47,11 +49,11 @@ def test_multiplier_switches_exactly_at_the_window_boundary(served: Served, cloc
 
     assert Decimal(rc.user_charge) == Decimal(rb.user_charge) * Decimal("1.2")
     # "b" did not report a miss rate: the pool's current window rate was used.
-    assert rb.miss_rate_source == "window"
+    assert rb.miss_rate_source == pb.MISS_RATE_SOURCE_WINDOW
     # Window k+1 measured nothing (no reported rates, no load): k+2 is back to 1.0.
     clock.advance(WINDOW_NS)
     assert c.admit("acme", "d", prompt_tokens=1, max_tokens=1, model="m", pool="p")\
-        .pricing_multiplier == 1.0  # fmt: skip
+        .pricing_multiplier == "1.000000"  # fmt: skip
 
 
 def test_load_reports_feed_the_pool_window(served: Served, clock: Any) -> None:
@@ -72,7 +74,7 @@ def test_load_reports_feed_the_pool_window(served: Served, clock: Any) -> None:
         )
     clock.advance(WINDOW_NS)
     d = c.admit("acme", "x", prompt_tokens=1, max_tokens=1, model="any", pool="gpu")
-    assert d.pricing_multiplier == pytest.approx(1.2)
+    assert d.pricing_multiplier == "1.200000"
     # Windows are stored.
     windows = (
         served.ledger()
@@ -85,7 +87,7 @@ def test_load_reports_feed_the_pool_window(served: Served, clock: Any) -> None:
     closed = [w for w in windows if w.closed]
     assert closed and closed[0].miss_rate == "0.400000"
     assert closed[0].next_multiplier == "1.200000"
-    assert closed[0].load_reports == 2
+    assert closed[0].load_reports == 2 and closed[0].window_ms == 300_000
 
 
 def test_margin_warning_per_window_and_on_demand(served: Served, clock: Any) -> None:
@@ -106,7 +108,9 @@ def test_margin_warning_per_window_and_on_demand(served: Served, clock: Any) -> 
         .ListMarginWarnings(lpb.ListMarginWarningsRequest(start_unix_ns=start), timeout=10)
         .warnings
     )
-    assert [(w.tenant_id, w.currency, w.requests) for w in listed] == [("acme", "USD", 3)]
+    assert [(w.tenant_id, w.currency, w.requests, w.window_ms) for w in listed] == [
+        ("acme", "USD", 3, 300_000)
+    ]
     report = served.ledger().GetMarginReport(
         lpb.GetMarginReportRequest(start_unix_ns=start - WINDOW_NS), timeout=10
     )
@@ -124,6 +128,35 @@ def test_ledger_service_needs_an_operator_key(served: Served) -> None:
     assert code == grpc.StatusCode.UNAUTHENTICATED
     status = served.ledger().GetLedgerStatus(lpb.GetLedgerStatusRequest(), timeout=5)
     assert status.enabled and status.database_ok and status.spool_bytes == 0
+
+
+def test_a_viewer_may_read_and_export_but_not_change_prices(served: Served) -> None:
+    # What ledger.proto promises: Get*/List*/Export* for viewers, writes for admins.
+    channel = authenticated_channel(served.srv.target, admin_key(served.url, Role.VIEWER))
+    viewer = lpb_grpc.LedgerServiceStub(channel)
+    assert viewer.ListPrices(lpb.ListPricesRequest(), timeout=5).prices
+    chunks = list(viewer.ExportLedger(lpb.ExportLedgerRequest(), timeout=10))
+    assert chunks and chunks[-1].manifest_json
+    set_price = lpb.SetPriceRequest(price=lpb.Price(tenant_id="beta", currency="GBP"))
+    assert rpc_code(lambda: viewer.SetPrice(set_price, timeout=5)) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    delete = lpb.DeletePriceRequest(tenant_id="acme")
+    assert rpc_code(lambda: viewer.DeletePrice(delete, timeout=5)) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+
+
+def test_complete_names_the_wire_field_of_bad_exec_times(served: Served) -> None:
+    c = served.client
+    c.admit("acme", "t", prompt_tokens=10, max_tokens=10)
+    with pytest.raises(grpc.RpcError) as err:
+        complete(c, "acme", "t", prompt_tokens=10, generated_tokens=1,
+                 exec_start_unix_ns=2 * NS, exec_end_unix_ns=NS)  # fmt: skip
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("exec_end_unix_ns")
+    # nothing was settled: the right times are accepted afterwards
+    assert not complete(c, "acme", "t", prompt_tokens=10, generated_tokens=1).duplicate
 
 
 def test_prices_records_and_usage_through_the_api(served: Served, clock: Any) -> None:
@@ -154,6 +187,8 @@ def test_prices_records_and_usage_through_the_api(served: Served, clock: Any) ->
         lpb.GetLedgerRecordRequest(tenant_id="beta", request_id="b1"), timeout=5
     )
     assert rec.user_charge == "4.000000000" and rec.price_id == price.id
+    # No rate reported and none measured for the pool: the enum, not text.
+    assert rec.miss_rate_source == pb.MISS_RATE_SOURCE_NONE
     clock.advance(1)  # periods are half-open: [start, end)
     usage = ledger.GetUsage(lpb.GetUsageRequest(start_unix_ns=clock() - NS), timeout=5)
     assert [(u.tenant_id, u.currency, u.requests) for u in usage.rows] == [("beta", "GBP", 1)]
@@ -162,4 +197,4 @@ def test_prices_records_and_usage_through_the_api(served: Served, clock: Any) ->
     assert {p.tenant_id for p in prices} == {"acme", "beta"}
     assert ledger.DeletePrice(lpb.DeletePriceRequest(tenant_id="beta"), timeout=5).deleted
     pricing = ledger.GetPricing(lpb.GetPricingRequest(), timeout=5)
-    assert pricing.window_s == 300 and pricing.steps[0].multiplier == "1.20"
+    assert pricing.window_ms == 300_000 and pricing.steps[0].multiplier == "1.20"

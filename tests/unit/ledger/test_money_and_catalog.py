@@ -17,7 +17,13 @@ from controlplane.domain.catalog import (
     validate_entry,
 )
 from controlplane.domain.errors import InvalidArgument
-from controlplane.domain.money import format_nanos, multiplier_decimal, parse_decimal, to_nanos
+from controlplane.domain.money import (
+    format_multiplier,
+    format_nanos,
+    multiplier_decimal,
+    parse_decimal,
+    to_nanos,
+)
 
 
 def entry(tenant: str = "*", model: str = "*", **kw: str) -> PriceEntry:
@@ -61,6 +67,10 @@ def test_rounding_is_half_even_at_nano_units_and_formatting_is_fixed() -> None:
     assert format_nanos(5) == "0.000000005"
     assert format_nanos(-5) == "-0.000000005"
     assert multiplier_decimal(1.2) == Decimal("1.2")
+    # The API's text for a multiplier: the ledger's 6 places, never a float's digits.
+    assert format_multiplier(1.2) == "1.200000"
+    assert format_multiplier(1.0) == "1.000000"
+    assert format_multiplier(0.1 + 0.2) == "0.300000"
 
 
 @given(

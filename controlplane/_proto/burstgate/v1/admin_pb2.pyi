@@ -3,16 +3,32 @@
 isort:skip_file
 burstgate admin API: what operators (and the `burstgate admin` CLI) call.
 
-Every call needs `authorization: Bearer <API key>` metadata. Keys have a
-role: `viewer` may call Get*/List*, `admin` may call everything, `sidecar`
-keys are for the admission API only. Missing or bad credentials are
-UNAUTHENTICATED, a role that may not call the method PERMISSION_DENIED.
+Authentication. Every call needs the metadata
+  authorization: Bearer <API key>
+Keys have a role: `viewer` may call Get*/List* (except ListApiKeys),
+`admin` may call everything, `sidecar` keys are for the admission API
+only. No, malformed, unknown or revoked credentials: UNAUTHENTICATED; a
+role that may not call the method: PERMISSION_DENIED. Keys are checked
+against the database on every call, so a revocation applies to the very
+next call. Optional `x-request-id` metadata (1..128 printable characters)
+is recorded in the access log and in audit records.
 
-Writes are validated in full before anything is stored (INVALID_ARGUMENT,
-the message starts with the field name), stored together with an audit
-record (ListAuditEvents), and applied to the serving fast path before the
-call returns: bucket levels of tenants whose limits did not change, and
-in-flight requests, are kept.
+Writes are validated in full before anything is stored, stored together
+with an audit record (ListAuditEvents), and applied to the serving
+decision path before the call returns: bucket levels of tenants whose
+limits did not change, and in-flight requests, are kept.
+
+Status codes (besides UNAUTHENTICATED and PERMISSION_DENIED on every
+method):
+  INVALID_ARGUMENT     a field is bad; the status message starts with the
+                       field's name ("burst_tokens: must be > 0, got 0").
+                       Nothing was stored.
+  NOT_FOUND            the named tenant, lane or key does not exist.
+  ALREADY_EXISTS       CreateTenant for a tenant_id that exists.
+  FAILED_PRECONDITION  DeleteTenant of a tenant with unsettled
+                       reservations (without force).
+  INTERNAL             a server bug or an unreachable database; details
+                       are in the server's log.
 """
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as _admission_pb2
@@ -671,7 +687,7 @@ class TenantState(_message.Message):
     in_flight_tokens: _builtins.int
     """reserved, not yet settled"""
     queued_requests: _builtins.int
-    """0 until server-side queueing lands"""
+    """waiting in queues now"""
     @_builtins.property
     def as_of(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -751,15 +767,16 @@ class PoolState(_message.Message):
     engines_reporting: _builtins.int
     """with a fresh load report"""
     backpressure_score: _builtins.float
-    """B over the fresh reports (SPEC section 2), 0 when none"""
-    pricing_multiplier: _builtins.float
+    """the score B over the fresh reports, 0 when none"""
+    pricing_multiplier: _builtins.str
+    """in force now, decimal text with 6 places ("1.200000")"""
     def __init__(
         self,
         *,
         pool: _builtins.str = ...,
         engines_reporting: _builtins.int = ...,
         backpressure_score: _builtins.float = ...,
-        pricing_multiplier: _builtins.float = ...,
+        pricing_multiplier: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -781,7 +798,7 @@ class ServerState(_message.Message):
     POOLS_FIELD_NUMBER: _builtins.int
     AS_OF_FIELD_NUMBER: _builtins.int
     fastpath: _builtins.str
-    """cython | python"""
+    """the decision path's implementation, for operators (informational)"""
     tenants: _builtins.int
     open_reservations: _builtins.int
     config_reloads: _builtins.int

@@ -126,19 +126,22 @@ class AdminServiceServicer:
 
     def CreateTenant(self, request, context):
         """Tenants and their limits.
+        CreateTenant: ALREADY_EXISTS when tenant_id exists; INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTenant(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """NOT_FOUND for an unknown tenant_id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListTenants(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """INVALID_ARGUMENT for a bad page_size or page_token.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -146,6 +149,7 @@ class AdminServiceServicer:
     def UpdateTenant(self, request, context):
         """Change the fields named in update_mask (limits, lane overrides, shadow
         mode, ...). A named optional field left unset clears it (= unlimited).
+        NOT_FOUND; INVALID_ARGUMENT (also for a missing or unknown mask path).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -153,6 +157,7 @@ class AdminServiceServicer:
 
     def DisableTenant(self, request, context):
         """A disabled tenant's requests are refused with REASON_TENANT_DISABLED.
+        NOT_FOUND for an unknown tenant_id (also EnableTenant).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -165,8 +170,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteTenant(self, request, context):
-        """Refused (FAILED_PRECONDITION) while the tenant has unsettled
-        reservations, unless force is set.
+        """FAILED_PRECONDITION while the tenant has unsettled reservations, unless
+        force is set; NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -180,7 +185,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateLane(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """NOT_FOUND for an unknown lane unless allow_missing; INVALID_ARGUMENT.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -194,13 +200,16 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdatePolicy(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """INVALID_ARGUMENT (the key's name) for an unknown key, a value that is not
+        JSON or out of range, or nothing to change.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTenantState(self, request, context):
         """Live state, read from the serving process's memory.
+        GetTenantState: NOT_FOUND for an unknown tenant_id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -214,6 +223,7 @@ class AdminServiceServicer:
 
     def ListAuditEvents(self, request, context):
         """The audit log of every change made through this API and the key CLI.
+        INVALID_ARGUMENT for a bad page_size or page_token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -222,6 +232,7 @@ class AdminServiceServicer:
     def CreateApiKey(self, request, context):
         """API keys and sidecar tokens (admin role only). The secret is returned
         once, by CreateApiKey, and stored only as a salted hash.
+        CreateApiKey: INVALID_ARGUMENT for a bad name or role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -234,7 +245,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RevokeApiKey(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """NOT_FOUND for an unknown key_id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -3,16 +3,32 @@
 isort:skip_file
 burstgate admin API: what operators (and the `burstgate admin` CLI) call.
 
-Every call needs `authorization: Bearer <API key>` metadata. Keys have a
-role: `viewer` may call Get*/List*, `admin` may call everything, `sidecar`
-keys are for the admission API only. Missing or bad credentials are
-UNAUTHENTICATED, a role that may not call the method PERMISSION_DENIED.
+Authentication. Every call needs the metadata
+  authorization: Bearer <API key>
+Keys have a role: `viewer` may call Get*/List* (except ListApiKeys),
+`admin` may call everything, `sidecar` keys are for the admission API
+only. No, malformed, unknown or revoked credentials: UNAUTHENTICATED; a
+role that may not call the method: PERMISSION_DENIED. Keys are checked
+against the database on every call, so a revocation applies to the very
+next call. Optional `x-request-id` metadata (1..128 printable characters)
+is recorded in the access log and in audit records.
 
-Writes are validated in full before anything is stored (INVALID_ARGUMENT,
-the message starts with the field name), stored together with an audit
-record (ListAuditEvents), and applied to the serving fast path before the
-call returns: bucket levels of tenants whose limits did not change, and
-in-flight requests, are kept.
+Writes are validated in full before anything is stored, stored together
+with an audit record (ListAuditEvents), and applied to the serving
+decision path before the call returns: bucket levels of tenants whose
+limits did not change, and in-flight requests, are kept.
+
+Status codes (besides UNAUTHENTICATED and PERMISSION_DENIED on every
+method):
+  INVALID_ARGUMENT     a field is bad; the status message starts with the
+                       field's name ("burst_tokens: must be > 0, got 0").
+                       Nothing was stored.
+  NOT_FOUND            the named tenant, lane or key does not exist.
+  ALREADY_EXISTS       CreateTenant for a tenant_id that exists.
+  FAILED_PRECONDITION  DeleteTenant of a tenant with unsettled
+                       reservations (without force).
+  INTERNAL             a server bug or an unreachable database; details
+                       are in the server's log.
 """
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as _admin_pb2
@@ -44,77 +60,111 @@ class AdminServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AdminServiceAsyncStub: ...
     CreateTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateTenantRequest, _admin_pb2.Tenant]
-    """Tenants and their limits."""
+    """Tenants and their limits.
+    CreateTenant: ALREADY_EXISTS when tenant_id exists; INVALID_ARGUMENT.
+    """
     GetTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetTenantRequest, _admin_pb2.Tenant]
+    """NOT_FOUND for an unknown tenant_id."""
     ListTenants: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListTenantsRequest, _admin_pb2.ListTenantsResponse]
+    """INVALID_ARGUMENT for a bad page_size or page_token."""
     UpdateTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateTenantRequest, _admin_pb2.Tenant]
     """Change the fields named in update_mask (limits, lane overrides, shadow
     mode, ...). A named optional field left unset clears it (= unlimited).
+    NOT_FOUND; INVALID_ARGUMENT (also for a missing or unknown mask path).
     """
     DisableTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DisableTenantRequest, _admin_pb2.Tenant]
-    """A disabled tenant's requests are refused with REASON_TENANT_DISABLED."""
+    """A disabled tenant's requests are refused with REASON_TENANT_DISABLED.
+    NOT_FOUND for an unknown tenant_id (also EnableTenant).
+    """
     EnableTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.EnableTenantRequest, _admin_pb2.Tenant]
     DeleteTenant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteTenantRequest, _admin_pb2.DeleteTenantResponse]
-    """Refused (FAILED_PRECONDITION) while the tenant has unsettled
-    reservations, unless force is set.
+    """FAILED_PRECONDITION while the tenant has unsettled reservations, unless
+    force is set; NOT_FOUND.
     """
     ListLanes: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListLanesRequest, _admin_pb2.ListLanesResponse]
     """Priority lanes (weights, wait targets)."""
     UpdateLane: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateLaneRequest, _admin_pb2.Lane]
+    """NOT_FOUND for an unknown lane unless allow_missing; INVALID_ARGUMENT."""
     GetPolicy: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPolicyRequest, _admin_pb2.Policy]
     """The burst-shaping policy: backpressure weights and thresholds,
     degradation triggers, queue bounds, shadow mode, global watermark.
     """
     UpdatePolicy: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdatePolicyRequest, _admin_pb2.Policy]
+    """INVALID_ARGUMENT (the key's name) for an unknown key, a value that is not
+    JSON or out of range, or nothing to change.
+    """
     GetTenantState: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetTenantStateRequest, _admin_pb2.TenantState]
-    """Live state, read from the serving process's memory."""
+    """Live state, read from the serving process's memory.
+    GetTenantState: NOT_FOUND for an unknown tenant_id.
+    """
     GetServerState: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetServerStateRequest, _admin_pb2.ServerState]
     ListAuditEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAuditEventsRequest, _admin_pb2.ListAuditEventsResponse]
-    """The audit log of every change made through this API and the key CLI."""
+    """The audit log of every change made through this API and the key CLI.
+    INVALID_ARGUMENT for a bad page_size or page_token.
+    """
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]
     """API keys and sidecar tokens (admin role only). The secret is returned
     once, by CreateApiKey, and stored only as a salted hash.
+    CreateApiKey: INVALID_ARGUMENT for a bad name or role.
     """
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]
     RevokeApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeApiKeyRequest, _admin_pb2.ApiKey]
+    """NOT_FOUND for an unknown key_id."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateTenantRequest, _admin_pb2.Tenant]  # type: ignore[assignment]
-    """Tenants and their limits."""
+    """Tenants and their limits.
+    CreateTenant: ALREADY_EXISTS when tenant_id exists; INVALID_ARGUMENT.
+    """
     GetTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetTenantRequest, _admin_pb2.Tenant]  # type: ignore[assignment]
+    """NOT_FOUND for an unknown tenant_id."""
     ListTenants: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListTenantsRequest, _admin_pb2.ListTenantsResponse]  # type: ignore[assignment]
+    """INVALID_ARGUMENT for a bad page_size or page_token."""
     UpdateTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateTenantRequest, _admin_pb2.Tenant]  # type: ignore[assignment]
     """Change the fields named in update_mask (limits, lane overrides, shadow
     mode, ...). A named optional field left unset clears it (= unlimited).
+    NOT_FOUND; INVALID_ARGUMENT (also for a missing or unknown mask path).
     """
     DisableTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.DisableTenantRequest, _admin_pb2.Tenant]  # type: ignore[assignment]
-    """A disabled tenant's requests are refused with REASON_TENANT_DISABLED."""
+    """A disabled tenant's requests are refused with REASON_TENANT_DISABLED.
+    NOT_FOUND for an unknown tenant_id (also EnableTenant).
+    """
     EnableTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.EnableTenantRequest, _admin_pb2.Tenant]  # type: ignore[assignment]
     DeleteTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteTenantRequest, _admin_pb2.DeleteTenantResponse]  # type: ignore[assignment]
-    """Refused (FAILED_PRECONDITION) while the tenant has unsettled
-    reservations, unless force is set.
+    """FAILED_PRECONDITION while the tenant has unsettled reservations, unless
+    force is set; NOT_FOUND.
     """
     ListLanes: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListLanesRequest, _admin_pb2.ListLanesResponse]  # type: ignore[assignment]
     """Priority lanes (weights, wait targets)."""
     UpdateLane: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateLaneRequest, _admin_pb2.Lane]  # type: ignore[assignment]
+    """NOT_FOUND for an unknown lane unless allow_missing; INVALID_ARGUMENT."""
     GetPolicy: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPolicyRequest, _admin_pb2.Policy]  # type: ignore[assignment]
     """The burst-shaping policy: backpressure weights and thresholds,
     degradation triggers, queue bounds, shadow mode, global watermark.
     """
     UpdatePolicy: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdatePolicyRequest, _admin_pb2.Policy]  # type: ignore[assignment]
+    """INVALID_ARGUMENT (the key's name) for an unknown key, a value that is not
+    JSON or out of range, or nothing to change.
+    """
     GetTenantState: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetTenantStateRequest, _admin_pb2.TenantState]  # type: ignore[assignment]
-    """Live state, read from the serving process's memory."""
+    """Live state, read from the serving process's memory.
+    GetTenantState: NOT_FOUND for an unknown tenant_id.
+    """
     GetServerState: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetServerStateRequest, _admin_pb2.ServerState]  # type: ignore[assignment]
     ListAuditEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAuditEventsRequest, _admin_pb2.ListAuditEventsResponse]  # type: ignore[assignment]
-    """The audit log of every change made through this API and the key CLI."""
+    """The audit log of every change made through this API and the key CLI.
+    INVALID_ARGUMENT for a bad page_size or page_token.
+    """
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
     """API keys and sidecar tokens (admin role only). The secret is returned
     once, by CreateApiKey, and stored only as a salted hash.
+    CreateApiKey: INVALID_ARGUMENT for a bad name or role.
     """
     ListApiKeys: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]  # type: ignore[assignment]
     RevokeApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeApiKeyRequest, _admin_pb2.ApiKey]  # type: ignore[assignment]
+    """NOT_FOUND for an unknown key_id."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -123,21 +173,25 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.CreateTenantRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.Tenant, _abc.Awaitable[_admin_pb2.Tenant]]:
-        """Tenants and their limits."""
+        """Tenants and their limits.
+        CreateTenant: ALREADY_EXISTS when tenant_id exists; INVALID_ARGUMENT.
+        """
 
     @_abc_1.abstractmethod
     def GetTenant(
         self,
         request: _admin_pb2.GetTenantRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.Tenant, _abc.Awaitable[_admin_pb2.Tenant]]: ...
+    ) -> _typing.Union[_admin_pb2.Tenant, _abc.Awaitable[_admin_pb2.Tenant]]:
+        """NOT_FOUND for an unknown tenant_id."""
 
     @_abc_1.abstractmethod
     def ListTenants(
         self,
         request: _admin_pb2.ListTenantsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.ListTenantsResponse, _abc.Awaitable[_admin_pb2.ListTenantsResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.ListTenantsResponse, _abc.Awaitable[_admin_pb2.ListTenantsResponse]]:
+        """INVALID_ARGUMENT for a bad page_size or page_token."""
 
     @_abc_1.abstractmethod
     def UpdateTenant(
@@ -147,6 +201,7 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.Tenant, _abc.Awaitable[_admin_pb2.Tenant]]:
         """Change the fields named in update_mask (limits, lane overrides, shadow
         mode, ...). A named optional field left unset clears it (= unlimited).
+        NOT_FOUND; INVALID_ARGUMENT (also for a missing or unknown mask path).
         """
 
     @_abc_1.abstractmethod
@@ -155,7 +210,9 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.DisableTenantRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.Tenant, _abc.Awaitable[_admin_pb2.Tenant]]:
-        """A disabled tenant's requests are refused with REASON_TENANT_DISABLED."""
+        """A disabled tenant's requests are refused with REASON_TENANT_DISABLED.
+        NOT_FOUND for an unknown tenant_id (also EnableTenant).
+        """
 
     @_abc_1.abstractmethod
     def EnableTenant(
@@ -170,8 +227,8 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.DeleteTenantRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.DeleteTenantResponse, _abc.Awaitable[_admin_pb2.DeleteTenantResponse]]:
-        """Refused (FAILED_PRECONDITION) while the tenant has unsettled
-        reservations, unless force is set.
+        """FAILED_PRECONDITION while the tenant has unsettled reservations, unless
+        force is set; NOT_FOUND.
         """
 
     @_abc_1.abstractmethod
@@ -187,7 +244,8 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _admin_pb2.UpdateLaneRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.Lane, _abc.Awaitable[_admin_pb2.Lane]]: ...
+    ) -> _typing.Union[_admin_pb2.Lane, _abc.Awaitable[_admin_pb2.Lane]]:
+        """NOT_FOUND for an unknown lane unless allow_missing; INVALID_ARGUMENT."""
 
     @_abc_1.abstractmethod
     def GetPolicy(
@@ -204,7 +262,10 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _admin_pb2.UpdatePolicyRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.Policy, _abc.Awaitable[_admin_pb2.Policy]]: ...
+    ) -> _typing.Union[_admin_pb2.Policy, _abc.Awaitable[_admin_pb2.Policy]]:
+        """INVALID_ARGUMENT (the key's name) for an unknown key, a value that is not
+        JSON or out of range, or nothing to change.
+        """
 
     @_abc_1.abstractmethod
     def GetTenantState(
@@ -212,7 +273,9 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetTenantStateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.TenantState, _abc.Awaitable[_admin_pb2.TenantState]]:
-        """Live state, read from the serving process's memory."""
+        """Live state, read from the serving process's memory.
+        GetTenantState: NOT_FOUND for an unknown tenant_id.
+        """
 
     @_abc_1.abstractmethod
     def GetServerState(
@@ -227,7 +290,9 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ListAuditEventsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListAuditEventsResponse, _abc.Awaitable[_admin_pb2.ListAuditEventsResponse]]:
-        """The audit log of every change made through this API and the key CLI."""
+        """The audit log of every change made through this API and the key CLI.
+        INVALID_ARGUMENT for a bad page_size or page_token.
+        """
 
     @_abc_1.abstractmethod
     def CreateApiKey(
@@ -237,6 +302,7 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.CreateApiKeyResponse, _abc.Awaitable[_admin_pb2.CreateApiKeyResponse]]:
         """API keys and sidecar tokens (admin role only). The secret is returned
         once, by CreateApiKey, and stored only as a salted hash.
+        CreateApiKey: INVALID_ARGUMENT for a bad name or role.
         """
 
     @_abc_1.abstractmethod
@@ -251,6 +317,7 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _admin_pb2.RevokeApiKeyRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.ApiKey, _abc.Awaitable[_admin_pb2.ApiKey]]: ...
+    ) -> _typing.Union[_admin_pb2.ApiKey, _abc.Awaitable[_admin_pb2.ApiKey]]:
+        """NOT_FOUND for an unknown key_id."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

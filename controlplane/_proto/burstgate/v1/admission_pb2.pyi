@@ -3,16 +3,54 @@
 isort:skip_file
 burstgate admission API: what an engine sidecar calls per request.
 
+The flow: Admit (or AdmitStream for many requests at once) before a
+request goes to the engine; run it only when admitted, generating at most
+granted_max_tokens; then Complete with the real usage, which refunds the
+unused part of the reservation. Independently, every engine sends
+ReportLoad every 100-250 ms.
+
+Authentication. With admission auth on (the default of `burstgate serve`;
+off in `burstgate demo`) every call carries the metadata
+  authorization: Bearer <token>
+where <token> is an API key of role `sidecar` (`burstgate keys create
+--role sidecar`). No, malformed, unknown or revoked credentials:
+UNAUTHENTICATED. A key of another role (`admin`, `viewer`):
+PERMISSION_DENIED. grpc.health.v1.Health and server reflection need no
+credentials. Optional metadata: `x-request-id` (1..128 printable
+characters; logged, and generated when absent) and W3C `traceparent`
+(the server's span continues the caller's trace).
+
 Denials are data: an admission "no" is a normal AdmitResponse with a
-reason and retry_after, the way Envoy's rate-limit service answers
-OVER_LIMIT. gRPC status codes mean the *call* failed (INVALID_ARGUMENT
-for bad input, NOT_FOUND for an unknown reservation, UNAVAILABLE when the
-plane cannot decide).
+reason, retryable and retry_after_ms, the way Envoy's rate-limit service
+answers OVER_LIMIT. A gRPC status other than OK means the *call* failed:
+  INVALID_ARGUMENT     a field is bad. The status message starts with the
+                       field's name, e.g. "prompt_tokens: must be >= 0,
+                       got -10"; inside an AdmitStream batch the entry's
+                       index follows the name: "prompt_tokens[17]: ...".
+                       Nothing was changed.
+  NOT_FOUND            Complete: no such reservation (see Complete).
+  FAILED_PRECONDITION  Complete: the request was refused, nothing to settle.
+  ALREADY_EXISTS       Admit: the same (tenant_id, request_id) is still
+                       waiting in a queue for another call.
+  UNAUTHENTICATED, PERMISSION_DENIED   see Authentication.
+  RESOURCE_EXHAUSTED   the message is larger than the server's maximum
+                       message size (refused before it is read).
+  UNAVAILABLE          the server is unreachable or shutting down; or
+                       (Complete, with metering) the ledger could not be
+                       read to answer a repeated Complete. Retry.
+  INTERNAL             a server bug; the details are in the server's log.
+
+Numbers: the int64 counts here stay far below 2^53 (token counts per
+request at most 10,000,000, counts in load reports at most 10^12, bucket
+levels within +-10^12, remaining quotas at most the configured quota), so
+JavaScript may read them as Numbers. The exception: Unix-nanosecond
+timestamps (*_unix_ns, about 1.8 x 10^18).
+Durations are int64 milliseconds named *_ms; decimal values (multipliers,
+money) are decimal text, never floating point.
 """
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
-from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -53,7 +91,7 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     REASON_UNSPECIFIED: _Reason.ValueType  # 0
     """admitted"""
     REASON_TOKEN_RATE: _Reason.ValueType  # 1
-    """the tenant's token bucket is short; retry_after says when it refills"""
+    """the tenant's token bucket is short; retry_after_ms says when it refills"""
     REASON_HOURLY_QUOTA: _Reason.ValueType  # 2
     """hourly token quota used up until the next UTC hour"""
     REASON_DAILY_QUOTA: _Reason.ValueType  # 3
@@ -69,21 +107,19 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     REASON_GLOBAL_WATERMARK: _Reason.ValueType  # 8
     """all tenants' in-flight tokens are at the configured safe level"""
     REASON_BACKPRESSURE: _Reason.ValueType  # 9
-    """the pool is overloaded (score above the hard threshold); retry_after from its drain rate"""
+    """the pool has no room and the request may not wait; retry_after_ms predicts when it will"""
     REASON_QUEUE_TIMEOUT: _Reason.ValueType  # 10
     """waited in the lane's queue until the max wait passed"""
     REASON_QUEUE_FULL: _Reason.ValueType  # 11
     """the lane's, tenant's or global queue is full"""
 
 class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
-    """Why a request was refused. Values 1-5 are decided by the Cython fast path
-    (fastpath/codes.py holds the same numbering); 6+ by the service layer.
-    """
+    """Why a request was refused."""
 
 REASON_UNSPECIFIED: Reason.ValueType  # 0
 """admitted"""
 REASON_TOKEN_RATE: Reason.ValueType  # 1
-"""the tenant's token bucket is short; retry_after says when it refills"""
+"""the tenant's token bucket is short; retry_after_ms says when it refills"""
 REASON_HOURLY_QUOTA: Reason.ValueType  # 2
 """hourly token quota used up until the next UTC hour"""
 REASON_DAILY_QUOTA: Reason.ValueType  # 3
@@ -99,7 +135,7 @@ REASON_TENANT_DISABLED: Reason.ValueType  # 7
 REASON_GLOBAL_WATERMARK: Reason.ValueType  # 8
 """all tenants' in-flight tokens are at the configured safe level"""
 REASON_BACKPRESSURE: Reason.ValueType  # 9
-"""the pool is overloaded (score above the hard threshold); retry_after from its drain rate"""
+"""the pool has no room and the request may not wait; retry_after_ms predicts when it will"""
 REASON_QUEUE_TIMEOUT: Reason.ValueType  # 10
 """waited in the lane's queue until the max wait passed"""
 REASON_QUEUE_FULL: Reason.ValueType  # 11
@@ -116,7 +152,7 @@ class _PoolFreshnessEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PoolFre
     POOL_FRESHNESS_FRESH: _PoolFreshness.ValueType  # 1
     """recent load reports"""
     POOL_FRESHNESS_STALE: _PoolFreshness.ValueType  # 2
-    """reports older than load_report_stale_s"""
+    """reports older than the server's staleness bound (default 10 s)"""
     POOL_FRESHNESS_UNKNOWN: _PoolFreshness.ValueType  # 3
     """the pool never reported (or no pool named)"""
 
@@ -127,10 +163,62 @@ POOL_FRESHNESS_UNSPECIFIED: PoolFreshness.ValueType  # 0
 POOL_FRESHNESS_FRESH: PoolFreshness.ValueType  # 1
 """recent load reports"""
 POOL_FRESHNESS_STALE: PoolFreshness.ValueType  # 2
-"""reports older than load_report_stale_s"""
+"""reports older than the server's staleness bound (default 10 s)"""
 POOL_FRESHNESS_UNKNOWN: PoolFreshness.ValueType  # 3
 """the pool never reported (or no pool named)"""
 Global___PoolFreshness: _TypeAlias = PoolFreshness  # noqa: Y015
+
+class _StalePolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StalePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StalePolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STALE_POLICY_UNSPECIFIED: _StalePolicy.ValueType  # 0
+    """the pool is fresh: no stale policy was applied"""
+    STALE_POLICY_FAIL_OPEN: _StalePolicy.ValueType  # 1
+    """scored as unloaded (0)"""
+    STALE_POLICY_FAIL_CLOSED: _StalePolicy.ValueType  # 2
+    """scored as fully loaded (1)"""
+
+class StalePolicy(_StalePolicy, metaclass=_StalePolicyEnumTypeWrapper):
+    """How a pool without fresh load reports is treated (the `stale_policy` policy key)."""
+
+STALE_POLICY_UNSPECIFIED: StalePolicy.ValueType  # 0
+"""the pool is fresh: no stale policy was applied"""
+STALE_POLICY_FAIL_OPEN: StalePolicy.ValueType  # 1
+"""scored as unloaded (0)"""
+STALE_POLICY_FAIL_CLOSED: StalePolicy.ValueType  # 2
+"""scored as fully loaded (1)"""
+Global___StalePolicy: _TypeAlias = StalePolicy  # noqa: Y015
+
+class _MissRateSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MissRateSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MissRateSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MISS_RATE_SOURCE_UNSPECIFIED: _MissRateSource.ValueType  # 0
+    """no ledger record (metering off)"""
+    MISS_RATE_SOURCE_REQUEST: _MissRateSource.ValueType  # 1
+    """the request's own rate, from CompleteRequest"""
+    MISS_RATE_SOURCE_WINDOW: _MissRateSource.ValueType  # 2
+    """the pool's rate over the current pricing window"""
+    MISS_RATE_SOURCE_NONE: _MissRateSource.ValueType  # 3
+    """neither was measured: priced at a rate of 0"""
+
+class MissRateSource(_MissRateSource, metaclass=_MissRateSourceEnumTypeWrapper):
+    """Where the KV-cache miss rate a ledger record was priced with came from."""
+
+MISS_RATE_SOURCE_UNSPECIFIED: MissRateSource.ValueType  # 0
+"""no ledger record (metering off)"""
+MISS_RATE_SOURCE_REQUEST: MissRateSource.ValueType  # 1
+"""the request's own rate, from CompleteRequest"""
+MISS_RATE_SOURCE_WINDOW: MissRateSource.ValueType  # 2
+"""the pool's rate over the current pricing window"""
+MISS_RATE_SOURCE_NONE: MissRateSource.ValueType  # 3
+"""neither was measured: priced at a rate of 0"""
+Global___MissRateSource: _TypeAlias = MissRateSource  # noqa: Y015
 
 @_typing.final
 class Pressure(_message.Message):
@@ -143,8 +231,8 @@ class Pressure(_message.Message):
     score: _builtins.float
     """backpressure score B in [0, 1]"""
     freshness: Global___PoolFreshness.ValueType
-    stale_policy: _builtins.str
-    """How a stale/unknown pool was treated: "fail_open" or "fail_closed"; empty when fresh."""
+    stale_policy: Global___StalePolicy.ValueType
+    """how a stale/unknown pool was treated; UNSPECIFIED when fresh"""
     shed: _builtins.bool
     """the lane was held back (queued) by backpressure"""
     def __init__(
@@ -152,7 +240,7 @@ class Pressure(_message.Message):
         *,
         score: _builtins.float = ...,
         freshness: Global___PoolFreshness.ValueType = ...,
-        stale_policy: _builtins.str = ...,
+        stale_policy: Global___StalePolicy.ValueType = ...,
         shed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
@@ -208,9 +296,9 @@ class AdmitRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
-    """1..128 chars"""
+    """1..128 printable chars"""
     request_id: _builtins.str
-    """1..128 chars, unique per tenant; the idempotency key"""
+    """1..128 printable chars, unique per tenant; the idempotency key"""
     lane: _builtins.str
     """premium | standard | batch (configurable); empty = tenant default"""
     prompt_tokens: _builtins.int
@@ -220,8 +308,12 @@ class AdmitRequest(_message.Message):
     model: _builtins.str
     """optional, <= 256 chars"""
     pool: _builtins.str
-    """Engine pool the request will run on, <= 128 chars. Empty, with the pool
-    gate on: the tenant's configured pool, else the lane's, else "default".
+    """Engine pool the request will run on, <= 128 chars, case-sensitive, as
+    its engines name it in LoadReport.pool. Empty, with the pool gate on:
+    the tenant's configured pool, else the lane's, else "default". When the
+    operator lists the pools (policy known_pools), any other name is
+    INVALID_ARGUMENT naming `pool`; otherwise a pool no engine reports for
+    answers with pressure.freshness UNKNOWN.
     """
     def __init__(
         self,
@@ -250,7 +342,7 @@ class Remaining(_message.Message):
     HOURLY_TOKENS_FIELD_NUMBER: _builtins.int
     DAILY_TOKENS_FIELD_NUMBER: _builtins.int
     bucket_tokens: _builtins.int
-    """tokens left in the bucket after this decision"""
+    """tokens left in the bucket after this decision (>= -burst)"""
     hourly_tokens: _builtins.int
     """-1 = unlimited"""
     daily_tokens: _builtins.int
@@ -277,7 +369,7 @@ class AdmitResponse(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
-    RETRY_AFTER_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     RESERVED_TOKENS_FIELD_NUMBER: _builtins.int
     RESERVATION_ID_FIELD_NUMBER: _builtins.int
     GRANTED_MAX_TOKENS_FIELD_NUMBER: _builtins.int
@@ -285,7 +377,7 @@ class AdmitResponse(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
     LANE_FIELD_NUMBER: _builtins.int
-    QUEUE_WAIT_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
     DEGRADATION_FIELD_NUMBER: _builtins.int
     SHADOW_REASON_FIELD_NUMBER: _builtins.int
     PRESSURE_FIELD_NUMBER: _builtins.int
@@ -294,6 +386,8 @@ class AdmitResponse(_message.Message):
     request_id: _builtins.str
     decision: Global___Decision.ValueType
     reason: Global___Reason.ValueType
+    retry_after_ms: _builtins.int
+    """Milliseconds, rounded up; 0 when admitted or when retrying cannot help."""
     reserved_tokens: _builtins.int
     """taken from bucket and quotas; refunded on Complete"""
     reservation_id: _builtins.int
@@ -306,30 +400,25 @@ class AdmitResponse(_message.Message):
     """true when this replays the decision already made for request_id"""
     lane: _builtins.str
     """lane the request was placed in (after length-aware placement)"""
+    queue_wait_ms: _builtins.int
+    """time this call waited in the lane's queue, ms rounded up"""
     shadow_reason: Global___Reason.ValueType
     """Shadow mode: the request was admitted, but without shadow mode it would
     have been refused for this reason (UNSPECIFIED otherwise).
     """
-    pricing_multiplier: _builtins.float
-    """The pricing multiplier in force for the request's pool and model; the
-    ledger bills the multiplier locked here, at admission.
+    pricing_multiplier: _builtins.str
+    """The pricing multiplier in force for the request's pool and model, decimal
+    text with 6 places ("1.200000"); the ledger bills the multiplier locked
+    here, at admission.
     """
     retryable: _builtins.bool
-    """A refusal that the same request may cure by retrying after retry_after
+    """A refusal that the same request may cure by retrying after retry_after_ms
     (false when admitted, and for MAX_TOKENS, UNKNOWN_TENANT and
     TENANT_DISABLED: retrying as is cannot help). Read this, not
-    retry_after == 0, to decide whether to retry.
+    retry_after_ms == 0, to decide whether to retry.
     """
     @_builtins.property
-    def retry_after(self) -> _duration_pb2.Duration:
-        """zero when admitted or when retrying cannot help"""
-
-    @_builtins.property
     def remaining(self) -> Global___Remaining: ...
-    @_builtins.property
-    def queue_wait(self) -> _duration_pb2.Duration:
-        """time this call waited in the lane's queue"""
-
     @_builtins.property
     def degradation(self) -> Global___Degradation: ...
     @_builtins.property
@@ -340,7 +429,7 @@ class AdmitResponse(_message.Message):
         request_id: _builtins.str = ...,
         decision: Global___Decision.ValueType = ...,
         reason: Global___Reason.ValueType = ...,
-        retry_after: _duration_pb2.Duration | None = ...,
+        retry_after_ms: _builtins.int = ...,
         reserved_tokens: _builtins.int = ...,
         reservation_id: _builtins.int = ...,
         granted_max_tokens: _builtins.int = ...,
@@ -348,16 +437,16 @@ class AdmitResponse(_message.Message):
         message: _builtins.str = ...,
         duplicate: _builtins.bool = ...,
         lane: _builtins.str = ...,
-        queue_wait: _duration_pb2.Duration | None = ...,
+        queue_wait_ms: _builtins.int = ...,
         degradation: Global___Degradation | None = ...,
         shadow_reason: Global___Reason.ValueType = ...,
         pressure: Global___Pressure | None = ...,
-        pricing_multiplier: _builtins.float = ...,
+        pricing_multiplier: _builtins.str = ...,
         retryable: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure", "queue_wait", b"queue_wait", "remaining", b"remaining", "retry_after", b"retry_after"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure", "remaining", b"remaining"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait", b"queue_wait", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after", b"retry_after", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -382,15 +471,15 @@ class CompleteRequest(_message.Message):
     reservation_id: _builtins.int
     """optional; when set it must match tenant_id/request_id"""
     prompt_tokens: _builtins.int
-    """actual prompt tokens"""
+    """actual prompt tokens, 0..10,000,000"""
     generated_tokens: _builtins.int
-    """actual generated tokens"""
+    """actual generated tokens, 0..10,000,000"""
     cached_prompt_tokens: _builtins.int
     """prompt tokens served from the prefix cache (<= prompt_tokens)"""
     kv_cache_miss_rate: _builtins.float
     """optional, 0..1, as the engine saw it for this request"""
     exec_start_unix_ns: _builtins.int
-    """Fields 20+: metering (issue 4; docs/ledger.md).
+    """Fields 20+: metering (the ledger).
     Optional sidecar timestamps (Unix nanoseconds, UTC) of when the engine
     started and finished the request; 0 = unknown: the ledger then records
     the admission time and the time this Complete arrived.
@@ -446,22 +535,22 @@ class CompleteResponse(_message.Message):
     duplicate: _builtins.bool
     """true when the request had already been settled"""
     user_charge: _builtins.str
-    """Fields 20+: the ledger record (issue 4). On a duplicate, the original
-    record's figures. Amounts are decimal text with 9 places, in `currency`.
+    """Fields 20+: the ledger record, when the server meters (empty otherwise).
+    On a duplicate, the original record's figures. Amounts are decimal text
+    with 9 places, in `currency`.
     """
     actual_cost: _builtins.str
     currency: _builtins.str
     """ISO 4217"""
     pricing_multiplier: _builtins.str
-    """locked at admission, decimal text"""
+    """locked at admission, decimal text with 6 places"""
     pricing_window: _builtins.int
     """start of the pricing window it came from, Unix s (0 = flat)"""
     lane_multiplier: _builtins.str
-    """decimal text"""
+    """decimal text with 6 places"""
     kv_cache_miss_rate: _builtins.float
     """the rate actual_cost used"""
-    miss_rate_source: _builtins.str
-    """"request", "window" (the pool's) or "none" """
+    miss_rate_source: Global___MissRateSource.ValueType
     def __init__(
         self,
         *,
@@ -477,7 +566,7 @@ class CompleteResponse(_message.Message):
         pricing_window: _builtins.int = ...,
         lane_multiplier: _builtins.str = ...,
         kv_cache_miss_rate: _builtins.float = ...,
-        miss_rate_source: _builtins.str = ...,
+        miss_rate_source: Global___MissRateSource.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -490,9 +579,11 @@ Global___CompleteResponse: _TypeAlias = CompleteResponse  # noqa: Y015
 @_typing.final
 class AdmitBatch(_message.Message):
     """One message of AdmitStream: N requests as columns. tenant_id, request_id,
-    prompt_tokens and max_tokens have N entries; lane has 0 (tenant default),
-    1 (applies to all) or N entries. model and pool apply to the whole batch;
-    an empty pool is resolved per entry as in AdmitRequest.pool.
+    prompt_tokens and max_tokens have N entries (N <= the server's max batch,
+    default 10,000); lane has 0 (tenant default), 1 (applies to all) or N
+    entries. model and pool apply to the whole batch; an empty pool is
+    resolved per entry as in AdmitRequest.pool. Entries are checked as in
+    AdmitRequest.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -506,6 +597,7 @@ class AdmitBatch(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
+    """chosen by the client; echoed in the result and in errors"""
     model: _builtins.str
     pool: _builtins.str
     @_builtins.property
@@ -540,7 +632,9 @@ Global___AdmitBatch: _TypeAlias = AdmitBatch  # noqa: Y015
 
 @_typing.final
 class AdmitBatchResult(_message.Message):
-    """The answer to one AdmitBatch, column i answering request i."""
+    """The answer to one AdmitBatch, column i answering request i (see
+    AdmitResponse for each column's meaning).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -562,7 +656,8 @@ class AdmitBatchResult(_message.Message):
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
-    pricing_multiplier: _builtins.float
+    pricing_multiplier: _builtins.str
+    """decimal text, as AdmitResponse.pricing_multiplier"""
     @_builtins.property
     def decision(self) -> _containers.RepeatedScalarFieldContainer[Global___Decision.ValueType]: ...
     @_builtins.property
@@ -623,7 +718,7 @@ class AdmitBatchResult(_message.Message):
         degraded: _abc.Iterable[_builtins.bool] | None = ...,
         degradation: Global___Degradation | None = ...,
         pressure: Global___Pressure | None = ...,
-        pricing_multiplier: _builtins.float = ...,
+        pricing_multiplier: _builtins.str = ...,
         retryable: _abc.Iterable[_builtins.bool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure"]  # noqa: Y015
@@ -636,6 +731,34 @@ Global___AdmitBatchResult: _TypeAlias = AdmitBatchResult  # noqa: Y015
 
 @_typing.final
 class LoadReport(_message.Message):
+    """One engine's load, in vLLM's terms. A sidecar reads vLLM's Prometheus
+    /metrics every 100-250 ms and sends (delta = change since the last report):
+
+      queue_depth         vllm:num_requests_waiting. The pool gate's main signal.
+      requests_running    vllm:num_requests_running. With max_num_seqs: free
+                          sequence slots absorb releases.
+      max_num_seqs        the engine's --max-num-seqs.
+      kv_cache_usage      vllm:kv_cache_usage_perc (older versions:
+                          vllm:gpu_cache_usage_perc), a fraction 0..1. The gate's
+                          KV threshold and a backpressure score term.
+      batch_tokens        tokens per step: the mean of the
+                          vllm:iteration_tokens_total histogram over the
+                          interval. A score term, with max_batch_tokens.
+      max_batch_tokens    the engine's --max-num-batched-tokens.
+      queue_capacity      vLLM has none: 0 (its waiting queue is unbounded). An
+                          engine with a bounded queue (TGI's
+                          --max-concurrent-requests) gives it.
+      kv_cache_miss_rate  1 - delta vllm:prefix_cache_hits /
+                          delta vllm:prefix_cache_queries. A score term; leave
+                          unset when not measured.
+      gpu_utilization     DCGM's DCGM_FI_DEV_GPU_UTIL / 100. The degradation
+                          trigger.
+
+    Counts (fields 3-6, 9, 10) are at most 10^12; anything else the proto
+    allows but no engine has is refused with INVALID_ARGUMENT naming the
+    field, and nothing is stored.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     POOL_FIELD_NUMBER: _builtins.int
@@ -658,22 +781,19 @@ class LoadReport(_message.Message):
     max_batch_tokens: _builtins.int
     """> 0"""
     queue_depth: _builtins.int
-    """requests waiting (vllm:num_requests_waiting), >= 0"""
+    """requests waiting, >= 0"""
     queue_capacity: _builtins.int
     """The engine's queue bound, >= 0; 0 = unbounded (vLLM's waiting queue):
     queue pressure is then measured against the pool gate's target.
     """
     kv_cache_miss_rate: _builtins.float
-    """Prefix-cache miss rate, 0..1 (1 - vllm:prefix_cache_hits /
-    vllm:prefix_cache_queries over the report interval). Unset = not
+    """Prefix-cache miss rate over the report interval, 0..1. Unset = not
     measured: the backpressure score leaves the term out.
     """
     gpu_utilization: _builtins.float
     """0..1"""
     requests_running: _builtins.int
-    """vLLM's own signals (its Prometheus metrics vllm:num_requests_running,
-    the engine's max_num_seqs, vllm:kv_cache_usage_perc as a fraction).
-    Optional: when set, the pool gate and the backpressure score use them.
+    """Optional: when set, the pool gate and the backpressure score use them.
     >= 0
     """
     max_num_seqs: _builtins.int
@@ -730,9 +850,9 @@ class LoadReportAck(_message.Message):
     engines_reporting: _builtins.int
     """engines of this pool with a fresh report"""
     evict_below_reuse_per_s: _builtins.float
-    """Adaptive KV-cache eviction advice (SPEC section 2): evict cached blocks
-    reused less often than this many times per second, by the pool's load
-    (its backpressure score): > 0.85: 0.05/s; > 0.50: 0.15/s; else 0.30/s.
+    """Adaptive KV-cache eviction advice: evict cached blocks reused less often
+    than this many times per second, by the pool's load (its backpressure
+    score): > 0.85: 0.05/s; > 0.50: 0.15/s; else 0.30/s.
     """
     load: _builtins.float
     """the pool's backpressure score the advice is for"""

@@ -61,14 +61,47 @@ class AdmissionServiceServicer:
 
     def Admit(self, request, context):
         """Ask whether a tenant may spend about prompt_tokens + max_tokens now.
+
+        Idempotent per (tenant_id, request_id): a repeated Admit with the same
+        key returns the original answer with duplicate=true and takes nothing,
+        whatever sizes, lane, model or pool it carries. An admission is replayed
+        for the reservation TTL (server setting, default 600 s) after it was
+        decided, settled or not; a refusal only until its retry_after_ms has
+        passed (at most a server setting, default 1 s), after which the same id
+        is decided anew, so a client that backs off and retries with the same id
+        is not refused forever.
+
+        May wait server-side: a request refused only for TOKEN_RATE,
+        CONCURRENCY, GLOBAL_WATERMARK or a full pool waits in its lane's queue
+        until admitted (queue_wait_ms says how long) or until its max wait:
+        the lane's bound, the tenant's max_wait_ms, and the call's deadline,
+        whichever is first; the answer (QUEUE_TIMEOUT) comes a margin before the
+        deadline (a tenth of the time left, 5-100 ms). Set a deadline.
+
+        Errors: INVALID_ARGUMENT (tenant_id, request_id, prompt_tokens,
+        max_tokens, lane, model, pool), ALREADY_EXISTS, UNAUTHENTICATED,
+        PERMISSION_DENIED, RESOURCE_EXHAUSTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Complete(self, request, context):
-        """Settle a reservation with the real usage; refunds the unused part.
-        Idempotent: settling the same request twice changes nothing.
+        """Settle a reservation with the real usage: the unused part goes back to
+        the bucket and the quotas, the concurrency slot is freed and (with
+        metering) the ledger record is made durable before the answer.
+
+        Idempotent: settling the same request again changes nothing and returns
+        the first settlement (and its ledger record) with duplicate=true.
+
+        Errors: INVALID_ARGUMENT (a token count < 0 or > 10,000,000;
+        cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
+        a reservation_id that is not this request's; usage more than the
+        server's overrun ratio (default 4x) of what was admitted;
+        exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
+        (never admitted, or the reservation expired unsettled; also after a
+        server restart: treat it as "not billed"), FAILED_PRECONDITION (the
+        request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -76,16 +109,32 @@ class AdmissionServiceServicer:
 
     def AdmitStream(self, request_iterator, context):
         """The batched form for high rates: each AdmitBatch is answered by one
-        AdmitBatchResult, in order. Columnar (one repeated field per column)
-        because protobuf-python spends ~5x more per decision on row-shaped
-        submessages than on packed columns (bench/bench_proto_shape.py).
+        AdmitBatchResult, in order, at once (a batch never waits in a queue).
+        Columnar (one repeated field per column): packed columns cost far less
+        to encode and decode per decision than one submessage per request.
+
+        A bad batch is checked in full before anything in it is decided and
+        ends the stream with INVALID_ARGUMENT; batches answered before it
+        stand. The status message starts with "batch <batch_id>: " followed by
+        the field and the entry's index, e.g.
+        "batch 7: prompt_tokens[17]: must be >= 0, got -1". The same
+        (tenant_id, request_id) twice in one batch is such an error
+        (request_id[i]); an id already decided earlier is replayed
+        (duplicate[i] = true), as by Admit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReportLoad(self, request, context):
-        """An engine's load report; stored per pool and turned into backpressure.
+        """An engine's load report; stored per pool (latest per engine) and turned
+        into the pool gate's room and the backpressure score. An engine counts
+        as reporting for a server-configured time (default 10 s) after its
+        last report.
+
+        Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
+        out of range, a fraction outside 0..1, a pool not among the policy's
+        known_pools when it lists them); nothing is stored.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

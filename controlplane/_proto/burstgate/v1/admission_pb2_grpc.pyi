@@ -3,11 +3,50 @@
 isort:skip_file
 burstgate admission API: what an engine sidecar calls per request.
 
+The flow: Admit (or AdmitStream for many requests at once) before a
+request goes to the engine; run it only when admitted, generating at most
+granted_max_tokens; then Complete with the real usage, which refunds the
+unused part of the reservation. Independently, every engine sends
+ReportLoad every 100-250 ms.
+
+Authentication. With admission auth on (the default of `burstgate serve`;
+off in `burstgate demo`) every call carries the metadata
+  authorization: Bearer <token>
+where <token> is an API key of role `sidecar` (`burstgate keys create
+--role sidecar`). No, malformed, unknown or revoked credentials:
+UNAUTHENTICATED. A key of another role (`admin`, `viewer`):
+PERMISSION_DENIED. grpc.health.v1.Health and server reflection need no
+credentials. Optional metadata: `x-request-id` (1..128 printable
+characters; logged, and generated when absent) and W3C `traceparent`
+(the server's span continues the caller's trace).
+
 Denials are data: an admission "no" is a normal AdmitResponse with a
-reason and retry_after, the way Envoy's rate-limit service answers
-OVER_LIMIT. gRPC status codes mean the *call* failed (INVALID_ARGUMENT
-for bad input, NOT_FOUND for an unknown reservation, UNAVAILABLE when the
-plane cannot decide).
+reason, retryable and retry_after_ms, the way Envoy's rate-limit service
+answers OVER_LIMIT. A gRPC status other than OK means the *call* failed:
+  INVALID_ARGUMENT     a field is bad. The status message starts with the
+                       field's name, e.g. "prompt_tokens: must be >= 0,
+                       got -10"; inside an AdmitStream batch the entry's
+                       index follows the name: "prompt_tokens[17]: ...".
+                       Nothing was changed.
+  NOT_FOUND            Complete: no such reservation (see Complete).
+  FAILED_PRECONDITION  Complete: the request was refused, nothing to settle.
+  ALREADY_EXISTS       Admit: the same (tenant_id, request_id) is still
+                       waiting in a queue for another call.
+  UNAUTHENTICATED, PERMISSION_DENIED   see Authentication.
+  RESOURCE_EXHAUSTED   the message is larger than the server's maximum
+                       message size (refused before it is read).
+  UNAVAILABLE          the server is unreachable or shutting down; or
+                       (Complete, with metering) the ledger could not be
+                       read to answer a repeated Complete. Retry.
+  INTERNAL             a server bug; the details are in the server's log.
+
+Numbers: the int64 counts here stay far below 2^53 (token counts per
+request at most 10,000,000, counts in load reports at most 10^12, bucket
+levels within +-10^12, remaining quotas at most the configured quota), so
+JavaScript may read them as Numbers. The exception: Unix-nanosecond
+timestamps (*_unix_ns, about 1.8 x 10^18).
+Durations are int64 milliseconds named *_ms; decimal values (multipliers,
+money) are decimal text, never floating point.
 """
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as _admission_pb2
@@ -39,37 +78,139 @@ class AdmissionServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AdmissionServiceAsyncStub: ...
     Admit: _grpc.UnaryUnaryMultiCallable[_admission_pb2.AdmitRequest, _admission_pb2.AdmitResponse]
-    """Ask whether a tenant may spend about prompt_tokens + max_tokens now."""
+    """Ask whether a tenant may spend about prompt_tokens + max_tokens now.
+
+    Idempotent per (tenant_id, request_id): a repeated Admit with the same
+    key returns the original answer with duplicate=true and takes nothing,
+    whatever sizes, lane, model or pool it carries. An admission is replayed
+    for the reservation TTL (server setting, default 600 s) after it was
+    decided, settled or not; a refusal only until its retry_after_ms has
+    passed (at most a server setting, default 1 s), after which the same id
+    is decided anew, so a client that backs off and retries with the same id
+    is not refused forever.
+
+    May wait server-side: a request refused only for TOKEN_RATE,
+    CONCURRENCY, GLOBAL_WATERMARK or a full pool waits in its lane's queue
+    until admitted (queue_wait_ms says how long) or until its max wait:
+    the lane's bound, the tenant's max_wait_ms, and the call's deadline,
+    whichever is first; the answer (QUEUE_TIMEOUT) comes a margin before the
+    deadline (a tenth of the time left, 5-100 ms). Set a deadline.
+
+    Errors: INVALID_ARGUMENT (tenant_id, request_id, prompt_tokens,
+    max_tokens, lane, model, pool), ALREADY_EXISTS, UNAUTHENTICATED,
+    PERMISSION_DENIED, RESOURCE_EXHAUSTED.
+    """
     Complete: _grpc.UnaryUnaryMultiCallable[_admission_pb2.CompleteRequest, _admission_pb2.CompleteResponse]
-    """Settle a reservation with the real usage; refunds the unused part.
-    Idempotent: settling the same request twice changes nothing.
+    """Settle a reservation with the real usage: the unused part goes back to
+    the bucket and the quotas, the concurrency slot is freed and (with
+    metering) the ledger record is made durable before the answer.
+
+    Idempotent: settling the same request again changes nothing and returns
+    the first settlement (and its ledger record) with duplicate=true.
+
+    Errors: INVALID_ARGUMENT (a token count < 0 or > 10,000,000;
+    cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
+    a reservation_id that is not this request's; usage more than the
+    server's overrun ratio (default 4x) of what was admitted;
+    exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
+    (never admitted, or the reservation expired unsettled; also after a
+    server restart: treat it as "not billed"), FAILED_PRECONDITION (the
+    request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
     """
     AdmitStream: _grpc.StreamStreamMultiCallable[_admission_pb2.AdmitBatch, _admission_pb2.AdmitBatchResult]
     """The batched form for high rates: each AdmitBatch is answered by one
-    AdmitBatchResult, in order. Columnar (one repeated field per column)
-    because protobuf-python spends ~5x more per decision on row-shaped
-    submessages than on packed columns (bench/bench_proto_shape.py).
+    AdmitBatchResult, in order, at once (a batch never waits in a queue).
+    Columnar (one repeated field per column): packed columns cost far less
+    to encode and decode per decision than one submessage per request.
+
+    A bad batch is checked in full before anything in it is decided and
+    ends the stream with INVALID_ARGUMENT; batches answered before it
+    stand. The status message starts with "batch <batch_id>: " followed by
+    the field and the entry's index, e.g.
+    "batch 7: prompt_tokens[17]: must be >= 0, got -1". The same
+    (tenant_id, request_id) twice in one batch is such an error
+    (request_id[i]); an id already decided earlier is replayed
+    (duplicate[i] = true), as by Admit.
     """
     ReportLoad: _grpc.UnaryUnaryMultiCallable[_admission_pb2.LoadReport, _admission_pb2.LoadReportAck]
-    """An engine's load report; stored per pool and turned into backpressure."""
+    """An engine's load report; stored per pool (latest per engine) and turned
+    into the pool gate's room and the backpressure score. An engine counts
+    as reporting for a server-configured time (default 10 s) after its
+    last report.
+
+    Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
+    out of range, a fraction outside 0..1, a pool not among the policy's
+    known_pools when it lists them); nothing is stored.
+    """
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Admit: _aio.UnaryUnaryMultiCallable[_admission_pb2.AdmitRequest, _admission_pb2.AdmitResponse]  # type: ignore[assignment]
-    """Ask whether a tenant may spend about prompt_tokens + max_tokens now."""
+    """Ask whether a tenant may spend about prompt_tokens + max_tokens now.
+
+    Idempotent per (tenant_id, request_id): a repeated Admit with the same
+    key returns the original answer with duplicate=true and takes nothing,
+    whatever sizes, lane, model or pool it carries. An admission is replayed
+    for the reservation TTL (server setting, default 600 s) after it was
+    decided, settled or not; a refusal only until its retry_after_ms has
+    passed (at most a server setting, default 1 s), after which the same id
+    is decided anew, so a client that backs off and retries with the same id
+    is not refused forever.
+
+    May wait server-side: a request refused only for TOKEN_RATE,
+    CONCURRENCY, GLOBAL_WATERMARK or a full pool waits in its lane's queue
+    until admitted (queue_wait_ms says how long) or until its max wait:
+    the lane's bound, the tenant's max_wait_ms, and the call's deadline,
+    whichever is first; the answer (QUEUE_TIMEOUT) comes a margin before the
+    deadline (a tenth of the time left, 5-100 ms). Set a deadline.
+
+    Errors: INVALID_ARGUMENT (tenant_id, request_id, prompt_tokens,
+    max_tokens, lane, model, pool), ALREADY_EXISTS, UNAUTHENTICATED,
+    PERMISSION_DENIED, RESOURCE_EXHAUSTED.
+    """
     Complete: _aio.UnaryUnaryMultiCallable[_admission_pb2.CompleteRequest, _admission_pb2.CompleteResponse]  # type: ignore[assignment]
-    """Settle a reservation with the real usage; refunds the unused part.
-    Idempotent: settling the same request twice changes nothing.
+    """Settle a reservation with the real usage: the unused part goes back to
+    the bucket and the quotas, the concurrency slot is freed and (with
+    metering) the ledger record is made durable before the answer.
+
+    Idempotent: settling the same request again changes nothing and returns
+    the first settlement (and its ledger record) with duplicate=true.
+
+    Errors: INVALID_ARGUMENT (a token count < 0 or > 10,000,000;
+    cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
+    a reservation_id that is not this request's; usage more than the
+    server's overrun ratio (default 4x) of what was admitted;
+    exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
+    (never admitted, or the reservation expired unsettled; also after a
+    server restart: treat it as "not billed"), FAILED_PRECONDITION (the
+    request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
     """
     AdmitStream: _aio.StreamStreamMultiCallable[_admission_pb2.AdmitBatch, _admission_pb2.AdmitBatchResult]  # type: ignore[assignment]
     """The batched form for high rates: each AdmitBatch is answered by one
-    AdmitBatchResult, in order. Columnar (one repeated field per column)
-    because protobuf-python spends ~5x more per decision on row-shaped
-    submessages than on packed columns (bench/bench_proto_shape.py).
+    AdmitBatchResult, in order, at once (a batch never waits in a queue).
+    Columnar (one repeated field per column): packed columns cost far less
+    to encode and decode per decision than one submessage per request.
+
+    A bad batch is checked in full before anything in it is decided and
+    ends the stream with INVALID_ARGUMENT; batches answered before it
+    stand. The status message starts with "batch <batch_id>: " followed by
+    the field and the entry's index, e.g.
+    "batch 7: prompt_tokens[17]: must be >= 0, got -1". The same
+    (tenant_id, request_id) twice in one batch is such an error
+    (request_id[i]); an id already decided earlier is replayed
+    (duplicate[i] = true), as by Admit.
     """
     ReportLoad: _aio.UnaryUnaryMultiCallable[_admission_pb2.LoadReport, _admission_pb2.LoadReportAck]  # type: ignore[assignment]
-    """An engine's load report; stored per pool and turned into backpressure."""
+    """An engine's load report; stored per pool (latest per engine) and turned
+    into the pool gate's room and the backpressure score. An engine counts
+    as reporting for a server-configured time (default 10 s) after its
+    last report.
+
+    Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
+    out of range, a fraction outside 0..1, a pool not among the policy's
+    known_pools when it lists them); nothing is stored.
+    """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -78,7 +219,28 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admission_pb2.AdmitRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admission_pb2.AdmitResponse, _abc.Awaitable[_admission_pb2.AdmitResponse]]:
-        """Ask whether a tenant may spend about prompt_tokens + max_tokens now."""
+        """Ask whether a tenant may spend about prompt_tokens + max_tokens now.
+
+        Idempotent per (tenant_id, request_id): a repeated Admit with the same
+        key returns the original answer with duplicate=true and takes nothing,
+        whatever sizes, lane, model or pool it carries. An admission is replayed
+        for the reservation TTL (server setting, default 600 s) after it was
+        decided, settled or not; a refusal only until its retry_after_ms has
+        passed (at most a server setting, default 1 s), after which the same id
+        is decided anew, so a client that backs off and retries with the same id
+        is not refused forever.
+
+        May wait server-side: a request refused only for TOKEN_RATE,
+        CONCURRENCY, GLOBAL_WATERMARK or a full pool waits in its lane's queue
+        until admitted (queue_wait_ms says how long) or until its max wait:
+        the lane's bound, the tenant's max_wait_ms, and the call's deadline,
+        whichever is first; the answer (QUEUE_TIMEOUT) comes a margin before the
+        deadline (a tenth of the time left, 5-100 ms). Set a deadline.
+
+        Errors: INVALID_ARGUMENT (tenant_id, request_id, prompt_tokens,
+        max_tokens, lane, model, pool), ALREADY_EXISTS, UNAUTHENTICATED,
+        PERMISSION_DENIED, RESOURCE_EXHAUSTED.
+        """
 
     @_abc_1.abstractmethod
     def Complete(
@@ -86,8 +248,21 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admission_pb2.CompleteRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admission_pb2.CompleteResponse, _abc.Awaitable[_admission_pb2.CompleteResponse]]:
-        """Settle a reservation with the real usage; refunds the unused part.
-        Idempotent: settling the same request twice changes nothing.
+        """Settle a reservation with the real usage: the unused part goes back to
+        the bucket and the quotas, the concurrency slot is freed and (with
+        metering) the ledger record is made durable before the answer.
+
+        Idempotent: settling the same request again changes nothing and returns
+        the first settlement (and its ledger record) with duplicate=true.
+
+        Errors: INVALID_ARGUMENT (a token count < 0 or > 10,000,000;
+        cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
+        a reservation_id that is not this request's; usage more than the
+        server's overrun ratio (default 4x) of what was admitted;
+        exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
+        (never admitted, or the reservation expired unsettled; also after a
+        server restart: treat it as "not billed"), FAILED_PRECONDITION (the
+        request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
         """
 
     @_abc_1.abstractmethod
@@ -97,9 +272,18 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_admission_pb2.AdmitBatchResult], _abc.AsyncIterator[_admission_pb2.AdmitBatchResult]]:
         """The batched form for high rates: each AdmitBatch is answered by one
-        AdmitBatchResult, in order. Columnar (one repeated field per column)
-        because protobuf-python spends ~5x more per decision on row-shaped
-        submessages than on packed columns (bench/bench_proto_shape.py).
+        AdmitBatchResult, in order, at once (a batch never waits in a queue).
+        Columnar (one repeated field per column): packed columns cost far less
+        to encode and decode per decision than one submessage per request.
+
+        A bad batch is checked in full before anything in it is decided and
+        ends the stream with INVALID_ARGUMENT; batches answered before it
+        stand. The status message starts with "batch <batch_id>: " followed by
+        the field and the entry's index, e.g.
+        "batch 7: prompt_tokens[17]: must be >= 0, got -1". The same
+        (tenant_id, request_id) twice in one batch is such an error
+        (request_id[i]); an id already decided earlier is replayed
+        (duplicate[i] = true), as by Admit.
         """
 
     @_abc_1.abstractmethod
@@ -108,6 +292,14 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admission_pb2.LoadReport,
         context: _ServicerContext,
     ) -> _typing.Union[_admission_pb2.LoadReportAck, _abc.Awaitable[_admission_pb2.LoadReportAck]]:
-        """An engine's load report; stored per pool and turned into backpressure."""
+        """An engine's load report; stored per pool (latest per engine) and turned
+        into the pool gate's room and the backpressure score. An engine counts
+        as reporting for a server-configured time (default 10 s) after its
+        last report.
+
+        Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
+        out of range, a fraction outside 0..1, a pool not among the policy's
+        known_pools when it lists them); nothing is stored.
+        """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
