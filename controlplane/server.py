@@ -16,7 +16,6 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from controlplane._proto.burstgate.v1 import (
@@ -31,6 +30,7 @@ from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.rpc.admission import AdmissionServicer
+from controlplane.rpc.reflection import enable_reflection
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
@@ -83,7 +83,7 @@ def create_server(
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [ADMISSION_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    names = [ADMISSION_SERVICE, health.SERVICE_NAME]
     if admin is not None:
         admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
         names.append(ADMIN_SERVICE)
@@ -94,7 +94,7 @@ def create_server(
             LedgerServicer(ledger, clock=ledger.clock), server
         )
         names.append(LEDGER_SERVICE)
-    reflection.enable_server_reflection(names, server)
+    enable_reflection(names, server)
     if credentials is not None:
         port = server.add_secure_port(address, credentials)
     else:

@@ -9,6 +9,7 @@ import grpc
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
@@ -108,10 +109,21 @@ def test_revoked_keys_are_refused_from_the_next_call(env: Env) -> None:
 
 
 def test_health_and_reflection_need_no_key(env: Env) -> None:
-    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(env.target))
+    channel = grpc.insecure_channel(env.target)
+    health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "burstgate.v1.AdminService", "burstgate.v1.AdmissionService"):
         r = health.Check(health_pb2.HealthCheckRequest(service=service))
         assert r.status == health_pb2.HealthCheckResponse.SERVING
+    # Both reflection protocols (their messages are the same on the wire).
+    for version in ("v1", "v1alpha"):
+        info = channel.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        [listing] = info(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for s in listing.list_services_response.service}
+        assert "burstgate.v1.AdminService" in names, version
 
 
 @pytest.mark.parametrize("env", [{"admission_auth": True}], indirect=True)
@@ -151,3 +163,4 @@ def test_admission_tokens(env: Env) -> None:
     # A new one, created through the API, works at once.
     fresh = env.admin.call("CreateApiKey", apb.CreateApiKeyRequest(name="pool-b", role="sidecar"))
     assert env.admit("acme", "r3", key=fresh.secret).decision == pb.DECISION_ADMIT
+
