@@ -16,9 +16,11 @@ from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.client.admin import AdminClient
 from controlplane.domain.audit import Actor
+from controlplane.rpc.errors import DOMAIN
 from controlplane.store.db import make_engine
 from controlplane.store.keys import KeyStore
 from tests.integration.admin.conftest import Env, code_of
+from tests.support import error_details
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -164,3 +166,33 @@ def test_admission_tokens(env: Env) -> None:
     fresh = env.admin.call("CreateApiKey", apb.CreateApiKeyRequest(name="pool-b", role="sidecar"))
     assert env.admit("acme", "r3", key=fresh.secret).decision == pb.DECISION_ADMIT
 
+
+def _error(call: Callable[[], Any]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value
+
+
+@pytest.mark.parametrize("env", [{"admission_auth": True}], indirect=True)
+def test_refusals_carry_error_info(env: Env) -> None:
+    # The interceptor's refusals have the same structured details as the
+    # servicers' errors (README, "Errors"): admission, streams and admin.
+    raw = apb_grpc.AdminServiceStub(grpc.insecure_channel(env.target))
+    cases: list[tuple[Callable[[], Any], grpc.StatusCode, str]] = [
+        (lambda: env.admit("acme", "r1"), UNAUTH, "missing credentials"),
+        (lambda: env.admit("acme", "r1", key=env.keys.sidecar[:-2] + "zz"), UNAUTH, "invalid"),
+        (lambda: env.admit("acme", "r1", key=env.keys.admin), DENIED, "role 'admin'"),
+        (
+            lambda: list(env.admission().AdmitStream(iter([pb.AdmitBatch(batch_id=1)]))),
+            UNAUTH,
+            "missing credentials",
+        ),
+        (lambda: raw.ListTenants(apb.ListTenantsRequest()), UNAUTH, "missing credentials"),
+        (lambda: _write(env.viewer), DENIED, "role 'viewer'"),
+    ]
+    for call, code, text in cases:
+        err = _error(call)
+        assert (err.code(), text in (err.details() or "")) == (code, True), err
+        d = error_details(err)
+        assert (d.info.reason, d.info.domain) == (code.name, DOMAIN), err
+        assert d.bad_request is None and d.retry is None
