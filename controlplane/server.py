@@ -16,7 +16,6 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from controlplane._proto.burstgate.v1 import (
@@ -31,6 +30,7 @@ from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.rpc.admission import AdmissionServicer
+from controlplane.rpc.reflection import enable_reflection
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
@@ -55,6 +55,30 @@ ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 LEDGER_SERVICE = ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
 # How often open reservations are checked against the TTL.
 EXPIRY_INTERVAL_S = 0.5
+# Early client pings (see keepalive_options) tolerated before GOAWAY; grpc's
+# default, stated here because the README documents it.
+MAX_PING_STRIKES = 2
+
+
+def keepalive_options(settings: Settings) -> list[tuple[str, int]]:
+    """The server's keepalive policy as grpc core channel options (README,
+    "Keepalive"). Without them grpc's defaults apply: no server pings for
+    2 h, and a client pinging more often than every 5 minutes is cut off at
+    its third early ping with GOAWAY ENHANCE_YOUR_CALM ("too_many_pings"),
+    which ends every stream on the connection."""
+    return [
+        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+        # Server side this does two things: the server pings connections that
+        # have no call open, and it accepts client pings on them (else a
+        # ping on a connection without a call is a strike unless 2 h apart).
+        # Sidecars keep one connection for unary calls that come and go.
+        ("grpc.keepalive_permit_without_calls", 1),
+        # (grpc core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS;
+        # an option name core does not know is ignored without a word.)
+        ("grpc.http2.min_ping_interval_without_data_ms", settings.keepalive_min_ping_interval_ms),
+        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+    ]
 
 
 def create_server(
@@ -67,23 +91,26 @@ def create_server(
     admin: admin_pb2_grpc.AdminServiceServicer | None = None,
     credentials: grpc.ServerCredentials | None = None,
     ledger: Metering | None = None,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> tuple[grpc.aio.Server, int, health_aio.HealthServicer]:
     """Build (not start) a gRPC server with the admission, health and
     reflection services (and the admin service when ``admin`` is given);
-    bind ``address`` (port 0 = a free port), with TLS when ``credentials``."""
+    bind ``address`` (port 0 = a free port), with TLS when ``credentials``.
+    ``options``: more grpc channel options (the keepalive policy)."""
     server = grpc.aio.server(
         interceptors=list(interceptors),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *options,
         ],
     )
     admission = AdmissionServicer(service, waiting, metering=ledger)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [ADMISSION_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    names = [ADMISSION_SERVICE, health.SERVICE_NAME]
     if admin is not None:
         admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
         names.append(ADMIN_SERVICE)
@@ -94,7 +121,7 @@ def create_server(
             LedgerServicer(ledger, clock=ledger.clock), server
         )
         names.append(LEDGER_SERVICE)
-    reflection.enable_server_reflection(names, server)
+    enable_reflection(names, server)
     if credentials is not None:
         port = server.add_secure_port(address, credentials)
     else:
@@ -249,6 +276,7 @@ class ControlPlane:
             admin=AdminServicer(self, self.repo, self.key_store, self.key_cache, self.audit_log),
             credentials=self._credentials(),
             ledger=self.metering,
+            options=keepalive_options(self.settings),
         )
         await self._server.start()
         serving = health_pb2.HealthCheckResponse.SERVING

@@ -38,6 +38,19 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9464, ge=-1, le=65535)
     # Seconds SIGTERM waits for in-flight RPCs before cancelling them.
     shutdown_grace_s: float = Field(default=10.0, ge=0)
+    # Keepalive (README "Keepalive"; grpc core's channel options, in ms).
+    # The server pings a connection after this long without traffic and
+    # closes it when the ack takes longer than the timeout: a sidecar that
+    # vanished without a FIN (pod killed, node lost) frees its connection and
+    # streams within ~40 s, and the pings keep idle connections open through
+    # load balancers and NATs (idle timeouts of minutes).
+    keepalive_time_ms: int = Field(default=30_000, ge=1_000)
+    keepalive_timeout_ms: int = Field(default=10_000, ge=1_000)
+    # Client pings arriving closer together than this (with nothing sent by
+    # the server in between) are strikes; the third ends the connection
+    # (GOAWAY ENHANCE_YOUR_CALM "too_many_pings"). Half of the shortest
+    # client interval the README allows (1 s), so timer jitter never counts.
+    keepalive_min_ping_interval_ms: int = Field(default=500, ge=0)
 
     # Admission.
     # An admitted request that is never settled gives its slot back after this.

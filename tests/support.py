@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from controlplane.domain import TenantConfig
 from controlplane.store.config import ConfigRepository
@@ -53,3 +58,41 @@ def wait_until(
                 f"last value: {value!r}"
             )
         time.sleep(interval)
+
+
+@dataclass
+class ErrorDetails:
+    """The ``google.rpc.Status`` a failed call carried, unpacked."""
+
+    info: error_details_pb2.ErrorInfo
+    bad_request: error_details_pb2.BadRequest | None
+    retry: error_details_pb2.RetryInfo | None
+
+
+def error_details(err: grpc.RpcError) -> ErrorDetails:
+    """Decode ``grpc-status-details-bin`` of a failed call (``rpc_status``
+    also checks that its code and message are the call's). Exactly one
+    ErrorInfo is expected; BadRequest and RetryInfo at most once."""
+    status = rpc_status.from_call(err)
+    assert status is not None, f"no status details on {err}"
+    found: dict[str, list[Any]] = {}
+    for any_detail in status.details:
+        for cls in (
+            error_details_pb2.ErrorInfo,
+            error_details_pb2.BadRequest,
+            error_details_pb2.RetryInfo,
+        ):
+            if any_detail.Is(cls.DESCRIPTOR):
+                message = cls()
+                any_detail.Unpack(message)
+                found.setdefault(cls.DESCRIPTOR.name, []).append(message)
+                break
+        else:
+            raise AssertionError(f"unexpected detail {any_detail.type_url}")
+    assert len(found.get("ErrorInfo", ())) == 1, status
+    assert all(len(v) == 1 for v in found.values()), status
+    return ErrorDetails(
+        info=found["ErrorInfo"][0],
+        bad_request=found.get("BadRequest", [None])[0],
+        retry=found.get("RetryInfo", [None])[0],
+    )

@@ -19,6 +19,7 @@ import grpc
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
+from controlplane.client import KEEPALIVE_OPTIONS
 
 __all__ = ["AdminClient", "TlsFiles", "apb", "authenticated_channel"]
 
@@ -36,13 +37,15 @@ class TlsFiles(NamedTuple):
 
 def _channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
     if tls is None or (tls.ca is None and tls.cert is None):
-        return grpc.insecure_channel(target)
+        return grpc.insecure_channel(target, options=KEEPALIVE_OPTIONS)
     creds = grpc.ssl_channel_credentials(
         root_certificates=tls.ca.read_bytes() if tls.ca else None,
         private_key=tls.key.read_bytes() if tls.key else None,
         certificate_chain=tls.cert.read_bytes() if tls.cert else None,
     )
-    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+    options: list[tuple[str, Any]] = list(KEEPALIVE_OPTIONS)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.secure_channel(target, creds, options=options)
 
 

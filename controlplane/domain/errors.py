@@ -9,17 +9,20 @@ class DomainError(Exception):
 
 
 class InvalidArgument(DomainError):
-    """Bad input; ``field`` names the offending request field."""
+    """Bad input; ``field`` names the offending request field, ``description``
+    says what is wrong with it (the message is ``"field: description"``)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.description = message
 
 
 class NotFound(DomainError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.description = message
 
 
 class FailedPrecondition(DomainError):

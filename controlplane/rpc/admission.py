@@ -13,7 +13,7 @@ from controlplane.domain import AdmitDecision, Degradation, Pressure
 from controlplane.domain.errors import DomainError
 from controlplane.domain.money import format_multiplier
 from controlplane.domain.units import NS_PER_MS
-from controlplane.rpc.errors import status_for, unary_errors
+from controlplane.rpc.errors import abort, error_status, unary_errors
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 
@@ -190,7 +190,8 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.AdmitBatchResult]:
         # A bad batch ends the stream with INVALID_ARGUMENT naming
-        # field[index]; batches answered before it stand.
+        # field[index] after a "batch N: " prefix (README, "Errors");
+        # batches answered before it stand.
         async for batch in request_iterator:
             try:
                 # list() once: indexing a protobuf repeated field per element
@@ -205,7 +206,10 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                     batch.pool,
                 )
             except DomainError as exc:
-                await context.abort(status_for(exc), f"batch {batch.batch_id}: {exc}")
+                status = error_status(
+                    exc, prefix=f"batch {batch.batch_id}: ", batch_id=str(batch.batch_id)
+                )
+                await abort(context, status)
             yield pb.AdmitBatchResult(
                 batch_id=batch.batch_id,
                 # the columns hold the enum numbers already

@@ -37,7 +37,7 @@ from controlplane.auth import KeyCache
 from controlplane.domain.audit import Actor
 from controlplane.domain.errors import DomainError, PermissionDenied, Unauthenticated
 from controlplane.domain.keys import Principal, Role, bearer_token
-from controlplane.rpc.errors import status_for
+from controlplane.rpc.errors import abort, error_status
 from controlplane.store.keys import KeyStore
 from controlplane.telemetry.metrics import LatencyHistogram, RpcStats
 
@@ -181,8 +181,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _refuse(
         self, handler: grpc.RpcMethodHandler, rule: Rule, exc: DomainError
     ) -> grpc.RpcMethodHandler:
-        code = status_for(exc)
-        message = str(exc)
+        status = error_status(exc)  # ErrorInfo UNAUTHENTICATED / PERMISSION_DENIED
+        code = status.code
+        message = status.details
         reason = (
             "forbidden"
             if isinstance(exc, PermissionDenied)
@@ -195,7 +196,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
         async def deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(code, message)
+            await abort(context, status)
 
         # No request deserializer: an unauthenticated payload is never parsed.
         if handler.request_streaming and handler.response_streaming:

@@ -28,7 +28,7 @@ from controlplane.ledger.export import (
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.usage import usage
 from controlplane.rpc.admission import MISS_RATE_SOURCE
-from controlplane.rpc.errors import status_for, unary_errors
+from controlplane.rpc.errors import abort, error_status, unary_errors
 
 _FORMATS = {0: "csv", 1: "csv", 2: "jsonl", 3: "parquet"}
 _GRANULARITY = {0: "request", 1: "request", 2: "daily"}
@@ -139,7 +139,7 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
                 _GRANULARITY.get(int(request.granularity), "?"),
             ).validate()  # fmt: skip
         except DomainError as exc:
-            await context.abort(status_for(exc), str(exc))
+            await abort(context, error_status(exc))
         result = ExportResult()
         chunks: Iterator[bytes] = export(self.m.engine, spec, result)
         done = object()
@@ -152,7 +152,7 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
                 assert isinstance(data, bytes)
                 yield lpb.ExportLedgerChunk(data=data)
         except DomainError as exc:
-            await context.abort(status_for(exc), str(exc))
+            await abort(context, error_status(exc))
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(chunks.close)  # type: ignore[attr-defined]

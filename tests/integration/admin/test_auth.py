@@ -9,15 +9,18 @@ import grpc
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.client.admin import AdminClient
 from controlplane.domain.audit import Actor
+from controlplane.rpc.errors import DOMAIN
 from controlplane.store.db import make_engine
 from controlplane.store.keys import KeyStore
 from tests.integration.admin.conftest import Env, code_of
+from tests.support import error_details
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -108,10 +111,21 @@ def test_revoked_keys_are_refused_from_the_next_call(env: Env) -> None:
 
 
 def test_health_and_reflection_need_no_key(env: Env) -> None:
-    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(env.target))
+    channel = grpc.insecure_channel(env.target)
+    health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "burstgate.v1.AdminService", "burstgate.v1.AdmissionService"):
         r = health.Check(health_pb2.HealthCheckRequest(service=service))
         assert r.status == health_pb2.HealthCheckResponse.SERVING
+    # Both reflection protocols (their messages are the same on the wire).
+    for version in ("v1", "v1alpha"):
+        info = channel.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        [listing] = info(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for s in listing.list_services_response.service}
+        assert "burstgate.v1.AdminService" in names, version
 
 
 @pytest.mark.parametrize("env", [{"admission_auth": True}], indirect=True)
@@ -151,3 +165,34 @@ def test_admission_tokens(env: Env) -> None:
     # A new one, created through the API, works at once.
     fresh = env.admin.call("CreateApiKey", apb.CreateApiKeyRequest(name="pool-b", role="sidecar"))
     assert env.admit("acme", "r3", key=fresh.secret).decision == pb.DECISION_ADMIT
+
+
+def _error(call: Callable[[], Any]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value
+
+
+@pytest.mark.parametrize("env", [{"admission_auth": True}], indirect=True)
+def test_refusals_carry_error_info(env: Env) -> None:
+    # The interceptor's refusals have the same structured details as the
+    # servicers' errors (README, "Errors"): admission, streams and admin.
+    raw = apb_grpc.AdminServiceStub(grpc.insecure_channel(env.target))
+    cases: list[tuple[Callable[[], Any], grpc.StatusCode, str]] = [
+        (lambda: env.admit("acme", "r1"), UNAUTH, "missing credentials"),
+        (lambda: env.admit("acme", "r1", key=env.keys.sidecar[:-2] + "zz"), UNAUTH, "invalid"),
+        (lambda: env.admit("acme", "r1", key=env.keys.admin), DENIED, "role 'admin'"),
+        (
+            lambda: list(env.admission().AdmitStream(iter([pb.AdmitBatch(batch_id=1)]))),
+            UNAUTH,
+            "missing credentials",
+        ),
+        (lambda: raw.ListTenants(apb.ListTenantsRequest()), UNAUTH, "missing credentials"),
+        (lambda: _write(env.viewer), DENIED, "role 'viewer'"),
+    ]
+    for call, code, text in cases:
+        err = _error(call)
+        assert (err.code(), text in (err.details() or "")) == (code, True), err
+        d = error_details(err)
+        assert (d.info.reason, d.info.domain) == (code.name, DOMAIN), err
+        assert d.bad_request is None and d.retry is None

@@ -21,7 +21,7 @@ from controlplane.store.db import upgrade
 from tests.integration.ledger.conftest import admin_key, complete, ledger_rows, setup_db
 from tests.integration.ledger.proxy import TcpProxy
 from tests.integration.test_process import Proc
-from tests.support import wait_until
+from tests.support import error_details, wait_until
 
 
 @pytest.fixture
@@ -106,6 +106,9 @@ def test_spool_full_answers_unavailable_and_changes_nothing(
             except grpc.RpcError as exc:
                 assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
                 assert "spool is full" in (exc.details() or "")
+                details = error_details(exc)  # README "Errors": retry, after a while
+                assert details.info.reason == "LEDGER_UNAVAILABLE"
+                assert details.retry is not None and details.retry.retry_delay.seconds == 1
                 refused = f"r{i}"
                 break
         assert refused is not None and acked
