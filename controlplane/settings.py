@@ -55,6 +55,13 @@ class Settings(BaseSettings):
     # Admission.
     # An admitted request that is never settled gives its slot back after this.
     reservation_ttl_s: float = Field(default=600.0, gt=0)
+    # A completed request_id is remembered this long after its Complete (a
+    # repeated Admit replays the admission, a repeated Complete answers
+    # duplicate=true); then it is forgotten: a later Admit with the same id is
+    # decided anew and a later Complete gets NOT_FOUND. The reservation TTL
+    # above bounds only the unsettled ones, so memory follows the settlement
+    # rate x this window, not x the TTL. Never longer than the TTL.
+    settled_id_window_s: float = Field(default=120.0, ge=0)
     # A refused request_id replays its decision (duplicate=true) until its
     # retry_after has passed, but never for longer than this.
     rejection_replay_s: float = Field(default=1.0, ge=0)

@@ -104,6 +104,7 @@ class AdmissionService:
         self._log = RequestLog(
             ttl_ns=int(settings.reservation_ttl_s * NS_PER_S),
             replay_ns=int(settings.rejection_replay_s * NS_PER_S),
+            settled_ns=int(settings.settled_id_window_s * NS_PER_S),
         )
         self.stats = AdmissionStats()
         self._tenants = TenantDirectory(self._table, settings.policy, settings.default_tenant)

@@ -110,19 +110,25 @@ def settled(rec: Record, actual: int, refunded: int) -> Record:
 
 
 class RequestLog:
-    """Records by key, with O(1) expiry: the TTL and the replay window are
-    constants, so records expire in the order they were made and a FIFO of
-    (decided_ns, keys decided at that time) per kind is an exact expiry queue.
-    A batch adds one FIFO entry for all its keys."""
+    """Records by key, with O(1) expiry: the TTL, the settled-id window and
+    the replay window are constants, so records expire in the order they were
+    made (or settled) and a FIFO of (time, keys) per kind is an exact expiry
+    queue. A batch adds one FIFO entry for all its keys.
 
-    def __init__(self, ttl_ns: int, replay_ns: int) -> None:
+    An admission is remembered until the reservation TTL; once settled, only
+    for ``settled_ns`` after its Complete (and never past the TTL), so the
+    memory of a busy plane follows its settlement rate x that window."""
+
+    def __init__(self, ttl_ns: int, replay_ns: int, settled_ns: int | None = None) -> None:
         self.records: dict[Key, Record] = {}
         # Entries are tuples of strings and ints, never lists: CPython stops
         # tracking such tuples in the GC, lists it tracks forever.
         self._admitted: deque[tuple[int, tuple[Key, ...]]] = deque()
         self._rejected: deque[tuple[int, tuple[Key, ...]]] = deque()
+        self._settled: deque[tuple[int, Key, int]] = deque()  # (settled at, key, decided at)
         self._ttl_ns = ttl_ns
         self._replay_ns = replay_ns
+        self._settled_ns = ttl_ns if settled_ns is None else min(settled_ns, ttl_ns)
         self.open_count = 0
 
     def __len__(self) -> int:
@@ -188,10 +194,12 @@ class RequestLog:
     def __contains__(self, key: Key) -> bool:
         return key in self.records
 
-    def settle(self, key: Key, rec: Record, actual: int, refunded: int) -> Record:
+    def settle(self, key: Key, rec: Record, actual: int, refunded: int, now: int) -> Record:
         done = settled(rec, actual, refunded)
         self.records[key] = done
         self.open_count -= 1
+        if self._settled_ns < self._ttl_ns:  # else the TTL's FIFO forgets it
+            self._settled.append((now, key, rec[DECIDED_NS]))
         return done
 
     def drop_open(self, key: Key) -> Record | None:
@@ -221,6 +229,13 @@ class RequestLog:
                     if rec[STATE] == OPEN:
                         self.open_count -= 1
                         released.append(rec)
+        sfifo = self._settled
+        horizon = now - self._settled_ns
+        while sfifo and sfifo[0][0] <= horizon:
+            _, key, decided = sfifo.popleft()
+            rec = records.get(key)
+            if rec is not None and rec[DECIDED_NS] == decided and rec[STATE] == SETTLED:
+                del records[key]
         rfifo = self._rejected
         horizon = now - self._replay_ns
         while rfifo and rfifo[0][0] <= horizon:

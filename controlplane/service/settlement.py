@@ -92,7 +92,7 @@ class Settler:
         if current is None or current[R.STATE] != R.OPEN or current[R.RID] != rec[R.RID]:
             return Settlement(key[1], reserved, actual, 0), None
         refunded = self._table.settle(rec[R.SLOT], now, reserved, actual, rec[R.DECIDED_NS])
-        self._log.settle(key, current, actual, refunded)
+        self._log.settle(key, current, actual, refunded, now)
         return Settlement(key[1], reserved, actual, refunded), current
 
     def release_unseen(self, key: Key, now: int) -> Record | None:

@@ -152,6 +152,38 @@ def test_unsettled_reservations_expire_and_free_their_slot(make_service: Any, cl
         svc.complete("acme", "a", 0, 10, 10)
 
 
+def test_a_settled_id_is_remembered_for_its_window_not_the_ttl(
+    make_service: Any, clock: Any
+) -> None:
+    svc = make_service(reservation_ttl_s=600, settled_id_window_s=60)
+    first = svc.admit("acme", "a", "", 10, 10)
+    svc.admit("acme", "open", "", 10, 10)  # never settled: kept for the TTL
+    clock.advance(10 * NS)
+    svc.complete("acme", "a", first.reservation_id, 10, 5)
+    clock.advance(59 * NS)
+    svc.expire()
+    # inside the window: replays, for Admit and Complete alike
+    again = svc.admit("acme", "a", "", 999, 999)
+    assert again.duplicate and again.reservation_id == first.reservation_id
+    assert svc.complete("acme", "a", 0, 10, 5).duplicate
+    clock.advance(1 * NS)
+    svc.expire()
+    assert svc.remembered_requests == 1  # only the unsettled one
+    with pytest.raises(NotFound):
+        svc.complete("acme", "a", 0, 10, 5)
+    fresh = svc.admit("acme", "a", "", 10, 10)  # decided anew
+    assert not fresh.duplicate and fresh.reservation_id != first.reservation_id
+    # the old admission's TTL entry does not forget the new one
+    clock.advance(600 * NS)
+    assert svc.expire() == 2  # "open" and the new "a", both unsettled
+    # a window of 0 forgets at the next expiry pass; it never outlives the TTL
+    short = make_service(settled_id_window_s=0)
+    d = short.admit("acme", "x", "", 10, 10)
+    short.complete("acme", "x", d.reservation_id, 10, 5)
+    short.expire()
+    assert short.remembered_requests == 0
+
+
 def test_hourly_quota_refusal_retries_at_next_hour(make_service: Any, clock: Any) -> None:
     svc = make_service(tenant(burst_tokens=100_000, token_rate=Decimal(100_000), hourly_quota=5000))
     assert svc.admit("acme", "a", "", 4000, 0).decision == Decision.ADMIT

@@ -65,8 +65,10 @@ class AdmissionServiceServicer:
         Idempotent per (tenant_id, request_id): a repeated Admit with the same
         key returns the original answer with duplicate=true and takes nothing,
         whatever sizes, lane, model or pool it carries. An admission is replayed
-        for the reservation TTL (server setting, default 600 s) after it was
-        decided, settled or not; a refusal only until its retry_after_ms has
+        while it is unsettled (at most the reservation TTL, server setting,
+        default 600 s) and for the settled-id window after its Complete (server
+        setting, default 120 s); after that the same id is decided anew. A
+        refusal is replayed only until its retry_after_ms has
         passed (at most a server setting, default 1 s), after which the same id
         is decided anew, so a client that backs off and retries with the same id
         is not refused forever.
@@ -92,7 +94,10 @@ class AdmissionServiceServicer:
         metering) the ledger record is made durable before the answer.
 
         Idempotent: settling the same request again changes nothing and returns
-        the first settlement (and its ledger record) with duplicate=true.
+        the first settlement (and its ledger record) with duplicate=true, for the
+        settled-id window (server setting, default 120 s) after the first
+        Complete; later the id is forgotten and a Complete gets NOT_FOUND (the
+        first one was billed: a sidecar must not retry a Complete that long).
 
         Errors: INVALID_ARGUMENT (a token count < 0 or > 10,000,000;
         cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
@@ -100,7 +105,8 @@ class AdmissionServiceServicer:
         server's overrun ratio (default 4x) of what was admitted;
         exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
         (never admitted, or the reservation expired unsettled; also after a
-        server restart: treat it as "not billed"), FAILED_PRECONDITION (the
+        server restart: treat it as "not billed"; or settled longer ago than
+        the settled-id window), FAILED_PRECONDITION (the
         request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

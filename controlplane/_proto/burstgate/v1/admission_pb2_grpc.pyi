@@ -83,8 +83,10 @@ class AdmissionServiceStub:
     Idempotent per (tenant_id, request_id): a repeated Admit with the same
     key returns the original answer with duplicate=true and takes nothing,
     whatever sizes, lane, model or pool it carries. An admission is replayed
-    for the reservation TTL (server setting, default 600 s) after it was
-    decided, settled or not; a refusal only until its retry_after_ms has
+    while it is unsettled (at most the reservation TTL, server setting,
+    default 600 s) and for the settled-id window after its Complete (server
+    setting, default 120 s); after that the same id is decided anew. A
+    refusal is replayed only until its retry_after_ms has
     passed (at most a server setting, default 1 s), after which the same id
     is decided anew, so a client that backs off and retries with the same id
     is not refused forever.
@@ -106,7 +108,10 @@ class AdmissionServiceStub:
     metering) the ledger record is made durable before the answer.
 
     Idempotent: settling the same request again changes nothing and returns
-    the first settlement (and its ledger record) with duplicate=true.
+    the first settlement (and its ledger record) with duplicate=true, for the
+    settled-id window (server setting, default 120 s) after the first
+    Complete; later the id is forgotten and a Complete gets NOT_FOUND (the
+    first one was billed: a sidecar must not retry a Complete that long).
 
     Errors: INVALID_ARGUMENT (a token count < 0 or > 10,000,000;
     cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
@@ -114,7 +119,8 @@ class AdmissionServiceStub:
     server's overrun ratio (default 4x) of what was admitted;
     exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
     (never admitted, or the reservation expired unsettled; also after a
-    server restart: treat it as "not billed"), FAILED_PRECONDITION (the
+    server restart: treat it as "not billed"; or settled longer ago than
+    the settled-id window), FAILED_PRECONDITION (the
     request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
     """
     AdmitStream: _grpc.StreamStreamMultiCallable[_admission_pb2.AdmitBatch, _admission_pb2.AdmitBatchResult]
@@ -152,8 +158,10 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     Idempotent per (tenant_id, request_id): a repeated Admit with the same
     key returns the original answer with duplicate=true and takes nothing,
     whatever sizes, lane, model or pool it carries. An admission is replayed
-    for the reservation TTL (server setting, default 600 s) after it was
-    decided, settled or not; a refusal only until its retry_after_ms has
+    while it is unsettled (at most the reservation TTL, server setting,
+    default 600 s) and for the settled-id window after its Complete (server
+    setting, default 120 s); after that the same id is decided anew. A
+    refusal is replayed only until its retry_after_ms has
     passed (at most a server setting, default 1 s), after which the same id
     is decided anew, so a client that backs off and retries with the same id
     is not refused forever.
@@ -175,7 +183,10 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     metering) the ledger record is made durable before the answer.
 
     Idempotent: settling the same request again changes nothing and returns
-    the first settlement (and its ledger record) with duplicate=true.
+    the first settlement (and its ledger record) with duplicate=true, for the
+    settled-id window (server setting, default 120 s) after the first
+    Complete; later the id is forgotten and a Complete gets NOT_FOUND (the
+    first one was billed: a sidecar must not retry a Complete that long).
 
     Errors: INVALID_ARGUMENT (a token count < 0 or > 10,000,000;
     cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
@@ -183,7 +194,8 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     server's overrun ratio (default 4x) of what was admitted;
     exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
     (never admitted, or the reservation expired unsettled; also after a
-    server restart: treat it as "not billed"), FAILED_PRECONDITION (the
+    server restart: treat it as "not billed"; or settled longer ago than
+    the settled-id window), FAILED_PRECONDITION (the
     request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
     """
     AdmitStream: _aio.StreamStreamMultiCallable[_admission_pb2.AdmitBatch, _admission_pb2.AdmitBatchResult]  # type: ignore[assignment]
@@ -224,8 +236,10 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         Idempotent per (tenant_id, request_id): a repeated Admit with the same
         key returns the original answer with duplicate=true and takes nothing,
         whatever sizes, lane, model or pool it carries. An admission is replayed
-        for the reservation TTL (server setting, default 600 s) after it was
-        decided, settled or not; a refusal only until its retry_after_ms has
+        while it is unsettled (at most the reservation TTL, server setting,
+        default 600 s) and for the settled-id window after its Complete (server
+        setting, default 120 s); after that the same id is decided anew. A
+        refusal is replayed only until its retry_after_ms has
         passed (at most a server setting, default 1 s), after which the same id
         is decided anew, so a client that backs off and retries with the same id
         is not refused forever.
@@ -253,7 +267,10 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         metering) the ledger record is made durable before the answer.
 
         Idempotent: settling the same request again changes nothing and returns
-        the first settlement (and its ledger record) with duplicate=true.
+        the first settlement (and its ledger record) with duplicate=true, for the
+        settled-id window (server setting, default 120 s) after the first
+        Complete; later the id is forgotten and a Complete gets NOT_FOUND (the
+        first one was billed: a sidecar must not retry a Complete that long).
 
         Errors: INVALID_ARGUMENT (a token count < 0 or > 10,000,000;
         cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
@@ -261,7 +278,8 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         server's overrun ratio (default 4x) of what was admitted;
         exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
         (never admitted, or the reservation expired unsettled; also after a
-        server restart: treat it as "not billed"), FAILED_PRECONDITION (the
+        server restart: treat it as "not billed"; or settled longer ago than
+        the settled-id window), FAILED_PRECONDITION (the
         request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
         """
 
