@@ -109,6 +109,10 @@ def settled(rec: Record, actual: int, refunded: int) -> Record:
     return (SETTLED, *rec[1:ACTUAL], actual, refunded, *rec[REFUNDED + 1 :])
 
 
+# Dead keys tolerated in the admitted FIFO beyond twice the open ones.
+COMPACT_SLACK = 4096
+
+
 class RequestLog:
     """Records by key, with O(1) expiry: the TTL, the settled-id window and
     the replay window are constants, so records expire in the order they were
@@ -130,6 +134,7 @@ class RequestLog:
         self._replay_ns = replay_ns
         self._settled_ns = ttl_ns if settled_ns is None else min(settled_ns, ttl_ns)
         self.open_count = 0
+        self._admitted_keys = 0  # keys in the admitted FIFO, settled ones included
 
     def __len__(self) -> int:
         return len(self.records)
@@ -164,6 +169,7 @@ class RequestLog:
         self.records[key] = rec
         self._admitted.append((rec[DECIDED_NS], (key,)))
         self.open_count += 1
+        self._admitted_keys += 1
 
     def add_rejected(self, key: Key, rec: Record) -> None:
         if self._replay_ns > 0:
@@ -184,6 +190,7 @@ class RequestLog:
             self.records.update(zip(admitted_keys, admitted_recs, strict=True))
             self._admitted.append((now, tuple(admitted_keys)))
             self.open_count += len(admitted_keys)
+            self._admitted_keys += len(admitted_keys)
         if rejected_keys and self._replay_ns > 0:
             self.records.update(zip(rejected_keys, rejected_recs, strict=True))
             self._rejected.append((now, tuple(rejected_keys)))
@@ -212,6 +219,28 @@ class RequestLog:
         self.open_count -= 1
         return rec
 
+    def _compact_admitted(self) -> None:
+        """Drop the admitted FIFO's entries for keys no longer open under that
+        decision (settled, forgotten, re-decided): otherwise a settled id's
+        key would stay referenced until the TTL although its record left
+        after the settled-id window. Runs when at least half the FIFO is
+        dead, so its O(n) cost is amortised over the settlements that made
+        it so."""
+        records = self.records
+        kept: deque[tuple[int, tuple[Key, ...]]] = deque()
+        count = 0
+        for decided, keys in self._admitted:
+            live = tuple(
+                k for k in keys
+                if (r := records.get(k)) is not None and r[STATE] == OPEN
+                and r[DECIDED_NS] == decided
+            )  # fmt: skip
+            if live:
+                kept.append((decided, live))
+                count += len(live)
+        self._admitted = kept
+        self._admitted_keys = count
+
     def expire(self, now: int) -> list[Record]:
         """Forget records past their window; return the admitted ones whose
         reservation was still open (the caller gives their slot back)."""
@@ -221,6 +250,7 @@ class RequestLog:
         horizon = now - self._ttl_ns
         while fifo and fifo[0][0] <= horizon:
             decided, keys = fifo.popleft()
+            self._admitted_keys -= len(keys)
             for key in keys:
                 rec = records.get(key)
                 # The key may since have been re-decided: only drop this decision.
@@ -236,6 +266,13 @@ class RequestLog:
             rec = records.get(key)
             if rec is not None and rec[DECIDED_NS] == decided and rec[STATE] == SETTLED:
                 del records[key]
+        # (only with a settled-id window: without one the admitted FIFO is
+        # what forgets settled records at the TTL)
+        if (
+            self._settled_ns < self._ttl_ns
+            and self._admitted_keys > 2 * self.open_count + COMPACT_SLACK
+        ):
+            self._compact_admitted()
         rfifo = self._rejected
         horizon = now - self._replay_ns
         while rfifo and rfifo[0][0] <= horizon:

@@ -416,3 +416,24 @@ def test_refusals_say_whether_retrying_can_help(make_service: Any) -> None:
                             [500, 2_500, 1], [0, 0, 1])  # fmt: skip
     assert batch.reason[0] == Reason.TOKEN_RATE  # b1: the bucket is still short
     assert batch.retryable == [True, False, False]
+
+
+@pytest.mark.parametrize("window_s", [600, 120])
+def test_settled_ids_are_forgotten_and_their_keys_released(
+    make_service: Any, clock: Any, window_s: int
+) -> None:
+    # 20 settled per second for 15 simulated minutes: what stays remembered
+    # is the last window's (or TTL's) settlements, and the expiry queue of
+    # admissions does not keep the settled ones' keys alive until the TTL
+    svc = make_service(tenant(burst_tokens=10**9, token_rate=Decimal(10**6)),
+                       reservation_ttl_s=600, settled_id_window_s=window_s)  # fmt: skip
+    for sec in range(900):
+        for j in range(20):
+            d = svc.admit("acme", f"r{sec}-{j}", "", 10, 10)
+            svc.complete("acme", f"r{sec}-{j}", d.reservation_id, 10, 5)
+        clock.advance(NS)
+        svc.expire()
+    # (an id settled exactly one window ago is forgotten at that instant)
+    assert svc.remembered_requests == 20 * (window_s - 1)
+    log = svc._log  # the admitted FIFO holds only what can still be open
+    assert log._admitted_keys <= 2 * log.open_count + 4096 or window_s == 600

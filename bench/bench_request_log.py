@@ -1,0 +1,58 @@
+"""Memory of the request log under a steady Admit + Complete load (no gRPC).
+
+    .venv/bin/python bench/bench_request_log.py [--rate 500] [--seconds 700]
+
+Drives ``AdmissionService`` in process with a fake clock: ``--rate`` Admit +
+Complete pairs per simulated second for ``--seconds``, 100 tenants,
+``expire()`` every second, once with the settled-id window equal to the
+reservation TTL (600 s: the behaviour before the window existed) and once
+with the default window, and prints the ids still remembered and the memory
+``tracemalloc`` traces. Nothing here asserts anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tracemalloc
+from decimal import Decimal
+
+from controlplane.domain import DEFAULT_LANES, TenantConfig
+from controlplane.domain.policy import Policy
+from controlplane.service import AdmissionService
+from controlplane.settings import Settings
+
+
+def run(window_s: float, rate: int, seconds: int) -> tuple[int, int]:
+    now = [1_700_000_000 * 10**9]
+    svc = AdmissionService(Settings(settled_id_window_s=window_s), clock=lambda: now[0])
+    tenants = [TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**8)
+               for i in range(100)]  # fmt: skip
+    svc.apply_config(tenants, list(DEFAULT_LANES), Policy(pool_gate=False))
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for sec in range(seconds):
+        for j in range(rate):
+            tenant, rid = f"t{j % 100}", f"r{sec}-{j}"
+            d = svc.admit(tenant, rid, "standard", 100, 100)
+            svc.complete(tenant, rid, d.reservation_id, 100, 50)
+        now[0] += 10**9
+        svc.expire()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return svc.remembered_requests, used
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=int, default=500)
+    ap.add_argument("--seconds", type=int, default=700)
+    args = ap.parse_args()
+    print("| settled-id window | ids remembered | traced memory | per remembered id |")
+    print("|---|---:|---:|---:|")
+    for window in (600.0, Settings().settled_id_window_s):
+        ids, used = run(window, args.rate, args.seconds)
+        print(f"| {window:g} s | {ids:,} | {used / 2**20:.1f} MiB | {used / max(ids, 1):.0f} B |")
+
+
+if __name__ == "__main__":
+    main()
