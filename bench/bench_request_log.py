@@ -7,12 +7,20 @@ Complete pairs per simulated second for ``--seconds``, 100 tenants,
 ``expire()`` every second, once with the settled-id window equal to the
 reservation TTL (600 s: the behaviour before the window existed) and once
 with the default window, and prints the ids still remembered and the memory
-``tracemalloc`` traces. Nothing here asserts anything.
+``tracemalloc`` traces. ``--gc N`` instead admits N requests (never
+completed, so all remembered) and reports the longest garbage-collector
+pause, with the server's start-up ``gc.freeze()`` done without and with
+``AdmissionService.prepare_gc_freeze()`` first (each in a fresh process).
+Nothing here asserts anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import subprocess
+import sys
+import time
 import tracemalloc
 from decimal import Decimal
 
@@ -42,11 +50,56 @@ def run(window_s: float, rate: int, seconds: int) -> tuple[int, int]:
     return svc.remembered_requests, used
 
 
+def gc_pauses(n: int, prepare: bool) -> tuple[float, int]:
+    """Longest collector pause (s) and collections while admitting ``n``."""
+    now = [1_700_000_000 * 10**9]
+    svc = AdmissionService(Settings(), clock=lambda: now[0])
+    tenants = [TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**12)
+               for i in range(100)]  # fmt: skip
+    svc.apply_config(tenants, list(DEFAULT_LANES), Policy(pool_gate=False))
+    if prepare:
+        svc.prepare_gc_freeze()
+    gc.freeze()  # what serve_forever does once serving
+    pauses: list[float] = []
+    started = [0.0]
+
+    def timer(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(timer)
+    for i in range(n):
+        svc.admit(f"t{i % 100}", f"r{i}", "standard", 10, 10)
+        if i % 1000 == 0:
+            now[0] += 10**6
+    gc.callbacks.remove(timer)
+    return max(pauses), len(pauses)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--seconds", type=int, default=700)
+    ap.add_argument("--gc", type=int, default=0, help="admissions for the GC pause run")
+    ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        longest, count = gc_pauses(args.gc, args.prepare)
+        print(f"{longest * 1e3:.2f} {count}")
+        return
+    if args.gc:
+        print(f"| {args.gc:,} remembered ids | longest GC pause | collections |")
+        print("|---|---:|---:|")
+        for prepare in (False, True):
+            cmd = [sys.executable, __file__, "--gc", str(args.gc), "--child"]
+            out = subprocess.run(cmd + (["--prepare"] if prepare else []), check=True,
+                                 capture_output=True, text=True).stdout.split()  # fmt: skip
+            label = "gc.freeze() after prepare_gc_freeze()" if prepare else "gc.freeze() alone"
+            print(f"| {label} | {out[0]} ms | {out[1]} |")
+        return
     print("| settled-id window | ids remembered | traced memory | per remembered id |")
     print("|---|---:|---:|---:|")
     for window in (600.0, Settings().settled_id_window_s):

@@ -400,7 +400,10 @@ async def serve_forever(settings: Settings, *, on_ready: ReadyCallback | None = 
     await plane.start()
     # Everything built at start (modules, config, servicers) lives as long as
     # the process: move it out of the collector's sight, so full collections
-    # walk only what serving creates.
+    # walk only what serving creates. The request log's dict is made tracked
+    # first, or it would escape the freeze while empty and be walked, entry
+    # by entry, by every full collection once it fills.
+    plane.service.prepare_gc_freeze()
     gc.freeze()
     if on_ready is not None:
         on_ready(plane)

@@ -27,6 +27,7 @@ The API (all times in the clock's nanoseconds):
   measured; keywords ``requests_running``, ``max_num_seqs``,
   ``kv_cache_usage``). It rescores the pool and may release held requests.
 - ``expire()``: release reservations past their TTL (call periodically).
+- ``prepare_gc_freeze()``: right before a process-wide ``gc.freeze()``.
 - Read-only: ``tenant_ids``, ``tenant_state``, ``tenant_queued``,
   ``queue_depths``, ``waiting``, ``pool_views``, ``pools``, ``lanes``,
   ``open_reservations``, ``remembered_requests``, ``inflight_tokens``, and
@@ -421,6 +422,13 @@ class AdmissionService:
         return len(self._log)
 
     # -------------------------------------------------------------------- load
+
+    def prepare_gc_freeze(self) -> None:
+        """Call right before ``gc.freeze()`` (the server does, once it is
+        serving): the request log's dict, which grows to millions of entries,
+        is then frozen out of the collector's sight with everything else
+        built at start, and full collections no longer walk it."""
+        self._log.prepare_gc_freeze()
 
     def report_load(
         self,

@@ -437,3 +437,27 @@ def test_settled_ids_are_forgotten_and_their_keys_released(
     assert svc.remembered_requests == 20 * (window_s - 1)
     log = svc._log  # the admitted FIFO holds only what can still be open
     assert log._admitted_keys <= 2 * log.open_count + 4096 or window_s == 600
+
+
+def test_prepare_gc_freeze_leaves_the_request_log_out_of_full_collections(
+    make_service: Any,
+) -> None:
+    import gc
+
+    svc = make_service()
+    log = svc._log
+    assert not gc.is_tracked(log.records)  # empty: it would escape a freeze
+    svc.prepare_gc_freeze()
+    assert gc.is_tracked(log.records) and len(log.records) == 0
+    before = gc.get_freeze_count()
+    gc.freeze()
+    try:
+        assert gc.get_freeze_count() > before
+        svc.admit("acme", "a", "", 10, 10)
+        gc.collect()
+        # still tracked (so it stayed in the permanent generation), and not
+        # among the objects full collections walk
+        assert gc.is_tracked(log.records)
+        assert all(o is not log.records for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
