@@ -36,6 +36,7 @@ from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
+from controlplane.telemetry.gcpause import GcPauses
 from controlplane.telemetry.metrics import (
     EXTRA_COLLECTORS,
     RpcCollector,
@@ -186,10 +187,12 @@ class ControlPlane:
             sleep=sleep,
         )
         # Collectors registered on /metrics at start; other packages append.
+        self.gc_pauses = GcPauses()  # timed while serving (start to stop)
         self.metrics_collectors: list[Any] = [
             RpcCollector(self.rpc_stats),
             ServerCollector(self),
             self.live.collector(),
+            self.gc_pauses,
         ]
         self._tracer_provider: Any = None
         # Metering (controlplane/ledger): every Complete is recorded in
@@ -279,6 +282,7 @@ class ControlPlane:
             options=keepalive_options(self.settings),
         )
         await self._server.start()
+        self.gc_pauses.install()
         serving = health_pb2.HealthCheckResponse.SERVING
         await self._health.set("", serving)
         await self._health.set(ADMISSION_SERVICE, serving)
@@ -336,6 +340,7 @@ class ControlPlane:
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: report NOT_SERVING, let in-flight RPCs finish."""
+        self.gc_pauses.uninstall()
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         for task in self._tasks:

@@ -146,3 +146,17 @@ def test_metrics_move_with_decisions(env: Env) -> None:
     assert value(m2, handled, service=adm, method="ListTenants", code="UNAUTHENTICATED") == 1
     # Three tenants > the limit of 2: the tenant label is dropped.
     assert not [k for k in m2 if k[0].startswith("burstgate_tenant_")]
+
+
+@pytest.mark.parametrize("env", [METRICS], indirect=True)
+def test_gc_pauses_are_a_histogram_per_generation(env: Env) -> None:
+    import gc
+
+    before = value(scrape(env), "burstgate_gc_pause_seconds_count", generation="2")
+    env.srv.on_loop(gc.collect)  # a full collection while serving
+    m = scrape(env)
+    assert value(m, "burstgate_gc_pause_seconds_count", generation="2") >= before + 1
+    assert value(m, "burstgate_gc_pause_seconds_sum", generation="2") > 0
+    counts = [c for _, c in buckets(m, "burstgate_gc_pause_seconds", generation="2")]
+    assert counts == sorted(counts) and counts[-1] >= 1  # cumulative, +Inf last
+    assert env.srv.plane.gc_pauses.longest_s > 0
