@@ -2,7 +2,7 @@
 a Redis token bucket in Lua called per request.
 
     .venv/bin/python bench/bench_grpc.py            # full run, ~4 minutes
-    .venv/bin/python bench/bench_grpc.py --quick    # smoke run, < 60 s
+    .venv/bin/python bench/bench_grpc.py --quick    # smoke run, < 90 s
     .venv/bin/python bench/bench_grpc.py --profile  # + cProfile of our server
     .venv/bin/python bench/bench_grpc.py --no-redis # ours and empty only
 
@@ -733,7 +733,7 @@ def _redis_info(proc: Any) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 short rounds per scenario (< 60 s)")
+    ap.add_argument("--quick", action="store_true", help="2 short rounds per scenario (< 90 s)")
     ap.add_argument("--rounds", type=int, help="rounds per scenario (default 4; quick: 2)")
     ap.add_argument("--seconds", type=float, help="measured seconds per round (default 5)")
     ap.add_argument("--window", type=int, default=2, help="AdmitStream batches in flight")
