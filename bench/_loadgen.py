@@ -15,7 +15,9 @@ Two kinds of round, each bounded in count and in time:
   to the loop with ``call_soon_threadsafe``.
 
 Server CPU is read from ``/proc/<server pid>/stat`` (utime + stime of the
-whole process, all threads) at the edges of the measured window.
+whole process, all threads) at the edges of the measured window; so is the
+CPU of the processes in ``extra_pids`` (a server's own back end, such as the
+redis-server of the Redis baseline), reported apart as ``extra_cpu_s``.
 """
 
 from __future__ import annotations
@@ -79,17 +81,19 @@ class Snapshot:
 
     wall_ns: int
     server_cpu_s: float
+    extra_cpu_s: float  # the extra_pids, all threads
     client_cpu_s: float  # this load-generator process, all threads
     busy_s: float
     steal_s: float
     total_s: float
 
     @classmethod
-    def take(cls, server_pid: int) -> Snapshot:
+    def take(cls, server_pid: int, extra_pids: tuple[int, ...] = ()) -> Snapshot:
         busy, steal, total = _proc_stat()
         return cls(
             time.perf_counter_ns(),
             proc_cpu_s(server_pid),
+            sum(proc_cpu_s(p) for p in extra_pids),
             time.process_time(),
             busy,
             steal,
@@ -97,9 +101,14 @@ class Snapshot:
         )
 
     def other_cores(self, after: Snapshot) -> float:
-        """Cores used by everything but the measured server and this client."""
+        """Cores used by everything but the measured server (with its extra
+        processes) and this client."""
         wall = (after.wall_ns - self.wall_ns) / 1e9
-        ours = (after.server_cpu_s - self.server_cpu_s) + (after.client_cpu_s - self.client_cpu_s)
+        ours = (
+            (after.server_cpu_s - self.server_cpu_s)
+            + (after.extra_cpu_s - self.extra_cpu_s)
+            + (after.client_cpu_s - self.client_cpu_s)
+        )
         return max(0.0, (after.busy_s - self.busy_s) - ours) / wall if wall > 0 else math.nan
 
     def steal_fraction(self, after: Snapshot) -> float:
@@ -171,6 +180,7 @@ class StreamParams:
     id_prefix: str
     check_batch_ids: bool  # the empty server does not echo batch ids
     timeout_s: float = 60.0
+    extra_pids: tuple[int, ...] = ()  # CPU counted as extra_cpu_s
 
 
 @dataclass
@@ -190,6 +200,7 @@ class StreamResult:
     hit_count_limit: bool
     other_cores: float
     steal_fraction: float
+    extra_cpu_s: float = 0.0  # CPU of the extra_pids in the window
 
 
 @dataclass(frozen=True)
@@ -201,6 +212,7 @@ class UnaryParams:
     warmup_s: float
     id_prefix: str
     call_timeout_s: float = 2.0
+    extra_pids: tuple[int, ...] = ()  # CPU counted as extra_cpu_s
 
 
 @dataclass
@@ -220,6 +232,7 @@ class UnaryResult:
     other_cores: float
     steal_fraction: float
     error_samples: list[str] = field(default_factory=list)
+    extra_cpu_s: float = 0.0  # CPU of the extra_pids in the window
 
 
 # --------------------------------------------------------------------- stream
@@ -277,7 +290,7 @@ async def _stream(p: StreamParams) -> StreamResult:
                 raise RuntimeError(f"answer {res.batch_id} out of order (expected {received - 1})")
             if received == p.warmup_batches:
                 st["t0"] = t
-                st["before"] = Snapshot.take(p.server_pid)
+                st["before"] = Snapshot.take(p.server_pid, p.extra_pids)
                 st["end_ns"] = t + int(p.seconds * 1e9)
             elif received > p.warmup_batches:
                 lat_ns.append(t - t_sent)
@@ -286,7 +299,7 @@ async def _stream(p: StreamParams) -> StreamResult:
                     admitted += list(res.decision).count(pb.DECISION_ADMIT)
                     sampled += p.batch
                     response_bytes = len(data)
-        after = Snapshot.take(p.server_pid)
+        after = Snapshot.take(p.server_pid, p.extra_pids)
         await wtask
         code = await call.code()
         if code != grpc.StatusCode.OK:
@@ -314,6 +327,7 @@ async def _stream(p: StreamParams) -> StreamResult:
         hit_count_limit=hit_limit,
         other_cores=before.other_cores(after),
         steal_fraction=before.steal_fraction(after),
+        extra_cpu_s=after.extra_cpu_s - before.extra_cpu_s,
     )
 
 
@@ -379,7 +393,7 @@ async def _unary(p: UnaryParams) -> UnaryResult:
                 if ts > now:
                     time.sleep((ts - now) / 1e9)
                 if i == n_warm:
-                    edges["before"] = Snapshot.take(p.server_pid)
+                    edges["before"] = Snapshot.take(p.server_pid, p.extra_pids)
                 sched[i] = ts
                 loop.call_soon_threadsafe(start, i)
 
@@ -387,7 +401,7 @@ async def _unary(p: UnaryParams) -> UnaryResult:
         thread.start()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(all_done.wait(), p.seconds + p.warmup_s + p.call_timeout_s + 5)
-        after = Snapshot.take(p.server_pid)
+        after = Snapshot.take(p.server_pid, p.extra_pids)
         await asyncio.to_thread(thread.join, 5)
 
         errors: list[str] = []
@@ -433,6 +447,7 @@ async def _unary(p: UnaryParams) -> UnaryResult:
         other_cores=before.other_cores(after),
         steal_fraction=before.steal_fraction(after),
         error_samples=sorted(set(errors))[:3],
+        extra_cpu_s=after.extra_cpu_s - before.extra_cpu_s,
     )
 
 

@@ -1,8 +1,10 @@
-"""gRPC benchmark of burstgate's AdmissionService vs an empty handler.
+"""gRPC benchmark of burstgate's AdmissionService vs an empty handler and vs
+a Redis token bucket in Lua called per request.
 
     .venv/bin/python bench/bench_grpc.py            # full run, ~4 minutes
-    .venv/bin/python bench/bench_grpc.py --quick    # smoke run, < 60 s
+    .venv/bin/python bench/bench_grpc.py --quick    # smoke run, < 90 s
     .venv/bin/python bench/bench_grpc.py --profile  # + cProfile of our server
+    .venv/bin/python bench/bench_grpc.py --no-redis # ours and empty only
 
 Prints a markdown report on stdout (progress goes to stderr). Nothing here
 asserts a time: it is run on demand and its figures go to BENCHMARKS.md.
@@ -13,17 +15,25 @@ Processes (all spawned, all on 127.0.0.1):
   (grpc.aio on uvloop, health, reflection, expiry and config-poll tasks) over
   a temporary SQLite database migrated with ``controlplane.store.db.upgrade``
   and holding four tenants (three generous ones, one tight one that gets one
-  row in ten and refuses it almost always).
+  row in ten and refuses it almost always), with the pool gate off unless
+  ``--pool-gate`` (see ``prepare_db``).
 * "empty": ``controlplane.server.create_server`` with the servicer swapped
   for ``_grpc_empty.EmptyAdmissionServicer`` (same messages, pre-built
   answers of the same size, no decisions), also on uvloop.
+* "redis": the same ``create_server`` stack with the servicer swapped for
+  ``_grpc_redis.RedisAdmissionServicer``: a token bucket per tenant kept in
+  a private redis-server (started by this benchmark on a free loopback port,
+  nothing saved, stopped at the end -- never the machine's shared instance)
+  and evaluated by a Lua script, one EVALSHA per request (a batch's
+  pipelined in one round trip). Same tenants and limits as ours. Its server
+  CPU counts the redis-server's too.
 * the load generator (``_loadgen``), which drives one server at a time.
 
-Both servers run for the whole benchmark. Each scenario runs ``rounds``
-rounds; a round measures ours and the empty server back to back, in
-alternating order (ours first in even rounds), after waiting for both
-servers to go idle. Tables show the median across rounds and the ratio
-ours/empty of the medians.
+All servers run for the whole benchmark. Each scenario runs ``rounds``
+rounds; a round measures the servers back to back, in an order that rotates
+from round to round (two servers: alternating), after waiting for all of
+them to go idle. Tables show the median across rounds and the ratios of the
+medians (ours/empty, redis/empty, ours/redis).
 """
 
 from __future__ import annotations
@@ -35,10 +45,11 @@ import io
 import multiprocessing as mp
 import os
 import pstats
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from multiprocessing.connection import Connection
@@ -54,19 +65,31 @@ TARGET_STREAM_DPS = 300_000
 TARGET_P99_MS = 1.0
 TARGET_RATIO = 1.15
 
+# Ours must reach this multiple of the Redis+Lua service's AdmitStream
+# decisions/s (hot-path issue, item 6).
+TARGET_VS_REDIS = 10.0
+
 GENEROUS_TENANTS = ("bench-a", "bench-b", "bench-c")
 TIGHT_TENANT = "bench-d"
+# (token_rate per s, burst tokens): the same for ours and the Redis service.
+GENEROUS_LIMIT = (1_000_000, 10**12)
+# ~13 requests of 150 tokens, then ~7 per second: mostly refused.
+TIGHT_LIMIT = (1000, 2_000)
 
 
 # ------------------------------------------------------------ server process
 
 
-def server_main(conn: Connection, mode: str, db_url: str, ttl_s: float | None) -> None:
-    """Process entry point of the "ours" and "empty" servers."""
-    h.run_server(_serve(conn, mode, db_url, ttl_s))
+def server_main(
+    conn: Connection, mode: str, db_url: str, ttl_s: float | None, redis_port: int
+) -> None:
+    """Process entry point of the "ours", "empty" and "redis" servers."""
+    h.run_server(_serve(conn, mode, db_url, ttl_s, redis_port))
 
 
-async def _serve(conn: Connection, mode: str, db_url: str, ttl_s: float | None) -> None:
+async def _serve(
+    conn: Connection, mode: str, db_url: str, ttl_s: float | None, redis_port: int
+) -> None:
     from _grpc_empty import create_empty_server
 
     from controlplane.server import ControlPlane
@@ -83,10 +106,21 @@ async def _serve(conn: Connection, mode: str, db_url: str, ttl_s: float | None) 
     gc_timer = h.GcTimer().install()
     plane: ControlPlane | None = None
     server: Any = None
+    redis_servicer: Any = None
     if mode == "ours":
         plane = ControlPlane(settings)
         port = await plane.start()
-        implementation = plane.service.implementation
+        implementation: str = plane.service.implementation
+    elif mode == "redis":
+        import _grpc_redis as gr
+
+        limits = {t: gr.Limit(*GENEROUS_LIMIT) for t in GENEROUS_TENANTS}
+        limits[TIGHT_TENANT] = gr.Limit(*TIGHT_LIMIT)
+        redis_servicer = await gr.RedisAdmissionServicer.connect("127.0.0.1", redis_port, limits)
+        service = AdmissionService(settings)
+        server, port = gr.create_redis_server(service, redis_servicer, "127.0.0.1:0")
+        await server.start()
+        implementation = "redis+lua"
     else:
         service = AdmissionService(settings)
         server, port = create_empty_server(service, "127.0.0.1:0")
@@ -114,6 +148,8 @@ async def _serve(conn: Connection, mode: str, db_url: str, ttl_s: float | None) 
         await plane.stop(0)
     if server is not None:
         await server.stop(0)
+    if redis_servicer is not None:
+        await redis_servicer.aclose()
 
 
 @dataclass
@@ -134,8 +170,10 @@ class ServerHandle(h.Child):
         _, self.port, _pid, self.implementation, self.ttl_s = self.conn.recv()
 
 
-def start_server(ctx: Any, mode: str, db_url: str, ttl_s: float | None) -> ServerHandle:
-    proc, conn = h.spawn(ctx, f"bench-{mode}", server_main, mode, db_url, ttl_s)
+def start_server(
+    ctx: Any, mode: str, db_url: str, ttl_s: float | None, redis_port: int = 0
+) -> ServerHandle:
+    proc, conn = h.spawn(ctx, f"bench-{mode}", server_main, mode, db_url, ttl_s, redis_port)
     return ServerHandle(mode, proc, conn)
 
 
@@ -174,7 +212,7 @@ class Sample:
 class Scenario:
     kind: str  # "stream" | "unary"
     size: int  # batch size or offered rate
-    samples: dict[str, list[Sample]] = field(default_factory=lambda: {"ours": [], "empty": []})
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
 
 
 def run_one(
@@ -184,9 +222,12 @@ def run_one(
     plan: Plan,
     servers: dict[str, ServerHandle],
     loadgen: h.Child,
+    backend_pids: dict[str, tuple[int, ...]],
 ) -> Sample:
     srv = servers[mode]
-    quiet = h.quiesce([s.pid for s in servers.values()], plan.quiesce_s)
+    extra = backend_pids.get(mode, ())
+    all_pids = [s.pid for s in servers.values()] + [p for ps in backend_pids.values() for p in ps]
+    quiet = h.quiesce(all_pids, plan.quiesce_s)
     before = srv.call("stats")
     # Unique request ids across every round of every scenario.
     prefix = f"{sc.kind[0]}{sc.size}r{rnd}{mode[0]}-"
@@ -202,7 +243,8 @@ def run_one(
             max_batches=max_batches,
             warmup_batches=max(20, 20_000 // sc.size),
             id_prefix=prefix,
-            check_batch_ids=mode == "ours",
+            check_batch_ids=mode != "empty",
+            extra_pids=extra,
         )
         timeout = plan.stream_seconds + 60
     else:
@@ -213,6 +255,7 @@ def run_one(
             seconds=plan.unary_seconds,
             warmup_s=plan.unary_warmup_s,
             id_prefix=prefix,
+            extra_pids=extra,
         )
         timeout = plan.unary_seconds + plan.unary_warmup_s + 60
     result = loadgen.run(params, timeout)
@@ -226,14 +269,28 @@ def run_one(
     )
 
 
-def run_all(plan: Plan, servers: dict[str, ServerHandle], loadgen: h.Child) -> list[Scenario]:
+def round_order(modes: Sequence[str], rnd: int) -> list[str]:
+    """The servers' order in round ``rnd``: rotated by one each round, so
+    each goes first, and follows each other server, equally often over
+    len(modes) rounds (two servers: alternating, ours first in even rounds)."""
+    k = rnd % len(modes)
+    return [*modes[k:], *modes[:k]]
+
+
+def run_all(
+    plan: Plan,
+    servers: dict[str, ServerHandle],
+    loadgen: h.Child,
+    backend_pids: dict[str, tuple[int, ...]],
+) -> list[Scenario]:
+    modes = list(servers)
     scenarios = [Scenario("stream", n) for n in plan.batch_sizes]
     scenarios += [Scenario("unary", r) for r in plan.rates]
     for sc in scenarios:
+        sc.samples = {m: [] for m in modes}
         for rnd in range(plan.rounds):
-            order = ("ours", "empty") if rnd % 2 == 0 else ("empty", "ours")
-            for mode in order:
-                s = run_one(sc, mode, rnd, plan, servers, loadgen)
+            for mode in round_order(modes, rnd):
+                s = run_one(sc, mode, rnd, plan, servers, loadgen, backend_pids)
                 sc.samples[mode].append(s)
                 _progress(sc, mode, rnd, s)
     return scenarios
@@ -247,14 +304,21 @@ def _progress(sc: Scenario, mode: str, rnd: int, s: Sample) -> None:
         what = f"p50 {r.p50_ms:.3f} ms p99 {r.p99_ms:.3f} ms errors {r.errors}"
     print(
         f"  {sc.kind} {sc.size} round {rnd} {mode:5s}: {what}"
-        f" server cpu {r.server_cpu_s:.2f} s gc max {s.gc_max_s * 1e3:.1f} ms",
+        f" server cpu {r.server_cpu_s + r.extra_cpu_s:.2f} s gc max {s.gc_max_s * 1e3:.1f} ms",
         file=sys.stderr,
         flush=True,
     )
 
 
-def prepare_db(url: str) -> None:
+def prepare_db(url: str, pool_gate: bool = False) -> None:
+    """Migrate ``url`` and add the four tenants. The pool gate (on in the
+    default policy) is turned off unless ``pool_gate``: the load generator
+    sends no load reports and no Complete, so with the gate on at most
+    ``gate_fallback_inflight`` (64) requests are ever admitted and the run
+    measures refusals and queue timeouts, not admission (the Redis+Lua
+    baseline has no such gate either)."""
     from controlplane.domain import TenantConfig
+    from controlplane.domain.policy import Policy
     from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine, upgrade
 
@@ -264,15 +328,16 @@ def prepare_db(url: str) -> None:
         try:
             repo = ConfigRepository(engine)
             for tenant_id in GENEROUS_TENANTS:
+                rate, burst = GENEROUS_LIMIT
                 repo.add_tenant(
-                    TenantConfig(
-                        tenant_id=tenant_id, token_rate=Decimal(1_000_000), burst_tokens=10**12
-                    )
+                    TenantConfig(tenant_id=tenant_id, token_rate=Decimal(rate), burst_tokens=burst)
                 )
-            # ~13 requests of 150 tokens, then ~7 per second: mostly refused.
+            rate, burst = TIGHT_LIMIT
             repo.add_tenant(
-                TenantConfig(tenant_id=TIGHT_TENANT, token_rate=Decimal(1000), burst_tokens=2_000)
+                TenantConfig(tenant_id=TIGHT_TENANT, token_rate=Decimal(rate), burst_tokens=burst)
             )
+            if not pool_gate:
+                repo.update_policy(Policy(), {"pool_gate": False}, [])
         finally:
             engine.dispose()
 
@@ -335,6 +400,14 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "n/a"
 
 
+# Ratio rows: (numerator, denominator), shown when both servers ran.
+RATIO_PAIRS = (("ours", "empty"), ("redis", "empty"), ("ours", "redis"))
+
+
+def _pairs(modes: Sequence[str]) -> list[tuple[str, str]]:
+    return [(a, b) for a, b in RATIO_PAIRS if a in modes and b in modes]
+
+
 def report(
     plan: Plan,
     scenarios: list[Scenario],
@@ -345,24 +418,37 @@ def report(
     load_after: tuple[float, float, float],
     profiles: list[tuple[str, str]],
     final: dict[str, dict[str, Any]],
+    redis_info: dict[str, Any] | None,
+    pool_gate: bool,
 ) -> str:
     ours = servers["ours"]
+    modes = list(servers)
+    pairs = _pairs(modes)
     lines = ["# burstgate gRPC benchmark", ""]
     lines.append(f"Command: `{' '.join(argv)}` (run took {elapsed_s:.0f} s)")
     lines.append("")
     lines += h.machine()
     lines.append(
         f"- servers: grpc.aio on uvloop, loopback 127.0.0.1; ours = `ControlPlane` "
-        f"(fastpath `{ours.implementation}`, reservation_ttl_s {ours.ttl_s:g}, SQLite); "
+        f"(fastpath `{ours.implementation}`, reservation_ttl_s {ours.ttl_s:g}, SQLite, "
+        f"pool gate {'on' if pool_gate else 'off'}); "
         "empty = `create_server` with a no-op servicer"
+        + (
+            "; redis = `create_server` with a servicer deciding by a token bucket in Lua "
+            f"(one EVALSHA per request, a batch's pipelined) on a private {redis_info['server']}"
+            f" (redis-py {redis_info['client']}, hiredis {redis_info['hiredis']}); its server "
+            "CPU includes the redis-server's ('of it, redis-server')"
+            if redis_info
+            else ""
+        )
     )
     lines.append(
         f"- load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f} "
-        "(shared, noisy 2-core machine: compare ours and empty within this run only)"
+        "(shared, noisy 2-core machine: compare the servers within this run only)"
     )
     lines.append(
-        f"- {plan.rounds} rounds per scenario, ours and empty back to back in alternating "
-        "order; tables are medians across rounds; ratio = ours median / empty median"
+        f"- {plan.rounds} rounds per scenario, the servers back to back in an order rotating "
+        "each round; tables are medians across rounds; ratio a/b = a's median / b's median"
     )
     n_busy = sum(not s.quiet for sc in scenarios for ss in sc.samples.values() for s in ss)
     if n_busy:
@@ -380,13 +466,13 @@ def report(
     lines.append("")
     lines.append(
         "| batch | server | decisions/s | p50 ms/batch | p99 ms/batch | max ms | "
-        "server CPU ns/decision | client CPU % | server GC max ms | admitted | "
-        "bytes req/resp | other load cores / steal |"
+        "server CPU ns/decision | of it, redis-server | client CPU % | server GC max ms "
+        "| admitted | bytes req/resp | other load cores / steal |"
     )
-    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for sc in (s for s in scenarios if s.kind == "stream"):
         med: dict[str, dict[str, float]] = {}
-        for mode in ("ours", "empty"):
+        for mode in modes:
             ss = sc.samples[mode]
             rs: list[lg.StreamResult] = [s.result for s in ss]
             m = {
@@ -394,7 +480,14 @@ def report(
                 "p50": _med([r.p50_ms for r in rs]),
                 "p99": _med([r.p99_ms for r in rs]),
                 "max": _med([r.max_ms for r in rs]),
-                "cpu": _med([r.server_cpu_s / r.decisions * 1e9 for r in rs if r.decisions]),
+                "cpu": _med(
+                    [
+                        (r.server_cpu_s + r.extra_cpu_s) / r.decisions * 1e9
+                        for r in rs
+                        if r.decisions
+                    ]
+                ),
+                "xcpu": _med([r.extra_cpu_s / r.decisions * 1e9 for r in rs if r.decisions]),
                 "ccpu": _med([r.client_cpu_s / r.elapsed_s * 100 for r in rs]),
                 "gc": _med([s.gc_max_s * 1e3 for s in ss]),
                 "adm": _med([r.admitted_fraction * 100 for r in rs]),
@@ -403,18 +496,20 @@ def report(
             }
             med[mode] = m
             r0 = rs[-1]
+            xcpu = f"{m['xcpu']:,.0f}" if mode == "redis" else ""
             lines.append(
                 f"| {sc.size:,} | {mode} | {m['dps']:,.0f} | {m['p50']:.3f} | {m['p99']:.3f} "
-                f"| {m['max']:.2f} | {m['cpu']:,.0f} | {m['ccpu']:.0f} | {m['gc']:.1f} "
+                f"| {m['max']:.2f} | {m['cpu']:,.0f} | {xcpu} | {m['ccpu']:.0f} | {m['gc']:.1f} "
                 f"| {m['adm']:.0f}% | {r0.request_bytes:,}/{r0.response_bytes:,} "
                 f"| {m['oth']:.2f} / {m['stl']:.0f}% |"
             )
-        o, e = med["ours"], med["empty"]
-        lines.append(
-            f"| {sc.size:,} | **ours/empty** | **{_ratio(o['dps'], e['dps'])}** "
-            f"| {_ratio(o['p50'], e['p50'])} | **{_ratio(o['p99'], e['p99'])}** "
-            f"| {_ratio(o['max'], e['max'])} | {_ratio(o['cpu'], e['cpu'])} | | | | | |"
-        )
+        for a, b in pairs:
+            o, e = med[a], med[b]
+            lines.append(
+                f"| {sc.size:,} | **{a}/{b}** | **{_ratio(o['dps'], e['dps'])}** "
+                f"| {_ratio(o['p50'], e['p50'])} | **{_ratio(o['p99'], e['p99'])}** "
+                f"| {_ratio(o['max'], e['max'])} | {_ratio(o['cpu'], e['cpu'])} | | | | | | |"
+            )
     capped = sum(
         s.result.hit_count_limit for sc in scenarios if sc.kind == "stream"
         for ss in sc.samples.values() for s in ss
@@ -426,7 +521,7 @@ def report(
     lines.append("Per round (decisions/s; p99 ms; other load in cores):")
     lines.append("")
     for sc in (s for s in scenarios if s.kind == "stream"):
-        for mode in ("ours", "empty"):
+        for mode in modes:
             rs = [s.result for s in sc.samples[mode]]
             lines.append(
                 f"- batch {sc.size:,} {mode}: "
@@ -444,42 +539,50 @@ def report(
     lines.append("")
     lines.append(
         "| offered/s | server | completed/s | p50 ms | p99 ms | max ms | "
-        "server CPU us/call | client CPU us/call | client send lag p99 ms | errors (all rounds) | "
-        "server GC max ms | admitted | other load cores / steal |"
+        "server CPU us/call | of it, redis-server | client CPU us/call | "
+        "client send lag p99 ms | errors (all rounds) | server GC max ms | admitted | "
+        "other load cores / steal |"
     )
-    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for sc in (s for s in scenarios if s.kind == "unary"):
         umed: dict[str, dict[str, float]] = {}
-        for mode in ("ours", "empty"):
+        for mode in modes:
             ss = sc.samples[mode]
             us: list[lg.UnaryResult] = [s.result for s in ss]
             m = h.unary_medians(us) | {
+                "cpu": _med(
+                    [(r.server_cpu_s + r.extra_cpu_s) / r.calls * 1e6 for r in us if r.calls]
+                ),
+                "xcpu": _med([r.extra_cpu_s / r.calls * 1e6 for r in us if r.calls]),
                 "gc": _med([s.gc_max_s * 1e3 for s in ss]),
                 "ccpu": _med([r.client_cpu_s / r.calls * 1e6 for r in us if r.calls]),
             }
             umed[mode] = m
+            xcpu = f"{m['xcpu']:.0f}" if mode == "redis" else ""
             lines.append(
                 f"| {sc.size:,} | {mode} | {m['done']:,.0f} | {m['p50']:.3f} | {m['p99']:.3f} "
-                f"| {m['max']:.2f} | {m['cpu']:.0f} | {m['ccpu']:.0f} | {m['lag']:.3f} "
+                f"| {m['max']:.2f} | {m['cpu']:.0f} | {xcpu} | {m['ccpu']:.0f} | {m['lag']:.3f} "
                 f"| {m['err']:.0f} | {m['gc']:.1f} | {m['adm']:.0f}% "
                 f"| {m['oth']:.2f} / {m['stl']:.0f}% |"
             )
-        o, e = umed["ours"], umed["empty"]
-        lines.append(
-            f"| {sc.size:,} | **ours/empty** | | {_ratio(o['p50'], e['p50'])} "
-            f"| **{_ratio(o['p99'], e['p99'])}** | {_ratio(o['max'], e['max'])} "
-            f"| **{_ratio(o['cpu'], e['cpu'])}** | | | | | | |"
-        )
+        for a, b in pairs:
+            o, e = umed[a], umed[b]
+            lines.append(
+                f"| {sc.size:,} | **{a}/{b}** | | {_ratio(o['p50'], e['p50'])} "
+                f"| **{_ratio(o['p99'], e['p99'])}** | {_ratio(o['max'], e['max'])} "
+                f"| **{_ratio(o['cpu'], e['cpu'])}** | | | | | | | |"
+            )
     lines.append("")
     lines.append("Per round (p99 ms; server CPU us/call; other load in cores):")
     lines.append("")
     for sc in (s for s in scenarios if s.kind == "unary"):
-        for mode in ("ours", "empty"):
+        for mode in modes:
             us = [s.result for s in sc.samples[mode]]
             lines.append(
                 f"- {sc.size:,}/s {mode}: "
                 + ", ".join(
-                    f"{r.p99_ms:.3f}; {r.server_cpu_s / r.calls * 1e6:.0f}; {r.other_cores:.2f}"
+                    f"{r.p99_ms:.3f}; {(r.server_cpu_s + r.extra_cpu_s) / r.calls * 1e6:.0f}; "
+                    f"{r.other_cores:.2f}"
                     for r in us
                 )
             )
@@ -510,11 +613,14 @@ def report(
         "collections gen0/1/2 | GC pause total s |"
     )
     lines.append("|---|---:|---:|---:|---:|---:|")
-    for mode, st in (("ours", fo), ("empty", fe)):
+    for mode in modes:
+        st = final[mode]
         lines.append(
             f"| {mode} | {st['rss_mb']:,.0f} | {st['records']:,} | {st['tracked_objects']:,} "
             f"| {'/'.join(str(c) for c in st['gc_collections'])} | {st['gc_total_s']:.2f} |"
         )
+    if redis_info:
+        lines.append(f"| redis-server | {redis_info['rss_mb']:,.0f} | | | | |")
     lines.append("")
     if fo["records"] >= 100_000:  # RSS does not shrink after expiry; small counts say nothing
         lines.append(
@@ -540,7 +646,7 @@ def report(
 def _targets(scenarios: list[Scenario]) -> list[str]:
     def med(kind: str, size: int, mode: str, fn: Callable[[Any], float]) -> float | None:
         for sc in scenarios:
-            if sc.kind == kind and sc.size == size:
+            if sc.kind == kind and sc.size == size and sc.samples.get(mode):
                 return _med([fn(s.result) for s in sc.samples[mode]])
         return None
 
@@ -574,15 +680,60 @@ def _targets(scenarios: list[Scenario]) -> list[str]:
             f"empty handler (target <= {TARGET_RATIO}x each): "
             f"{verdict(o99 / e99 <= TARGET_RATIO and ocpu / ecpu <= TARGET_RATIO)}"
         )
+    for n in (100, 1000):
+        ours_dps = med("stream", n, "ours", lambda r: r.decisions_per_s)
+        redis_dps = med("stream", n, "redis", lambda r: r.decisions_per_s)
+        if ours_dps is not None and redis_dps:
+            x = ours_dps / redis_dps
+            out.append(
+                f"- AdmitStream batch {n:,} vs the Redis+Lua service on the same cores: "
+                f"{ours_dps:,.0f} / {redis_dps:,.0f} decisions/s = {x:.2f}x "
+                f"(target >= {TARGET_VS_REDIS:g}x): {verdict(x >= TARGET_VS_REDIS)}"
+            )
     return out
 
 
 # --------------------------------------------------------------------- main
 
 
+@contextlib.contextmanager
+def _start_redis(tmp: Path) -> Iterator[Any]:
+    """The Redis+Lua server's private redis-server (``_grpc_redis``)."""
+    import _grpc_redis as gr
+
+    workdir = tmp / "redis"
+    workdir.mkdir()
+    with gr.redis_server(str(workdir)) as proc:
+        print(f"redis-server (private) on 127.0.0.1:{proc.port}", file=sys.stderr, flush=True)
+        yield proc
+
+
+def _redis_info(proc: Any) -> dict[str, Any]:
+    """Versions and the redis-server's RSS, for the report."""
+    import subprocess
+    from importlib.metadata import version
+
+    import _grpc_redis as gr
+
+    out = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True, check=False
+    ).stdout
+    server = next((w for w in out.split() if w.startswith("v=")), "v=?")[2:]
+    try:
+        hiredis = version("hiredis")
+    except Exception:
+        hiredis = "not installed"
+    return {
+        "server": f"redis-server {server}",
+        "client": version("redis"),
+        "hiredis": hiredis,
+        "rss_mb": gr.rss_mb(proc.pid),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 short rounds per scenario (< 60 s)")
+    ap.add_argument("--quick", action="store_true", help="2 short rounds per scenario (< 90 s)")
     ap.add_argument("--rounds", type=int, help="rounds per scenario (default 4; quick: 2)")
     ap.add_argument("--seconds", type=float, help="measured seconds per round (default 5)")
     ap.add_argument("--window", type=int, default=2, help="AdmitStream batches in flight")
@@ -595,11 +746,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--profile", action="store_true", help="also cProfile the ours server (extra rounds)"
     )
+    ap.add_argument(
+        "--pool-gate",
+        action="store_true",
+        help="keep ours' pool gate on (the default policy); without load reports and "
+        "Complete it then admits only the first 64 requests",
+    )
+    ap.add_argument(
+        "--no-redis",
+        action="store_true",
+        help="leave out the Redis+Lua server (needs redis-server and the redis package)",
+    )
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 4)
     seconds = args.seconds or (2.0 if args.quick else 5.0)
     if rounds < 1 or seconds <= 0 or not 1 <= args.window <= 64:
         ap.error("need rounds >= 1, seconds > 0, 1 <= window <= 64")
+    no_redis = args.no_redis
+    if not no_redis and shutil.which("redis-server") is None:
+        print("redis-server not found: running without the Redis+Lua server", file=sys.stderr)
+        no_redis = True
     plan = Plan(
         rounds=rounds,
         stream_seconds=seconds,
@@ -616,28 +782,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tmpdir)
         db_url = f"sqlite:///{tmp}/bench.db"
         print(f"preparing {db_url}", file=sys.stderr, flush=True)
-        prepare_db(db_url)
-        servers = {
-            "ours": start_server(ctx, "ours", db_url, args.reservation_ttl),
-            "empty": start_server(ctx, "empty", db_url, None),
-        }
-        loadgen = start_loadgen(ctx)
-        try:
-            for srv in servers.values():
-                srv.await_ready()
-            print(
-                f"servers up: ours {servers['ours'].target}, empty {servers['empty'].target}",
-                file=sys.stderr,
-                flush=True,
-            )
-            scenarios = run_all(plan, servers, loadgen)
-            profiles = profile_ours(plan, servers, loadgen, tmp) if args.profile else []
-            final = {mode: srv.call("stats", "full") for mode, srv in servers.items()}
-            load_after = os.getloadavg()
-        finally:
-            loadgen.stop(None)
-            for srv in servers.values():
-                srv.stop(("stop",))
+        prepare_db(db_url, pool_gate=args.pool_gate)
+        with contextlib.ExitStack() as stack:
+            redis_proc = None if no_redis else stack.enter_context(_start_redis(tmp))
+            servers = {
+                "ours": start_server(ctx, "ours", db_url, args.reservation_ttl),
+                "empty": start_server(ctx, "empty", db_url, None),
+            }
+            backend_pids: dict[str, tuple[int, ...]] = {}
+            if redis_proc is not None:
+                servers["redis"] = start_server(ctx, "redis", db_url, None, redis_proc.port)
+                backend_pids["redis"] = (redis_proc.pid,)
+            loadgen = start_loadgen(ctx)
+            try:
+                for srv in servers.values():
+                    srv.await_ready()
+                print(
+                    "servers up: " + ", ".join(f"{m} {s.target}" for m, s in servers.items()),
+                    file=sys.stderr,
+                    flush=True,
+                )
+                scenarios = run_all(plan, servers, loadgen, backend_pids)
+                profiles = profile_ours(plan, servers, loadgen, tmp) if args.profile else []
+                final = {mode: srv.call("stats", "full") for mode, srv in servers.items()}
+                redis_info = _redis_info(redis_proc) if redis_proc is not None else None
+                load_after = os.getloadavg()
+            finally:
+                loadgen.stop(None)
+                for srv in servers.values():
+                    srv.stop(("stop",))
     text = report(
         plan,
         scenarios,
@@ -648,6 +821,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_after,
         profiles,
         final,
+        redis_info,
+        args.pool_gate,
     )
     sys.stdout.write(text)
     return 0
