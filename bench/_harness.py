@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
-import gc
 import inspect
 import os
 import platform
@@ -34,29 +33,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------ server process
-
-
-class GcTimer:
-    """gc.callbacks hook: total and longest collection pause."""
-
-    def __init__(self) -> None:
-        self.total_s = 0.0
-        self.max_s = 0.0
-        self.collections = [0, 0, 0]
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-            return
-        pause = time.perf_counter() - self._t0
-        self.total_s += pause
-        self.max_s = max(self.max_s, pause)
-        self.collections[info["generation"]] += 1
-
-    def install(self) -> GcTimer:
-        gc.callbacks.append(self)
-        return self
 
 
 def rss_mb() -> float:

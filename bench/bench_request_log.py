@@ -20,7 +20,6 @@ import argparse
 import gc
 import subprocess
 import sys
-import time
 import tracemalloc
 from decimal import Decimal
 
@@ -28,6 +27,7 @@ from controlplane.domain import DEFAULT_LANES, TenantConfig
 from controlplane.domain.policy import Policy
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
+from controlplane.telemetry.gcpause import GcPauses
 
 
 def run(window_s: float, rate: int, seconds: int) -> tuple[int, int]:
@@ -60,22 +60,13 @@ def gc_pauses(n: int, prepare: bool) -> tuple[float, int]:
     if prepare:
         svc.prepare_gc_freeze()
     gc.freeze()  # what serve_forever does once serving
-    pauses: list[float] = []
-    started = [0.0]
-
-    def timer(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            pauses.append(time.perf_counter() - started[0])
-
-    gc.callbacks.append(timer)
+    pauses = GcPauses().install()
     for i in range(n):
         svc.admit(f"t{i % 100}", f"r{i}", "standard", 10, 10)
         if i % 1000 == 0:
             now[0] += 10**6
-    gc.callbacks.remove(timer)
-    return max(pauses), len(pauses)
+    pauses.uninstall()
+    return pauses.longest_s, sum(pauses.collections)
 
 
 def main() -> None:

@@ -121,7 +121,7 @@ class Decider:
         shadow = self._tenants.shadow(entry)
         if v.reason and not shadow:
             return self.pressure_refusal(v, lane, slot, now, arrived)
-        if not shadow and not self._gate.has_room(pool, now, prompt):
+        if not shadow and not self._gate.has_room(pool, now):
             return self.gate_refusal(v, lane, slot, pool, now, arrived)
         if shadow:
             reason, reserved, retry, bucket, hour, day = self._table.charge(

@@ -78,6 +78,8 @@ class _PoolState:
 
 
 _EMPTY = _PoolState()  # read-only stand-in for a pool nobody released to yet
+# Where a release goes (PoolGate._classify).
+_START, _WAIT, _NO_ROOM = 0, 1, 2
 _CLOSED = _Room(-1)
 
 
@@ -134,42 +136,26 @@ class PoolGate:
 
     def released(self, pool: str, now: int, prompt: int) -> None:
         """A request of ``prompt`` tokens was released to ``pool``."""
-        state = self._pool(pool)
-        state.inflight += 1
-        if self._starts(state, self._room(state, now), prompt):
-            state.starting.append(now)
-            state.starting_prompts.append(prompt)
-            state.starting_tokens += prompt
-        else:
-            state.waiting.append(now)
+        self.released_many(pool, now, [prompt])
 
     def released_many(self, pool: str, now: int, prompts: list[int]) -> None:
         """Requests of these prompt sizes were released to ``pool`` at once
         (an AdmitStream batch), in this order."""
         state = self._pool(pool)
-        k = len(prompts)
-        state.inflight += k
-        room = self._room(state, now)
-        starting, starting_prompts, waiting = state.starting, state.starting_prompts, state.waiting
-        tokens = state.starting_tokens
-        n_start, n_wait = len(starting), len(waiting)
-        if n_wait < room.waiting and n_start + k <= room.slots:
-            total = sum(prompts)
-            if tokens + total <= room.tokens:  # the usual case: all start at the next step
-                starting.extend([now] * k)
-                starting_prompts.extend(prompts)
-                state.starting_tokens = tokens + total
-                return
-        for prompt in prompts:
-            if n_wait < room.waiting and n_start < room.slots and tokens + prompt <= room.tokens:
-                starting.append(now)
-                starting_prompts.append(prompt)
-                tokens += prompt
-                n_start += 1
-            else:
-                waiting.append(now)
-                n_wait += 1
-        state.starting_tokens = tokens
+        state.inflight += len(prompts)
+        starts = self._classify(state, self._room(state, now), prompts)
+        if starts is None:  # the usual case: all start at the next step
+            state.starting.extend([now] * len(prompts))
+            state.starting_prompts.extend(prompts)
+            state.starting_tokens += sum(prompts)
+            return
+        for prompt, start in zip(prompts, starts, strict=True):
+            if start == _START:
+                state.starting.append(now)
+                state.starting_prompts.append(prompt)
+                state.starting_tokens += prompt
+            else:  # released without room (the gate was off, or shadow mode): it waits
+                state.waiting.append(now)
 
     def completed(self, pool: str, now: int) -> None:
         state = self._pools.get(pool)
@@ -177,14 +163,15 @@ class PoolGate:
             state.inflight -= 1
             state.done.append(now)
 
-    def has_room(self, pool: str, now: int, prompt: int) -> bool:
-        """Whether a request of ``prompt`` tokens may be released to ``pool``
-        now (always, with the gate off). Asking creates nothing: only
+    def has_room(self, pool: str, now: int) -> bool:
+        """Whether one more request may be released to ``pool`` now (always,
+        with the gate off; its size decides only whether it will start or
+        wait, not whether it may go). Asking creates nothing: only
         releases and reports make a pool's state."""
         if not self.enabled:
             return True
         state = self._pools.get(pool) or _EMPTY
-        return self._fits(state, self._room(state, now), prompt)
+        return self._fits(state, self._room(state, now))
 
     def plan(self, pool: str, now: int, prompts: list[int]) -> list[bool]:
         """Which of ``prompts``, released in this order, the pool would take
@@ -197,26 +184,10 @@ class PoolGate:
         if room.fallback >= 0:
             left = room.fallback - state.inflight
             return [i < left for i in range(len(prompts))]
-        starting, tokens, waiting = len(state.starting), state.starting_tokens, len(state.waiting)
-        k = len(prompts)
-        if waiting + k <= room.waiting or (
-            waiting < room.waiting
-            and starting + k <= room.slots
-            and tokens + sum(prompts) <= room.tokens
-        ):
-            return [True] * k  # the usual case: room for all
-        out = []
-        for prompt in prompts:
-            if waiting < room.waiting and starting < room.slots and tokens + prompt <= room.tokens:
-                starting += 1
-                tokens += prompt
-                out.append(True)
-            elif waiting < room.waiting:
-                waiting += 1
-                out.append(True)
-            else:
-                out.append(False)
-        return out
+        if len(state.waiting) + len(prompts) <= room.waiting:
+            return [True] * len(prompts)  # room for all, wherever they go
+        starts = self._classify(state, room, prompts)
+        return [True] * len(prompts) if starts is None else [c != _NO_ROOM for c in starts]
 
     def retry_ns(self, pool: str, now: int) -> int:
         """When the pool is predicted to take one more request: the requests
@@ -269,22 +240,40 @@ class PoolGate:
         return _Room(-1, slots, tokens, waiting)
 
     @staticmethod
-    def _starts(state: _PoolState, room: _Room, prompt: int) -> bool:
-        """Whether a release now would start at the next step (a free slot
-        and prefill budget) rather than wait. Only while the pool is under
-        its waiting target: burstgate does not route, and a router may send
-        the release to an engine that has no free slot (least outstanding
-        tokens does), so free slots elsewhere must not let the queue grow."""
-        return (
-            len(state.waiting) < room.waiting
-            and len(state.starting) < room.slots
-            and state.starting_tokens + prompt <= room.tokens
-        )
+    def _classify(state: _PoolState, room: _Room, prompts: list[int]) -> list[int] | None:
+        """Where each of ``prompts``, released in this order, would go: it
+        starts at the engines' next step (a free slot and prefill budget),
+        waits within the target, or finds no room; None when all start.
+        Starting counts only while the pool is under its waiting target:
+        burstgate does not route, and a router may send the release to an
+        engine without a free slot (least outstanding tokens does), so free
+        slots elsewhere must not let the queue grow."""
+        n_start, tokens, n_wait = len(state.starting), state.starting_tokens, len(state.waiting)
+        if (
+            n_wait < room.waiting
+            and n_start + len(prompts) <= room.slots
+            and tokens + sum(prompts) <= room.tokens
+        ):
+            return None
+        out = []
+        for prompt in prompts:
+            if n_wait >= room.waiting:
+                out.append(_NO_ROOM)
+            elif n_start < room.slots and tokens + prompt <= room.tokens:
+                n_start += 1
+                tokens += prompt
+                out.append(_START)
+            else:
+                n_wait += 1
+                out.append(_WAIT)
+        return out
 
-    def _fits(self, state: _PoolState, room: _Room, prompt: int) -> bool:
+    @staticmethod
+    def _fits(state: _PoolState, room: _Room) -> bool:
         if room.fallback >= 0:
             return state.inflight < room.fallback
-        return self._starts(state, room, prompt) or len(state.waiting) < room.waiting
+        # a release that would start needs the pool under its target too
+        return len(state.waiting) < room.waiting
 
     def inflight(self, pool: str) -> int:
         state = self._pools.get(pool)

@@ -22,11 +22,14 @@ from controlplane.telemetry.metrics import LatencyHistogram
 
 
 class GcPauses(Collector):
-    """Times every collection once ``install()``ed; ``longest_s`` is the
-    longest pause seen (for benchmarks)."""
+    """Times every collection once ``install()``ed. Besides the histograms,
+    plain totals for benchmarks: ``total_s``, ``collections`` per generation
+    and ``longest_s`` (a benchmark may reset it between its intervals)."""
 
     def __init__(self) -> None:
         self.histograms = [LatencyHistogram() for _ in range(3)]
+        self.total_s = 0.0
+        self.collections = [0, 0, 0]
         self.longest_s = 0.0
         self._started = 0.0
 
@@ -35,13 +38,17 @@ class GcPauses(Collector):
             self._started = time.perf_counter()
             return
         pause = time.perf_counter() - self._started
-        self.histograms[min(int(info.get("generation", 2)), 2)].observe(pause)
+        generation = min(int(info.get("generation", 2)), 2)
+        self.histograms[generation].observe(pause)
+        self.total_s += pause
+        self.collections[generation] += 1
         if pause > self.longest_s:
             self.longest_s = pause
 
-    def install(self) -> None:
+    def install(self) -> GcPauses:
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
+        return self
 
     def uninstall(self) -> None:
         if self._callback in gc.callbacks:
