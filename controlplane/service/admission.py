@@ -318,14 +318,14 @@ class AdmissionService:
         Callers holding protobuf repeated fields should pass lists (indexing
         a repeated field costs ~6x a list index). An empty ``pool`` is
         resolved per entry (``TenantDirectory.pool_for``)."""
-        keys, lane_of = check_batch(
+        lane_of = check_batch(
             self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
             prompt_tokens, max_tokens, model, pool,
         )  # fmt: skip
         self._tenants.check_pool(pool)
         return self._decider.decide_batch(
-            keys, lane_of, prompt_tokens, max_tokens, model, pool, self.clock(), self._log,
-            self.stats,
+            list(tenant_ids), list(request_ids), lane_of, prompt_tokens, max_tokens, model,
+            pool, self.clock(), self._log, self.stats,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- complete

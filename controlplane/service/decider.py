@@ -21,40 +21,34 @@ façade decide what happens to a refusal that waiting could cure.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import itemgetter
 
 import numpy as np
+import numpy.typing as npt
 
 from controlplane.domain import Decision, Degradation, Pressure
 from controlplane.domain.units import NS_PER_MS, PPM
 from controlplane.service import records as R
-from controlplane.service.answers import BatchResult, retryable
+from controlplane.service.answers import NOT_RETRYABLE, BatchResult
 from controlplane.service.gate import PoolGate
 from controlplane.service.pools import FRESH, UNKNOWN
 from controlplane.service.pressure import PressureGate, Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
 from controlplane.service.records import (
-    BUCKET,
-    DAY,
-    GRANTED,
-    HOUR,
-    OPEN,
-    REASON,
-    RESERVED,
-    RETRY_NS,
-    RID,
-    SHADOW_REASON,
-    STATE,
-    Key,
     Record,
     RequestLog,
+    float_bits,
 )
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
 
 _OK = int(Reason.OK)
+_BACKPRESSURE = int(Reason.BACKPRESSURE)
+# reason -> whether retrying may cure it (answers' ``retryable`` column)
+_RETRYABLE = np.array([r != _OK and r not in NOT_RETRYABLE for r in range(max(Reason) + 1)])
 _CONCURRENCY = int(Reason.CONCURRENCY)
+_ONE_BITS = float_bits(1.0)
+_NEVER = 2**62  # a length no request reaches (unknown tenants are never placed)
 _ADMIT = int(Decision.ADMIT)
 _REJECT = int(Decision.REJECT)
 
@@ -210,7 +204,8 @@ class Decider:
 
     def decide_batch(
         self,
-        keys: list[Key],
+        tenant_ids: list[str],
+        request_ids: list[str],
         lanes: list[str],
         prompt_tokens: Sequence[int],
         max_tokens: Sequence[int],
@@ -221,202 +216,271 @@ class Decider:
         stats: AdmissionStats,
     ) -> BatchResult:
         """Decide a validated batch with one call into the fast path; store
-        and count the fresh decisions. ``lanes[i]`` is the named lane or ""
-        (the tenant's default); ``pool`` is the batch's, "" = each entry's
-        own (``TenantDirectory.pool_for``). Repeated keys answer their
-        earlier decision."""
-        n = len(keys)
+        and count the fresh decisions. ``lanes`` has one entry per request
+        (the named lane or "" for the tenant's default), one for all, or
+        none; ``pool`` is the batch's, "" = each entry's own
+        (``TenantDirectory.pool_for``). Repeated keys answer their earlier
+        decision.
+
+        Columns throughout: what differs per tenant and per (lane, pool)
+        *pair* is resolved once and spread over the entries as integer
+        columns; every fresh decision is a row of the request table's
+        layout, filled column by column and stored in one call, and the
+        answer's columns are read from the same rows. No Python object is
+        made per request beyond the answer's lists."""
+        n = len(request_ids)
         tenants = self._tenants
-        policy = tenants.policy
-        # Per distinct tenant in the batch, resolved once.
-        resolved: dict[str, tuple[Tenant | None, int, bool]] = {}
-        for tenant_id in {k[0] for k in keys}:
-            entry = tenants.resolve(tenant_id)
-            shadow = entry is not None and tenants.shadow(entry)
-            resolved[tenant_id] = (entry, early_reason(entry), shadow)
-        slots = [-1] * n
-        early = [_OK] * n
-        pools = [""] * n  # each fresh entry's pool, once its lane is final
-        shadow_l = [False] * n
-        replayed = log.replay_many(keys, now)
-        long_threshold = policy.long_request_tokens
-        pool_for = tenants.pool_for
-        for i in range(n):
-            if replayed and i in replayed:
-                continue
-            entry, early[i], shadow_l[i] = resolved[keys[i][0]]
-            if entry is None:
-                lanes[i] = tenants.lane_for("lane", lanes[i], None)
-                pools[i] = pool_for(None, lanes[i], pool)
-                continue
-            slots[i] = entry.slot
-            if not lanes[i]:
-                lanes[i] = entry.config.default_lane
-            # placement only matters for long requests: skip the call otherwise
-            if prompt_tokens[i] + max_tokens[i] > min(
-                long_threshold, entry.config.long_request_tokens or long_threshold
-            ):
-                lanes[i] = tenants.place(entry, lanes[i], prompt_tokens[i], max_tokens[i])
-            pools[i] = pool_for(entry, lanes[i], pool)
-        # One verdict per (lane, pool) of the fresh entries, in batch order
-        # (the batch-level answer reports the first), and one gate count per pool.
+        long_default = tenants.policy.long_request_tokens
+        # Per distinct tenant of the batch, resolved once.
+        order = list(dict.fromkeys(tenant_ids))
+        t_entry = [tenants.resolve(t) for t in order]
+        t_early = [early_reason(e) for e in t_entry]
+        t_shadow = [e is not None and tenants.shadow(e) for e in t_entry]
+        t_slot = [-1 if e is None else e.slot for e in t_entry]
+        t_lane = [tenants.lane_for("lane", "", e) for e in t_entry]
+        t_long = [
+            _NEVER if e is None else min(long_default, e.config.long_request_tokens or long_default)
+            for e in t_entry
+        ]  # fmt: skip
+        if len(order) == 1:
+            tix_l = [0] * n
+        else:
+            index = {t: j for j, t in enumerate(order)}
+            tix_l = [index[t] for t in tenant_ids]
+        tix = np.array(tix_l, dtype=np.intp)
+        tkeys = np.array(
+            [log.tkey_for(t, e is not None) for t, e in zip(order, t_entry, strict=True)],
+            dtype=np.int64,
+        )[tix]
+        replayed = log.replay_rows(tkeys, tenant_ids, request_ids, now)
+        fresh = np.ones(n, dtype=np.int8)
         if replayed:
-            pairs = dict.fromkeys((lanes[i], pools[i]) for i in range(n) if i not in replayed)
-            if not pairs:
+            fresh[list(replayed)] = 0
+        is_fresh = fresh.astype(bool)
+        slots = np.array(t_slot, dtype=np.int64)[tix]
+        early = np.array(t_early, dtype=np.int64)[tix]
+        shadow = np.array(t_shadow, dtype=bool)[tix]
+        prompt = np.array(prompt_tokens, dtype=np.int64)
+        maxt = np.array(max_tokens, dtype=np.int64)
+
+        # Each entry's (lane, pool) pair: its lane (named, else its tenant's
+        # default; then length-aware placement), and that lane's pool.
+        pair_ix: dict[tuple[str, str], int] = {}
+
+        def pair_of(entry: Tenant | None, lane: str) -> int:
+            lp = (lane, tenants.pool_for(entry, lane, pool))
+            return pair_ix.setdefault(lp, len(pair_ix))
+
+        if len(lanes) <= 1:  # a lane per tenant: pairs per tenant
+            given = lanes[0] if lanes else ""
+            t_pair = [pair_of(e, given or ln) for e, ln in zip(t_entry, t_lane, strict=True)]
+            pair = np.array(t_pair, dtype=np.intp)[tix]
+        else:
+            combos: dict[tuple[int, str], int] = {}
+            pair_l: list[int] = []
+            for j, ln in zip(tix_l, lanes, strict=True):
+                c = combos.get((j, ln))
+                if c is None:
+                    c = combos[j, ln] = pair_of(t_entry[j], ln or t_lane[j])
+                pair_l.append(c)
+            pair = np.array(pair_l, dtype=np.intp)
+        long_ones = np.flatnonzero(is_fresh & (prompt + maxt > np.array(t_long)[tix]))
+        if long_ones.size:
+            pair_keys = list(pair_ix)
+            for i in long_ones.tolist():
+                entry = t_entry[tix_l[i]]
+                if entry is not None:
+                    lane = pair_keys[pair[i]][0]
+                    placed = tenants.place(entry, lane, prompt_tokens[i], max_tokens[i])
+                    if placed != lane:
+                        pair[i] = pair_of(entry, placed)
+        pair_keys = list(pair_ix)
+        # One verdict per pair of the fresh entries, in batch order (the
+        # batch-level answer reports the first).
+        if replayed:
+            fresh_pairs = [pair_keys[k] for k in dict.fromkeys(pair[is_fresh].tolist())]
+            if not fresh_pairs:
                 # only replays: the batch still reports its pool's pressure
                 # now, from the first replay's recorded lane and pool
-                i = min(replayed)
-                lane = replayed[i][R.LANE]
-                first_pool = replayed[i][R.POOL] or pool_for(resolved[keys[i][0]][0], lane, pool)
-                pairs = {(lane, first_pool): None}
+                i0 = min(replayed)
+                names_l = log.names.names
+                lane0 = names_l[replayed[i0][R.LANE]]
+                pool0 = names_l[replayed[i0][R.POOL]] or tenants.pool_for(
+                    t_entry[tix_l[i0]], lane0, pool
+                )
+                fresh_pairs = [(lane0, pool0)]
         else:
-            pairs = dict.fromkeys(zip(lanes, pools, strict=True))
-        verdicts = {lp: self._pressure.verdict(*lp, now) for lp in pairs}
-        maxt_l = list(max_tokens)
-        batch_pools = list(dict.fromkeys(p for _, p in pairs))
-        verdict_l = [_NO_VERDICT] * n
-        fast_slots = [-1] * n  # what the fast path decides (-1 = decided here)
-        pre: dict[int, Record] = {}  # refused before the fast path
-        for i in range(n):
-            if i in replayed:
-                continue
-            if early[i] != _OK:
-                pre[i] = R.refused(early[i], 0, lanes[i], slots[i], now, now)
-                continue
-            v = verdict_l[i] = verdicts[lanes[i], pools[i]]
-            if v.degraded_cap and maxt_l[i] > v.degraded_cap:
-                maxt_l[i] = v.degraded_cap
-            if v.reason and not shadow_l[i]:
-                pre[i] = self.pressure_refusal(v, lanes[i], slots[i], now, now)
-                continue
-            fast_slots[i] = slots[i]
+            fresh_pairs = [pair_keys[k] for k in dict.fromkeys(pair.tolist())]
+        verdict_of = {
+            lp: self._pressure.verdict(lp[0], lp[1], now) for lp in (*pair_keys, *fresh_pairs)
+        }
+        verdicts = {lp: verdict_of[lp] for lp in fresh_pairs}
+        vlist = [verdict_of[lp] for lp in pair_keys]
+        v_reason = np.array([v.reason for v in vlist], dtype=np.int64)[pair]
+        v_retry = np.array([v.retry_ns for v in vlist], dtype=np.int64)[pair]
+        v_score = np.array([v.score_ppm for v in vlist], dtype=np.int64)[pair]
+        v_fresh = np.array([v.freshness for v in vlist], dtype=np.int64)[pair]
+        v_shed = np.array([int(v.shed) for v in vlist], dtype=np.int64)[pair]
+        v_cap = np.array([v.degraded_cap for v in vlist], dtype=np.int64)[pair]
+
+        ok_tenant = is_fresh & (early == _OK)
+        if not ok_tenant.all():  # an early refusal saw no pool: no verdict
+            v_score[~ok_tenant] = 0
+            v_fresh[~ok_tenant] = UNKNOWN
+        maxt = np.where(ok_tenant & (v_cap > 0) & (maxt > v_cap), v_cap, maxt)
+        pressed = ok_tenant & (v_reason != _OK) & ~shadow
+        to_fast = ok_tenant & ~pressed
+        gate_refused = np.zeros(n, dtype=bool)
+        gate_retry = np.zeros(n, dtype=np.int64)
+        pools = list(dict.fromkeys(p for _, p in pair_keys))
+        pair_pool = np.array([pools.index(p) for _, p in pair_keys], dtype=np.intp)
+        pool_ix = pair_pool[pair]
+        batch_pools = list(dict.fromkeys(p for _, p in verdicts))
         if self._gate.enabled:
             # A batch never waits: what a pool has no room for is refused,
             # fail-open lanes (premium) served first, then the rest in batch
             # order. Each pool's share is planned for every entry sent to the
             # fast path (one it then refuses took none: a small overestimate).
-            lane_cfg = self._tenants.lanes
-            gated = [i for i in range(n) if fast_slots[i] >= 0 and not shadow_l[i]]
-            batch_lanes = {ln for ln, _ in verdicts}
-            # (an unknown tenant's fallback lane may not be configured)
-            fail_open = {ln for ln in batch_lanes if ln in lane_cfg and lane_cfg[ln].fail_open}
-            if fail_open and len(fail_open) < len(batch_lanes):  # a mix: those first
-                gated.sort(key=lambda i: lanes[i] not in fail_open)  # stable
-            for p in batch_pools:
-                mine = gated if len(batch_pools) == 1 else [i for i in gated if pools[i] == p]
-                fits = self._gate.plan(p, now, [prompt_tokens[i] for i in mine])
-                for i, ok in zip(mine, fits, strict=True):
-                    if not ok:
-                        pre[i] = self.gate_refusal(verdict_l[i], lanes[i], slots[i], p, now, now)
-                        fast_slots[i] = -1
+            gated = np.flatnonzero(to_fast & ~shadow)
+            if gated.size:
+                lane_cfg = tenants.lanes
+                # (an unknown tenant's fallback lane may not be configured)
+                pair_fo = np.array(
+                    [ln in lane_cfg and lane_cfg[ln].fail_open for ln, _ in pair_keys], dtype=bool
+                )[pair[gated]]
+                if pair_fo.any() and not pair_fo.all():  # a mix: those first
+                    gated = gated[np.argsort(~pair_fo, kind="stable")]
+                for k in dict.fromkeys(pool_ix[gated].tolist()):
+                    mine = gated if len(pools) == 1 else gated[pool_ix[gated] == k]
+                    fits = self._gate.plan(pools[k], now, prompt[mine].tolist())
+                    if not all(fits):
+                        refused = mine[~np.array(fits, dtype=bool)]
+                        gate_refused[refused] = True
+                        gate_retry[refused] = self._gate.retry_ns(pools[k], now)
+                to_fast &= ~gate_refused
         out_reason = np.zeros(n, dtype=np.int64)
         out_reserved = np.zeros(n, dtype=np.int64)
         out_retry = np.zeros(n, dtype=np.int64)
         out_bucket = np.zeros(n, dtype=np.int64)
         out_hour = np.full(n, -1, dtype=np.int64)
         out_day = np.full(n, -1, dtype=np.int64)
-        any_shadow = any(shadow_l)
+        any_shadow = bool(shadow.any())
         self._table.admit_batch(
-            now, np.array(fast_slots, dtype=np.int64), np.array(prompt_tokens, dtype=np.int64),
-            np.array(maxt_l, dtype=np.int64), out_reason, out_reserved, out_retry,
-            out_bucket, out_hour, out_day,
-            shadow=np.array(shadow_l, dtype=np.int64) if any_shadow else None,
+            now, np.where(to_fast, slots, -1), prompt, maxt, out_reason, out_reserved,
+            out_retry, out_bucket, out_hour, out_day,
+            shadow=shadow.astype(np.int64) if any_shadow else None,
         )  # fmt: skip
-        reason_l = out_reason.tolist()
-        reserved_l = out_reserved.tolist()
-        retry_l = out_retry.tolist()
-        bucket_l = out_bucket.tolist()
-        hour_l = out_hour.tolist()
-        day_l = out_day.tolist()
-        recs: list[Record] = []
-        admitted_keys: list[Key] = []
-        admitted_recs: list[Record] = []
-        admitted: list[int] = []  # indexes, for the pool gate's count
-        rejected_keys: list[Key] = []
-        rejected_recs: list[Record] = []
-        conclude = self.conclude
-        # Quoted once per pool of the batch, not per entry.
+        # The reason each entry is answered with, and shadow mode's.
+        reason = np.where(to_fast, out_reason, early)
+        reason[pressed] = v_reason[pressed]
+        reason[gate_refused] = _BACKPRESSURE
+        shadow_reason = np.zeros(n, dtype=np.int64)
+        if any_shadow:
+            sh = to_fast & shadow
+            shadow_reason = np.where(sh, np.where(v_reason != _OK, v_reason, reason), 0)
+            reason[sh] = _OK
+        admitted = to_fast & (reason == _OK)
+        from_fast = to_fast & ~admitted  # refused by the fast path
+        na = int(np.count_nonzero(admitted))
+        rid0 = self._next_reservation
+        self._next_reservation = rid0 + na
+        # Prices: quoted once per pool of the batch, not per entry.
         prices = {p: self.pricing.quote(p, model, now) for p in batch_pools}
-        rid = self._next_reservation
-        # entries not decided by the fast path: replays and early refusals
-        special = replayed.keys() | pre.keys() if replayed or pre else ()
-        # zip, not indexing: this loop runs once per request of every batch
-        for i, (key, reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
-                pool_i) in (
-            enumerate(zip(keys, reason_l, reserved_l, retry_l, bucket_l, hour_l, day_l,
-                          prompt_tokens, shadow_l, verdict_l, lanes, slots, pools, strict=True))
-        ):  # fmt: skip
-            if special and i in special:
-                rec = replayed.get(i) or pre[i]
-                recs.append(rec)
-                if i in replayed:
-                    continue
-            else:
-                rec = conclude(
-                    reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
-                    pool_i, model, now, now, rid, prices[pool_i], False,
-                )  # fmt: skip
-                recs.append(rec)
-            if rec[STATE] == OPEN:
-                rid += 1
-                admitted_keys.append(key)
-                admitted_recs.append(rec)
-                admitted.append(i)
-            else:
-                rejected_keys.append(key)
-                rejected_recs.append(rec)
-        self._next_reservation = rid
-        if admitted and self._gate.enabled:
-            for p in batch_pools:
-                mine = admitted if len(batch_pools) == 1 else [i for i in admitted if pools[i] == p]
-                if mine:
-                    self._gate.released_many(p, now, [prompt_tokens[i] for i in mine])
-        log.add_batch(now, admitted_keys, admitted_recs, rejected_keys, rejected_recs)
-        fresh = [r for i, r in enumerate(recs) if i not in replayed] if replayed else recs
-        stats.count_reasons(
-            list(map(itemgetter(REASON), fresh)),
-            list(map(itemgetter(SHADOW_REASON), fresh)) if any_shadow else [],
+        names = log.names
+        rows = np.zeros((n, R.FIELDS), dtype=np.int64)
+        rows[:, R.STATE] = R.REJECTED
+        rows[:, R.REASON] = reason
+        rows[:, R.RETRY_NS] = gate_retry
+        rows[pressed, R.RETRY_NS] = v_retry[pressed]
+        rows[from_fast, R.RETRY_NS] = np.where(
+            reason[from_fast] == _CONCURRENCY, self._concurrency_retry_ns, out_retry[from_fast]
         )
+        rows[:, R.HOUR] = -1
+        rows[:, R.DAY] = -1
+        decided_fast = admitted | from_fast
+        rows[decided_fast, R.BUCKET] = out_bucket[decided_fast]
+        rows[decided_fast, R.HOUR] = out_hour[decided_fast]
+        rows[decided_fast, R.DAY] = out_day[decided_fast]
+        rows[:, R.LANE] = np.array([names.id(ln) for ln, _ in pair_keys], dtype=np.int64)[pair]
+        rows[:, R.SLOT] = slots
+        rows[:, R.DECIDED_NS] = now
+        rows[:, R.MULTIPLIER] = _ONE_BITS
+        rows[:, R.ACTUAL] = -1
+        rows[:, R.ARRIVED_NS] = now
+        rows[:, R.SHADOW_REASON] = shadow_reason
+        rows[:, R.SCORE_PPM] = v_score
+        rows[:, R.FRESHNESS] = v_fresh
+        rows[pressed, R.SHED] = v_shed[pressed]
+        rows[gate_refused, R.SHED] = 1
+        if na:
+            adm_pair = pair[admitted]
+            quotes = [
+                prices.get(p) or self.pricing.quote(p, model, now) for _, p in pair_keys
+            ]  # fmt: skip
+            rows[admitted, R.STATE] = R.OPEN
+            rows[admitted, R.RESERVED] = out_reserved[admitted]
+            rows[admitted, R.RID] = np.arange(rid0, rid0 + na, dtype=np.int64)
+            rows[admitted, R.GRANTED] = out_reserved[admitted] - prompt[admitted]
+            rows[admitted, R.POOL] = np.array([names.id(p) for _, p in pair_keys], dtype=np.int64)[
+                adm_pair
+            ]
+            rows[admitted, R.MODEL] = names.id(model)
+            rows[admitted, R.MULTIPLIER] = np.array(
+                [float_bits(q.multiplier) for q in quotes], dtype=np.int64
+            )[adm_pair]
+            rows[admitted, R.WINDOW] = np.array([q.window_id for q in quotes], dtype=np.int64)[
+                adm_pair
+            ]
+            rows[admitted, R.DEGRADED_CAP] = v_cap[admitted]
         # A fresh entry is marked degraded when its lane is, even if it was
         # refused (the sidecar learns the pool's state); a replay as before.
-        degraded = [v.degraded_cap > 0 for v in verdict_l]
-        for i, prior in replayed.items():
-            degraded[i] = bool(prior[R.DEGRADED_CAP])
+        degraded = (v_cap > 0) & ok_tenant
+        if replayed:
+            for i, prior in replayed.items():
+                rows[i] = prior
+            degraded[~is_fresh] = rows[~is_fresh, R.DEGRADED_CAP] > 0
+        if self._gate.enabled and na:
+            adm = np.flatnonzero(admitted)
+            for k in dict.fromkeys(pool_ix[adm].tolist()):
+                mine = adm if len(pools) == 1 else adm[pool_ix[adm] == k]
+                self._gate.released_many(pools[k], now, prompt[mine].tolist())
+        log.add_rows(tkeys, tenant_ids, request_ids, rows, fresh if replayed else None)
+        counted = rows[is_fresh] if replayed else rows
+        stats.count_reason_columns(counted[:, R.REASON], counted[:, R.SHADOW_REASON])
         # Entries of one batch may resolve to different pools: the batch-level
         # multiplier is the first fresh entry's (each admission's record, which
         # the ledger bills, locks its own pool's).
         first = next(iter(prices.values()), None)
         return self._columns(
-            recs, replayed, degraded, verdicts, first.multiplier if first is not None else 1.0
+            rows, is_fresh, degraded, verdicts, first.multiplier if first is not None else 1.0
         )
 
     def _columns(
         self,
-        recs: list[Record],
-        replayed: dict[int, Record],
-        degraded: list[bool],
+        rows: npt.NDArray[np.int64],
+        is_fresh: npt.NDArray[np.bool_],
+        degraded: npt.NDArray[np.bool_],
         verdicts: dict[tuple[str, str], Verdict],
         multiplier: float,
     ) -> BatchResult:
         policy = self._tenants.policy
-        n = len(recs)
-        reasons = list(map(itemgetter(REASON), recs))
+        reason = rows[:, R.REASON]
         caps = [v.degraded_cap for v in verdicts.values() if v.degraded_cap]
         some = next(iter(verdicts.values()), None)
         return BatchResult(
-            decision=[_ADMIT if x == _OK else _REJECT for x in reasons],
-            reason=reasons,
-            retry_after_ms=[-(-x // NS_PER_MS) for x in map(itemgetter(RETRY_NS), recs)],
-            reserved_tokens=list(map(itemgetter(RESERVED), recs)),
-            reservation_id=list(map(itemgetter(RID), recs)),
-            granted_max_tokens=list(map(itemgetter(GRANTED), recs)),
-            bucket_remaining=list(map(itemgetter(BUCKET), recs)),
-            hourly_remaining=list(map(itemgetter(HOUR), recs)),
-            daily_remaining=list(map(itemgetter(DAY), recs)),
-            duplicate=[i in replayed for i in range(n)] if replayed else [False] * n,
-            shadow_reason=list(map(itemgetter(SHADOW_REASON), recs)),
-            degraded=degraded,
-            retryable=[retryable(x) for x in reasons],
+            decision=np.where(reason == _OK, _ADMIT, _REJECT).tolist(),
+            reason=reason.tolist(),
+            retry_after_ms=(-(-rows[:, R.RETRY_NS] // NS_PER_MS)).tolist(),
+            reserved_tokens=rows[:, R.RESERVED].tolist(),
+            reservation_id=rows[:, R.RID].tolist(),
+            granted_max_tokens=rows[:, R.GRANTED].tolist(),
+            bucket_remaining=rows[:, R.BUCKET].tolist(),
+            hourly_remaining=rows[:, R.HOUR].tolist(),
+            daily_remaining=rows[:, R.DAY].tolist(),
+            duplicate=(~is_fresh).tolist(),
+            shadow_reason=rows[:, R.SHADOW_REASON].tolist(),
+            degraded=degraded.tolist(),
+            retryable=_RETRYABLE[reason].tolist(),
             pricing_multiplier=multiplier,
             # Per-tenant fallback models are only in unary answers: one batch
             # mixes tenants, and the instructions here are the pool's.

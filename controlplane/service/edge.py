@@ -38,9 +38,9 @@ def check_batch(
     max_tokens: Sequence[int],
     model: str,
     pool: str,
-) -> tuple[list[Key], list[str]]:
-    """Check a whole batch; return its keys and one lane entry per request
-    ("" = the tenant's default). The cheap whole-column checks run first;
+) -> list[str]:
+    """Check a whole batch; return one lane entry per request ("" = the
+    tenant's default), or [] when the batch names none. The cheap whole-column checks run first;
     the precise per-entry check (and its message) runs only when something
     is off."""
     n = len(tenant_ids)
@@ -79,19 +79,18 @@ def check_batch(
         tenants.check_lane("lane[0]", lanes[0])
         lane_of = [lanes[0]] * n
     elif not lanes:
-        lane_of = [""] * n
+        lane_of = []
     else:
         lane_of = list(lanes)
         known = tenants.lanes
         for i, lane in enumerate(lane_of):
             if lane and lane not in known:
                 tenants.check_lane(f"lane[{i}]", lane)
-    keys = list(zip(tenant_ids, request_ids, strict=True))
-    if len(set(keys)) != n:
+    if len(set(zip(tenant_ids, request_ids, strict=True))) != n:
         # The fast path would decide a repeated id twice; refuse instead.
         seen: set[Key] = set()
-        for i, k in enumerate(keys):
+        for i, k in enumerate(zip(tenant_ids, request_ids, strict=True)):
             if k in seen:
                 raise InvalidArgument(f"request_id[{i}]", f"{k[1]!r} appears twice in the batch")
             seen.add(k)
-    return keys, lane_of
+    return lane_of

@@ -1,21 +1,28 @@
 """What the plane remembers about each (tenant_id, request_id).
 
 A record is the decision as it was sent plus, for an admitted request, its
-open reservation; it is kept until the reservation TTL (admitted requests,
-settled or not) or the replay window (refusals) passes. At the AdmitStream
-rates millions are alive at once (rate x TTL), so a record is a plain tuple
-of ints and strings: CPython stops tracking such tuples in the cyclic GC
-after the first collection they survive. An instance of a class per record
-stays tracked, and full collections over millions of them paused the server
-for seconds (BENCHMARKS.md, "AdmitStream").
+open reservation; it is kept until the reservation TTL (admitted requests;
+once settled, only for the settled-id window) or the replay window
+(refusals) passes. At AdmitStream rates millions are alive at once (rate x
+TTL), so the plane keeps them as rows of 64-bit integers in the fast path's
+``RequestTable`` (compiled: C memory, no Python object per request; full
+collections over millions of per-request objects once paused the server for
+seconds, BENCHMARKS.md). Outside the table a record is a plain tuple
+(``Record``), built by the two constructors below so the field order lives
+in one place; ``RequestLog`` converts between the two.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any
+import struct
+from typing import TYPE_CHECKING, Any
 
 from controlplane.service.pools import UNKNOWN
+from fastpath._reqlog_py import RequestTable
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 Key = tuple[str, str]  # (tenant_id, request_id)
 Record = tuple[Any, ...]
@@ -104,198 +111,173 @@ def admitted(
     )  # fmt: skip
 
 
-def settled(rec: Record, actual: int, refunded: int) -> Record:
-    """``rec`` (open) after its Complete: real usage and the refund."""
-    return (SETTLED, *rec[1:ACTUAL], actual, refunded, *rec[REFUNDED + 1 :])
+_TRACKER = ("", "")  # a key no name or tenant id has (ids are never empty)
 
 
-_TRACKER: Key = ("", "")  # a key no request has (ids are never empty)
+class Names:
+    """Lane, pool and model names interned to small integers, the form a
+    row of the request table carries them in. Never shrinks: one entry per
+    distinct name ever stored (lanes and pools are configured; model names
+    come from clients, each distinct one costs its string once)."""
 
-# Dead keys tolerated in the admitted FIFO beyond twice the open ones.
-COMPACT_SLACK = 4096
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {"": 0}
+        self.names: list[str] = [""]
+
+    def id(self, name: str) -> int:
+        got = self.ids.get(name)
+        if got is None:
+            got = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return got
+
+
+_F64 = struct.Struct("<d")
+_I64 = struct.Struct("<q")
+
+
+def float_bits(x: float) -> int:
+    """A float as the signed 64-bit integer of its IEEE-754 bits (how a row holds it)."""
+    return int(_I64.unpack(_F64.pack(x))[0])
+
+
+def bits_float(b: int) -> float:
+    return float(_F64.unpack(_I64.pack(b))[0])
 
 
 class RequestLog:
-    """Records by key, with O(1) expiry: the TTL, the settled-id window and
-    the replay window are constants, so records expire in the order they were
-    made (or settled) and a FIFO of (time, keys) per kind is an exact expiry
-    queue. A batch adds one FIFO entry for all its keys.
+    """Records by key, stored as rows of the fast path's ``RequestTable``
+    (compiled: no Python object per remembered request, so nothing per
+    request for the garbage collector to walk; ``fastpath/_reqlog_py.py``
+    defines the semantics).
 
-    An admission is remembered until the reservation TTL; once settled, only
-    for ``settled_ns`` after its Complete (and never past the TTL), so the
-    memory of a busy plane follows its settlement rate x that window."""
+    This class converts: a ``Record`` tuple to a row (lane, pool and model
+    interned by ``Names``, the multiplier as its float bits) and back, and a
+    ``Key`` (tenant_id, request_id) to the table's key. The table key's
+    first part, ``tkey``, separates tenants exactly: a small integer per
+    tenant id that has ever been resolved to a tenant (``tkey_for``), never
+    reused; -1 for ids that never were (their records are refusals with no
+    retry_after, never replayed; such a refusal recorded before its tenant
+    was configured is not found afterwards, so a Complete for it answers
+    NOT_FOUND instead of FAILED_PRECONDITION).
+
+    An admission is remembered until the reservation TTL; once settled,
+    only for ``settled_ns`` after its Complete (and never past the TTL), so
+    the memory of a busy plane follows its settlement rate x that window."""
 
     def __init__(self, ttl_ns: int, replay_ns: int, settled_ns: int | None = None) -> None:
-        self.records: dict[Key, Record] = {}
-        # Entries are tuples of strings and ints, never lists: CPython stops
-        # tracking such tuples in the GC, lists it tracks forever.
-        self._admitted: deque[tuple[int, tuple[Key, ...]]] = deque()
-        self._rejected: deque[tuple[int, tuple[Key, ...]]] = deque()
-        self._settled: deque[tuple[int, Key, int]] = deque()  # (settled at, key, decided at)
-        self._ttl_ns = ttl_ns
-        self._replay_ns = replay_ns
-        self._settled_ns = ttl_ns if settled_ns is None else min(settled_ns, ttl_ns)
-        self.open_count = 0
-        self._admitted_keys = 0  # keys in the admitted FIFO, settled ones included
+        self.table = RequestTable(ttl_ns, replay_ns, ttl_ns if settled_ns is None else settled_ns)
+        self.names = Names()
+        self._tkeys: dict[str, int] = {}
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.table)
+
+    @property
+    def open_count(self) -> int:
+        return self.table.open_count
+
+    @property
+    def remembers_rejections(self) -> bool:
+        return self.table.remembers_rejections
+
+    def tkey_for(self, tenant_id: str, resolved: bool) -> int:
+        """The table key of ``tenant_id``; ``resolved``: it names (or maps to)
+        a tenant now, so it gets its own key if it has none yet."""
+        got = self._tkeys.get(tenant_id)
+        if got is None:
+            if not resolved:
+                return -1
+            got = self._tkeys[tenant_id] = len(self._tkeys)
+        return got
 
     def prepare_gc_freeze(self) -> None:
-        """Make the records dict tracked by the garbage collector now, so
-        that a ``gc.freeze()`` right after moves it out of the collector's
-        sight for good. An empty dict is untracked; it becomes tracked with
-        its first tuple key, lands in the young generation and is promoted,
-        and then every full collection walks all of its entries (~110 ms
-        with a million remembered ids). A frozen dict is never walked, and
-        stays frozen whatever it holds later."""
-        records = self.records
-        records[_TRACKER] = ([],)  # a tracked value (a tuple holding a list) tracks the dict
-        del records[_TRACKER]  # deleting does not untrack it
+        """Nothing per request is GC-tracked (the rows are integers, in C
+        memory in the compiled build); the interning dicts are made tracked
+        now so that a ``gc.freeze()`` right after moves them out of the
+        collector's sight for good (an empty dict is untracked and would
+        escape the freeze)."""
+        tracked: list[dict[Any, Any]] = [self._tkeys, self.names.ids]
+        for d in tracked:
+            d[_TRACKER] = []  # a tracked value tracks the dict
+            del d[_TRACKER]  # deleting does not untrack it
+        hook = getattr(self.table, "prepare_gc_freeze", None)
+        if hook is not None:
+            hook()
+
+    # ------------------------------------------------------------ conversions
+
+    def row(self, rec: Record) -> tuple[int, ...]:
+        names = self.names
+        return (
+            *rec[:LANE], names.id(rec[LANE]), *rec[SLOT:POOL], names.id(rec[POOL]),
+            names.id(rec[MODEL]), float_bits(rec[MULTIPLIER]), *rec[WINDOW:],
+        )  # fmt: skip
+
+    def record(self, row: tuple[int, ...]) -> Record:
+        names = self.names.names
+        return (
+            *row[:LANE], names[row[LANE]], *row[SLOT:POOL], names[row[POOL]],
+            names[row[MODEL]], bits_float(row[MULTIPLIER]), *row[WINDOW:],
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ access
+
+    def get(self, key: Key) -> Record | None:
+        row = self.table.get(self._tkeys.get(key[0], -1), key[0], key[1])
+        return None if row is None else self.record(row)
+
+    def __contains__(self, key: Key) -> bool:
+        return self.table.get(self._tkeys.get(key[0], -1), key[0], key[1]) is not None
 
     def replay(self, key: Key, now: int) -> Record | None:
         """The earlier decision for ``key`` if it still stands. A refusal
         stands until its retry_after has passed; then the request is decided
         anew (a client backing off with the same id is not refused forever)."""
-        rec = self.records.get(key)
-        if rec is not None and rec[STATE] == REJECTED and now >= rec[DECIDED_NS] + rec[RETRY_NS]:
-            del self.records[key]
-            return None
-        return rec
+        row = self.table.replay(self._tkeys.get(key[0], -1), key[0], key[1], now)
+        return None if row is None else self.record(row)
 
-    def replay_many(self, keys: list[Key], now: int) -> dict[int, Record]:
-        """``replay`` for a batch: index -> earlier decision, for the keys
-        whose decision still stands."""
-        records = self.records
-        out: dict[int, Record] = {}
-        for i, key in enumerate(keys):
-            if key in records:
-                prior = self.replay(key, now)
-                if prior is not None:
-                    out[i] = prior
-        return out
-
-    @property
-    def remembers_rejections(self) -> bool:
-        return self._replay_ns > 0
+    def replay_rows(
+        self,
+        tkeys: npt.NDArray[np.int64],
+        tenant_ids: list[str],
+        request_ids: list[str],
+        now: int,
+    ) -> dict[int, tuple[int, ...]]:
+        """``replay`` for a batch, as rows: index -> earlier decision."""
+        return self.table.replay_many(tkeys, tenant_ids, request_ids, now)
 
     def add_admitted(self, key: Key, rec: Record) -> None:
-        self.records[key] = rec
-        self._admitted.append((rec[DECIDED_NS], (key,)))
-        self.open_count += 1
-        self._admitted_keys += 1
+        self.table.add(self.tkey_for(key[0], True), key[0], key[1], self.row(rec))
 
     def add_rejected(self, key: Key, rec: Record) -> None:
-        if self._replay_ns > 0:
-            self.records[key] = rec
-            self._rejected.append((rec[DECIDED_NS], (key,)))
+        if self.table.remembers_rejections:
+            tkey = self.tkey_for(key[0], rec[SLOT] >= 0)
+            self.table.add(tkey, key[0], key[1], self.row(rec))
 
-    def add_batch(
+    def add_rows(
         self,
-        now: int,
-        admitted_keys: list[Key],
-        admitted_recs: list[Record],
-        rejected_keys: list[Key],
-        rejected_recs: list[Record],
+        tkeys: npt.NDArray[np.int64],
+        tenant_ids: list[str],
+        request_ids: list[str],
+        rows: npt.NDArray[np.int64],
+        fresh: npt.NDArray[np.int8] | None,
     ) -> None:
-        """Store a batch's records, all decided at ``now``, with one expiry
-        entry per kind for the whole batch."""
-        if admitted_keys:
-            self.records.update(zip(admitted_keys, admitted_recs, strict=True))
-            self._admitted.append((now, tuple(admitted_keys)))
-            self.open_count += len(admitted_keys)
-            self._admitted_keys += len(admitted_keys)
-        if rejected_keys and self._replay_ns > 0:
-            self.records.update(zip(rejected_keys, rejected_recs, strict=True))
-            self._rejected.append((now, tuple(rejected_keys)))
-
-    def get(self, key: Key) -> Record | None:
-        return self.records.get(key)
-
-    def __contains__(self, key: Key) -> bool:
-        return key in self.records
+        """Store a batch's fresh decisions (``rows[i]`` where ``fresh[i]``)."""
+        self.table.add_batch(tkeys, tenant_ids, request_ids, rows, fresh)
 
     def settle(self, key: Key, rec: Record, actual: int, refunded: int, now: int) -> Record:
-        done = settled(rec, actual, refunded)
-        self.records[key] = done
-        self.open_count -= 1
-        if self._settled_ns < self._ttl_ns:  # else the TTL's FIFO forgets it
-            self._settled.append((now, key, rec[DECIDED_NS]))
-        return done
+        """``rec`` (open) settled with its real usage and refund."""
+        row = self.table.settle(self._tkeys.get(key[0], -1), key[0], key[1], actual, refunded, now)
+        return self.record(row)
 
     def drop_open(self, key: Key) -> Record | None:
         """Forget an admitted, unsettled record (its caller went away before
         learning of it); returns it so the caller can release the slot."""
-        rec = self.records.get(key)
-        if rec is None or rec[STATE] != OPEN:
-            return None
-        del self.records[key]
-        self.open_count -= 1
-        return rec
-
-    def _compact_admitted(self) -> None:
-        """Drop the admitted FIFO's entries for keys no longer open under that
-        decision (settled, forgotten, re-decided): otherwise a settled id's
-        key would stay referenced until the TTL although its record left
-        after the settled-id window. Runs when at least half the FIFO is
-        dead, so its O(n) cost is amortised over the settlements that made
-        it so."""
-        records = self.records
-        kept: deque[tuple[int, tuple[Key, ...]]] = deque()
-        count = 0
-        for decided, keys in self._admitted:
-            live = tuple(
-                k for k in keys
-                if (r := records.get(k)) is not None and r[STATE] == OPEN
-                and r[DECIDED_NS] == decided
-            )  # fmt: skip
-            if live:
-                kept.append((decided, live))
-                count += len(live)
-        # in place: the deque itself may be frozen out of the collector's
-        # sight (prepare_gc_freeze); a new one would not be
-        self._admitted.clear()
-        self._admitted.extend(kept)
-        self._admitted_keys = count
+        row = self.table.drop_open(self._tkeys.get(key[0], -1), key[0], key[1])
+        return None if row is None else self.record(row)
 
     def expire(self, now: int) -> list[Record]:
         """Forget records past their window; return the admitted ones whose
         reservation was still open (the caller gives their slot back)."""
-        released: list[Record] = []
-        records = self.records
-        fifo = self._admitted
-        horizon = now - self._ttl_ns
-        while fifo and fifo[0][0] <= horizon:
-            decided, keys = fifo.popleft()
-            self._admitted_keys -= len(keys)
-            for key in keys:
-                rec = records.get(key)
-                # The key may since have been re-decided: only drop this decision.
-                if rec is not None and rec[DECIDED_NS] == decided and rec[STATE] != REJECTED:
-                    del records[key]
-                    if rec[STATE] == OPEN:
-                        self.open_count -= 1
-                        released.append(rec)
-        sfifo = self._settled
-        horizon = now - self._settled_ns
-        while sfifo and sfifo[0][0] <= horizon:
-            _, key, decided = sfifo.popleft()
-            rec = records.get(key)
-            if rec is not None and rec[DECIDED_NS] == decided and rec[STATE] == SETTLED:
-                del records[key]
-        # (only with a settled-id window: without one the admitted FIFO is
-        # what forgets settled records at the TTL)
-        if (
-            self._settled_ns < self._ttl_ns
-            and self._admitted_keys > 2 * self.open_count + COMPACT_SLACK
-        ):
-            self._compact_admitted()
-        rfifo = self._rejected
-        horizon = now - self._replay_ns
-        while rfifo and rfifo[0][0] <= horizon:
-            decided, keys = rfifo.popleft()
-            for key in keys:
-                rec = records.get(key)
-                if rec is not None and rec[DECIDED_NS] == decided and rec[STATE] == REJECTED:
-                    del records[key]
-        return released
+        return [self.record(row) for row in self.table.expire(now)]

@@ -9,6 +9,9 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
+import numpy as np
+import numpy.typing as npt
+
 from controlplane.domain import Decision
 from controlplane.domain.units import NS_PER_S
 from controlplane.service import records as R
@@ -43,13 +46,19 @@ class AdmissionStats:
         if rec[R.SHADOW_REASON]:
             self.shadow_counts[rec[R.SHADOW_REASON]] += 1
 
-    def count_reasons(self, reasons: list[int], shadow_reasons: list[int]) -> None:
-        """A batch's fresh decisions at once."""
-        for reason, n in Counter(reasons).items():
-            self.decision_counts[(_ADMIT if reason == _OK else _REJECT, reason)] += n
-        for would in shadow_reasons:
-            if would:
-                self.shadow_counts[would] += 1
+    def count_reason_columns(
+        self, reasons: npt.NDArray[np.int64], shadow_reasons: npt.NDArray[np.int64]
+    ) -> None:
+        """A batch's fresh decisions at once, as columns."""
+        counts = np.bincount(reasons)
+        for reason in np.flatnonzero(counts).tolist():
+            self.decision_counts[(_ADMIT if reason == _OK else _REJECT, reason)] += int(
+                counts[reason]
+            )
+        if shadow_reasons.any():
+            counts = np.bincount(shadow_reasons)
+            for would in np.flatnonzero(counts[1:]).tolist():
+                self.shadow_counts[would + 1] += int(counts[would + 1])
 
     def observe_wait(self, lane: str, wait_ns: int) -> None:
         counts = self.queue_wait_buckets.get(lane)
