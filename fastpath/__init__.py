@@ -1,13 +1,14 @@
-"""burstgate's hot path: token buckets, quotas and concurrency; backpressure and fair queueing.
+"""burstgate's hot path: token buckets, quotas and concurrency; backpressure and fair queueing;
+the request table.
 
-Two modules, each in two builds with identical behaviour: the token-bucket table
-(compiled ``fastpath._buckets_c``, reference ``fastpath._buckets_py``) and the scheduling
-primitives (compiled ``fastpath._sched_c``, reference ``fastpath._sched_py``).  The
-compiled builds are the default.  ``BURSTGATE_FASTPATH=python`` selects both references
-on purpose; otherwise both compiled modules must import, and there is no silent
-fallback (not even for one of the two), so a missing build fails loudly.
-``IMPLEMENTATION`` says which builds are live, for both modules at once (the service
-reports it).
+Three modules, each in two builds with identical behaviour: the token-bucket table
+(compiled ``fastpath._buckets_c``, reference ``fastpath._buckets_py``), the scheduling
+primitives (compiled ``fastpath._sched_c``, reference ``fastpath._sched_py``) and the
+request table (compiled ``fastpath._reqlog_c``, reference ``fastpath._reqlog_py``).  The
+compiled builds are the default.  ``BURSTGATE_FASTPATH=python`` selects all the references
+on purpose; otherwise every compiled module must import, and there is no silent fallback
+(not even for one of them), so a missing build fails loudly.  ``IMPLEMENTATION`` says
+which builds are live, for all the modules at once (the service reports it).
 
 The fastpath is pure: callers pass the time (``now_ns``) in; nothing here reads a clock,
 logs or does I/O.
@@ -29,6 +30,7 @@ __all__ = [
     "FairQueueSnapshot",
     "FlowState",
     "Reason",
+    "RequestTable",
     "TokenBucketTable",
     "backpressure_retry_ns",
     "backpressure_score_ppm",
@@ -48,6 +50,7 @@ IMPLEMENTATION: Literal["cython", "python"]
 # Type checkers always see the references, whose signatures the compiled stubs mirror.
 if TYPE_CHECKING or _choice == "python":
     from fastpath._buckets_py import TokenBucketTable
+    from fastpath._reqlog_py import RequestTable
     from fastpath._sched_py import (
         FairQueue,
         backpressure_retry_ns,
@@ -59,6 +62,7 @@ if TYPE_CHECKING or _choice == "python":
 else:
     try:
         from fastpath._buckets_c import TokenBucketTable
+        from fastpath._reqlog_c import RequestTable
         from fastpath._sched_c import (
             FairQueue,
             backpressure_retry_ns,
@@ -66,8 +70,9 @@ else:
             shed_threshold_ppm,
         )
     except ImportError as exc:
+        missing = exc.name or "fastpath._buckets_c/_sched_c/_reqlog_c"
         raise ImportError(
-            f"burstgate's compiled fastpath ({exc.name or 'fastpath._buckets_c/_sched_c'}) "
+            f"burstgate's compiled fastpath ({missing}) "
             f"is not built or failed to load: {exc}. Build it with `pip install -e .` (needs "
             f"Cython and a C compiler), or set {ENV_VAR}=python to run the slower pure-Python "
             f"reference on purpose."

@@ -1,6 +1,7 @@
-"""Integer arguments of the pure-Python references (``_buckets_py``, ``_sched_py``).
+"""Integer arguments of the pure-Python references (``_buckets_py``, ``_sched_py``,
+``_reqlog_py``).
 
-Both convert each argument as their compiled twins do, with ``operator.index``
+They convert each argument as their compiled twins do, with ``operator.index``
 (``TypeError`` for floats and other non-integers) and then the int64 range
 (``OverflowError`` outside it), and validate it with a ``ValueError`` that names it.
 """

@@ -25,16 +25,27 @@ it was made for, so a key re-decided since is left alone.
   not, and once settled only until ``settled_at + settled_window`` as well;
 * a refusal (``REJECTED``) is kept until ``decided + replay_window`` (not at all with
   a window of 0), and ``replay`` stops answering it once its ``retry_after`` passed.
+
+Arguments are checked as the compiled build checks them (the ``fastpath._ints``
+convention): integers with ``operator.index`` and the int64 range (``TypeError``,
+``OverflowError``), ids must be ``str`` and id columns lists (or tuples) of ``str``
+(``TypeError``), ``tkeys`` a 1-D int64 buffer, ``rows`` a C-contiguous 2-D int64 buffer
+and ``fresh`` a 1-D buffer of 1-byte items (``int8``, ``uint8`` or ``bool``), each
+error naming its argument.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import deque
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from fastpath._ints import i64
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+    from typing_extensions import Buffer
 
 __all__ = ["NF", "OPEN", "REJECTED", "SETTLED", "RequestTable"]
 
@@ -59,18 +70,59 @@ Row = tuple[int, ...]
 _Key = tuple[int, str, str]
 
 
-def _check_row(row: Row) -> Row:
+# Buffer formats of a native signed 64-bit integer (numpy int64 shows as "l") and of the
+# 1-byte items ``fresh`` may hold: the native ones, which memoryview.tolist reads.
+_I64_FORMATS: Final = frozenset({"q", "@q", "l", "@l"})
+_BYTE_FORMATS: Final = frozenset({"b", "@b", "B", "@B", "?", "@?"})
+
+
+def _check_row(row: Row, name: str = "row") -> Row:
     if len(row) != NF:
-        raise ValueError(f"row: expected {NF} columns, got {len(row)}")
-    if row[STATE] not in (OPEN, REJECTED):
-        raise ValueError(f"row: state must be OPEN or REJECTED, got {row[STATE]}")
-    return tuple(int(x) for x in row)
+        raise ValueError(f"{name}: expected {NF} columns, got {len(row)}")
+    checked = tuple(i64(x) for x in row)
+    if checked[STATE] not in (OPEN, REJECTED):
+        raise ValueError(f"{name}: state must be OPEN or REJECTED, got {checked[STATE]}")
+    return checked
+
+
+def _check_id(name: str, value: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _key(tkey: int, tenant_id: str, request_id: str) -> _Key:
+    return (i64(tkey), _check_id("tenant_id", tenant_id), _check_id("request_id", request_id))
+
+
+def _check_ids(name: str, ids: list[str]) -> list[str]:
+    if not isinstance(ids, list | tuple):
+        raise TypeError(f"{name} must be a list of str, got {type(ids).__name__}")
+    return ids
+
+
+def _view(obj: Any, name: str, ndim: int, int64: bool) -> memoryview:
+    """``obj`` as a buffer of ``ndim`` dimensions of int64 items, or of 1-byte items."""
+    what = "int64" if int64 else "1-byte"
+    try:
+        view = memoryview(cast("Buffer", obj))  # ndarray is a Buffer at runtime
+    except TypeError as exc:
+        raise TypeError(f"{name} must be a {ndim}-D {what} buffer (numpy array)") from exc
+    if view.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got {view.ndim} dimensions")
+    if view.suboffsets:
+        raise ValueError(f"{name} must not be an indirect buffer")
+    formats, itemsize = (_I64_FORMATS, 8) if int64 else (_BYTE_FORMATS, 1)
+    if view.format not in formats or view.itemsize != itemsize:
+        raise ValueError(f"{name} must hold {what} items, got format {view.format!r}")
+    return view
 
 
 class RequestTable:
     """Rows by (tkey, tenant id, request id), with exact FIFO expiry (module doc)."""
 
     def __init__(self, ttl_ns: int, replay_ns: int, settled_ns: int) -> None:
+        ttl_ns, replay_ns, settled_ns = i64(ttl_ns), i64(replay_ns), i64(settled_ns)
         if ttl_ns <= 0:
             raise ValueError(f"ttl_ns must be positive, got {ttl_ns}")
         if replay_ns < 0 or settled_ns < 0:
@@ -98,13 +150,16 @@ class RequestTable:
         return self._replay_ns > 0
 
     def get(self, tkey: int, tenant_id: str, request_id: str) -> Row | None:
-        got = self._rows.get((tkey, tenant_id, request_id))
+        got = self._rows.get(_key(tkey, tenant_id, request_id))
         return None if got is None else got[1]
 
     def replay(self, tkey: int, tenant_id: str, request_id: str, now: int) -> Row | None:
         """The earlier decision if it still stands. A refusal stands until its
         retry_after has passed; then it is forgotten (decided anew)."""
-        key = (tkey, tenant_id, request_id)
+        key = _key(tkey, tenant_id, request_id)
+        return self._replay(key, i64(now))
+
+    def _replay(self, key: _Key, now: int) -> Row | None:
         got = self._rows.get(key)
         if got is None:
             return None
@@ -123,14 +178,24 @@ class RequestTable:
     ) -> dict[int, Row]:
         """``replay`` for a batch: index -> earlier decision, for the entries
         whose decision still stands."""
+        now = i64(now)
+        v_tkeys = _view(tkeys, "tkeys", 1, True)
+        _check_ids("tenant_ids", tenant_ids)
+        _check_ids("request_ids", request_ids)
         n = len(request_ids)
-        if len(tkeys) != n or len(tenant_ids) != n:
+        if len(v_tkeys) != n or len(tenant_ids) != n:
             raise ValueError("tkeys, tenant_ids and request_ids must have the same length")
         out: dict[int, Row] = {}
         if not self._rows:
             return out
+        keys = v_tkeys.tolist()
         for i in range(n):
-            row = self.replay(int(tkeys[i]), tenant_ids[i], request_ids[i], now)
+            key = (
+                keys[i],
+                _check_id(f"tenant_ids[{i}]", tenant_ids[i]),
+                _check_id(f"request_ids[{i}]", request_ids[i]),
+            )
+            row = self._replay(key, now)
             if row is not None:
                 out[i] = row
         return out
@@ -138,8 +203,8 @@ class RequestTable:
     def add(self, tkey: int, tenant_id: str, request_id: str, row: Row) -> None:
         """Store a fresh decision (replacing any row of the key). A refusal is
         kept only with a replay window."""
-        row = _check_row(row)
-        self._store((tkey, tenant_id, request_id), row)
+        key = _key(tkey, tenant_id, request_id)
+        self._store(key, _check_row(row))
 
     def _store(self, key: _Key, row: Row) -> None:
         if row[STATE] == REJECTED:
@@ -166,31 +231,45 @@ class RequestTable:
     ) -> None:
         """``add`` for row ``i`` of the (n, NF) array ``rows``, in order, for
         every ``i`` with ``fresh[i]`` (all when ``fresh`` is None)."""
+        v_tkeys = _view(tkeys, "tkeys", 1, True)
+        _check_ids("tenant_ids", tenant_ids)
+        _check_ids("request_ids", request_ids)
+        v_rows = _view(rows, "rows", 2, True)
+        if not v_rows.c_contiguous:
+            raise ValueError("rows must be C-contiguous")
+        v_fresh = None if fresh is None else _view(fresh, "fresh", 1, False)
         n = len(request_ids)
-        if len(tkeys) != n or len(tenant_ids) != n or rows.shape != (n, NF):
+        if len(v_tkeys) != n or len(tenant_ids) != n or v_rows.shape != (n, NF):
             raise ValueError(f"rows must be ({n}, {NF}) and every column of length {n}")
-        if fresh is not None and len(fresh) != n:
+        if v_fresh is not None and len(v_fresh) != n:
             raise ValueError(f"fresh must have {n} entries")
+        keys = v_tkeys.tolist()
+        mask = None if v_fresh is None else v_fresh.tolist()
+        table = cast("list[list[int]]", v_rows.tolist())  # 2-D: a list of rows
         for i in range(n):
-            if fresh is None or fresh[i]:
-                self._store(
-                    (int(tkeys[i]), tenant_ids[i], request_ids[i]), _check_row(tuple(rows[i]))
+            if mask is None or mask[i]:
+                key = (
+                    keys[i],
+                    _check_id(f"tenant_ids[{i}]", tenant_ids[i]),
+                    _check_id(f"request_ids[{i}]", request_ids[i]),
                 )
+                self._store(key, _check_row(tuple(table[i]), f"rows[{i}]"))
 
     def settle(
         self, tkey: int, tenant_id: str, request_id: str, actual: int, refunded: int, now: int
     ) -> Row:
         """Mark an open row settled with its real usage and refund; it is then
         remembered for the settled-id window (and never past the TTL)."""
-        key = (tkey, tenant_id, request_id)
+        key = _key(tkey, tenant_id, request_id)
+        actual, refunded, now = i64(actual), i64(refunded), i64(now)
         got = self._rows.get(key)
         if got is None or got[1][STATE] != OPEN:
             raise KeyError(f"no open reservation for {key!r}")
         version, row = got
         done = list(row)
         done[STATE] = SETTLED
-        done[ACTUAL] = int(actual)
-        done[REFUNDED] = int(refunded)
+        done[ACTUAL] = actual
+        done[REFUNDED] = refunded
         settled_row = tuple(done)
         self._rows[key] = (version, settled_row)
         self._open -= 1
@@ -201,7 +280,7 @@ class RequestTable:
     def drop_open(self, tkey: int, tenant_id: str, request_id: str) -> Row | None:
         """Forget an open row (its caller never learned of it); None if the
         key has no open row."""
-        key = (tkey, tenant_id, request_id)
+        key = _key(tkey, tenant_id, request_id)
         got = self._rows.get(key)
         if got is None or got[1][STATE] != OPEN:
             return None
@@ -212,6 +291,7 @@ class RequestTable:
     def expire(self, now: int) -> list[Row]:
         """Forget rows past their window; return the open ones among them
         (their reservations end without a Complete), in expiry order."""
+        now = i64(now)
         released: list[Row] = []
         rows = self._rows
         horizon = now - self._ttl_ns
@@ -253,10 +333,26 @@ class RequestTable:
         self._admitted = deque(live)
 
     def footprint(self) -> dict[str, int]:
-        """Sizes of the internal indexes (tests and benchmarks check for leaks)."""
+        """Sizes of the internal indexes (tests and benchmarks check for leaks).
+
+        ``bytes`` is an estimate, O(n) to compute: the ``sys.getsizeof`` sum of the dict,
+        the deques, every key, (version, row) pair and row tuple, every FIFO entry tuple,
+        the versions, the request id strings and the row integers outside CPython's
+        small-int cache. It leaves out the tenant id strings (shared) and the allocator's
+        own overhead."""
+        rows = self._rows
+        size = sys.getsizeof
+        total = size(rows) + sum(map(size, (self._admitted, self._settled, self._rejected)))
+        pair = size((0, ())) + size(2**40)  # a (version, row) pair and its version
+        for key, (_, row) in rows.items():
+            total += size(key) + size(key[2]) + pair + size(row)
+            total += sum(size(x) for x in row if not -5 <= x <= 256)
+        entry = size((0, (), 0))  # (time, key, version): the three are shared with the rows
+        total += entry * (len(self._admitted) + len(self._settled) + len(self._rejected))
         return {
-            "rows": len(self._rows),
+            "rows": len(rows),
             "admitted_fifo": len(self._admitted),
             "settled_fifo": len(self._settled),
             "rejected_fifo": len(self._rejected),
+            "bytes": total,
         }

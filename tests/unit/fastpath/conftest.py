@@ -1,8 +1,8 @@
 """Fixtures that run every fastpath test against both builds.
 
-``impl`` (token buckets) and ``sched`` (scheduling primitives) are parametrised over the
-pure-Python reference and the compiled module, imported directly (not through the
-``fastpath`` selector).  The compiled modules must be importable unless
+``impl`` (token buckets), ``sched`` (scheduling primitives) and ``reqlog`` (the request
+table) are parametrised over the pure-Python reference and the compiled module, imported
+directly (not through the ``fastpath`` selector).  The compiled modules must be importable unless
 ``BURSTGATE_FASTPATH=python`` is set, in which case their half of the tests is skipped
 (a pure-Python CI job); anywhere else a missing build is a failure.
 """
@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from fastpath import _buckets_py, _sched_py
+from fastpath import _buckets_py, _reqlog_py, _sched_py
 
 
 def compiled(name: str) -> ModuleType:
@@ -54,3 +54,17 @@ def sched(request: pytest.FixtureRequest) -> ModuleType:
 def sched_both() -> tuple[ModuleType, ModuleType]:
     """(reference, compiled) scheduling modules, for differential tests."""
     return _sched_py, compiled("_sched_c")
+
+
+@pytest.fixture(params=["python", "cython"])
+def reqlog(request: pytest.FixtureRequest) -> ModuleType:
+    """The module under test: ``fastpath._reqlog_py`` or ``fastpath._reqlog_c``."""
+    if request.param == "python":
+        return _reqlog_py
+    return compiled("_reqlog_c")
+
+
+@pytest.fixture
+def reqlog_both() -> tuple[ModuleType, ModuleType]:
+    """(reference, compiled) request-table modules, for differential tests."""
+    return _reqlog_py, compiled("_reqlog_c")

@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 
 import fastpath
-from fastpath import _buckets_py, _sched_py
+from fastpath import _buckets_py, _reqlog_py, _sched_py
 
 INIT = Path(fastpath.__file__)
 # What the selector exports from each pair of builds: (module suffix, names).
@@ -20,6 +20,7 @@ SELECTED = (
     ("_buckets", ("TokenBucketTable",)),
     ("_sched", ("FairQueue", "backpressure_score_ppm", "backpressure_retry_ns",
                 "shed_threshold_ppm")),
+    ("_reqlog", ("RequestTable",)),
 )  # fmt: skip
 
 
@@ -60,6 +61,7 @@ def test_env_python_selects_the_reference(monkeypatch: pytest.MonkeyPatch) -> No
     _assert_selected(module, "_py")
     assert module.TokenBucketTable is _buckets_py.TokenBucketTable
     assert module.FairQueue is _sched_py.FairQueue
+    assert module.RequestTable is _reqlog_py.RequestTable
 
 
 @pytest.mark.parametrize("env", [None, "", "cython"])
@@ -67,6 +69,7 @@ def test_default_selects_the_compiled_modules(
     monkeypatch: pytest.MonkeyPatch,
     both: tuple[ModuleType, ModuleType],
     sched_both: tuple[ModuleType, ModuleType],
+    reqlog_both: tuple[ModuleType, ModuleType],
     env: str | None,
 ) -> None:
     module = _load_selector(monkeypatch, env)
@@ -74,9 +77,12 @@ def test_default_selects_the_compiled_modules(
     _assert_selected(module, "_c")
     assert module.TokenBucketTable is both[1].TokenBucketTable
     assert module.FairQueue is sched_both[1].FairQueue
+    assert module.RequestTable is reqlog_both[1].RequestTable
 
 
-@pytest.mark.parametrize("missing", ["fastpath._buckets_c", "fastpath._sched_c"])
+@pytest.mark.parametrize(
+    "missing", ["fastpath._buckets_c", "fastpath._sched_c", "fastpath._reqlog_c"]
+)
 def test_missing_build_is_a_loud_import_error(
     monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
@@ -91,6 +97,7 @@ def test_missing_build_is_a_loud_import_error(
 def test_env_python_needs_no_compiled_module(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fastpath._buckets_c", None)
     monkeypatch.setitem(sys.modules, "fastpath._sched_c", None)
+    monkeypatch.setitem(sys.modules, "fastpath._reqlog_c", None)
     assert _load_selector(monkeypatch, "python").IMPLEMENTATION == "python"
 
 

@@ -1,7 +1,7 @@
 """The hand-written stubs of the compiled modules (fastpath/_buckets_c.pyi,
-fastpath/_sched_c.pyi) against the modules themselves, with mypy's stubtest:
-a name, parameter, default or class trait that differs fails here. (Type
-checkers only ever read the stubs; nothing else compares them with the build.)
+fastpath/_sched_c.pyi, fastpath/_reqlog_c.pyi) against the modules themselves, with
+mypy's stubtest: a name, parameter, default or class trait that differs fails here.
+(Type checkers only ever read the stubs; nothing else compares them with the build.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from .conftest import compiled
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-MODULES = ("fastpath._buckets_c", "fastpath._sched_c")
+MODULES = ("fastpath._buckets_c", "fastpath._sched_c", "fastpath._reqlog_c")
 
 
 def test_compiled_stubs_match_the_compiled_modules() -> None:
