@@ -15,7 +15,10 @@ Processes (all spawned, all on 127.0.0.1):
   (grpc.aio on uvloop, health, reflection, expiry and config-poll tasks) over
   a temporary SQLite database migrated with ``controlplane.store.db.upgrade``
   and holding four tenants (three generous ones, one tight one that gets one
-  row in ten and refuses it almost always), with the pool gate off unless
+  AdmitStream row in ten and refuses it almost always; unary Admits go to
+  the generous ones only, the hot-path issue's "non-waiting tenants": a
+  refused unary call of the tight one would wait server-side by design),
+  with the pool gate off unless
   ``--pool-gate`` (see ``prepare_db``).
 * "empty": ``controlplane.server.create_server`` with the servicer swapped
   for ``_grpc_empty.EmptyAdmissionServicer`` (same messages, pre-built
@@ -258,6 +261,7 @@ def run_one(
             warmup_s=plan.unary_warmup_s,
             id_prefix=prefix,
             extra_pids=extra,
+            tenants=GENEROUS_TENANTS,
         )
         timeout = plan.unary_seconds + plan.unary_warmup_s + 60
     result = loadgen.run(params, timeout)
@@ -372,6 +376,7 @@ def profile_ours(
         seconds=min(3.0, plan.unary_seconds),
         warmup_s=0.2,
         id_prefix="pu2000-",
+        tenants=GENEROUS_TENANTS,
     )
     for label, params in (
         ("AdmitStream, batch 100", stream),

@@ -324,7 +324,9 @@ class AdmissionService:
         )  # fmt: skip
         self._tenants.check_pool(pool)
         return self._decider.decide_batch(
-            list(tenant_ids), list(request_ids), lane_of, prompt_tokens, max_tokens, model,
+            tenant_ids if isinstance(tenant_ids, list) else list(tenant_ids),
+            request_ids if isinstance(request_ids, list) else list(request_ids),
+            lane_of, prompt_tokens, max_tokens, model,
             pool, self.clock(), self._log, self.stats,
         )  # fmt: skip
 

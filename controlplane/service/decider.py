@@ -43,14 +43,24 @@ from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
 
 _OK = int(Reason.OK)
+_ADMIT = int(Decision.ADMIT)
+_REJECT = int(Decision.REJECT)
 _BACKPRESSURE = int(Reason.BACKPRESSURE)
 # reason -> whether retrying may cure it (answers' ``retryable`` column)
 _RETRYABLE = np.array([r != _OK and r not in NOT_RETRYABLE for r in range(max(Reason) + 1)])
 _CONCURRENCY = int(Reason.CONCURRENCY)
+# reason -> the answer's decision enum
+_DECISION = np.array([_ADMIT if r == _OK else _REJECT for r in range(max(Reason) + 1)])
+# The answer's integer columns, in the order _columns unpacks them.
+_ANSWER_COLS = [
+    R.REASON, R.RETRY_NS, R.RESERVED, R.RID, R.GRANTED, R.BUCKET, R.HOUR, R.DAY, R.SHADOW_REASON,
+]  # fmt: skip
+# Per-tenant matrix columns (decide_batch).
+_T_TKEY, _T_SLOT, _T_EARLY, _T_SHADOW, _T_LONG = range(5)
+# Per-pair matrix columns: the verdict and the lane's facts.
+_P_REASON, _P_RETRY, _P_SHED, _P_CAP, _P_POOL, _P_FAIL_OPEN = range(6)
 _ONE_BITS = float_bits(1.0)
 _NEVER = 2**62  # a length no request reaches (unknown tenants are never placed)
-_ADMIT = int(Decision.ADMIT)
-_REJECT = int(Decision.REJECT)
 
 # Refusals that waiting can cure: the tenant's bucket refills, a slot frees,
 # in-flight tokens drain, the pool's load drops. Quotas and sizes cannot.
@@ -222,44 +232,46 @@ class Decider:
         (``TenantDirectory.pool_for``). Repeated keys answer their earlier
         decision.
 
-        Columns throughout: what differs per tenant and per (lane, pool)
-        *pair* is resolved once and spread over the entries as integer
-        columns; every fresh decision is a row of the request table's
-        layout, filled column by column and stored in one call, and the
-        answer's columns are read from the same rows. No Python object is
+        Columns throughout, with as few numpy calls as possible (each costs
+        about a microsecond whatever its length): what differs per tenant
+        is one small matrix, spread over the entries with one index; each
+        (lane, pool) *pair* gets template rows of the request table's layout
+        (admitted, refused after its verdict, refused before any), and an
+        entry's row starts as its template, indexed in one call, before the
+        few per-entry columns are written. The rows are stored in one call
+        and the answer's columns read from them in one. No Python object is
         made per request beyond the answer's lists."""
         n = len(request_ids)
         tenants = self._tenants
         long_default = tenants.policy.long_request_tokens
-        # Per distinct tenant of the batch, resolved once.
+        # Per distinct tenant of the batch, resolved once: a row of _T_*.
         order = list(dict.fromkeys(tenant_ids))
         t_entry = [tenants.resolve(t) for t in order]
-        t_early = [early_reason(e) for e in t_entry]
-        t_shadow = [e is not None and tenants.shadow(e) for e in t_entry]
-        t_slot = [-1 if e is None else e.slot for e in t_entry]
         t_lane = [tenants.lane_for("lane", "", e) for e in t_entry]
-        t_long = [
-            _NEVER if e is None else min(long_default, e.config.long_request_tokens or long_default)
-            for e in t_entry
-        ]  # fmt: skip
+        tmat = np.array(
+            [
+                (
+                    log.tkey_for(t, e is not None), -1, early_reason(e), 0, _NEVER
+                ) if e is None else (
+                    log.tkey_for(t, True), e.slot, early_reason(e), tenants.shadow(e),
+                    min(long_default, e.config.long_request_tokens or long_default),
+                )
+                for t, e in zip(order, t_entry, strict=True)
+            ],
+            dtype=np.int64,
+        )  # fmt: skip
         if len(order) == 1:
             tix_l = [0] * n
         else:
             index = {t: j for j, t in enumerate(order)}
             tix_l = [index[t] for t in tenant_ids]
-        tix = np.array(tix_l, dtype=np.intp)
-        tkeys = np.array(
-            [log.tkey_for(t, e is not None) for t, e in zip(order, t_entry, strict=True)],
-            dtype=np.int64,
-        )[tix]
+        per = tmat[tix_l]  # (n, _T_FIELDS)
+        tkeys = np.ascontiguousarray(per[:, _T_TKEY])
         replayed = log.replay_rows(tkeys, tenant_ids, request_ids, now)
-        fresh = np.ones(n, dtype=np.int8)
-        if replayed:
-            fresh[list(replayed)] = 0
-        is_fresh = fresh.astype(bool)
-        slots = np.array(t_slot, dtype=np.int64)[tix]
-        early = np.array(t_early, dtype=np.int64)[tix]
-        shadow = np.array(t_shadow, dtype=bool)[tix]
+        slots = per[:, _T_SLOT]
+        early = per[:, _T_EARLY]
+        shadow = per[:, _T_SHADOW].astype(bool)
+        any_shadow = bool(tmat[:, _T_SHADOW].any())
         prompt = np.array(prompt_tokens, dtype=np.int64)
         maxt = np.array(max_tokens, dtype=np.int64)
 
@@ -274,7 +286,7 @@ class Decider:
         if len(lanes) <= 1:  # a lane per tenant: pairs per tenant
             given = lanes[0] if lanes else ""
             t_pair = [pair_of(e, given or ln) for e, ln in zip(t_entry, t_lane, strict=True)]
-            pair = np.array(t_pair, dtype=np.intp)[tix]
+            pair = np.array(t_pair, dtype=np.intp)[tix_l]
         else:
             combos: dict[tuple[int, str], int] = {}
             pair_l: list[int] = []
@@ -284,154 +296,175 @@ class Decider:
                     c = combos[j, ln] = pair_of(t_entry[j], ln or t_lane[j])
                 pair_l.append(c)
             pair = np.array(pair_l, dtype=np.intp)
-        long_ones = np.flatnonzero(is_fresh & (prompt + maxt > np.array(t_long)[tix]))
-        if long_ones.size:
+        if (prompt + maxt > per[:, _T_LONG]).any():
             pair_keys = list(pair_ix)
-            for i in long_ones.tolist():
+            for i in np.flatnonzero(prompt + maxt > per[:, _T_LONG]).tolist():
                 entry = t_entry[tix_l[i]]
-                if entry is not None:
+                if entry is not None and i not in replayed:
                     lane = pair_keys[pair[i]][0]
                     placed = tenants.place(entry, lane, prompt_tokens[i], max_tokens[i])
                     if placed != lane:
                         pair[i] = pair_of(entry, placed)
         pair_keys = list(pair_ix)
+        if replayed:
+            fresh = np.ones(n, dtype=np.int8)
+            fresh[list(replayed)] = 0
+            is_fresh = fresh.astype(bool)
+            pairs_seen = pair[is_fresh]
+        else:
+            is_fresh = np.ones(n, dtype=bool)
+            pairs_seen = pair
         # One verdict per pair of the fresh entries, in batch order (the
         # batch-level answer reports the first).
-        if replayed:
-            fresh_pairs = [pair_keys[k] for k in dict.fromkeys(pair[is_fresh].tolist())]
-            if not fresh_pairs:
-                # only replays: the batch still reports its pool's pressure
-                # now, from the first replay's recorded lane and pool
-                i0 = min(replayed)
-                names_l = log.names.names
-                lane0 = names_l[replayed[i0][R.LANE]]
-                pool0 = names_l[replayed[i0][R.POOL]] or tenants.pool_for(
-                    t_entry[tix_l[i0]], lane0, pool
-                )
-                fresh_pairs = [(lane0, pool0)]
-        else:
-            fresh_pairs = [pair_keys[k] for k in dict.fromkeys(pair.tolist())]
+        fresh_pairs = [pair_keys[k] for k in dict.fromkeys(pairs_seen.tolist())]
+        if not fresh_pairs:
+            # only replays: the batch still reports its pool's pressure now,
+            # from the first replay's recorded lane and pool
+            i0 = min(replayed)
+            names_l = log.names.names
+            lane0 = names_l[replayed[i0][R.LANE]]
+            pool0 = names_l[replayed[i0][R.POOL]] or tenants.pool_for(
+                t_entry[tix_l[i0]], lane0, pool
+            )
+            fresh_pairs = [(lane0, pool0)]
         verdict_of = {
             lp: self._pressure.verdict(lp[0], lp[1], now) for lp in (*pair_keys, *fresh_pairs)
         }
         verdicts = {lp: verdict_of[lp] for lp in fresh_pairs}
-        vlist = [verdict_of[lp] for lp in pair_keys]
-        v_reason = np.array([v.reason for v in vlist], dtype=np.int64)[pair]
-        v_retry = np.array([v.retry_ns for v in vlist], dtype=np.int64)[pair]
-        v_score = np.array([v.score_ppm for v in vlist], dtype=np.int64)[pair]
-        v_fresh = np.array([v.freshness for v in vlist], dtype=np.int64)[pair]
-        v_shed = np.array([int(v.shed) for v in vlist], dtype=np.int64)[pair]
-        v_cap = np.array([v.degraded_cap for v in vlist], dtype=np.int64)[pair]
+        pools = list(dict.fromkeys(p for _, p in pair_keys))
+        batch_pools = list(dict.fromkeys(p for _, p in verdicts))
+        # Prices: quoted once per pool of the batch, not per entry.
+        prices = {p: self.pricing.quote(p, model, now) for p in pools}
+        lane_cfg = tenants.lanes
+        names = log.names
+        model_id = names.id(model)
+        # Per pair: its verdict and lane facts (a row of _P_*), and template
+        # rows for its entries: admitted, refused after the verdict, refused
+        # before it (an unknown or disabled tenant: no pool was asked).
+        pmat_rows = []
+        templates = np.zeros((3 * len(pair_keys), R.FIELDS), dtype=np.int64)
+        for k, (ln, p) in enumerate(pair_keys):
+            v = verdict_of[ln, p]
+            price = prices[p]
+            pmat_rows.append(
+                (
+                    v.reason, v.retry_ns, int(v.shed), v.degraded_cap, pools.index(p),
+                    ln in lane_cfg and lane_cfg[ln].fail_open,
+                )
+            )  # fmt: skip
+            t = templates[3 * k : 3 * k + 3]
+            t[:, R.STATE] = R.REJECTED
+            t[:, R.LANE] = names.id(ln)
+            t[:, R.DECIDED_NS] = now
+            t[:, R.ARRIVED_NS] = now
+            t[:, R.MULTIPLIER] = _ONE_BITS
+            t[:, R.ACTUAL] = -1
+            t[:2, R.SCORE_PPM] = v.score_ppm
+            t[:2, R.FRESHNESS] = v.freshness
+            t[2, R.FRESHNESS] = UNKNOWN
+            t[0, R.STATE] = R.OPEN
+            t[0, R.POOL] = names.id(p)
+            t[0, R.MODEL] = model_id
+            t[0, R.MULTIPLIER] = float_bits(price.multiplier)
+            t[0, R.WINDOW] = price.window_id
+            t[0, R.DEGRADED_CAP] = v.degraded_cap
+        pv = np.array(pmat_rows, dtype=np.int64)[pair]  # (n, _P_FIELDS)
+        v_reason = pv[:, _P_REASON]
+        v_cap = pv[:, _P_CAP]
+        pool_ix = pv[:, _P_POOL]
 
         ok_tenant = is_fresh & (early == _OK)
-        if not ok_tenant.all():  # an early refusal saw no pool: no verdict
-            v_score[~ok_tenant] = 0
-            v_fresh[~ok_tenant] = UNKNOWN
-        maxt = np.where(ok_tenant & (v_cap > 0) & (maxt > v_cap), v_cap, maxt)
-        pressed = ok_tenant & (v_reason != _OK) & ~shadow
-        to_fast = ok_tenant & ~pressed
-        gate_refused = np.zeros(n, dtype=bool)
-        gate_retry = np.zeros(n, dtype=np.int64)
-        pools = list(dict.fromkeys(p for _, p in pair_keys))
-        pair_pool = np.array([pools.index(p) for _, p in pair_keys], dtype=np.intp)
-        pool_ix = pair_pool[pair]
-        batch_pools = list(dict.fromkeys(p for _, p in verdicts))
+        if v_cap.any():
+            maxt = np.where(ok_tenant & (v_cap > 0) & (maxt > v_cap), v_cap, maxt)
+        pressed = ok_tenant & (v_reason != _OK)
+        if any_shadow:
+            pressed &= ~shadow
+        any_pressed = bool(pressed.any())
+        to_fast = ok_tenant & ~pressed if any_pressed else ok_tenant.copy()
+        gate_refused: npt.NDArray[np.bool_] | None = None
+        gate_retry = np.zeros(0, dtype=np.int64)
         if self._gate.enabled:
             # A batch never waits: what a pool has no room for is refused,
             # fail-open lanes (premium) served first, then the rest in batch
             # order. Each pool's share is planned for every entry sent to the
             # fast path (one it then refuses took none: a small overestimate).
-            gated = np.flatnonzero(to_fast & ~shadow)
+            gated = np.flatnonzero(to_fast & ~shadow if any_shadow else to_fast)
             if gated.size:
-                lane_cfg = tenants.lanes
-                # (an unknown tenant's fallback lane may not be configured)
-                pair_fo = np.array(
-                    [ln in lane_cfg and lane_cfg[ln].fail_open for ln, _ in pair_keys], dtype=bool
-                )[pair[gated]]
-                if pair_fo.any() and not pair_fo.all():  # a mix: those first
-                    gated = gated[np.argsort(~pair_fo, kind="stable")]
+                fail_open = pv[gated, _P_FAIL_OPEN]
+                if fail_open.any() and not fail_open.all():  # a mix: those first
+                    gated = gated[np.argsort(1 - fail_open, kind="stable")]
                 for k in dict.fromkeys(pool_ix[gated].tolist()):
                     mine = gated if len(pools) == 1 else gated[pool_ix[gated] == k]
                     fits = self._gate.plan(pools[k], now, prompt[mine].tolist())
                     if not all(fits):
                         refused = mine[~np.array(fits, dtype=bool)]
+                        if gate_refused is None:
+                            gate_refused = np.zeros(n, dtype=bool)
+                            gate_retry = np.zeros(n, dtype=np.int64)
                         gate_refused[refused] = True
                         gate_retry[refused] = self._gate.retry_ns(pools[k], now)
-                to_fast &= ~gate_refused
-        out_reason = np.zeros(n, dtype=np.int64)
-        out_reserved = np.zeros(n, dtype=np.int64)
-        out_retry = np.zeros(n, dtype=np.int64)
-        out_bucket = np.zeros(n, dtype=np.int64)
-        out_hour = np.full(n, -1, dtype=np.int64)
-        out_day = np.full(n, -1, dtype=np.int64)
-        any_shadow = bool(shadow.any())
+                if gate_refused is not None:
+                    to_fast &= ~gate_refused
+        # the fast path writes only the entries it decides: the others keep
+        # these starting values, a refused row's (bucket 0, quotas -1)
+        out = np.zeros((6, n), dtype=np.int64)
+        out[4:] = -1
+        out_reason, out_reserved, out_retry, out_bucket, out_hour, out_day = out
         self._table.admit_batch(
             now, np.where(to_fast, slots, -1), prompt, maxt, out_reason, out_reserved,
             out_retry, out_bucket, out_hour, out_day,
-            shadow=shadow.astype(np.int64) if any_shadow else None,
+            shadow=per[:, _T_SHADOW] if any_shadow else None,
         )  # fmt: skip
         # The reason each entry is answered with, and shadow mode's.
         reason = np.where(to_fast, out_reason, early)
-        reason[pressed] = v_reason[pressed]
-        reason[gate_refused] = _BACKPRESSURE
-        shadow_reason = np.zeros(n, dtype=np.int64)
+        if any_pressed:
+            reason[pressed] = v_reason[pressed]
+        if gate_refused is not None:
+            reason[gate_refused] = _BACKPRESSURE
+        shadow_reason = None
         if any_shadow:
             sh = to_fast & shadow
             shadow_reason = np.where(sh, np.where(v_reason != _OK, v_reason, reason), 0)
             reason[sh] = _OK
         admitted = to_fast & (reason == _OK)
-        from_fast = to_fast & ~admitted  # refused by the fast path
         na = int(np.count_nonzero(admitted))
         rid0 = self._next_reservation
         self._next_reservation = rid0 + na
-        # Prices: quoted once per pool of the batch, not per entry.
-        prices = {p: self.pricing.quote(p, model, now) for p in batch_pools}
-        names = log.names
-        rows = np.zeros((n, R.FIELDS), dtype=np.int64)
-        rows[:, R.STATE] = R.REJECTED
+
+        # Rows: the templates, then the per-entry columns.
+        all_admitted = na == n
+        if all_admitted:
+            rows = templates[3 * pair]
+        else:
+            rows = templates[3 * pair + np.where(admitted, 0, np.where(ok_tenant, 1, 2))]
         rows[:, R.REASON] = reason
-        rows[:, R.RETRY_NS] = gate_retry
-        rows[pressed, R.RETRY_NS] = v_retry[pressed]
-        rows[from_fast, R.RETRY_NS] = np.where(
-            reason[from_fast] == _CONCURRENCY, self._concurrency_retry_ns, out_retry[from_fast]
-        )
-        rows[:, R.HOUR] = -1
-        rows[:, R.DAY] = -1
-        decided_fast = admitted | from_fast
-        rows[decided_fast, R.BUCKET] = out_bucket[decided_fast]
-        rows[decided_fast, R.HOUR] = out_hour[decided_fast]
-        rows[decided_fast, R.DAY] = out_day[decided_fast]
-        rows[:, R.LANE] = np.array([names.id(ln) for ln, _ in pair_keys], dtype=np.int64)[pair]
         rows[:, R.SLOT] = slots
-        rows[:, R.DECIDED_NS] = now
-        rows[:, R.MULTIPLIER] = _ONE_BITS
-        rows[:, R.ACTUAL] = -1
-        rows[:, R.ARRIVED_NS] = now
-        rows[:, R.SHADOW_REASON] = shadow_reason
-        rows[:, R.SCORE_PPM] = v_score
-        rows[:, R.FRESHNESS] = v_fresh
-        rows[pressed, R.SHED] = v_shed[pressed]
-        rows[gate_refused, R.SHED] = 1
-        if na:
-            adm_pair = pair[admitted]
-            quotes = [
-                prices.get(p) or self.pricing.quote(p, model, now) for _, p in pair_keys
-            ]  # fmt: skip
-            rows[admitted, R.STATE] = R.OPEN
-            rows[admitted, R.RESERVED] = out_reserved[admitted]
+        if all_admitted:
+            rows[:, R.RESERVED] = out_reserved
+            rows[:, R.RID] = np.arange(rid0, rid0 + na, dtype=np.int64)
+            rows[:, R.GRANTED] = out_reserved - prompt
+        else:
+            rows[:, R.RESERVED] = np.where(admitted, out_reserved, 0)
             rows[admitted, R.RID] = np.arange(rid0, rid0 + na, dtype=np.int64)
-            rows[admitted, R.GRANTED] = out_reserved[admitted] - prompt[admitted]
-            rows[admitted, R.POOL] = np.array([names.id(p) for _, p in pair_keys], dtype=np.int64)[
-                adm_pair
-            ]
-            rows[admitted, R.MODEL] = names.id(model)
-            rows[admitted, R.MULTIPLIER] = np.array(
-                [float_bits(q.multiplier) for q in quotes], dtype=np.int64
-            )[adm_pair]
-            rows[admitted, R.WINDOW] = np.array([q.window_id for q in quotes], dtype=np.int64)[
-                adm_pair
-            ]
-            rows[admitted, R.DEGRADED_CAP] = v_cap[admitted]
+            rows[:, R.GRANTED] = np.where(admitted, out_reserved - prompt, 0)
+            from_fast = to_fast & ~admitted  # refused by the fast path
+            retry = np.where(
+                from_fast,
+                np.where(out_reason == _CONCURRENCY, self._concurrency_retry_ns, out_retry),
+                0,
+            )
+            if any_pressed:
+                retry[pressed] = pv[pressed, _P_RETRY]
+                rows[pressed, R.SHED] = pv[pressed, _P_SHED]
+            if gate_refused is not None:
+                retry[gate_refused] = gate_retry[gate_refused]
+                rows[gate_refused, R.SHED] = 1
+            rows[:, R.RETRY_NS] = retry
+        rows[:, R.BUCKET] = out_bucket
+        rows[:, R.HOUR] = out_hour
+        rows[:, R.DAY] = out_day
+        if shadow_reason is not None:
+            rows[:, R.SHADOW_REASON] = shadow_reason
         # A fresh entry is marked degraded when its lane is, even if it was
         # refused (the sidecar learns the pool's state); a replay as before.
         degraded = (v_cap > 0) & ok_tenant
@@ -446,11 +479,13 @@ class Decider:
                 self._gate.released_many(pools[k], now, prompt[mine].tolist())
         log.add_rows(tkeys, tenant_ids, request_ids, rows, fresh if replayed else None)
         counted = rows[is_fresh] if replayed else rows
-        stats.count_reason_columns(counted[:, R.REASON], counted[:, R.SHADOW_REASON])
+        stats.count_reason_columns(
+            counted[:, R.REASON], counted[:, R.SHADOW_REASON] if any_shadow else None
+        )
         # Entries of one batch may resolve to different pools: the batch-level
         # multiplier is the first fresh entry's (each admission's record, which
         # the ledger bills, locks its own pool's).
-        first = next(iter(prices.values()), None)
+        first = prices.get(batch_pools[0]) if batch_pools else None
         return self._columns(
             rows, is_fresh, degraded, verdicts, first.multiplier if first is not None else 1.0
         )
@@ -464,21 +499,26 @@ class Decider:
         multiplier: float,
     ) -> BatchResult:
         policy = self._tenants.policy
-        reason = rows[:, R.REASON]
+        cols = rows[:, _ANSWER_COLS].T  # one copy, one row per answer column
+        reason = cols[0]
+        cols[1] = -(-cols[1] // NS_PER_MS)  # retry_after in whole ms, rounded up
+        (
+            reason_l, retry_ms, reserved, rid, granted, bucket, hour, day, shadow_l
+        ) = cols.tolist()  # fmt: skip
         caps = [v.degraded_cap for v in verdicts.values() if v.degraded_cap]
         some = next(iter(verdicts.values()), None)
         return BatchResult(
-            decision=np.where(reason == _OK, _ADMIT, _REJECT).tolist(),
-            reason=reason.tolist(),
-            retry_after_ms=(-(-rows[:, R.RETRY_NS] // NS_PER_MS)).tolist(),
-            reserved_tokens=rows[:, R.RESERVED].tolist(),
-            reservation_id=rows[:, R.RID].tolist(),
-            granted_max_tokens=rows[:, R.GRANTED].tolist(),
-            bucket_remaining=rows[:, R.BUCKET].tolist(),
-            hourly_remaining=rows[:, R.HOUR].tolist(),
-            daily_remaining=rows[:, R.DAY].tolist(),
+            decision=_DECISION[reason].tolist(),
+            reason=reason_l,
+            retry_after_ms=retry_ms,
+            reserved_tokens=reserved,
+            reservation_id=rid,
+            granted_max_tokens=granted,
+            bucket_remaining=bucket,
+            hourly_remaining=hour,
+            daily_remaining=day,
             duplicate=(~is_fresh).tolist(),
-            shadow_reason=rows[:, R.SHADOW_REASON].tolist(),
+            shadow_reason=shadow_l,
             degraded=degraded.tolist(),
             retryable=_RETRYABLE[reason].tolist(),
             pricing_multiplier=multiplier,

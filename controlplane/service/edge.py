@@ -86,7 +86,9 @@ def check_batch(
         for i, lane in enumerate(lane_of):
             if lane and lane not in known:
                 tenants.check_lane(f"lane[{i}]", lane)
-    if len(set(zip(tenant_ids, request_ids, strict=True))) != n:
+    # (distinct request ids, the usual case, are distinct keys: one set of
+    # strings, whose hashes are cached, instead of a set of tuples)
+    if len(set(request_ids)) != n and len(set(zip(tenant_ids, request_ids, strict=True))) != n:
         # The fast path would decide a repeated id twice; refuse instead.
         seen: set[Key] = set()
         for i, k in enumerate(zip(tenant_ids, request_ids, strict=True)):

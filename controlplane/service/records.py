@@ -18,7 +18,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from controlplane.service.pools import UNKNOWN
-from fastpath._reqlog_py import RequestTable
+from fastpath import RequestTable
 
 if TYPE_CHECKING:
     import numpy as np

@@ -47,7 +47,7 @@ class AdmissionStats:
             self.shadow_counts[rec[R.SHADOW_REASON]] += 1
 
     def count_reason_columns(
-        self, reasons: npt.NDArray[np.int64], shadow_reasons: npt.NDArray[np.int64]
+        self, reasons: npt.NDArray[np.int64], shadow_reasons: npt.NDArray[np.int64] | None
     ) -> None:
         """A batch's fresh decisions at once, as columns."""
         counts = np.bincount(reasons)
@@ -55,7 +55,7 @@ class AdmissionStats:
             self.decision_counts[(_ADMIT if reason == _OK else _REJECT, reason)] += int(
                 counts[reason]
             )
-        if shadow_reasons.any():
+        if shadow_reasons is not None and shadow_reasons.any():
             counts = np.bincount(shadow_reasons)
             for would in np.flatnonzero(counts[1:]).tolist():
                 self.shadow_counts[would + 1] += int(counts[would + 1])

@@ -318,7 +318,7 @@ def test_batch_decides_exactly_like_unary_calls_in_order(
     unary = make_service(*tenants)
     batched = make_service(*tenants)
     expected = [unary.admit(t, f"r{i}", "", p, m) for t, i, p, m in requests]
-    got: list[tuple[int, int, int, bool]] = []
+    got: list[tuple[Any, ...]] = []
     # deduplicate inside each chunk the way a sidecar must (duplicates in one batch are refused)
     chunk: list[tuple[str, int, int, int]] = []
 
@@ -332,8 +332,13 @@ def test_batch_decides_exactly_like_unary_calls_in_order(
                 [c[3] for c in chunk],
             )
             got.extend(
-                zip(r.reason, r.reserved_tokens, r.bucket_remaining, r.duplicate, strict=True)
-            )
+                zip(
+                    r.reason, r.reserved_tokens, r.bucket_remaining, r.duplicate,
+                    r.retry_after_ms, r.reservation_id, r.granted_max_tokens,
+                    r.hourly_remaining, r.daily_remaining, r.retryable or [], r.degraded,
+                    strict=True,
+                )
+            )  # fmt: skip
             chunk.clear()
 
     for req in requests:
@@ -342,10 +347,18 @@ def test_batch_decides_exactly_like_unary_calls_in_order(
         chunk.append(req)
     flush()
     assert got == [
-        (int(d.reason), d.reserved_tokens, d.bucket_remaining, d.duplicate) for d in expected
-    ]
+        (
+            int(d.reason), d.reserved_tokens, d.bucket_remaining, d.duplicate,
+            -(-d.retry_after_ns // 10**6), d.reservation_id, d.granted_max_tokens,
+            d.hourly_remaining, d.daily_remaining, d.retryable, d.degradation is not None,
+        )
+        for d in expected
+    ]  # fmt: skip
     for t in ("acme", "beta"):
         assert unary.tenant_state(t) == batched.tenant_state(t)
+    # and what each path remembers is the same record, field for field
+    for t, i, _, _ in requests:
+        assert unary.record(t, f"r{i}") == batched.record(t, f"r{i}")
 
 
 def test_report_load_validates_and_counts_fresh_engines(make_service: Any, clock: Any) -> None:
