@@ -7,11 +7,12 @@ Complete pairs per simulated second for ``--seconds``, 100 tenants,
 ``expire()`` every second, once with the settled-id window equal to the
 reservation TTL (600 s: the behaviour before the window existed) and once
 with the default window, and prints the ids still remembered and the memory
-``tracemalloc`` traces (plus, for the compiled build, the bytes the
-request table has malloc'd, which tracemalloc cannot see). ``--gc N``
-instead admits N requests (never completed, so all remembered) and
-reports the longest garbage-collector pause, with the server's start-up
-``gc.freeze()`` done without and with ``AdmissionService.prepare_gc_freeze()`` first (each in a fresh process).
+``tracemalloc`` traces (plus, for the compiled build, the bytes the request
+table has malloc'd, which tracemalloc cannot see). ``--gc N`` instead
+admits N requests (never completed, so all remembered) and reports the
+longest garbage-collector pause, with the server's start-up ``gc.freeze()``
+done without and with ``AdmissionService.prepare_gc_freeze()`` first (each
+in a fresh process).
 Nothing here asserts anything.
 """
 
