@@ -145,6 +145,31 @@ def bits_float(b: int) -> float:
     return float(_F64.unpack(_I64.pack(b))[0])
 
 
+# Multipliers are few (one per pool and pricing window): their conversions
+# are remembered, up to a bound, rather than redone per record.
+_CACHE_MAX = 4096
+_BITS: dict[float, int] = {}
+_FLOATS: dict[int, float] = {}
+
+
+def _bits_cached(x: float) -> int:
+    got = _BITS.get(x)
+    if got is None:
+        if len(_BITS) >= _CACHE_MAX:
+            _BITS.clear()
+        got = _BITS[x] = float_bits(x)
+    return got
+
+
+def _float_cached(b: int) -> float:
+    got = _FLOATS.get(b)
+    if got is None:
+        if len(_FLOATS) >= _CACHE_MAX:
+            _FLOATS.clear()
+        got = _FLOATS[b] = bits_float(b)
+    return got
+
+
 class RequestLog:
     """Records by key, stored as rows of the fast path's ``RequestTable``
     (compiled: no Python object per remembered request, so nothing per
@@ -208,18 +233,22 @@ class RequestLog:
     # ------------------------------------------------------------ conversions
 
     def row(self, rec: Record) -> tuple[int, ...]:
-        names = self.names
-        return (
-            *rec[:LANE], names.id(rec[LANE]), *rec[SLOT:POOL], names.id(rec[POOL]),
-            names.id(rec[MODEL]), float_bits(rec[MULTIPLIER]), *rec[WINDOW:],
-        )  # fmt: skip
+        ids = self.names.ids
+        out = list(rec)
+        for f in (LANE, POOL, MODEL):
+            got = ids.get(out[f])
+            out[f] = self.names.id(out[f]) if got is None else got
+        out[MULTIPLIER] = _bits_cached(rec[MULTIPLIER])
+        return tuple(out)
 
     def record(self, row: tuple[int, ...]) -> Record:
         names = self.names.names
-        return (
-            *row[:LANE], names[row[LANE]], *row[SLOT:POOL], names[row[POOL]],
-            names[row[MODEL]], bits_float(row[MULTIPLIER]), *row[WINDOW:],
-        )  # fmt: skip
+        out: list[Any] = list(row)
+        out[LANE] = names[row[LANE]]
+        out[POOL] = names[row[POOL]]
+        out[MODEL] = names[row[MODEL]]
+        out[MULTIPLIER] = _float_cached(row[MULTIPLIER])
+        return tuple(out)
 
     # ------------------------------------------------------------------ access
 
