@@ -606,6 +606,6 @@ def test_the_compiled_table_holds_no_python_object_per_request() -> None:
     gc.collect()
     assert len(table) == n
     assert len(gc.get_objects()) - before < 100
-    # Capacities are powers of two: 32768 slots of a row (192 B) and its key (32 B), an
-    # index of 65536 int32 and a ring of 32768 entries (24 B): 8 MiB, 419 B per row here.
-    assert table.footprint()["bytes"] == 32768 * (192 + 32 + 2 * 4 + 24)
+    # Capacities are powers of two: 32768 slots of a row (192 B) and its key (32 B), a
+    # ring of 32768 entries (24 B) and an index of 65536 entries (8 B): 433 B per row here.
+    assert table.footprint()["bytes"] == 32768 * (192 + 32 + 24) + 65536 * 8
