@@ -2,7 +2,7 @@
 # those of fastpath/_reqlog_py.py (RequestTable), which is the reference; this holds the
 # same rows, versions and FIFOs in malloc'd arrays (no Python object per request).
 
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t
 
 
 cdef struct Meta:
@@ -35,7 +35,7 @@ cdef class RequestTable:
     cdef Py_ssize_t _used           # slots ever handed out (the rest never touched)
     cdef int64_t _free              # head of the free-slot list, -1 = empty
     cdef Py_ssize_t _count          # live rows
-    cdef int32_t* _index            # open addressing, _mask + 1 slot numbers, -1 = empty
+    cdef uint64_t* _index           # open addressing, _mask + 1 entries: tag << 32 | slot + 1
     cdef uint64_t _mask
     cdef Ring _admitted             # (decided, slot, version) of OPEN rows as stored
     cdef Ring _rejected             # (decided, slot, version) of REJECTED rows

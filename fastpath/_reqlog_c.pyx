@@ -11,9 +11,15 @@
 #   the two id hashes, the version of the row stored there, 0 when free); freed slots go
 #   on a free list threaded through Meta.tkey.  Every store takes a new version from the
 #   table's counter, exactly as the reference does.
-# * the index: open addressing with linear probing over a power-of-two int32 array of
-#   slot numbers (-1 = empty), load factor <= 0.5, backward-shift deletion (no
-#   tombstones), doubling with a rehash.
+# * the index: open addressing with linear probing over a power-of-two array, load
+#   factor <= 0.5, backward-shift deletion (no tombstones), doubling with a rehash.  An
+#   entry is 64 bits: the slot number + 1 (0 = empty) in the low half and, in the high
+#   half, a tag: the top 32 bits of h1, which modulo the index size are also the entry's
+#   home position.  A probe
+#   compares that tag before it reads the slot's key, so a lookup that finds nothing (a
+#   new request, the common case) touches only the index; deletion and rehashing never
+#   read a key.  The batch calls hash a run of entries first, prefetching their index
+#   lines, then act on them in order, so the cache misses overlap.
 # * the admitted, rejected and settled FIFOs: growable ring buffers of (time, slot,
 #   version); an entry acts only while its slot still holds that version, and the
 #   admitted ring is compacted (dead entries dropped) on the reference's trigger.
@@ -25,12 +31,14 @@
 # the request id's UTF-8 (a str with lone surrogates, which has no UTF-8, is hashed as its
 # "surrogatepass" encoding: each surrogate's own 3-byte code, which no valid UTF-8
 # contains, so distinct strs still give distinct messages).  Equal (tkey, h1, h2) is
-# treated as the same request.  Two different requests are merged only if both keyed
-# hashes collide and the tkeys are equal: since tkey is compared exactly and a tenant's
-# slot is never reused, two tenants' requests can never be merged; within one tenant,
-# with n rows live, a collision has probability about n^2 / 2^129 (keys secret and
-# random, so ids cannot be chosen to collide).  SipHash-1-3 is implemented below from
-# Aumasson and Bernstein's description (tests/unit/fastpath/test_reqlog.py checks it
+# treated as the same request.  Two different requests are merged only if the tkeys are
+# equal and both keyed hashes collide.  tkey is compared exactly and a tenant's slot is
+# never reused, so two configured tenants' requests can never be merged.  Within one
+# tenant (and among the unconfigured tenants, which all have tkey -1 and are told apart
+# by the tenant id inside the message), with n rows live, some two colliding has
+# probability about n^2 / 2^129: the keys are secret and random, so ids cannot be chosen
+# to collide, and a 128-bit match of two independent PRFs is needed.  SipHash-1-3 is
+# implemented below from Aumasson and Bernstein's description (test_reqlog.py checks it
 # against CPython's own bytes hash, which is SipHash-1-3).
 #
 # Arithmetic the reference does on unbounded ints (decided + retry_after, now - window)
@@ -39,14 +47,19 @@
 # index or from FIFO entries whose version matched; batch indexes from range(n)).
 
 cimport cython
-from cpython.buffer cimport PyBUF_FULL_RO, PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (
+    PyBUF_FULL_RO,
+    PyBuffer_IsContiguous,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
 from cpython.exc cimport PyErr_Clear, PyErr_ExceptionMatches
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsUnsignedLongLong, PyLong_CheckExact
 from cpython.ref cimport Py_INCREF, PyObject
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdint cimport INT64_MIN, int64_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset, strcmp
 
 import os
@@ -66,6 +79,12 @@ cdef extern from *:
     """
     #include <stdint.h>
     #include <stddef.h>
+
+    #if defined(__GNUC__) || defined(__clang__)
+    #define bg_prefetch(p) __builtin_prefetch(p)
+    #else
+    #define bg_prefetch(p) ((void)0)
+    #endif
 
     typedef struct { uint64_t v0, v1, v2, v3; } bg_sip_t;
     typedef struct {
@@ -164,6 +183,7 @@ cdef extern from *:
     """
     ctypedef struct bg_sip2_t:
         pass
+    void bg_prefetch(const void* p) noexcept nogil
     void bg_sip2_init(bg_sip2_t* h, uint64_t k1a, uint64_t k1b, uint64_t k2a,
                       uint64_t k2b) noexcept nogil
     void bg_sip2_feed(bg_sip2_t* h, const unsigned char* p, size_t n) noexcept nogil
@@ -182,6 +202,7 @@ cdef enum:
     C_SETTLED = 1
     C_REJECTED = 2
     C_COMPACT_SLACK = 4096
+    CHUNK = 16  # batch entries hashed (and their index lines prefetched) ahead
 
 __all__ = ["NF", "OPEN", "REJECTED", "SETTLED", "RequestTable"]
 
@@ -196,7 +217,8 @@ SETTLED = C_SETTLED
 REJECTED = C_REJECTED
 COMPACT_SLACK = C_COMPACT_SLACK
 
-# Slot numbers are int32 in the index.
+# Slot numbers (+ 1) take 32 bits of an index entry, and the index, at most half full,
+# has at most 2**32 entries.
 cdef Py_ssize_t MAX_SLOTS = 2**31 - 1
 cdef size_t ROW_BYTES = C_NF * sizeof(int64_t)
 
@@ -337,6 +359,28 @@ cdef int _feed_id(bg_sip2_t* h, PyObject* s, bint prefix) except -1:
     return 0
 
 
+cdef struct PrefixCache:
+    # The message state after a tenant's prefix (its length and UTF-8), for runs of
+    # entries of one tenant in a batch.
+    PyObject* tenant                # borrowed from the caller's list; NULL = none yet
+    bg_sip2_t state
+
+
+cdef int _hash_entry(RequestTable table, PrefixCache* cache, PyObject* t, PyObject* r,
+                     uint64_t* h1, uint64_t* h2) except -1:
+    # The two hashes of (t, r), both strs.
+    cdef bg_sip2_t h
+    if t != cache.tenant:
+        cache.tenant = NULL
+        bg_sip2_init(&cache.state, table._k1a, table._k1b, table._k2a, table._k2b)
+        _feed_id(&cache.state, t, True)
+        cache.tenant = t
+    h = cache.state
+    _feed_id(&h, r, False)
+    bg_sip2_final(&h, h1, h2)
+    return 0
+
+
 cdef inline bint _passed(int64_t now, int64_t decided, int64_t retry) noexcept:
     # now >= decided + retry, as over unbounded ints.
     if retry >= 0:
@@ -436,10 +480,9 @@ cdef class RequestTable:
         self._free = -1
         self._count = 0
         self._mask = 15
-        self._index = <int32_t*>malloc(16 * sizeof(int32_t))
+        self._index = <uint64_t*>calloc(16, sizeof(uint64_t))  # all empty
         if self._index == NULL:
             raise MemoryError()
-        memset(self._index, 0xFF, 16 * sizeof(int32_t))  # all -1
         keys = os.urandom(32)
         self._k1a = int.from_bytes(keys[0:8], "little")
         self._k1b = int.from_bytes(keys[8:16], "little")
@@ -498,22 +541,22 @@ cdef class RequestTable:
         return 0
 
     cdef int _grow_index(self) except -1:
-        # Double the index and re-insert every row by its hash.
+        # Double the index and re-insert every entry at its home (read from its tag).
         cdef uint64_t old_size = self._mask + 1
         cdef uint64_t new_mask = 2 * old_size - 1
-        cdef uint64_t i, j
-        cdef int32_t s
-        cdef int32_t* index = <int32_t*>malloc(<size_t>(new_mask + 1) * sizeof(int32_t))
+        cdef uint64_t i, j, e
+        if new_mask > 0xFFFFFFFFULL:  # homes come from 32 bits of the hash
+            raise MemoryError("the request table's index is full")
+        cdef uint64_t* index = <uint64_t*>calloc(<size_t>(new_mask + 1), sizeof(uint64_t))
         if index == NULL:
             raise MemoryError()
-        memset(index, 0xFF, <size_t>(new_mask + 1) * sizeof(int32_t))
         for i in range(old_size):
-            s = self._index[i]
-            if s >= 0:
-                j = self._meta[s].h1 & new_mask
-                while index[j] >= 0:
+            e = self._index[i]
+            if e != 0:
+                j = (e >> 32) & new_mask
+                while index[j] != 0:
                     j = (j + 1) & new_mask
-                index[j] = s
+                index[j] = e
         free(self._index)
         self._index = index
         self._mask = new_mask
@@ -524,18 +567,20 @@ cdef class RequestTable:
         # The slot of the key, or -1; ``pos`` gets its index position, or the empty one
         # where it would go.  The load factor keeps an empty position in every probe.
         cdef uint64_t mask = self._mask
-        cdef uint64_t i = h1 & mask
-        cdef int32_t s
+        cdef uint64_t tag = h1 >> 32
+        cdef uint64_t i = tag & mask
+        cdef uint64_t e
         cdef Meta* m
         while True:
-            s = self._index[i]
-            if s < 0:
+            e = self._index[i]
+            if e == 0:
                 pos[0] = i
                 return -1
-            m = &self._meta[s]
-            if m.h1 == h1 and m.h2 == h2 and m.tkey == tkey:
-                pos[0] = i
-                return s
+            if (e >> 32) == tag:
+                m = &self._meta[(e & 0xFFFFFFFFULL) - 1]
+                if m.h1 == h1 and m.h2 == h2 and m.tkey == tkey:
+                    pos[0] = i
+                    return <Py_ssize_t>(e & 0xFFFFFFFFULL) - 1
             i = (i + 1) & mask
 
     cdef void _unlink(self, uint64_t pos) noexcept:
@@ -544,18 +589,17 @@ cdef class RequestTable:
         cdef uint64_t mask = self._mask
         cdef uint64_t hole = pos
         cdef uint64_t j = pos
-        cdef uint64_t home
-        cdef int32_t s
+        cdef uint64_t home, e
         while True:
             j = (j + 1) & mask
-            s = self._index[j]
-            if s < 0:
+            e = self._index[j]
+            if e == 0:
                 break
-            home = self._meta[s].h1 & mask
+            home = (e >> 32) & mask
             if ((j - home) & mask) >= ((j - hole) & mask):
-                self._index[hole] = s
+                self._index[hole] = e
                 hole = j
-        self._index[hole] = -1
+        self._index[hole] = 0
 
     cdef void _release(self, Py_ssize_t slot, uint64_t pos) noexcept:
         # Forget the row in ``slot``, found at index position ``pos``.
@@ -568,8 +612,8 @@ cdef class RequestTable:
     cdef void _delete(self, Py_ssize_t slot) noexcept:
         # Forget the (live) row in ``slot``: find its index position by its hash first.
         cdef uint64_t mask = self._mask
-        cdef uint64_t i = self._meta[slot].h1 & mask
-        while self._index[i] != slot:
+        cdef uint64_t i = (self._meta[slot].h1 >> 32) & mask
+        while (self._index[i] & 0xFFFFFFFFULL) != <uint64_t>slot + 1:
             i = (i + 1) & mask
         self._release(slot, i)
 
@@ -601,7 +645,7 @@ cdef class RequestTable:
             else:
                 slot = self._used
                 self._used += 1
-            self._index[pos] = <int32_t>slot
+            self._index[pos] = (h1 & 0xFFFFFFFF00000000ULL) | (<uint64_t>slot + 1)
             m = &self._meta[slot]
             m.tkey = tkey
             m.h1 = h1
@@ -669,14 +713,16 @@ cdef class RequestTable:
         without one."""
         cdef int64_t c_now = _i64(now)
         cdef Py_buffer tview
-        cdef Py_ssize_t n, i, stride
+        cdef Py_ssize_t n, i, j, k, stop, bad, stride
         cdef const char* tbuf
         cdef PyObject* t
         cdef PyObject* r
-        cdef PyObject* prev = NULL
-        cdef bg_sip2_t base, h
-        cdef uint64_t h1, h2
+        cdef PrefixCache cache
+        cdef int64_t tk[CHUNK]
+        cdef uint64_t h1[CHUNK]
+        cdef uint64_t h2[CHUNK]
         cdef dict out
+        cache.tenant = NULL
         _get_buffer(tkeys, &tview, "tkeys", 1, True)
         try:
             _check_ids("tenant_ids", tenant_ids)
@@ -689,23 +735,35 @@ cdef class RequestTable:
                 return out
             tbuf = <const char*>tview.buf
             stride = tview.strides[0]
-            for i in range(n):
-                t = PySequence_Fast_GET_ITEM(tenant_ids, i)
-                if not _is_str(t):
-                    _bad_item("tenant_ids", i, t)
-                r = PySequence_Fast_GET_ITEM(request_ids, i)
-                if not _is_str(r):
-                    _bad_item("request_ids", i, r)
-                if t != prev:  # a run of one tenant hashes its prefix once
-                    bg_sip2_init(&base, self._k1a, self._k1b, self._k2a, self._k2b)
-                    _feed_id(&base, t, True)
-                    prev = t
-                h = base
-                _feed_id(&h, r, False)
-                bg_sip2_final(&h, &h1, &h2)
-                row = self._replay_one((<const int64_t*>(tbuf + i * stride))[0], h1, h2, c_now)
-                if row is not None:
-                    out[i] = row
+            i = 0
+            while i < n:
+                # Hash a run of entries and prefetch their index lines; stop short of an
+                # entry that is not (str, str): the ones before it are answered first.
+                stop = i + CHUNK if n - i > CHUNK else n
+                bad = -1
+                for j in range(i, stop):
+                    t = PySequence_Fast_GET_ITEM(tenant_ids, j)
+                    r = PySequence_Fast_GET_ITEM(request_ids, j)
+                    if not (_is_str(t) and _is_str(r)):
+                        bad = j
+                        break
+                    k = j - i
+                    _hash_entry(self, &cache, t, r, &h1[k], &h2[k])
+                    tk[k] = (<const int64_t*>(tbuf + j * stride))[0]
+                    bg_prefetch(&self._index[(h1[k] >> 32) & self._mask])
+                if bad >= 0:
+                    stop = bad
+                for j in range(i, stop):
+                    k = j - i
+                    row = self._replay_one(tk[k], h1[k], h2[k], c_now)
+                    if row is not None:
+                        out[j] = row
+                if bad >= 0:
+                    t = PySequence_Fast_GET_ITEM(tenant_ids, bad)
+                    if not _is_str(t):
+                        _bad_item("tenant_ids", bad, t)
+                    _bad_item("request_ids", bad, PySequence_Fast_GET_ITEM(request_ids, bad))
+                i = stop
             return out
         finally:
             PyBuffer_Release(&tview)
@@ -727,16 +785,19 @@ cdef class RequestTable:
         every ``i`` with ``fresh[i]`` (all when ``fresh`` is None)."""
         cdef Py_buffer tview, rview, fview
         cdef bint has_fresh = fresh is not None
-        cdef Py_ssize_t n, i, tstride, fstride = 0
+        cdef Py_ssize_t n, i, j, k, m, stop, bad, tstride, fstride = 0
         cdef const char* tbuf
         cdef const char* fbuf = NULL
         cdef const int64_t* rbuf
         cdef const int64_t* row
         cdef PyObject* t
         cdef PyObject* r
-        cdef PyObject* prev = NULL
-        cdef bg_sip2_t base, h
-        cdef uint64_t h1, h2
+        cdef PrefixCache cache
+        cdef Py_ssize_t at[CHUNK]
+        cdef int64_t tk[CHUNK]
+        cdef uint64_t h1[CHUNK]
+        cdef uint64_t h2[CHUNK]
+        cache.tenant = NULL
         _get_buffer(tkeys, &tview, "tkeys", 1, True)
         try:
             _check_ids("tenant_ids", tenant_ids)
@@ -766,28 +827,45 @@ cdef class RequestTable:
                     if has_fresh:
                         fbuf = <const char*>fview.buf
                         fstride = fview.strides[0]
-                    for i in range(n):
-                        if has_fresh and fbuf[i * fstride] == 0:
-                            continue
-                        t = PySequence_Fast_GET_ITEM(tenant_ids, i)
-                        if not _is_str(t):
-                            _bad_item("tenant_ids", i, t)
-                        r = PySequence_Fast_GET_ITEM(request_ids, i)
-                        if not _is_str(r):
-                            _bad_item("request_ids", i, r)
-                        row = &rbuf[i * C_NF]
-                        if row[C_STATE] != C_OPEN and row[C_STATE] != C_REJECTED:
+                    i = 0
+                    while i < n:
+                        # Check and hash a run of fresh entries, prefetching their index
+                        # lines; stop short of a bad one: those before it are stored first.
+                        stop = i + CHUNK if n - i > CHUNK else n
+                        bad = -1
+                        m = 0
+                        for j in range(i, stop):
+                            if has_fresh and fbuf[j * fstride] == 0:
+                                continue
+                            t = PySequence_Fast_GET_ITEM(tenant_ids, j)
+                            r = PySequence_Fast_GET_ITEM(request_ids, j)
+                            row = &rbuf[j * C_NF]
+                            if not (
+                                _is_str(t)
+                                and _is_str(r)
+                                and (row[C_STATE] == C_OPEN or row[C_STATE] == C_REJECTED)
+                            ):
+                                bad = j
+                                break
+                            _hash_entry(self, &cache, t, r, &h1[m], &h2[m])
+                            tk[m] = (<const int64_t*>(tbuf + j * tstride))[0]
+                            at[m] = j
+                            bg_prefetch(&self._index[(h1[m] >> 32) & self._mask])
+                            m += 1
+                        for k in range(m):
+                            self._store(tk[k], h1[k], h2[k], &rbuf[at[k] * C_NF])
+                        if bad >= 0:
+                            t = PySequence_Fast_GET_ITEM(tenant_ids, bad)
+                            if not _is_str(t):
+                                _bad_item("tenant_ids", bad, t)
+                            r = PySequence_Fast_GET_ITEM(request_ids, bad)
+                            if not _is_str(r):
+                                _bad_item("request_ids", bad, r)
                             raise ValueError(
-                                f"rows[{i}]: state must be OPEN or REJECTED, got {row[C_STATE]}"
+                                f"rows[{bad}]: state must be OPEN or REJECTED, "
+                                f"got {rbuf[bad * C_NF + C_STATE]}"
                             )
-                        if t != prev:
-                            bg_sip2_init(&base, self._k1a, self._k1b, self._k2a, self._k2b)
-                            _feed_id(&base, t, True)
-                            prev = t
-                        h = base
-                        _feed_id(&h, r, False)
-                        bg_sip2_final(&h, &h1, &h2)
-                        self._store((<const int64_t*>(tbuf + i * tstride))[0], h1, h2, row)
+                        i = stop
                 finally:
                     if has_fresh:
                         PyBuffer_Release(&fview)
@@ -903,7 +981,7 @@ cdef class RequestTable:
         header, nor the allocator's own overhead)."""
         cdef size_t total = (
             <size_t>self._cap * (ROW_BYTES + sizeof(Meta))
-            + <size_t>(self._mask + 1) * sizeof(int32_t)
+            + <size_t>(self._mask + 1) * sizeof(uint64_t)
             + <size_t>(self._admitted.cap + self._settled.cap + self._rejected.cap)
             * sizeof(Entry)
         )
