@@ -85,6 +85,7 @@ def _pg_type(name: str) -> str:
 # exactly as it does for text).
 PG_TYPES: tuple[str, ...] = tuple(_pg_type(name) for name in COLUMNS)
 _NUMERIC_CACHE_MAX = 16_384
+_MERGE_ATTEMPTS = 3
 
 
 @functools.cache
@@ -223,6 +224,12 @@ class LedgerStore:
 
     @staticmethod
     def _pg_insert(conn: Any, records: Sequence[LedgerRecord]) -> set[Key]:
+        """COPY straight into the table; on a key conflict, COPY into the
+        staging table and merge with ``ON CONFLICT DO NOTHING``. Two
+        transactions inserting the same keys in different orders (batches
+        written at once; a replay beside a write that timed out) can
+        deadlock: PostgreSQL aborts one, which is redone by the merge (the
+        other's rows then count as already recorded)."""
         import psycopg
 
         try:
@@ -230,15 +237,22 @@ class LedgerStore:
                 _copy_rows(cur, _COPY, records)
             conn.commit()
             return set()
-        except psycopg.errors.UniqueViolation:
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected):
             conn.rollback()
-        with conn.cursor() as cur:
-            cur.execute(_STAGE)
-            _copy_rows(cur, _COPY_STAGE, records)
-            cur.execute(_MERGE_STAGE)
-            inserted = {(t, q) for t, q in cur.fetchall()}
-        conn.commit()
-        return {r.key for r in records} - inserted
+        for attempt in range(_MERGE_ATTEMPTS):
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(_STAGE)
+                    _copy_rows(cur, _COPY_STAGE, records)
+                    cur.execute(_MERGE_STAGE)
+                    inserted = {(t, q) for t, q in cur.fetchall()}
+                conn.commit()
+                return {r.key for r in records} - inserted
+            except psycopg.errors.DeadlockDetected:
+                conn.rollback()
+                if attempt == _MERGE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _sqlite_insert(conn: Any, records: Sequence[LedgerRecord]) -> set[Key]:
