@@ -19,9 +19,11 @@ the writer runs.
    (every ``postgres`` process), which shows whether the GIL or the
    database is the limit.
 2. **Admit latency with the writer busy**: the real ``ControlPlane`` in a
-   server process (PostgreSQL, auth and pool gate off) that also feeds its
-   ledger writer synthetic records at ``--rate`` per second (built on the
-   event loop and awaited there, as Completes are); a load process sends
+   server process (PostgreSQL, auth and pool gate off, ``gc.freeze()``
+   after start as ``serve_forever`` does) that also feeds its ledger writer
+   synthetic records at ``--rate`` per second (built on the event loop,
+   awaited there and then remembered in Metering's cache of recent
+   records, as Completes do); a load process sends
    unary Admits (closed loop, ``--concurrency`` in flight, threads of the
    sync client) and reports p50/p99. Rounds alternate the feeder off
    (idle) and on; ``--decompose`` adds two runs per round that separate
@@ -44,6 +46,7 @@ import argparse
 import asyncio
 import datetime as dt
 import functools
+import gc
 import os
 import statistics
 import subprocess
@@ -176,10 +179,10 @@ def proc_cpu_s(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / _CLK_TCK
 
 
-def postgres_cpu_s() -> float:
+def postgres_cpu_by_pid() -> dict[int, float]:
     """CPU seconds of every process named ``postgres`` on the machine (the
     backends, the WAL writer, the checkpointer, ...)."""
-    total = 0.0
+    out: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -188,8 +191,15 @@ def postgres_cpu_s() -> float:
                         continue
             except OSError:
                 continue
-            total += proc_cpu_s(int(entry))
-    return total
+            out[int(entry)] = proc_cpu_s(int(entry))
+    return out
+
+
+def postgres_cpu_since(before: dict[int, float]) -> float:
+    """PostgreSQL CPU seconds since ``before`` (processes that ended in
+    between are not counted; those started since count whole)."""
+    now = postgres_cpu_by_pid()
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())
 
 
 def machine_cpu_s() -> tuple[float, float]:
@@ -209,7 +219,7 @@ class CpuWindow:
         self.t0 = time.perf_counter()
         self.m0, self.st0 = machine_cpu_s()
         self.p0 = proc_cpu_s(pid)
-        self.pg0 = postgres_cpu_s()
+        self.pg0 = postgres_cpu_by_pid()
 
     def cores(self) -> dict[str, float]:
         dt_s = time.perf_counter() - self.t0
@@ -218,7 +228,7 @@ class CpuWindow:
             "machine": (m1 - self.m0) / dt_s,
             "steal": (st1 - self.st0) / dt_s,
             "server": (proc_cpu_s(self.pid) - self.p0) / dt_s,
-            "postgres": (postgres_cpu_s() - self.pg0) / dt_s,
+            "postgres": postgres_cpu_since(self.pg0) / dt_s,
         }
 
 
@@ -296,7 +306,7 @@ async def writer_run(
     store.insert = timed_insert  # type: ignore[method-assign,assignment]
     writer = LedgerWriter(store, Spool(spool_dir, 1 << 30), batch_max=batch, pipeline=pipeline)
     await writer.start()
-    cpu0, loop0, pg0 = time.process_time(), time.thread_time(), postgres_cpu_s()
+    cpu0, loop0, pg0 = time.process_time(), time.thread_time(), postgres_cpu_by_pid()
     t0 = time.perf_counter()
     pending: list[asyncio.Future[Outcome]] = []
     for r in rows:
@@ -309,7 +319,7 @@ async def writer_run(
     out = {
         "process_cores": (time.process_time() - cpu0) / elapsed,
         "loop_us": (time.thread_time() - loop0) / len(rows) * 1e6,
-        "postgres_cores": (postgres_cpu_s() - pg0) / elapsed,
+        "postgres_cores": postgres_cpu_since(pg0) / elapsed,
         "rate": len(rows) / elapsed,
         "batches": float(writer.stats.batches),
         "spooled": float(writer.stats.spooled),
@@ -393,6 +403,9 @@ def serve(url: str, rate: int, spool_dir: str, sink: str) -> None:
         logs.configure("console", "warning")
         plane = ControlPlane(settings)
         port = await plane.start()
+        # As serve_forever does: what start built leaves the collector's sight.
+        plane.service.prepare_gc_freeze()
+        gc.freeze()
         print(f"READY {port}", flush=True)
         assert plane.metering is not None
         writer = plane.metering.writer
@@ -400,15 +413,18 @@ def serve(url: str, rate: int, spool_dir: str, sink: str) -> None:
             writer.store.insert = lambda recs: set()  # type: ignore[method-assign,assignment]
         done = [0]
 
+        metering = plane.metering
+
         async def feed() -> None:
             tick = 0.01
             per_tick = max(1, int(rate * tick))
             nxt = time.perf_counter()
             i = 0
             while True:
-                futs = [writer.submit(record(i + k, time.time_ns())) for k in range(per_tick)]
+                recs = [record(i + k, time.time_ns()) for k in range(per_tick)]
+                futs = [writer.submit(r) for r in recs]
                 i += per_tick
-                asyncio.get_running_loop().create_task(_count(futs, done))
+                asyncio.get_running_loop().create_task(_count(futs, recs, done, metering))
                 nxt += tick
                 await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
 
@@ -418,8 +434,11 @@ def serve(url: str, rate: int, spool_dir: str, sink: str) -> None:
         while True:
             await asyncio.sleep(2)
             el = time.perf_counter() - t0
-            st = writer.stats
-            print(f"DURABLE {done[0] / el:.0f} {st.spooled} {st.batches / el:.1f}", flush=True)
+            st, gcp = writer.stats, plane.gc_pauses
+            print(f"DURABLE {done[0] / el:.0f} {st.spooled} {st.batches / el:.1f} "
+                  f"{gcp.total_s:.6f} {gcp.collections[2]} {gcp.longest_s:.6f}",
+                  flush=True)  # fmt: skip
+            gcp.longest_s = 0.0  # the longest pause of each 2-s interval
 
     uvloop.run(main())
 
@@ -444,9 +463,13 @@ def copier(url: str, rate: int) -> None:
         time.sleep(max(0.0, nxt - time.perf_counter()))
 
 
-async def _count(futs: list[asyncio.Future[Any]], done: list[int]) -> None:
+async def _count(
+    futs: list[asyncio.Future[Any]], recs: list[LedgerRecord], done: list[int], metering: Any
+) -> None:
     await asyncio.gather(*futs)
     done[0] += len(futs)
+    for r in recs:  # as a Complete does once its record is durable
+        metering._remember(r)
 
 
 def admit_load(target: str, seconds: float, concurrency: int) -> list[float]:
@@ -496,18 +519,21 @@ def run_server_and_load(
             if line.startswith("READY"):
                 port = int(line.split()[1])
                 break
-        durable: list[tuple[float, int, float]] = []
+        # (when, records/s, spooled, commits/s, GC seconds, full GCs, longest GC pause)
+        durable: list[tuple[float, float, int, float, float, int, float]] = []
 
         def read() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
                 if line.startswith("DURABLE"):
-                    _, per_s, spooled, batches = line.split()
-                    durable.append((float(per_s), int(spooled), float(batches)))
+                    _, per_s, spooled, batches, gc_s, full, longest = line.split()
+                    durable.append((time.monotonic(), float(per_s), int(spooled), float(batches),
+                                    float(gc_s), int(full), float(longest)))  # fmt: skip
 
         threading.Thread(target=read, daemon=True).start()
         time.sleep(2)  # let the feeder reach its rate
         cpu = CpuWindow(proc.pid)
+        w0 = time.monotonic()
         # A separate load process (threads of a gRPC client), as a sidecar fleet would be.
         out = subprocess.run(
             [sys.executable, __file__, "--load", f"127.0.0.1:{port}", "--seconds", str(seconds),
@@ -515,16 +541,24 @@ def run_server_and_load(
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         cores = cpu.cores()
+        time.sleep(2.5)  # the interval that ends the window
+        w1 = time.monotonic()
     finally:
         for p in (proc, extra):
             if p is not None:
                 p.terminate()
                 p.wait(timeout=60)
     p50, p99, n = (float(x) for x in out.stdout.split())
-    last = durable[-1] if durable else (0.0, 0, 0.0)
+    before = [d for d in durable if d[0] <= w0]
+    during = [d for d in durable if w0 < d[0] <= w1]
+    last = during[-1] if during else (0.0, 0.0, 0, 0.0, 0.0, 0, 0.0)
+    first = before[-1] if before else (0.0, 0.0, 0, 0.0, 0.0, 0, 0.0)
     return {
-        "p50_ms": p50, "p99_ms": p99, "admits": n, "durable": last[0], "spooled": last[1],
-        "batches_per_s": last[2],
+        "p50_ms": p50, "p99_ms": p99, "admits": n, "durable": last[1], "spooled": last[2],
+        "batches_per_s": last[3],
+        "gc_ms_per_s": (last[4] - first[4]) * 1000 / seconds,
+        "gc_full": float(last[5] - first[5]),
+        "gc_longest_ms": max((d[6] for d in during), default=0.0) * 1000,
         **{f"cpu_{k}": v for k, v in cores.items()},
     }  # fmt: skip
 
@@ -653,11 +687,14 @@ def admit_section(url: str, args: argparse.Namespace) -> None:
                   f"durable {r['durable']:,.0f}/s in {r['batches_per_s']:.0f} commits/s, "
                   f"cores: machine {r['cpu_machine']:.2f} "
                   f"server {r['cpu_server']:.2f} postgres {r['cpu_postgres']:.2f} "
-                  f"steal {r['cpu_steal']:.2f} (load {LoadAverage.now():.2f})",
+                  f"steal {r['cpu_steal']:.2f}; GC {r['gc_ms_per_s']:.1f} ms/s, "
+                  f"{r['gc_full']:.0f} full, longest {r['gc_longest_ms']:.1f} ms "
+                  f"(load {LoadAverage.now():.2f})",
                   file=sys.stderr, flush=True)  # fmt: skip
     print("| ledger feeder | records/s acknowledged | admits measured | p50 ms | p99 ms "
-          "| p99 per round | p99 / idle | cores: machine | server | PostgreSQL |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+          "| p99 per round | p99 / idle | cores: machine | server | PostgreSQL "
+          "| server GC ms/s | full GCs | longest GC ms |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     idle_p99 = med([r["p99_ms"] for r in res[runs[0][0]]])
     for label, _, _ in runs:
         rs = res[label]
@@ -669,10 +706,15 @@ def admit_section(url: str, args: argparse.Namespace) -> None:
               f"| {p99:.2f} | {', '.join(f'{x:.1f}' for x in (r['p99_ms'] for r in rs))} "
               f"| {p99 / idle_p99:.2f} | {med([r['cpu_machine'] for r in rs]):.2f} "
               f"| {med([r['cpu_server'] for r in rs]):.2f} "
-              f"| {med([r['cpu_postgres'] for r in rs]):.2f} |")  # fmt: skip
+              f"| {med([r['cpu_postgres'] for r in rs]):.2f} "
+              f"| {med([r['gc_ms_per_s'] for r in rs]):.1f} "
+              f"| {med([r['gc_full'] for r in rs]):.0f} "
+              f"| {max(r['gc_longest_ms'] for r in rs):.1f} |")  # fmt: skip
     print(
         "\n(cores = CPU seconds per second over the load run, from /proc: the whole "
-        "machine, the server process, every `postgres` process; 2 cores in all.)"
+        "machine, the server process, every `postgres` process; 2 cores in all. GC = the "
+        "server's collections over the load run, timed by its GcPauses: time per second and "
+        "full collections (medians of the rounds), longest pause (of all rounds).)"
     )
 
 
