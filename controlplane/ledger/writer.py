@@ -64,6 +64,13 @@ class Outcome(enum.Enum):
 
 WRITTEN = Outcome.WRITTEN
 
+# A LedgerRecord's values as a plain tuple: what is kept for a while (the
+# spool's pending index here, Metering's recent records). A tuple of str,
+# int and Decimal leaves the garbage collector's lists at its first
+# collection; a named tuple never does, so every full collection would walk
+# each one (with 100,000 kept: ~5x the pause of plain tuples, measured).
+Row = tuple[Any, ...]
+
 
 @dataclass
 class WriterStats:
@@ -117,8 +124,9 @@ class LedgerWriter:
         )
         self._spool_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-spool")
         self.db_ok = True
-        # Records in the spool and not (known to be) in the database yet.
-        self.pending: dict[Key, LedgerRecord] = {}
+        # Records in the spool and not (known to be) in the database yet, as
+        # plain tuples (``pending_record`` makes the LedgerRecord): see ``Row``.
+        self.pending: dict[Key, Row] = {}
         self.stats = WriterStats()
         self._tasks: list[asyncio.Task[None]] = []
         self._writing = 0
@@ -135,7 +143,7 @@ class LedgerWriter:
         self._idle.set()
         left = await self._in_spool_thread(self.spool.read_all)
         for r in left:
-            self.pending[r.key] = r
+            self.pending[r.key] = tuple(r)
         self.spool.records = len(left)
         if left:
             log.info(
@@ -182,6 +190,11 @@ class LedgerWriter:
         assert self._wake is not None
         self._wake.set()
         return fut
+
+    def pending_record(self, key: Key) -> LedgerRecord | None:
+        """The spooled record of ``key``, if it is pending."""
+        row = self.pending.get(key)
+        return None if row is None else LedgerRecord._make(row)
 
     @property
     def queued(self) -> int:
@@ -281,7 +294,7 @@ class LedgerWriter:
             return
         self.stats.spooled += len(records)
         for r, fut in zip(records, futures, strict=True):
-            self.pending[r.key] = r
+            self.pending[r.key] = tuple(r)
             if not fut.done():
                 fut.set_result(Outcome.SPOOLED)
 
