@@ -26,13 +26,16 @@ the writer runs.
    records, as Completes do); a load process sends
    unary Admits (closed loop, ``--concurrency`` in flight, threads of the
    sync client) and reports p50/p99. Rounds alternate the feeder off
-   (idle) and on; ``--decompose`` adds two runs per round that separate
+   (idle) and on; ``--decompose`` adds three runs per round that separate
    the costs: ``loop only`` (the database write replaced by a no-op:
-   records built, queued and resolved on the event loop, no COPY), and
-   ``loop only + the COPYs in another process`` (the same, while a separate
-   process writes the same rate through ``LedgerStore.insert``: what a
-   writer process would leave, less its IPC). Each run also reports the
-   cores used by the machine, the server process and PostgreSQL.
+   records built, queued, resolved and remembered on the event loop, no
+   COPY); the same with each batch resolved only after as long as the
+   durable run's batches took in that round (what keeping a Complete's
+   objects alive while its batch commits costs); and that plus a separate
+   process writing the same rate through ``LedgerStore.insert`` (what a
+   writer process would leave, less the cost of getting the records to
+   it). Each run also reports the cores used by the machine, the server
+   process and PostgreSQL, and the server's garbage collections.
 
 The load average (``/proc/loadavg``) is sampled every 5 s during the run
 and reported. Needs the local PostgreSQL (BURSTGATE_TEST_PG_DSN or
@@ -409,8 +412,15 @@ def serve(url: str, rate: int, spool_dir: str, sink: str) -> None:
         print(f"READY {port}", flush=True)
         assert plane.metering is not None
         writer = plane.metering.writer
-        if sink == "none":  # loop only: no database write at all
-            writer.store.insert = lambda recs: set()  # type: ignore[method-assign,assignment]
+        if sink != "database":  # loop only: no database write at all
+            wait_s = float(sink.split(":")[1]) if ":" in sink else 0.0
+
+            def no_write(recs: Sequence[LedgerRecord]) -> set[tuple[str, str]]:
+                if wait_s:
+                    time.sleep(wait_s)  # as long as a durable batch took
+                return set()
+
+            writer.store.insert = no_write  # type: ignore[method-assign,assignment]
         done = [0]
 
         metering = plane.metering
@@ -436,18 +446,20 @@ def serve(url: str, rate: int, spool_dir: str, sink: str) -> None:
             el = time.perf_counter() - t0
             st, gcp = writer.stats, plane.gc_pauses
             print(f"DURABLE {done[0] / el:.0f} {st.spooled} {st.batches / el:.1f} "
-                  f"{gcp.total_s:.6f} {gcp.collections[2]} {gcp.longest_s:.6f}",
-                  flush=True)  # fmt: skip
+                  f"{gcp.total_s:.6f} {gcp.collections[2]} {gcp.longest_s:.6f} "
+                  f"{st.batch_seconds / max(st.batches, 1):.6f}", flush=True)  # fmt: skip
             gcp.longest_s = 0.0  # the longest pause of each 2-s interval
 
     uvloop.run(main())
 
 
 def copier(url: str, rate: int) -> None:
-    """``--sink external``: the same COPY work as the writer's at ``rate``
-    (a batch every 10 ms through ``LedgerStore.insert``), in a process of
-    its own, while the server's loop builds, queues and resolves its
-    records without writing them: what a writer process would leave."""
+    """``--sink external:<s>``: the same COPY work as the writer's at
+    ``rate`` (a batch every 10 ms through ``LedgerStore.insert``), in a
+    process of its own, while the server's loop builds, queues and resolves
+    its records without writing them (each batch resolved after ``<s>``, as
+    long as a durable one took): what a writer process would leave, less
+    the cost of getting the records to it."""
     from controlplane.store.ledger import LedgerStore, ledger_engine
 
     engine = ledger_engine(url)
@@ -506,11 +518,11 @@ def run_server_and_load(
     spool = tempfile.mkdtemp(prefix="bench-ledger-spool-")
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", url, "--rate", str(rate), "--spool", spool,
-         "--sink", "none" if sink == "external" else sink],
+         "--sink", sink.replace("external", "wait")],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     extra: subprocess.Popen[bytes] | None = None
-    if sink == "external":
+    if sink.startswith("external"):
         extra = subprocess.Popen([sys.executable, __file__, "--copier", url, "--rate", str(rate)])
     try:
         assert proc.stdout is not None
@@ -519,16 +531,17 @@ def run_server_and_load(
             if line.startswith("READY"):
                 port = int(line.split()[1])
                 break
-        # (when, records/s, spooled, commits/s, GC seconds, full GCs, longest GC pause)
-        durable: list[tuple[float, float, int, float, float, int, float]] = []
+        # (when, records/s, spooled, commits/s, GC seconds, full GCs, longest GC
+        # pause, mean batch seconds)
+        durable: list[tuple[float, float, int, float, float, int, float, float]] = []
 
         def read() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
                 if line.startswith("DURABLE"):
-                    _, per_s, spooled, batches, gc_s, full, longest = line.split()
-                    durable.append((time.monotonic(), float(per_s), int(spooled), float(batches),
-                                    float(gc_s), int(full), float(longest)))  # fmt: skip
+                    f = line.split()[1:]
+                    durable.append((time.monotonic(), float(f[0]), int(f[1]), float(f[2]),
+                                    float(f[3]), int(f[4]), float(f[5]), float(f[6])))  # fmt: skip
 
         threading.Thread(target=read, daemon=True).start()
         time.sleep(2)  # let the feeder reach its rate
@@ -551,11 +564,12 @@ def run_server_and_load(
     p50, p99, n = (float(x) for x in out.stdout.split())
     before = [d for d in durable if d[0] <= w0]
     during = [d for d in durable if w0 < d[0] <= w1]
-    last = during[-1] if during else (0.0, 0.0, 0, 0.0, 0.0, 0, 0.0)
-    first = before[-1] if before else (0.0, 0.0, 0, 0.0, 0.0, 0, 0.0)
+    last = during[-1] if during else (0.0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0.0)
+    first = before[-1] if before else (0.0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0.0)
     return {
         "p50_ms": p50, "p99_ms": p99, "admits": n, "durable": last[1], "spooled": last[2],
         "batches_per_s": last[3],
+        "batch_ms": last[7] * 1000,
         "gc_ms_per_s": (last[4] - first[4]) * 1000 / seconds,
         "gc_full": float(last[5] - first[5]),
         "gc_longest_ms": max((d[6] for d in during), default=0.0) * 1000,
@@ -588,7 +602,7 @@ def main() -> None:
     ap.add_argument("--skip-admit", action="store_true")
     ap.add_argument("--serve")
     ap.add_argument("--spool")
-    ap.add_argument("--sink", default="database", choices=["database", "none"])
+    ap.add_argument("--sink", default="database", help="database | none | wait:<s>")
     ap.add_argument("--copier")
     ap.add_argument("--load")
     args = ap.parse_args()
@@ -671,20 +685,28 @@ def admit_section(url: str, args: argparse.Namespace) -> None:
     print(f"Unary Admit, closed loop, {args.concurrency} in flight, {args.seconds:.0f} s per "
           f"run; server and load in separate processes; {args.admit_rounds} rounds "
           f"alternating the runs, medians.\n")  # fmt: skip
+    durable = f"{args.rate:,}/s, durable (the writer as it is)"
     runs: list[tuple[str, int, str]] = [("off (idle)", 0, "database")]
-    runs.append((f"{args.rate:,}/s, durable", args.rate, "database"))
+    runs.append((durable, args.rate, "database"))
     if args.decompose:
-        runs.append((f"{args.rate:,}/s, loop only (no COPY)", args.rate, "none"))
-        runs.append(
-            (f"{args.rate:,}/s, loop only + the COPYs in another process", args.rate, "external")
-        )
+        # The waits are the durable run's mean batch time in the same round.
+        runs += [
+            (f"{args.rate:,}/s, loop only: no database write", args.rate, "none"),
+            (f"{args.rate:,}/s, loop only, each batch resolved after as long as a durable "
+             "one took", args.rate, "wait"),
+            (f"{args.rate:,}/s, the same + the same COPYs done by another process", args.rate,
+             "external"),
+        ]  # fmt: skip
     res: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in runs}
     for rnd in range(args.admit_rounds):
         for label, rate, sink in runs:
+            if sink in ("wait", "external"):
+                sink = f"{sink}:{res[durable][-1]['batch_ms'] / 1000:.4f}"
             r = run_server_and_load(url, rate, args.seconds, args.concurrency, sink)
             res[label].append(r)
             print(f"admit round {rnd + 1} {label}: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} "
-                  f"durable {r['durable']:,.0f}/s in {r['batches_per_s']:.0f} commits/s, "
+                  f"durable {r['durable']:,.0f}/s in {r['batches_per_s']:.0f} commits/s "
+                  f"of {r['batch_ms']:.1f} ms, "
                   f"cores: machine {r['cpu_machine']:.2f} "
                   f"server {r['cpu_server']:.2f} postgres {r['cpu_postgres']:.2f} "
                   f"steal {r['cpu_steal']:.2f}; GC {r['gc_ms_per_s']:.1f} ms/s, "
