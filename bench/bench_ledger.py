@@ -2,6 +2,8 @@
 the writer runs.
 
     .venv/bin/python bench/bench_ledger.py --rate 10000    # ~5 minutes
+    .venv/bin/python bench/bench_ledger.py --rate 10000 --decompose --admit-rounds 5
+                                                           # BENCHMARKS.md, ~13 minutes
     .venv/bin/python bench/bench_ledger.py --quick         # smoke run, ~1.5 minutes
 
 1. **Writer throughput** (one process), ``--rounds`` interleaved rounds, the
