@@ -45,7 +45,7 @@ from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
 from controlplane.domain.units import NS_PER_S, PPM
 from controlplane.ledger.pricing import PricingBook
 from controlplane.ledger.spool import Spool
-from controlplane.ledger.writer import LedgerWriter, Outcome
+from controlplane.ledger.writer import LedgerWriter, Outcome, Row
 from controlplane.service import AdmissionService
 from controlplane.service import records as R
 from controlplane.settings import Settings, sqlalchemy_url
@@ -111,7 +111,8 @@ class Metering:
             on_state=self._db_state,
         )
         self._inflight: dict[Key, asyncio.Task[CompleteResult]] = {}
-        self._recent: OrderedDict[Key, LedgerRecord] = OrderedDict()
+        # Plain tuples, not LedgerRecords: see writer.Row (GC).
+        self._recent: OrderedDict[Key, Row] = OrderedDict()
         self._catalog_fp: tuple[Any, ...] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -260,7 +261,7 @@ class Metering:
         return CompleteResult(settlement, record, duplicate=False)
 
     def _remember(self, record: LedgerRecord) -> None:
-        self._recent[record.key] = record
+        self._recent[record.key] = tuple(record)
         if len(self._recent) > RECENT_LIMIT:
             self._recent.popitem(last=False)
 
@@ -326,7 +327,10 @@ class Metering:
     async def find(self, key: Key) -> LedgerRecord | None:
         """The ledger record of ``key``: recent cache, spool, then database.
         Raises LedgerUnavailable if the database cannot be asked."""
-        rec = self._recent.get(key) or self.writer.pending.get(key)
+        row = self._recent.get(key)
+        if row is not None:
+            return LedgerRecord._make(row)
+        rec = self.writer.pending_record(key)
         if rec is not None:
             return rec
         try:

@@ -4,6 +4,11 @@ path, and tells each submitter when its record is durable.
 One task takes everything queued (at most ``batch_max`` records) and writes
 it as one transaction in a worker thread — a group commit: while one batch
 commits the next one accumulates, so batching adds no waiting of its own.
+When the queue grows past ``overlap_min`` records while a batch is being
+written (the database is the bottleneck), up to ``pipeline`` batches are
+written at once, each in its own transaction on its own connection, so one
+batch's COPY overlaps another's commit; each future still resolves only
+after the COMMIT of its own batch.
 
 - Database healthy: COPY / executemany + COMMIT; each future resolves after
   the commit (``WRITTEN``; ``EXISTS`` for a key that was already recorded).
@@ -41,6 +46,12 @@ from controlplane.store.ledger import LedgerStore
 
 log = structlog.get_logger("burstgate.ledger.writer")
 
+# Batches written at once when the database is the bottleneck, and the
+# queue that makes a second one start while one is in flight (below it,
+# one batch at a time: a group commit, the fewest transactions).
+PIPELINE = 3
+OVERLAP_MIN = 1_000
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -49,6 +60,16 @@ class Outcome(enum.Enum):
     WRITTEN = "written"  # committed to the database
     SPOOLED = "spooled"  # fsynced to the local spool
     EXISTS = "exists"  # the database already had a record for this key
+
+
+WRITTEN = Outcome.WRITTEN
+
+# A LedgerRecord's values as a plain tuple: what is kept for a while (the
+# spool's pending index here, Metering's recent records). A tuple of str,
+# int and Decimal leaves the garbage collector's lists at its first
+# collection; a named tuple never does, so every full collection would walk
+# each one (with 100,000 kept: ~5x the pause of plain tuples, measured).
+Row = tuple[Any, ...]
 
 
 @dataclass
@@ -77,23 +98,35 @@ class LedgerWriter:
         db_timeout_s: float = 5.0,
         retry_s: float = 1.0,
         on_state: Callable[[bool], None] | None = None,
+        pipeline: int = PIPELINE,
+        overlap_min: int = OVERLAP_MIN,
     ) -> None:
         self.store = store
         self.spool = spool
         self.batch_max = batch_max
         self.db_timeout_s = db_timeout_s
         self.retry_s = retry_s
+        self.pipeline = max(1, pipeline)
+        self.overlap_min = max(1, overlap_min)
         self._on_state = on_state
-        self._queue: list[tuple[LedgerRecord, asyncio.Future[Outcome]]] = []
+        # The queue: records and their futures side by side. A batch is a
+        # slice of each; the records slice goes to COPY as it is.
+        self._records: list[LedgerRecord] = []
+        self._futures: list[asyncio.Future[Outcome]] = []
+        self._batches: set[asyncio.Task[None]] = set()
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
-        # Database writes may hang on a dead network: several threads so a
-        # hung one does not stop the drainer's probes. Spool I/O is serial.
-        self._db_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ledger-db")
+        # Database writes may hang on a dead network: a thread per batch in
+        # flight and more, so hung ones do not stop the drainer's probes.
+        # Spool I/O is serial.
+        self._db_pool = ThreadPoolExecutor(
+            max_workers=self.pipeline + 3, thread_name_prefix="ledger-db"
+        )
         self._spool_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-spool")
         self.db_ok = True
-        # Records in the spool and not (known to be) in the database yet.
-        self.pending: dict[Key, LedgerRecord] = {}
+        # Records in the spool and not (known to be) in the database yet, as
+        # plain tuples (``pending_record`` makes the LedgerRecord): see ``Row``.
+        self.pending: dict[Key, Row] = {}
         self.stats = WriterStats()
         self._tasks: list[asyncio.Task[None]] = []
         self._writing = 0
@@ -110,7 +143,7 @@ class LedgerWriter:
         self._idle.set()
         left = await self._in_spool_thread(self.spool.read_all)
         for r in left:
-            self.pending[r.key] = r
+            self.pending[r.key] = tuple(r)
         self.spool.records = len(left)
         if left:
             log.info(
@@ -143,7 +176,7 @@ class LedgerWriter:
     async def flush(self) -> None:
         """Wait until everything submitted so far is durable (or failed)."""
         assert self._idle is not None
-        while self._queue or self._writing:
+        while self._records or self._writing:
             self._idle.clear()
             await self._idle.wait()
 
@@ -151,45 +184,74 @@ class LedgerWriter:
 
     def submit(self, record: LedgerRecord) -> asyncio.Future[Outcome]:
         """Queue ``record``; the future resolves once it is durable."""
-        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._queue.append((record, fut))
+        fut: asyncio.Future[Outcome] = self._loop.create_future()
+        self._records.append(record)
+        self._futures.append(fut)
         assert self._wake is not None
         self._wake.set()
         return fut
 
+    def pending_record(self, key: Key) -> LedgerRecord | None:
+        """The spooled record of ``key``, if it is pending."""
+        row = self.pending.get(key)
+        return None if row is None else LedgerRecord._make(row)
+
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return len(self._records)
 
     @property
     def busy(self) -> bool:
-        return bool(self._queue or self._writing or self.pending)
+        return bool(self._records or self._writing or self.pending)
 
     # ----------------------------------------------------------------- loop
 
     async def _run(self) -> None:
+        """Start batches: one whenever records are queued and none is being
+        written (group commit); more, up to ``pipeline``, only while at
+        least ``overlap_min`` records wait behind the ones in flight."""
         assert self._wake is not None and self._idle is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
-                batch = self._queue[: self.batch_max]
-                del self._queue[: self.batch_max]
-                self._writing = len(batch)
-                try:
-                    await self._write(batch)
-                except Exception as exc:  # never leave a submitter hanging
-                    log.exception("ledger batch failed")
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(LedgerUnavailable(f"ledger write failed: {exc}"))
-                finally:
-                    self._writing = 0
+            while self._records and (
+                not self._batches
+                or (len(self._batches) < self.pipeline and len(self._records) >= self.overlap_min)
+            ):
+                records = self._records[: self.batch_max]
+                futures = self._futures[: self.batch_max]
+                del self._records[: self.batch_max]
+                del self._futures[: self.batch_max]
+                self._writing += len(records)
+                task = asyncio.create_task(self._batch(records, futures), name="ledger-batch")
+                self._batches.add(task)
+                task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._batches.discard(task)
+        assert self._wake is not None and self._idle is not None
+        if self._records:
+            self._wake.set()  # the next batch
+        elif not self._writing:
             self._idle.set()
 
-    async def _write(self, batch: list[tuple[LedgerRecord, asyncio.Future[Outcome]]]) -> None:
-        records = [r for r, _ in batch]
-        loop = asyncio.get_running_loop()
+    async def _batch(
+        self, records: list[LedgerRecord], futures: list[asyncio.Future[Outcome]]
+    ) -> None:
+        try:
+            await self._write(records, futures)
+        except Exception as exc:  # never leave a submitter hanging
+            log.exception("ledger batch failed")
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(LedgerUnavailable(f"ledger write failed: {exc}"))
+        finally:
+            self._writing -= len(records)
+
+    async def _write(
+        self, records: list[LedgerRecord], futures: list[asyncio.Future[Outcome]]
+    ) -> None:
+        loop = self._loop
         t0 = time.perf_counter()
         if self.db_ok:
             job = loop.run_in_executor(self._db_pool, self.store.insert, records)
@@ -207,16 +269,21 @@ class LedgerWriter:
                 self.stats.batch_seconds += time.perf_counter() - t0
                 self.stats.written += len(records) - len(conflicts)
                 self.stats.conflicts += len(conflicts)
-                for r, fut in batch:
-                    if not fut.done():
-                        fut.set_result(Outcome.EXISTS if r.key in conflicts else Outcome.WRITTEN)
+                if conflicts:
+                    for r, fut in zip(records, futures, strict=True):
+                        if not fut.done():
+                            fut.set_result(Outcome.EXISTS if r.key in conflicts else WRITTEN)
+                else:
+                    for fut in futures:
+                        if not fut.done():
+                            fut.set_result(WRITTEN)
                 return
         try:
             await self._in_spool_thread(self.spool.append, records)
         except SpoolFull as exc:
             self.stats.rejected_spool_full += len(records)
             log.error("ledger spool full; refusing completions", error=str(exc))
-            for _, fut in batch:
+            for fut in futures:
                 if not fut.done():
                     fut.set_exception(
                         LedgerUnavailable(
@@ -226,8 +293,8 @@ class LedgerWriter:
                     )
             return
         self.stats.spooled += len(records)
-        for r, fut in batch:
-            self.pending[r.key] = r
+        for r, fut in zip(records, futures, strict=True):
+            self.pending[r.key] = tuple(r)
             if not fut.done():
                 fut.set_result(Outcome.SPOOLED)
 
