@@ -10,7 +10,7 @@ import gc
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import structlog
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
     from controlplane.ledger.pricing import PricingBook
 
+T = TypeVar("T")
 log = structlog.get_logger("burstgate.server")
 
 ADMISSION_SERVICE = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
@@ -166,6 +167,7 @@ class ControlPlane:
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self._db_calls: set[asyncio.Future[Any]] = set()  # see _in_thread
         self._fingerprint: tuple[Any, ...] | None = None
         self.config_reloads = 0
         # Admin API, auth and observability (controlplane/rpc/admin.py, controlplane/rpc/auth.py).
@@ -207,16 +209,27 @@ class ControlPlane:
             self.metering = Metering(self.service, settings, pricing, on_health=self._ledger_health)
             self.metrics_collectors.append(LedgerCollector(self.metering))
 
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on a worker thread, for database work of the poll loop.
+        A cancelled caller (``stop``) does not stop the thread, which keeps
+        its pooled connection until it returns; ``stop`` waits for these
+        before disposing of the engine, so no connection is handed back to a
+        disposed pool (and later garbage-collected still open)."""
+        fut = asyncio.ensure_future(asyncio.to_thread(fn))
+        self._db_calls.add(fut)
+        fut.add_done_callback(self._db_calls.discard)
+        return await asyncio.shield(fut)
+
     async def load_config(self) -> bool:
         """Reload tenants and lanes when the database changed; True if applied."""
         async with self._reload_lock:
             return await self._load_config()
 
     async def _load_config(self) -> bool:
-        fp = await asyncio.to_thread(self.repo.fingerprint)
+        fp = await self._in_thread(self.repo.fingerprint)
         if fp == self._fingerprint:
             return False
-        lanes, tenants, overrides = await asyncio.to_thread(
+        lanes, tenants, overrides = await self._in_thread(
             lambda: (self.repo.lanes(), self.repo.tenants(), self.repo.policy_overrides())
         )
         policy = effective_policy(self.settings.policy, overrides)
@@ -333,7 +346,7 @@ class ControlPlane:
         """One step of the config poll: reload changed config and keys."""
         try:
             await self.load_config()
-            await asyncio.to_thread(self.key_cache.refresh)
+            await self._in_thread(self.key_cache.refresh)
         except Exception as exc:  # database down: keep deciding from memory
             self.config_reload_failures += 1
             log.warning("config poll failed; serving last config", error=str(exc))
@@ -357,6 +370,8 @@ class ControlPlane:
             self._tracer_provider.shutdown()
         if self.metering is not None:
             await self.metering.stop()  # writes (or spools) what is queued
+        if self._db_calls:  # a poll step cancelled mid-query: let its thread finish
+            await asyncio.gather(*self._db_calls, return_exceptions=True)
         self.engine.dispose()
 
     async def _restore_quota_usage(self) -> None:
