@@ -4,6 +4,7 @@ interval, and not before, however long the test waits in real time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from decimal import Decimal
 from typing import Any
@@ -46,3 +47,36 @@ def test_expiry_runs_on_simulated_time(make_server: Any, migrated_url: str) -> N
     assert srv.on_loop(lambda: svc.stats.expired_total) == 1
     # the bucket got nothing back: an expired reservation is not refunded
     assert srv.on_loop(lambda: svc.tenant_state("acme")["inflight"]) == 0
+
+
+def test_stop_waits_for_a_poll_query_in_flight(make_server: Any, migrated_url: str) -> None:
+    # A poll step cancelled by stop() mid-query must not leave its thread to
+    # hand the connection back after the engine is disposed (the connection
+    # would then be garbage-collected still open).
+    import threading
+
+    manual = ManualClock()
+    srv = make_server(migrated_url, clock=manual, sleep=manual.sleep, config_poll_s=30)
+    plane = srv.plane
+    entered, release = threading.Event(), threading.Event()
+    real = plane.repo.fingerprint
+
+    def slow_fingerprint() -> Any:
+        with plane.engine.connect():  # holds a pooled connection, as the query does
+            entered.set()
+            release.wait(10)
+        return real()
+
+    plane.repo.fingerprint = slow_fingerprint
+    srv.on_loop(lambda: manual.advance(30))
+    assert entered.wait(10), "the poll did not start"
+    stopping = asyncio.run_coroutine_threadsafe(plane.stop(0), srv.loop)
+    time.sleep(REAL_PAUSE_S)
+    assert not stopping.done(), "stop() disposed of the engine under a query in flight"
+    release.set()
+    stopping.result(timeout=10)
+    assert plane.engine.pool.checkedout() == 0
+    # the plane is stopped: end its loop here (the fixture would stop it again)
+    srv.loop.call_soon_threadsafe(srv.loop.stop)
+    srv.thread.join(timeout=30)
+    srv.loop.close()
