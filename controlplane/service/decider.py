@@ -67,8 +67,6 @@ _NEVER = 2**62  # a length no request reaches (unknown tenants are never placed)
 WAITABLE = frozenset(
     {Reason.TOKEN_RATE, Reason.CONCURRENCY, Reason.GLOBAL_WATERMARK, Reason.BACKPRESSURE}
 )
-# A batch entry's verdict when its tenant was refused before the pool mattered.
-_NO_VERDICT = Verdict(_OK, 0, 0, UNKNOWN, False, 0)
 
 
 def early_reason(entry: Tenant | None) -> int:

@@ -40,9 +40,9 @@ def check_batch(
     pool: str,
 ) -> list[str]:
     """Check a whole batch; return one lane entry per request ("" = the
-    tenant's default), or [] when the batch names none. The cheap whole-column checks run first;
-    the precise per-entry check (and its message) runs only when something
-    is off."""
+    tenant's default), or [] when the batch names none. The cheap
+    whole-column checks run first; the precise per-entry check (and its
+    message) runs only when something is off."""
     n = len(tenant_ids)
     if n > max_batch:
         raise InvalidArgument("tenant_id", f"batch of {n} exceeds max_batch {max_batch}")
