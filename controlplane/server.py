@@ -177,6 +177,7 @@ class ControlPlane:
         from controlplane.telemetry.live import LiveSampler
 
         self.config_reload_failures = 0
+        self.key_refresh_failures = 0
         self._reload_lock = asyncio.Lock()  # admin writes and the poll reload in turn
         self.audit_log = AuditLog(self.engine)
         self.key_store = KeyStore(self.engine)
@@ -343,13 +344,20 @@ class ControlPlane:
             await self.poll_once()
 
     async def poll_once(self) -> None:
-        """One step of the config poll: reload changed config and keys."""
+        """One step of the config poll: reload changed config, then refresh
+        the key cache. The two are independent: a config that fails to load
+        or apply must never keep a revoked key working, nor a key refresh
+        that fails keep a config change from applying."""
         try:
             await self.load_config()
-            await self._in_thread(self.key_cache.refresh)
-        except Exception as exc:  # database down: keep deciding from memory
+        except Exception as exc:  # database down, or a config that cannot apply
             self.config_reload_failures += 1
             log.warning("config poll failed; serving last config", error=str(exc))
+        try:
+            await self._in_thread(self.key_cache.refresh)
+        except Exception as exc:  # database down: keep the keys as last read
+            self.key_refresh_failures += 1
+            log.warning("key refresh failed; serving last keys", error=str(exc))
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: report NOT_SERVING, let in-flight RPCs finish."""

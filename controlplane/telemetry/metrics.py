@@ -200,6 +200,7 @@ class RpcCollector(Collector):
 class ReloadSource(Protocol):
     config_reloads: int
     config_reload_failures: int
+    key_refresh_failures: int
 
 
 class ServerCollector(Collector):
@@ -218,6 +219,11 @@ class ServerCollector(Collector):
             "burstgate_config_reload_failures",
             "Config polls or reloads that failed (the last config keeps serving)",
             value=self._plane.config_reload_failures,
+        )
+        yield CounterMetricFamily(
+            "burstgate_key_refresh_failures",
+            "Key-cache refreshes that failed (the keys last read keep serving)",
+            value=self._plane.key_refresh_failures,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import grpc
@@ -15,12 +16,13 @@ from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.client.admin import AdminClient
+from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor
 from controlplane.rpc.errors import DOMAIN
 from controlplane.store.db import make_engine
 from controlplane.store.keys import KeyStore
 from tests.integration.admin.conftest import Env, code_of
-from tests.support import error_details
+from tests.support import add_tenants, error_details
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -196,3 +198,26 @@ def test_refusals_carry_error_info(env: Env) -> None:
         d = error_details(err)
         assert (d.info.reason, d.info.domain) == (code.name, DOMAIN), err
         assert d.bad_request is None and d.retry is None
+
+
+@pytest.mark.parametrize("env", [{"admission_auth": True}], indirect=True)
+def test_a_config_that_cannot_apply_does_not_stop_revocations(env: Env) -> None:
+    # The config poll's steps are independent: a config change that fails to
+    # apply (the plane keeps serving its last config) must not keep a sidecar
+    # key revoked by another process (the database-direct CLI) working.
+    plane = env.srv.plane
+    assert env.admit("acme", "r1", key=env.keys.sidecar).decision == pb.DECISION_ADMIT
+    _revoke_db_direct(env.url, env.keys.ids["sidecar"])
+    add_tenants(env.url, TenantConfig("gamma", Decimal(10), 1_000))  # a config change
+
+    def broken_apply(*_args: Any, **_kwargs: Any) -> None:
+        raise ValueError("this config cannot apply")
+
+    plane.service.apply_config = broken_apply
+    failures = plane.config_reload_failures
+    env.srv._run(plane.poll_once())
+    assert plane.config_reload_failures == failures + 1  # the config did not apply ...
+    assert "gamma" not in env.srv.on_loop(plane.service.tenant_ids)
+    code, details = code_of(lambda: env.admit("acme", "r2", key=env.keys.sidecar))
+    assert code == UNAUTH, details  # ... and the revocation took effect anyway
+    assert plane.key_refresh_failures == 0
