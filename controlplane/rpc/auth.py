@@ -272,6 +272,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handled = self.stats.handled
         clock = time.perf_counter
         sample = self.admission_log_sample
+        check = self.admission_auth
+        key_cache = self.key_cache
 
         async def timed(
             request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
@@ -281,10 +283,24 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             received = [0.0]
             t0 = clock()
             batches = 0
+            token = bearer_token(context.invocation_metadata()) if check else ""
 
             async def arrivals() -> AsyncIterator[Any]:
                 async for item in request_iterator:
                     received[0] = clock()
+                    if check:
+                        # Checked again per batch against the in-memory key
+                        # cache (an HMAC, ~1 us): a key revoked or expired
+                        # while the stream is open ends it at its next batch.
+                        try:
+                            authorize(key_cache.authenticate(token), rule)
+                        except DomainError as exc:
+                            self.stats.auth_failures["invalid"] += 1
+                            log.warning(
+                                "stream refused", service=rule.service, method=rule.method,
+                                batches=batches, error=str(exc),
+                            )  # fmt: skip
+                            await abort(context, error_status(exc))
                     yield item
 
             code = "OK"

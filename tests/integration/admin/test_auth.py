@@ -221,3 +221,35 @@ def test_a_config_that_cannot_apply_does_not_stop_revocations(env: Env) -> None:
     code, details = code_of(lambda: env.admit("acme", "r2", key=env.keys.sidecar))
     assert code == UNAUTH, details  # ... and the revocation took effect anyway
     assert plane.key_refresh_failures == 0
+
+
+@pytest.mark.parametrize("env", [{"admission_auth": True}], indirect=True)
+def test_a_revoked_key_ends_its_open_admit_streams(env: Env) -> None:
+    # A stream opened before the revocation is checked again per batch: the
+    # next batch after RevokeApiKey ends it UNAUTHENTICATED, nothing decided.
+    import queue
+
+    outbox: queue.Queue[pb.AdmitBatch | None] = queue.Queue()
+
+    def batches() -> Any:
+        while (b := outbox.get(timeout=10)) is not None:
+            yield b
+
+    def batch(i: int) -> pb.AdmitBatch:
+        return pb.AdmitBatch(
+            batch_id=i, tenant_id=["acme"], request_id=[f"s{i}"], prompt_tokens=[10],
+            max_tokens=[0],
+        )  # fmt: skip
+
+    answers = env.admission(env.keys.sidecar).AdmitStream(batches(), timeout=20)
+    outbox.put(batch(1))
+    assert next(answers).decision == [pb.DECISION_ADMIT]
+    env.admin.call("RevokeApiKey", apb.RevokeApiKeyRequest(key_id=env.keys.ids["sidecar"]))
+    outbox.put(batch(2))
+    with pytest.raises(grpc.RpcError) as info:
+        next(answers)
+    assert info.value.code() == UNAUTH, info.value.details()
+    outbox.put(None)
+    # the second batch was never decided
+    record = env.srv.on_loop(lambda: env.srv.plane.service.record("acme", "s2"))
+    assert record is None
