@@ -15,6 +15,7 @@ in one place; ``RequestLog`` converts between the two.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from controlplane.service.pools import UNKNOWN
@@ -152,21 +153,12 @@ _BITS: dict[float, int] = {}
 _FLOATS: dict[int, float] = {}
 
 
-def _bits_cached(x: float) -> int:
-    got = _BITS.get(x)
+def _cached(cache: dict[Any, Any], key: Any, convert: Callable[[Any], Any]) -> Any:
+    got = cache.get(key)
     if got is None:
-        if len(_BITS) >= _CACHE_MAX:
-            _BITS.clear()
-        got = _BITS[x] = float_bits(x)
-    return got
-
-
-def _float_cached(b: int) -> float:
-    got = _FLOATS.get(b)
-    if got is None:
-        if len(_FLOATS) >= _CACHE_MAX:
-            _FLOATS.clear()
-        got = _FLOATS[b] = bits_float(b)
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        got = cache[key] = convert(key)
     return got
 
 
@@ -226,19 +218,15 @@ class RequestLog:
         for d in tracked:
             d[_TRACKER] = []  # a tracked value tracks the dict
             del d[_TRACKER]  # deleting does not untrack it
-        hook = getattr(self.table, "prepare_gc_freeze", None)
-        if hook is not None:
-            hook()
 
     # ------------------------------------------------------------ conversions
 
     def row(self, rec: Record) -> tuple[int, ...]:
-        ids = self.names.ids
+        intern = self.names.id
         out = list(rec)
         for f in (LANE, POOL, MODEL):
-            got = ids.get(out[f])
-            out[f] = self.names.id(out[f]) if got is None else got
-        out[MULTIPLIER] = _bits_cached(rec[MULTIPLIER])
+            out[f] = intern(out[f])
+        out[MULTIPLIER] = _cached(_BITS, rec[MULTIPLIER], float_bits)
         return tuple(out)
 
     def record(self, row: tuple[int, ...]) -> Record:
@@ -247,7 +235,7 @@ class RequestLog:
         out[LANE] = names[row[LANE]]
         out[POOL] = names[row[POOL]]
         out[MODEL] = names[row[MODEL]]
-        out[MULTIPLIER] = _float_cached(row[MULTIPLIER])
+        out[MULTIPLIER] = _cached(_FLOATS, row[MULTIPLIER], bits_float)
         return tuple(out)
 
     # ------------------------------------------------------------------ access
@@ -255,9 +243,6 @@ class RequestLog:
     def get(self, key: Key) -> Record | None:
         row = self.table.get(self._tkeys.get(key[0], -1), key[0], key[1])
         return None if row is None else self.record(row)
-
-    def __contains__(self, key: Key) -> bool:
-        return self.table.get(self._tkeys.get(key[0], -1), key[0], key[1]) is not None
 
     def replay(self, key: Key, now: int) -> Record | None:
         """The earlier decision for ``key`` if it still stands. A refusal
