@@ -30,6 +30,7 @@ from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.rpc.admission import AdmissionServicer
+from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.reflection import enable_reflection
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
@@ -94,11 +95,13 @@ def create_server(
     credentials: grpc.ServerCredentials | None = None,
     ledger: Metering | None = None,
     options: Sequence[tuple[str, Any]] = (),
+    db: DbCaller | None = None,
 ) -> tuple[grpc.aio.Server, int, health_aio.HealthServicer]:
     """Build (not start) a gRPC server with the admission, health and
     reflection services (and the admin service when ``admin`` is given);
     bind ``address`` (port 0 = a free port), with TLS when ``credentials``.
-    ``options``: more grpc channel options (the keepalive policy)."""
+    ``options``: more grpc channel options (the keepalive policy); ``db``:
+    the bounded database caller of the operator services."""
     server = grpc.aio.server(
         interceptors=list(interceptors),
         options=[
@@ -120,7 +123,7 @@ def create_server(
         from controlplane.rpc.ledger import LedgerServicer
 
         ledger_pb2_grpc.add_LedgerServiceServicer_to_server(
-            LedgerServicer(ledger, clock=ledger.clock), server
+            LedgerServicer(ledger, clock=ledger.clock, db=db), server
         )
         names.append(LEDGER_SERVICE)
     enable_reflection(names, server)
@@ -159,7 +162,12 @@ class ControlPlane:
             pricing = PricingBook(settings.pricing_window_s, StepTable(settings.pricing_steps))
         self.service = AdmissionService(settings, clock=clock, pricing=pricing)
         self.waiting = WaitingRoom(self.service)
-        self.engine = make_engine(settings.database_url)
+        self.engine = make_engine(
+            settings.database_url,
+            connect_timeout_s=settings.db_connect_timeout_s,
+            statement_timeout_s=settings.db_statement_timeout_s,
+        )
+        self.db_calls = DbCaller(settings.operator_db_timeout_s)
         self.repo = ConfigRepository(self.engine)
         self.port = 0
         self.metrics_port: int | None = None
@@ -211,15 +219,23 @@ class ControlPlane:
             self.metrics_collectors.append(LedgerCollector(self.metering))
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
-        """``fn()`` on a worker thread, for database work of the poll loop.
-        A cancelled caller (``stop``) does not stop the thread, which keeps
-        its pooled connection until it returns; ``stop`` waits for these
-        before disposing of the engine, so no connection is handed back to a
-        disposed pool (and later garbage-collected still open)."""
+        """``fn()`` on a worker thread, for database work of the poll loop,
+        awaited for at most ``operator_db_timeout_s`` (a hung database makes
+        the step fail, logged, instead of holding the loop's later steps).
+        A cancelled or timed-out caller does not stop the thread, which
+        keeps its pooled connection until it returns; ``stop`` waits for
+        these before disposing of the engine, so no connection is handed
+        back to a disposed pool (and later garbage-collected still open)."""
         fut = asyncio.ensure_future(asyncio.to_thread(fn))
         self._db_calls.add(fut)
         fut.add_done_callback(self._db_calls.discard)
-        return await asyncio.shield(fut)
+        fut.add_done_callback(_swallow)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.settings.operator_db_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no answer from the database within {self.settings.operator_db_timeout_s} s"
+            ) from None
 
     async def load_config(self) -> bool:
         """Reload tenants and lanes when the database changed; True if applied."""
@@ -254,8 +270,8 @@ class ControlPlane:
             interceptors.append(tracing)  # outermost: the span covers auth too
         interceptors.append(
             ServerInterceptor(
-                key_store=self.key_store,
                 key_cache=self.key_cache,
+                db=self.db_calls,
                 stats=self.rpc_stats,
                 admission_auth=self.settings.admission_auth,
                 admission_log_sample=self.settings.admission_log_sample,
@@ -290,10 +306,13 @@ class ControlPlane:
             max_message_bytes=self.settings.max_message_bytes,
             waiting=self.waiting,
             interceptors=self._interceptors(),
-            admin=AdminServicer(self, self.repo, self.key_store, self.key_cache, self.audit_log),
+            admin=AdminServicer(
+                self, self.repo, self.key_store, self.key_cache, self.audit_log, self.db_calls
+            ),
             credentials=self._credentials(),
             ledger=self.metering,
             options=keepalive_options(self.settings),
+            db=self.db_calls,
         )
         await self._server.start()
         self.gc_pauses.install()
@@ -380,6 +399,7 @@ class ControlPlane:
             await self.metering.stop()  # writes (or spools) what is queued
         if self._db_calls:  # a poll step cancelled mid-query: let its thread finish
             await asyncio.gather(*self._db_calls, return_exceptions=True)
+        await asyncio.to_thread(self.db_calls.shutdown)  # operator calls, likewise
         self.engine.dispose()
 
     async def _restore_quota_usage(self) -> None:
@@ -418,6 +438,13 @@ class ControlPlane:
     async def wait(self) -> None:
         assert self._server is not None
         await self._server.wait_for_termination()
+
+
+def _swallow(fut: asyncio.Future[Any]) -> None:
+    """Retrieve a background call's exception (logged by whoever awaited it,
+    or nobody, after a timeout), so asyncio does not report it as lost."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 ReadyCallback = Callable[["ControlPlane"], None]

@@ -27,6 +27,17 @@ class Settings(BaseSettings):
     # ("postgresql://..." is rewritten to the psycopg dialect).
     database_url: str = f"sqlite:///{DEFAULT_SQLITE_PATH}"
 
+    # Bounds on the database (docs/operating.md, "When the database is down").
+    # PostgreSQL: libpq's connect_timeout for every new connection, and a
+    # server-side statement_timeout on the server's connections (0 = none).
+    db_connect_timeout_s: int = Field(default=5, ge=1)
+    db_statement_timeout_s: float = Field(default=30.0, ge=0)
+    # The longest an operator RPC (AdminService, LedgerService) waits for the
+    # database before it answers UNAVAILABLE; the config poll's steps are
+    # bounded by it too. A hung database never answers, so without this bound
+    # an operator call waits as long as the outage.
+    operator_db_timeout_s: float = Field(default=5.0, gt=0)
+
     # gRPC listener. Port 0 asks the OS for a free port (printed at start).
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
@@ -129,7 +140,12 @@ class Settings(BaseSettings):
     ledger_spool_max_bytes: int = Field(default=256 * 1024 * 1024, ge=4096)
     # Most records in one group commit (COPY / executemany + COMMIT).
     ledger_batch_max: int = Field(default=10_000, ge=1)
-    # A database write slower than this (s) goes to the spool instead.
+    # A ledger batch not committed after this long (s) is taken for a hung
+    # database: its records go to the spool (fsynced, then acknowledged) and
+    # so does every later batch until the database answers again. The wait
+    # grows to 4x the median of recent batch times when the database is
+    # merely busy, but never beyond ledger_db_timeout_s.
+    ledger_hang_after_s: float = Field(default=0.25, gt=0)
     ledger_db_timeout_s: float = Field(default=5.0, gt=0)
     # While spooling, how often (s) the database is tried again.
     ledger_retry_s: float = Field(default=1.0, gt=0)

@@ -48,3 +48,13 @@ class LedgerUnavailable(DomainError):
     """The ledger cannot make a record durable (database unreachable and the
     spool full) or cannot be consulted; nothing was changed, retry later.
     Mapped to gRPC UNAVAILABLE."""
+
+
+class DatabaseUnavailable(DomainError):
+    """The database did not answer an operator call in time, or refused the
+    connection. The message is generic on purpose (the caller may hold no
+    valid key; host, port and driver text stay in the server log). Mapped to
+    gRPC UNAVAILABLE with a RetryInfo."""
+
+    def __init__(self) -> None:
+        super().__init__("database unavailable; retry later")

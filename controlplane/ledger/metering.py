@@ -107,6 +107,7 @@ class Metering:
             self.spool,
             batch_max=settings.ledger_batch_max,
             db_timeout_s=settings.ledger_db_timeout_s,
+            hang_after_s=settings.ledger_hang_after_s,
             retry_s=settings.ledger_retry_s,
             on_state=self._db_state,
         )
@@ -334,7 +335,11 @@ class Metering:
         if rec is not None:
             return rec
         try:
-            return await asyncio.to_thread(self.store.fetch, key)
+            # Bounded like a ledger write: a hung database answers "retry
+            # later", not after the outage.
+            return await asyncio.wait_for(
+                asyncio.to_thread(self.store.fetch, key), self.writer.db_timeout_s
+            )
         except Exception as exc:
             raise LedgerUnavailable(
                 f"request_id: cannot look {key[1]!r} up in the ledger ({type(exc).__name__}); "

@@ -12,8 +12,10 @@ after the COMMIT of its own batch.
 
 - Database healthy: COPY / executemany + COMMIT; each future resolves after
   the commit (``WRITTEN``; ``EXISTS`` for a key that was already recorded).
-- The write fails or takes longer than ``db_timeout_s``: the batch is
-  appended to the spool and fsynced, its futures resolve (``SPOOLED``), and
+- The write fails, or takes longer than ``hang_deadline()`` (by default
+  0.25 s, more when recent batches were slow, at most ``db_timeout_s``):
+  the batch is appended to the spool and fsynced, its futures resolve
+  (``SPOOLED``), and
   every later batch goes to the spool too until the drainer has replayed
   the spool into a database that answers again.
 - The spool is full: the futures fail with ``LedgerUnavailable`` (nothing
@@ -31,6 +33,7 @@ import asyncio
 import contextlib
 import enum
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +54,10 @@ log = structlog.get_logger("burstgate.ledger.writer")
 # one batch at a time: a group commit, the fewest transactions).
 PIPELINE = 3
 OVERLAP_MIN = 1_000
+# A batch slower than HANG_FACTOR x the median of the last RECENT_BATCHES
+# (and than hang_after_s) is taken for a hung database (see hang_deadline).
+HANG_FACTOR = 4.0
+RECENT_BATCHES = 33
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -96,6 +103,7 @@ class LedgerWriter:
         *,
         batch_max: int = 10_000,
         db_timeout_s: float = 5.0,
+        hang_after_s: float = 0.25,
         retry_s: float = 1.0,
         on_state: Callable[[bool], None] | None = None,
         pipeline: int = PIPELINE,
@@ -105,6 +113,8 @@ class LedgerWriter:
         self.spool = spool
         self.batch_max = batch_max
         self.db_timeout_s = db_timeout_s
+        self.hang_after_s = min(hang_after_s, db_timeout_s)
+        self._recent_batch_s: deque[float] = deque(maxlen=RECENT_BATCHES)
         self.retry_s = retry_s
         self.pipeline = max(1, pipeline)
         self.overlap_min = max(1, overlap_min)
@@ -256,7 +266,7 @@ class LedgerWriter:
         if self.db_ok:
             job = loop.run_in_executor(self._db_pool, self.store.insert, records)
             try:
-                conflicts = await asyncio.wait_for(asyncio.shield(job), self.db_timeout_s)
+                conflicts = await asyncio.wait_for(asyncio.shield(job), self.hang_deadline())
             except Exception as exc:
                 # A timed-out write may still commit later: the spool replay
                 # is idempotent, so the record ends up stored once either way.
@@ -265,8 +275,10 @@ class LedgerWriter:
                 reason = "timeout" if isinstance(exc, TimeoutError) else str(exc).splitlines()[0]
                 self._set_db_ok(False, reason)
             else:
+                took = time.perf_counter() - t0
+                self._recent_batch_s.append(took)
                 self.stats.batches += 1
-                self.stats.batch_seconds += time.perf_counter() - t0
+                self.stats.batch_seconds += took
                 self.stats.written += len(records) - len(conflicts)
                 self.stats.conflicts += len(conflicts)
                 if conflicts:
@@ -297,6 +309,16 @@ class LedgerWriter:
             self.pending[r.key] = tuple(r)
             if not fut.done():
                 fut.set_result(Outcome.SPOOLED)
+
+    def hang_deadline(self) -> float:
+        """How long a batch may take before the database counts as hung and
+        the batch is spooled: ``hang_after_s``, or 4x the median of the
+        last batches when the database is merely busy, never more than
+        ``db_timeout_s``. A Complete waits at most this (plus an fsync)
+        through the first moments of an outage, and not at all after."""
+        recent = self._recent_batch_s
+        typical = sorted(recent)[len(recent) // 2] if recent else 0.0
+        return min(self.db_timeout_s, max(self.hang_after_s, HANG_FACTOR * typical))
 
     def _set_db_ok(self, ok: bool, reason: str = "") -> None:
         if ok == self.db_ok:

@@ -8,7 +8,6 @@ Reads of live state run on the loop, where the fast path lives.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -43,6 +42,7 @@ from controlplane.rpc.admin_pb import (
     tenant_to_pb,
 )
 from controlplane.rpc.auth import current_actor
+from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.errors import unary_errors
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
@@ -77,7 +77,9 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         key_store: KeyStore,
         key_cache: KeyCache,
         audit: AuditLog,
+        db: DbCaller,
     ) -> None:
+        self._db = db  # every database call below: bounded, UNAVAILABLE past it
         self._plane = plane
         self._svc = plane.service
         self._store = store
@@ -90,7 +92,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         return current_actor()
 
     async def _apply(self) -> None:
-        """Make a committed change live before answering."""
+        """Make a committed change live before answering (the reload's
+        database reads are bounded like the poll's)."""
         try:
             await self._plane.load_config()
         except Exception as exc:  # stored; the config poll applies it
@@ -103,7 +106,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         self, request: apb.CreateTenantRequest, context: grpc.aio.ServicerContext
     ) -> apb.Tenant:
         cfg = tenant_from_pb(request.tenant)
-        rec = await asyncio.to_thread(self._store.add_tenant, cfg, self._actor())
+        rec = await self._db.run(self._store.add_tenant, cfg, self._actor())
         await self._apply()
         return tenant_to_pb(rec)
 
@@ -111,7 +114,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def GetTenant(
         self, request: apb.GetTenantRequest, context: grpc.aio.ServicerContext
     ) -> apb.Tenant:
-        return tenant_to_pb(await asyncio.to_thread(self._store.get_tenant, request.tenant_id))
+        return tenant_to_pb(await self._db.run(self._store.get_tenant, request.tenant_id))
 
     @unary_errors
     async def ListTenants(
@@ -119,7 +122,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     ) -> apb.ListTenantsResponse:
         limit = page_size(request.page_size)
         after = decode_page_token(request.page_token) if request.page_token else ""
-        page, last = await asyncio.to_thread(self._store.list_tenants, limit, after)
+        page, last = await self._db.run(self._store.list_tenants, limit, after)
         return apb.ListTenantsResponse(
             tenants=[tenant_to_pb(r) for r in page],
             next_page_token=encode_page_token(last) if last else "",
@@ -130,14 +133,14 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         self, request: apb.UpdateTenantRequest, context: grpc.aio.ServicerContext
     ) -> apb.Tenant:
         changes = tenant_changes(request.tenant, list(request.update_mask.paths))
-        rec = await asyncio.to_thread(
+        rec = await self._db.run(
             self._store.update_tenant, request.tenant.tenant_id, changes, self._actor()
         )
         await self._apply()
         return tenant_to_pb(rec)
 
     async def _set_enabled(self, tenant_id: str, enabled: bool) -> apb.Tenant:
-        rec = await asyncio.to_thread(self._store.set_enabled, tenant_id, enabled, self._actor())
+        rec = await self._db.run(self._store.set_enabled, tenant_id, enabled, self._actor())
         await self._apply()
         return tenant_to_pb(rec)
 
@@ -180,7 +183,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 if reason:
                     raise FailedPrecondition(f"tenant_id: {reason}; delete with force to override")
 
-        rec = await asyncio.to_thread(self._store.delete_tenant, tenant_id, self._actor(), guard)
+        rec = await self._db.run(self._store.delete_tenant, tenant_id, self._actor(), guard)
         await self._apply()
         return apb.DeleteTenantResponse(tenant=tenant_to_pb(rec), open_reservations=open_now)
 
@@ -190,7 +193,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def ListLanes(
         self, request: apb.ListLanesRequest, context: grpc.aio.ServicerContext
     ) -> apb.ListLanesResponse:
-        lanes = await asyncio.to_thread(self._store.lanes)
+        lanes = await self._db.run(self._store.lanes)
         return apb.ListLanesResponse(lanes=[lane_to_pb(lane) for lane in lanes])
 
     @unary_errors
@@ -209,7 +212,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 changes[p] = optional_pool(lane)
             else:
                 changes[p] = getattr(lane, p)
-        updated = await asyncio.to_thread(
+        updated = await self._db.run(
             self._store.update_lane,
             lane.name,
             changes,
@@ -225,7 +228,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def GetPolicy(
         self, request: apb.GetPolicyRequest, context: grpc.aio.ServicerContext
     ) -> apb.Policy:
-        overrides = await asyncio.to_thread(self._store.policy_overrides)
+        overrides = await self._db.run(self._store.policy_overrides)
         return policy_to_pb(self._plane.settings.policy, overrides)
 
     @unary_errors
@@ -236,7 +239,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             raise InvalidArgument("set", "nothing to change: give set and/or reset")
         values = {k: json_value(k, v) for k, v in request.set.items()}
         base = self._plane.settings.policy
-        _, stored = await asyncio.to_thread(
+        _, stored = await self._db.run(
             self._store.update_policy, base, values, list(request.reset), self._actor()
         )
         await self._apply()
@@ -248,7 +251,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def GetTenantState(
         self, request: apb.GetTenantStateRequest, context: grpc.aio.ServicerContext
     ) -> apb.TenantState:
-        rec = await asyncio.to_thread(self._store.get_tenant, request.tenant_id)
+        rec = await self._db.run(self._store.get_tenant, request.tenant_id)
         live = tenant_live(self._svc, request.tenant_id)  # on the loop
         as_of = Timestamp()
         as_of.FromNanoseconds(self._svc.clock())
@@ -310,7 +313,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             if not token.isdigit():
                 raise InvalidArgument("page_token", "not a token returned by this API")
             before = int(token)
-        events, next_before = await asyncio.to_thread(
+        events, next_before = await self._db.run(
             lambda: self._audit.list(
                 limit, before, target=request.target, actor=request.actor, action=request.action
             )
@@ -327,25 +330,21 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         self, request: apb.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> apb.CreateApiKeyResponse:
         role = parse_role(request.role)
-        secret, info = await asyncio.to_thread(
-            self._keys.create_key, request.name, role, self._actor()
-        )
-        await asyncio.to_thread(self._key_cache.refresh)
+        secret, info = await self._db.run(self._keys.create_key, request.name, role, self._actor())
+        await self._db.run(self._key_cache.refresh)
         return apb.CreateApiKeyResponse(key=key_to_pb(info), secret=secret)
 
     @unary_errors
     async def ListApiKeys(
         self, request: apb.ListApiKeysRequest, context: grpc.aio.ServicerContext
     ) -> apb.ListApiKeysResponse:
-        keys = await asyncio.to_thread(
-            lambda: self._keys.list(include_revoked=request.include_revoked)
-        )
+        keys = await self._db.run(lambda: self._keys.list(include_revoked=request.include_revoked))
         return apb.ListApiKeysResponse(keys=[key_to_pb(k) for k in keys])
 
     @unary_errors
     async def RevokeApiKey(
         self, request: apb.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> apb.ApiKey:
-        info = await asyncio.to_thread(self._keys.revoke_key, request.key_id, self._actor())
-        await asyncio.to_thread(self._key_cache.refresh)
+        info = await self._db.run(self._keys.revoke_key, request.key_id, self._actor())
+        await self._db.run(self._key_cache.refresh)
         return key_to_pb(info)

@@ -10,9 +10,13 @@ Rules by service:
   access logs are sampled (``admission_log_sample``, default off: a log line
   costs more than the decision).
 - ``AdminService`` (and any other service): an ``admin`` or ``viewer`` key,
-  checked against the database on every call so that a revocation by any
-  process applies to the very next call; ``viewer`` may call Get*/List*
-  only. Every call gets an access log line and a request id.
+  checked against the same in-memory copy before anything touches the
+  database (a revocation made through this server applies to the next call,
+  one made by another process within the config poll interval); a key id the
+  copy does not know yet makes it re-read the keys, at most once per
+  ``UNKNOWN_KEY_REFRESH_S`` and bounded like every operator database call.
+  ``viewer`` may call Get*/List*/Export* only. Every call gets an access log
+  line and a request id.
 
 Keys and secrets are never logged; neither is any request payload beyond
 ids and counts.
@@ -37,8 +41,8 @@ from controlplane.auth import KeyCache
 from controlplane.domain.audit import Actor
 from controlplane.domain.errors import DomainError, PermissionDenied, Unauthenticated
 from controlplane.domain.keys import Principal, Role, bearer_token
+from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.errors import abort, error_status
-from controlplane.store.keys import KeyStore
 from controlplane.telemetry.metrics import LatencyHistogram, RpcStats
 
 log = structlog.get_logger("burstgate.access")
@@ -59,6 +63,9 @@ ADMIN_ONLY_READS = frozenset({"ListApiKeys"})
 # Admission methods whose server-side latency is the "decision latency".
 DECISION_METHODS = frozenset({"Admit", "AdmitStream"})
 MAX_REQUEST_ID = 128
+# Most one forced key refresh per this many seconds for unknown key ids: a
+# caller guessing keys costs the database nothing more than the poll does.
+UNKNOWN_KEY_REFRESH_S = 1.0
 
 _PUBLIC, _ADMISSION, _OPERATOR = 0, 1, 2
 
@@ -134,14 +141,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(
         self,
         *,
-        key_store: KeyStore,
         key_cache: KeyCache,
+        db: DbCaller,
         stats: RpcStats,
         admission_auth: bool,
         admission_log_sample: float = 0.0,
     ) -> None:
-        self.key_store = key_store
         self.key_cache = key_cache
+        self.db = db
+        self._refreshed_at = -UNKNOWN_KEY_REFRESH_S
+        self._refreshing: asyncio.Future[bool] | None = None
         self.stats = stats
         self.admission_auth = admission_auth
         self.admission_log_sample = admission_log_sample
@@ -171,10 +180,36 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return self._admission_handler(method, handler, rule)
         try:
             token = bearer_token(metadata)
-            principal = authorize(await asyncio.to_thread(self.key_store.authenticate, token), rule)
+            principal = self.key_cache.lookup(token)
+            if principal is None:
+                principal = await self._lookup_unknown(token)
+            authorize(principal, rule)
         except DomainError as exc:
             return self._refuse(handler, rule, exc)
         return self._operator_handler(handler, rule, principal, _request_id(metadata))
+
+    async def _lookup_unknown(self, token: str) -> Principal:
+        """A key id the cache does not know: re-read the keys (one refresh
+        shared by concurrent callers, at most one per
+        ``UNKNOWN_KEY_REFRESH_S``) and look again. With the database down the
+        key stays unknown: UNAUTHENTICATED, and nothing about the database."""
+        now = time.monotonic()
+        if self._refreshing is None and now - self._refreshed_at >= UNKNOWN_KEY_REFRESH_S:
+            self._refreshed_at = now
+            self._refreshing = asyncio.ensure_future(self.db.run(self.key_cache.refresh))
+        if self._refreshing is not None:
+            refreshing = self._refreshing
+            try:
+                await asyncio.shield(refreshing)
+            except Exception:  # logged by the DbCaller; the key stays unknown
+                pass
+            finally:
+                if self._refreshing is refreshing:
+                    self._refreshing = None
+        principal = self.key_cache.lookup(token)
+        if principal is None:
+            raise Unauthenticated("invalid or revoked API key")
+        return principal
 
     # ------------------------------------------------------------- refusals
 

@@ -28,6 +28,7 @@ from grpc_status import rpc_status
 
 from controlplane.domain.errors import (
     AlreadyExists,
+    DatabaseUnavailable,
     DomainError,
     FailedPrecondition,
     InvalidArgument,
@@ -36,6 +37,7 @@ from controlplane.domain.errors import (
     PermissionDenied,
     Unauthenticated,
 )
+from controlplane.rpc.dbcall import UNREACHABLE
 
 log = structlog.get_logger("burstgate.rpc")
 
@@ -54,13 +56,15 @@ _CODES: dict[type[DomainError], tuple[grpc.StatusCode, str]] = {
     PermissionDenied: (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
     # Metering: the ledger cannot make a record durable or be read.
     LedgerUnavailable: (grpc.StatusCode.UNAVAILABLE, "LEDGER_UNAVAILABLE"),
+    # Operator RPCs: the database did not answer in time (controlplane/rpc/dbcall.py).
+    DatabaseUnavailable: (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE"),
 }
 INTERNAL = (grpc.StatusCode.INTERNAL, "INTERNAL")
 INTERNAL_MESSAGE = "internal error; see server log"
-# RetryInfo.retry_delay by code. UNAVAILABLE is the ledger's database being
-# unreachable with the spool full: the writer tries the database again every
-# BURSTGATE_LEDGER_RETRY_S (1 s by default), so a retry a second later is the
-# first that can succeed.
+# RetryInfo.retry_delay by code. UNAVAILABLE is the database being
+# unreachable (for the ledger: with the spool full): the writer tries the
+# database again every BURSTGATE_LEDGER_RETRY_S (1 s by default), so a retry
+# a second later is the first that can succeed.
 _RETRY_DELAY_S: dict[grpc.StatusCode, int] = {grpc.StatusCode.UNAVAILABLE: 1}
 
 
@@ -147,6 +151,9 @@ def unary_errors(fn: Handler[R]) -> Handler[R]:
             raise
         except DomainError as exc:
             await abort(context, error_status(exc))
+        except UNREACHABLE as exc:  # a database call made without the DbCaller
+            log.warning("database unavailable", method=fn.__name__, error=type(exc).__name__)
+            await abort(context, error_status(DatabaseUnavailable()))
         except Exception:
             log.exception("unhandled error", method=fn.__name__)
             await abort(context, internal_status())

@@ -11,11 +11,17 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+import structlog
 
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
 from controlplane.domain.catalog import PRICE_FIELDS, PriceEntry, parse_lane_multipliers
-from controlplane.domain.errors import DomainError, InvalidArgument, LedgerUnavailable, NotFound
+from controlplane.domain.errors import (
+    DatabaseUnavailable,
+    DomainError,
+    InvalidArgument,
+    NotFound,
+)
 from controlplane.domain.ledger_records import LedgerRecord
 from controlplane.domain.money import format_fixed, format_nanos, ppm_decimal
 from controlplane.domain.units import NS_PER_S
@@ -28,11 +34,13 @@ from controlplane.ledger.export import (
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.usage import usage
 from controlplane.rpc.admission import MISS_RATE_SOURCE
-from controlplane.rpc.errors import abort, error_status, unary_errors
+from controlplane.rpc.dbcall import DbCaller
+from controlplane.rpc.errors import abort, error_status, internal_status, unary_errors
 
 _FORMATS = {0: "csv", 1: "csv", 2: "jsonl", 3: "parquet"}
 _GRANULARITY = {0: "request", 1: "request", 2: "daily"}
 T = TypeVar("T")
+log = structlog.get_logger("burstgate.ledger.rpc")
 MS_PER_S = 1000  # window lengths are kept in seconds, sent in ms (every duration on the wire is)
 
 
@@ -104,9 +112,16 @@ def price_from_pb(p: lpb.Price) -> PriceEntry:
 
 
 class LedgerServicer(lpb_grpc.LedgerServiceServicer):
-    def __init__(self, metering: Metering, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        metering: Metering,
+        clock: Callable[[], int] = time.time_ns,
+        db: DbCaller | None = None,
+    ) -> None:
         self.m = metering
         self.clock = clock
+        # Every database call: bounded, UNAVAILABLE past it (rpc/dbcall.py).
+        self.db = db or DbCaller(metering.settings.operator_db_timeout_s)
 
     def _period(self, start: int, end: int) -> tuple[int, int]:
         end = end or self.clock()
@@ -115,16 +130,7 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         return start, end
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except DomainError:
-            raise
-        except Exception as exc:
-            from sqlalchemy.exc import OperationalError
-
-            if isinstance(exc, OperationalError):
-                raise LedgerUnavailable(f"database unreachable: {exc.orig}") from exc
-            raise
+        return await self.db.run(fn, *args)
 
     # ----------------------------------------------------------------- export
 
@@ -143,19 +149,32 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         result = ExportResult()
         chunks: Iterator[bytes] = export(self.m.engine, spec, result)
         done = object()
+        hung = False
         try:
             while True:
-                # One chunk per thread hop: the event loop never waits on SQL.
-                data = await asyncio.to_thread(next, chunks, done)
+                # One chunk per thread hop: the event loop never waits on SQL;
+                # each hop is bounded (a hung database ends the export
+                # UNAVAILABLE instead of holding it open).
+                try:
+                    data = await self.db.run(next, chunks, done)
+                except DatabaseUnavailable:
+                    hung = True
+                    raise
                 if data is done:
                     break
                 assert isinstance(data, bytes)
                 yield lpb.ExportLedgerChunk(data=data)
         except DomainError as exc:
             await abort(context, error_status(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("export failed")
+            await abort(context, internal_status())
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(chunks.close)  # type: ignore[attr-defined]
+            if not hung:  # else its thread may still be inside next(): leave it be
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(chunks.close)  # type: ignore[attr-defined]
         yield lpb.ExportLedgerChunk(manifest_json=manifest_json(result))
 
     # ---------------------------------------------------------------- queries

@@ -11,17 +11,14 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.domain.audit import Actor
-from controlplane.domain.errors import InvalidArgument, NotFound, Unauthenticated
+from controlplane.domain.errors import InvalidArgument, NotFound
 from controlplane.domain.keys import (
     MAX_NAME_LEN,
-    SALT_BYTES,
     KeyInfo,
     KeyVerifier,
     Principal,
     Role,
-    hash_secret,
     new_key,
-    split_key,
 )
 from controlplane.store.audit import local_actor, log_change
 from controlplane.store.models import ApiKey
@@ -116,19 +113,6 @@ class KeyStore:
             if not include_revoked:
                 q = q.where(ApiKey.revoked_at.is_(None))
             return [_info(r) for r in s.scalars(q)]
-
-    def authenticate(self, key: str) -> Principal:
-        """Check a presented key against the database (admin calls: a revoke
-        made by any process applies to the very next call)."""
-        key_id, secret = split_key(key)
-        with Session(self.engine) as s:
-            row = s.scalar(select(ApiKey).where(ApiKey.key_id == key_id))
-            if row is None:
-                # Hash anyway: an unknown id costs the same as a wrong secret.
-                hash_secret(b"\0" * SALT_BYTES, secret)
-                raise Unauthenticated("invalid or revoked API key")
-            verifier = _verifier(row)
-        return verifier.check(secret)
 
     def fingerprint(self) -> tuple[object, ...]:
         with Session(self.engine) as s:

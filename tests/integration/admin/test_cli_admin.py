@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.cli import app
 from tests.integration.admin.conftest import Env
+from tests.support import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +48,12 @@ class Cli:
         return json.loads(self(*args, "--json").stdout)
 
 
+def runner_code(cli: Cli, *args: str) -> int:
+    code: int = cli.runner.invoke(app, list(args), env=cli.vars).exit_code
+    return code
+
+
+@pytest.mark.parametrize("env", [{"config_poll_s": 0.2}], indirect=True)
 def test_operator_session(env: Env) -> None:
     db = ("--database-url", env.url)
     boot = CliRunner().invoke(app, ["keys", "create", "--role", "admin", "--name", "ops", *db])
@@ -128,6 +135,13 @@ def test_operator_session(env: Env) -> None:
     ops_id = key.split("_")[1]
     done = CliRunner().invoke(app, ["keys", "revoke", ops_id, *db])
     assert done.exit_code == 0
+    # Revoked by another process: refused once the server's config poll
+    # (0.2 s here) has re-read the keys.
+    wait_until(
+        lambda: runner_code(cli, "tenant", "list") == 2,
+        message="the CLI-revoked key to be refused",
+        timeout=5,
+    )
     assert "UNAUTHENTICATED" in cli("tenant", "list", code=2).stderr
     bad_role = CliRunner().invoke(app, ["keys", "create", "--role", "root", "--name", "x", *db])
     assert bad_role.exit_code == 2 and "role" in bad_role.stderr

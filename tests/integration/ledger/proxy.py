@@ -1,6 +1,11 @@
 """A TCP proxy the test controls, between the server and PostgreSQL: cutting
 it makes the database unreachable for that server alone (the machine's
-PostgreSQL, shared with other tests, keeps running)."""
+PostgreSQL, shared with other tests, keeps running).
+
+Two ways to fail: ``cut()`` closes every connection and refuses new ones (a
+database that is down), ``hang()`` keeps connections open and accepts new
+ones but forwards nothing (a database, or a network, that stopped
+answering: no error ever comes back, only silence)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import contextlib
 import select
 import socket
 import threading
+import time
 
 
 class TcpProxy:
@@ -18,6 +24,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._up = True
+        self._hung = threading.Event()  # set: forward nothing, close nothing
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -45,6 +52,9 @@ class TcpProxy:
         socks = [a, b]
         try:
             while True:
+                if self._hung.is_set():  # hold the bytes in the kernel's buffers
+                    time.sleep(0.02)
+                    continue
                 ready, _, _ = select.select(socks, [], [], 0.5)
                 for s in ready:
                     data = s.recv(65536)
@@ -69,9 +79,15 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 s.close()
 
+    def hang(self) -> None:
+        """Stop forwarding, without closing anything (``restore`` resumes:
+        what was sent meanwhile is delivered then)."""
+        self._hung.set()
+
     def restore(self) -> None:
         with self._lock:
             self._up = True
+        self._hung.clear()
 
     def close(self) -> None:
         self._closed = True

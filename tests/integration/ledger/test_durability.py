@@ -15,6 +15,7 @@ import grpc
 import pytest
 from sqlalchemy.engine import make_url
 
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane.client import AdmissionClient
 from controlplane.store.db import upgrade
@@ -198,3 +199,42 @@ def test_sigkill_after_acknowledgements_loses_nothing(
         again.p.wait(timeout=30)
         again.close()
     assert not list((tmp_path / "spool").glob("*.spool"))
+
+
+def test_complete_stays_fast_when_the_database_hangs(
+    pg_url: str, proxied: tuple[str, TcpProxy], make_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Reliability issue, bug 4: with the database silent (no error, no
+    answer), Complete used to wait the whole ledger_db_timeout_s (5 s) before
+    the spool took over. Now a batch that has not committed after the hang
+    deadline (0.25 s by default) is spooled: each Complete answers well
+    inside a 2 s deadline, durable, and nothing is lost or doubled."""
+    url, proxy = proxied
+    srv = make_server(url, ledger_spool_dir=tmp_path / "spool", ledger_retry_s=0.2)
+    assert srv.plane.settings.ledger_db_timeout_s == 5.0  # the default the bug was seen with
+    plane = srv.plane
+    acked: list[str] = []
+    with AdmissionClient(srv.target, timeout=10) as c:
+        for i in range(5):
+            _settle(c, f"before-{i}")
+            acked.append(f"before-{i}")
+        proxy.hang()
+        for i in range(30):
+            c.admit("acme", f"during-{i}", prompt_tokens=100, max_tokens=50)
+            req = pb.CompleteRequest(
+                tenant_id="acme", request_id=f"during-{i}", prompt_tokens=100, generated_tokens=7
+            )
+            r = c.stub.Complete(req, timeout=2)  # DEADLINE_EXCEEDED before the fix
+            assert not r.duplicate and r.user_charge
+            acked.append(f"during-{i}")
+        assert srv.on_loop(lambda: plane.metering.writer.db_ok) is False
+        proxy.restore()
+        wait_until(
+            lambda: srv.on_loop(
+                lambda: plane.metering.writer.db_ok and not plane.metering.spool.bytes
+            ),
+            message="the database to answer again and the spool to drain",
+            timeout=30,
+        )
+    ids = [r.request_id for r in ledger_rows(pg_url)]
+    assert sorted(ids) == sorted(acked)  # every acknowledged record, exactly once

@@ -9,9 +9,13 @@ Keys have a role: `viewer` may call Get*/List* (except ListApiKeys),
 `admin` may call everything, `sidecar` keys are for the admission API
 only. No, malformed, unknown or revoked credentials: UNAUTHENTICATED; a
 role that may not call the method: PERMISSION_DENIED. Keys are checked
-against the database on every call, so a revocation applies to the very
-next call. Optional `x-request-id` metadata (1..128 printable characters)
-is recorded in the access log and in audit records.
+against the server's in-memory copy before the database is touched: a
+revocation through this API applies to the very next call, one made
+elsewhere (the CLI) within the server's config poll interval. A call that
+needs the database while it is unreachable answers UNAVAILABLE (reason
+DATABASE_UNAVAILABLE) within a bound. Optional `x-request-id` metadata
+(1..128 printable characters) is recorded in the access log and in audit
+records.
 
 Writes are validated in full before anything is stored, stored together
 with an audit record (ListAuditEvents), and applied to the serving

@@ -1,0 +1,111 @@
+"""The operator APIs while the database is gone (reliability issue, bug 3):
+callers are authenticated from the in-memory key cache before anything
+touches the database, every database call is bounded, and the answer is
+UNAVAILABLE with a generic message (nothing about the database's host or
+port, whoever asks). PostgreSQL behind a TCP proxy the test controls, in
+both failure modes: refused connections (``cut``) and silence (``hang``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy.engine import make_url
+
+from controlplane._proto.burstgate.v1 import admin_pb2 as apb
+from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
+from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
+from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
+from controlplane.client.admin import authenticated_channel
+from controlplane.store.db import upgrade
+from tests.integration.admin.conftest import make_keys, start_server
+from tests.integration.ledger.conftest import setup_db
+from tests.integration.ledger.proxy import TcpProxy
+from tests.support import error_details
+
+BOUND_S = 1.0  # BURSTGATE_OPERATOR_DB_TIMEOUT_S for these servers
+
+
+@pytest.fixture
+def outage(pg_url: str, tmp_path: Path) -> Iterator[tuple[Any, TcpProxy, str, str]]:
+    """A server whose database is reached through a proxy, an admin key,
+    and the proxy's port (which must never appear in an answer)."""
+    upgrade(pg_url)
+    setup_db(pg_url, "acme")
+    keys = make_keys(pg_url)
+    url = make_url(pg_url)
+    proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxied = url.set(port=proxy.port).render_as_string(hide_password=False)
+    srv = start_server(
+        proxied,
+        operator_db_timeout_s=BOUND_S,
+        ledger_spool_dir=tmp_path / "spool",
+        config_poll_s=0.2,
+    )
+    try:
+        yield srv, proxy, keys.admin, str(proxy.port)
+    finally:
+        proxy.restore()  # let hung database threads return before the stop
+        srv.stop()
+        proxy.close()
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[grpc.RpcError | None, float]:
+    t0 = time.monotonic()
+    try:
+        fn()
+    except grpc.RpcError as exc:
+        return exc, time.monotonic() - t0
+    return None, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("mode", ["cut", "hang"])
+def test_admin_api_during_a_database_outage(
+    outage: tuple[Any, TcpProxy, str, str], mode: str
+) -> None:
+    srv, proxy, admin_key, port = outage
+    admin = apb_grpc.AdminServiceStub(authenticated_channel(srv.target, admin_key))
+    ledger = lpb_grpc.LedgerServiceStub(authenticated_channel(srv.target, admin_key))
+    wrong = apb_grpc.AdminServiceStub(authenticated_channel(srv.target, admin_key[:-4] + "abcd"))
+    assert admin.ListTenants(apb.ListTenantsRequest(), timeout=10).tenants
+
+    getattr(proxy, mode)()
+    # A wrong key is refused from memory: at once, and without a word about
+    # the database.
+    err, took = _timed(lambda: wrong.ListTenants(apb.ListTenantsRequest(), timeout=10))
+    assert err is not None and err.code() == grpc.StatusCode.UNAUTHENTICATED, err
+    assert took < BOUND_S
+    assert port not in (err.details() or "")
+    # A good key reaches the handler; its database call gives up at the
+    # bound and answers UNAVAILABLE, generic, retryable.
+    for call in (
+        lambda: admin.ListTenants(apb.ListTenantsRequest(), timeout=10),
+        lambda: admin.GetPolicy(apb.GetPolicyRequest(), timeout=10),
+        lambda: ledger.ListPrices(lpb.ListPricesRequest(), timeout=10),
+    ):
+        err, took = _timed(call)
+        assert err is not None and err.code() == grpc.StatusCode.UNAVAILABLE, err
+        assert err.details() == "database unavailable; retry later"
+        details = error_details(err)
+        assert details.info.reason == "DATABASE_UNAVAILABLE"
+        assert details.retry is not None
+        assert took < BOUND_S + 3  # not the length of the outage
+        assert port not in str(err.trailing_metadata())
+    # What needs no database still answers.
+    state = admin.GetServerState(apb.GetServerStateRequest(), timeout=10)
+    assert state.tenants == 1
+
+    proxy.restore()
+    t0 = time.monotonic()
+    while True:  # back within a few polls (the pool's dead connections are replaced)
+        try:
+            assert admin.ListTenants(apb.ListTenantsRequest(), timeout=10).tenants
+            break
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - t0 < 30, "the admin API did not recover"
+            time.sleep(0.2)
