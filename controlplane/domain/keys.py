@@ -20,6 +20,7 @@ import enum
 import hmac
 import secrets
 from dataclasses import dataclass
+from typing import Any
 from datetime import datetime
 
 from controlplane.domain.errors import InvalidArgument, Unauthenticated
@@ -88,14 +89,18 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 def bearer_token(metadata: object) -> str:
-    """The key from ``authorization: Bearer <key>`` metadata."""
-    value: str | bytes | None = None
-    for item in metadata or ():  # type: ignore[attr-defined]
-        if item[0] == "authorization":
-            value = item[1]
-            break
-    if value is None:
+    """The key from ``authorization: Bearer <key>`` metadata. More than one
+    ``authorization`` entry is refused rather than one of them picked: a
+    proxy that adds its own credentials must not have them decided by order."""
+    items: Any = metadata or ()
+    values = [item[1] for item in items if item[0] == "authorization"]
+    if not values:
         raise Unauthenticated("missing credentials: send 'authorization: Bearer <API key>'")
+    if len(values) > 1:
+        raise Unauthenticated(
+            f"ambiguous credentials: {len(values)} 'authorization' metadata entries; send one"
+        )
+    value: str | bytes = values[0]
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     scheme, _, token = value.partition(" ")
