@@ -165,7 +165,10 @@ def test_admission_tokens(env: Env) -> None:
     code, _ = code_of(lambda: env.admit("acme", "r2", key=env.keys.sidecar))
     assert code == UNAUTH
     # A new one, created through the API, works at once.
-    fresh = env.admin.call("CreateApiKey", apb.CreateApiKeyRequest(name="pool-b", role="sidecar"))
+    fresh = env.admin.call(
+        "CreateApiKey",
+        apb.CreateApiKeyRequest(name="pool-b", role="sidecar", tenants=["acme"], pools=["*"]),
+    )
     assert env.admit("acme", "r3", key=fresh.secret).decision == pb.DECISION_ADMIT
 
 
