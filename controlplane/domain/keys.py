@@ -26,7 +26,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from controlplane.domain.errors import InvalidArgument, Unauthenticated
 from controlplane.domain.scope import KeyScope, check_patterns
@@ -109,15 +108,16 @@ def bearer_token(metadata: object) -> str:
     """The key from ``authorization: Bearer <key>`` metadata. More than one
     ``authorization`` entry is refused rather than one of them picked: a
     proxy that adds its own credentials must not have them decided by order."""
-    items: Any = metadata or ()
-    values = [item[1] for item in items if item[0] == "authorization"]
-    if not values:
+    value: str | bytes | None = None
+    for item in metadata or ():  # type: ignore[attr-defined]
+        if item[0] == "authorization":
+            if value is not None:
+                raise Unauthenticated(
+                    "ambiguous credentials: more than one 'authorization' metadata entry; send one"
+                )
+            value = item[1]
+    if value is None:
         raise Unauthenticated("missing credentials: send 'authorization: Bearer <API key>'")
-    if len(values) > 1:
-        raise Unauthenticated(
-            f"ambiguous credentials: {len(values)} 'authorization' metadata entries; send one"
-        )
-    value: str | bytes = values[0]
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     scheme, _, token = value.partition(" ")
