@@ -105,15 +105,17 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 def bearer_token(metadata: object) -> str:
-    """The key from ``authorization: Bearer <key>`` metadata. More than one
-    ``authorization`` entry is refused rather than one of them picked: a
-    proxy that adds its own credentials must not have them decided by order."""
+    """The key from ``authorization: Bearer <key>`` metadata. Differing
+    ``authorization`` entries are refused rather than one of them picked: a
+    proxy that adds its own credentials must not have them decided by order.
+    The same entry twice (a channel that adds the key, and a caller that
+    adds it again) is not ambiguous."""
     value: str | bytes | None = None
     for item in metadata or ():  # type: ignore[attr-defined]
         if item[0] == "authorization":
-            if value is not None:
+            if value is not None and item[1] != value:
                 raise Unauthenticated(
-                    "ambiguous credentials: more than one 'authorization' metadata entry; send one"
+                    "ambiguous credentials: differing 'authorization' metadata entries; send one"
                 )
             value = item[1]
     if value is None:

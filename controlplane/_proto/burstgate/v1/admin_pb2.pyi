@@ -7,8 +7,8 @@ Authentication. Every call needs the metadata
   authorization: Bearer <API key>
 Keys have a role: `viewer` may call Get*/List* (except ListApiKeys),
 `admin` may call everything, `sidecar` keys are for the admission API
-only. No, malformed, unknown, revoked or expired credentials, or more than
-one `authorization` entry: UNAUTHENTICATED; a role that may not call the
+only. No, malformed, unknown, revoked or expired credentials, or differing
+`authorization` entries: UNAUTHENTICATED; a role that may not call the
 method: PERMISSION_DENIED. Keys are checked
 against the database on every call, so a revocation applies to the very
 next call. Optional `x-request-id` metadata (1..128 printable characters)

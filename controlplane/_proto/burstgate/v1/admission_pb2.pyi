@@ -14,7 +14,7 @@ off in `burstgate demo`) every call carries the metadata
   authorization: Bearer <token>
 where <token> is an API key of role `sidecar` (`burstgate keys create
 --role sidecar --tenant ... --pool ...`). No, malformed, unknown, revoked
-or expired credentials, or more than one `authorization` entry:
+or expired credentials, or differing `authorization` entries:
 UNAUTHENTICATED (an open AdmitStream ends so at its next batch). A key of
 another role (`admin`, `viewer`): PERMISSION_DENIED. A sidecar key serves
 the tenants and pools it was created for: a call for a tenant outside
