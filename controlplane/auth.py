@@ -1,8 +1,9 @@
-"""Authentication of admission calls against an in-memory copy of the keys."""
+"""Authentication of every call against an in-memory copy of the keys."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
+from datetime import UTC, datetime
 
 from controlplane.domain.errors import Unauthenticated
 from controlplane.domain.keys import SALT_BYTES, KeyVerifier, Principal, hash_secret, split_key
@@ -15,13 +16,19 @@ class KeyCache:
     database outage cannot hold up or leak into an authentication).
     Refreshed by the server's config poll when the table changed, at once
     after a key is created or revoked through the admin API, and on demand
-    (rate-limited) when an operator presents a key id it does not know yet."""
+    (rate-limited) when an operator presents a key id it does not know yet.
+
+    It also records which keys were used (a set add per call, on the event
+    loop); the server writes that to the database once per config poll
+    (:meth:`take_used`, :meth:`save_used`), so a key's last use costs no SQL
+    per call and is at most one poll interval old."""
 
     def __init__(self, store: KeyStore) -> None:
         self.store = store
         self._verifiers: Mapping[str, KeyVerifier] = {}
         self._fingerprint: tuple[object, ...] | None = None
         self.refreshes = 0
+        self._used: set[str] = set()
 
     def refresh(self, *, force: bool = False) -> bool:
         """Re-read the keys if the table changed (blocking: run in a thread)."""
@@ -50,4 +57,27 @@ class KeyCache:
             # Hash anyway: an unknown id costs the same as a wrong secret.
             hash_secret(b"\0" * SALT_BYTES, secret)
             return None
-        return verifier.check(secret)
+        principal = verifier.check(secret)
+        self._used.add(key_id)
+        return principal
+
+    def mark_used(self, key_id: str) -> None:
+        """A key authenticated elsewhere (on the event loop) was used."""
+        self._used.add(key_id)
+
+    # The set is only ever touched on the event loop: ``take_used`` swaps it
+    # there, and only the taken copy goes to a worker thread.
+
+    def take_used(self) -> Set[str]:
+        """The keys used since the last call, and start a new record (on the loop)."""
+        used, self._used = self._used, set()
+        return used
+
+    def give_back(self, used: Set[str]) -> None:
+        """A write of ``take_used``'s keys failed: keep them for the next (on the loop)."""
+        self._used |= used
+
+    def save_used(self, used: Set[str]) -> None:
+        """Write ``used`` as used now (blocking: run in a thread)."""
+        if used:
+            self.store.touch_last_used(used, datetime.now(UTC))

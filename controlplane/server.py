@@ -186,6 +186,7 @@ class ControlPlane:
 
         self.config_reload_failures = 0
         self.key_refresh_failures = 0
+        self.key_use_failures = 0
         self._reload_lock = asyncio.Lock()  # admin writes and the poll reload in turn
         self.audit_log = AuditLog(self.engine)
         self.key_store = KeyStore(self.engine)
@@ -363,10 +364,11 @@ class ControlPlane:
             await self.poll_once()
 
     async def poll_once(self) -> None:
-        """One step of the config poll: reload changed config, then refresh
-        the key cache. The two are independent: a config that fails to load
-        or apply must never keep a revoked key working, nor a key refresh
-        that fails keep a config change from applying."""
+        """One step of the config poll: reload changed config, refresh the
+        key cache, write the keys' last use. The steps are independent: a
+        config that fails to load or apply must never keep a revoked key
+        working, nor a key refresh that fails keep a config change from
+        applying, nor a failed last-use write either of them."""
         try:
             await self.load_config()
         except Exception as exc:  # database down, or a config that cannot apply
@@ -377,6 +379,20 @@ class ControlPlane:
         except Exception as exc:  # database down: keep the keys as last read
             self.key_refresh_failures += 1
             log.warning("key refresh failed; serving last keys", error=str(exc))
+        await self._save_key_use()
+
+    async def _save_key_use(self) -> None:
+        """The keys used since the last poll, written as last used now (one
+        UPDATE per poll, none per call). Kept for the next poll if it fails."""
+        used = self.key_cache.take_used()
+        if not used:
+            return
+        try:
+            await self._in_thread(lambda: self.key_cache.save_used(used))
+        except Exception as exc:  # database down: try again at the next poll
+            self.key_cache.give_back(used)
+            self.key_use_failures += 1
+            log.warning("key last-use write failed; kept for the next poll", error=str(exc))
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: report NOT_SERVING, let in-flight RPCs finish."""

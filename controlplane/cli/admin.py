@@ -310,23 +310,74 @@ def _change(before: str, after: str) -> str:
 # ------------------------------------------------------------------- keys
 
 
-def _key_rows(keys: Sequence[Any]) -> list[dict[str, Any]]:
-    return [{"key_id": k.key_id, "name": k.name, "role": k.role, "created_by": k.created_by,
-             "created": k.created, "revoked": k.revoked} for k in keys]  # fmt: skip
+def _key_rows(keys: Sequence[Any], *, lists: bool = False) -> list[dict[str, Any]]:
+    """Rows for the table (scopes comma-joined) or, ``lists``, for JSON."""
+
+    def names(v: tuple[str, ...]) -> Any:
+        return list(v) if lists else ",".join(v)
+
+    return [{"key_id": k.key_id, "name": k.name, "role": k.role, "tenants": names(k.tenants),
+             "pools": names(k.pools), "expires": k.expires, "last_used": k.last_used,
+             "created_by": k.created_by, "created": k.created, "revoked": k.revoked}
+            for k in keys]  # fmt: skip
 
 
 class _KeyView:
+    """A key as the tables show it (from the database or the API)."""
+
     def __init__(self, key_id: str, name: str, role: str, created_by: str, created: str,
-                 revoked: str) -> None:  # fmt: skip
+                 revoked: str, tenants: Sequence[str] = (), pools: Sequence[str] = (),
+                 expires: str = "", last_used: str = "") -> None:  # fmt: skip
         self.key_id, self.name, self.role = key_id, name, role
         self.created_by, self.created, self.revoked = created_by, created, revoked
+        self.tenants, self.pools = tuple(tenants), tuple(pools)
+        self.expires, self.last_used = expires, last_used
 
 
 def _fmt_time(dt: Any) -> str:
     return dt.strftime("%Y-%m-%d %H:%M:%S") if dt is not None else ""
 
 
-KEY_COLS = ("key_id", "name", "role", "created_by", "created", "revoked")
+KEY_COLS = ("key_id", "name", "role", "tenants", "pools", "expires", "last_used",
+            "created_by", "created", "revoked")  # fmt: skip
+
+# The options that give a key its scope and expiry (both `keys create` commands).
+TenantScopeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--tenant",
+        help="Sidecar keys: a tenant id or glob pattern (team-*) the key serves; repeat for "
+        "more; '*' = every tenant. Required for --role sidecar.",
+    ),
+]
+PoolScopeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pool",
+        help="Sidecar keys: an engine pool (or pattern) the key serves; repeat for more; "
+        "'*' = every pool. Required for --role sidecar.",
+    ),
+]
+ExpiresInOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--expires-in",
+        help="Refuse the key after this long: 90s, 15m, 12h, 30d, 2w (any role; max 3650d).",
+    ),
+]
+
+
+def expiry_option(expires_in: str | None) -> Any:
+    """``--expires-in`` as an aware datetime (None = never); exits 2 on a bad value."""
+    from controlplane.domain.errors import InvalidArgument
+    from controlplane.domain.keys import expiry_after
+
+    if expires_in is None:
+        return None
+    try:
+        return expiry_after("--expires-in", expires_in)
+    except InvalidArgument as exc:
+        fail(str(exc))
 
 
 def _print_new_key(secret: str, key_id: str, role: str, as_json: bool) -> None:
@@ -355,9 +406,13 @@ def admin_keys_list(
     if as_json:
         echo_json([to_dict(k) for k in keys])
         return
-    views = [_KeyView(k.key_id, k.name, k.role, k.created_by,
-                      _fmt_time(k.create_time.ToDatetime()),
-                      _fmt_time(k.revoke_time.ToDatetime()) if k.HasField("revoke_time") else "")
+
+    def when(k: Any, name: str) -> str:
+        return _fmt_time(getattr(k, name).ToDatetime()) if k.HasField(name) else ""
+
+    views = [_KeyView(k.key_id, k.name, k.role, k.created_by, when(k, "create_time"),
+                      when(k, "revoke_time"), k.tenants, k.pools, when(k, "expire_time"),
+                      when(k, "last_used_time"))
              for k in keys]  # fmt: skip
     table(_key_rows(views), KEY_COLS)
 
@@ -367,13 +422,23 @@ def admin_keys_create(
     ctx: typer.Context,
     role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
     name: Annotated[str, typer.Option(help="Who or what uses the key.")],
+    tenant: TenantScopeOpt = None,
+    pool: PoolScopeOpt = None,
+    expires_in: ExpiresInOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a key; prints it once."""
+    """Create a key; prints it once. A sidecar key names the tenants and
+    pools it serves (--tenant, --pool; '*' = all)."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
     from controlplane.client.admin import apb
 
+    expires_at = expiry_option(expires_in)
+    request = apb.CreateApiKeyRequest(name=name, role=role, tenants=tenant or [], pools=pool or [])
+    if expires_at is not None:
+        request.expire_time.CopyFrom(Timestamp(seconds=int(expires_at.timestamp())))
     with admin_client(_root_ctx(ctx)) as c:
-        r = c.call("CreateApiKey", apb.CreateApiKeyRequest(name=name, role=role))
+        r = c.call("CreateApiKey", request)
     _print_new_key(r.secret, r.key.key_id, r.key.role, as_json)
 
 

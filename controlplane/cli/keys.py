@@ -9,7 +9,17 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.admin import KEY_COLS, _fmt_time, _key_rows, _KeyView, _print_new_key
+from controlplane.cli.admin import (
+    KEY_COLS,
+    ExpiresInOpt,
+    PoolScopeOpt,
+    TenantScopeOpt,
+    _fmt_time,
+    _key_rows,
+    _KeyView,
+    _print_new_key,
+    expiry_option,
+)
 from controlplane.cli.common import DbOpt, JsonOpt, echo_json, fail, table
 
 keys_app = typer.Typer(
@@ -40,14 +50,22 @@ def _key_store(database_url: str | None) -> Iterator[Any]:
 def keys_create(
     role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
     name: Annotated[str, typer.Option(help="Who or what uses the key.")],
+    tenant: TenantScopeOpt = None,
+    pool: PoolScopeOpt = None,
+    expires_in: ExpiresInOpt = None,
     database_url: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a key in the database (the bootstrap path); prints it once."""
+    """Create a key in the database (the bootstrap path); prints it once.
+    A sidecar key names the tenants and pools it serves (--tenant, --pool,
+    repeatable, glob patterns; '*' = all)."""
     from controlplane.domain.keys import parse_role
 
+    expires_at = expiry_option(expires_in)
     with _key_store(database_url) as store:
-        secret, info = store.create_key(name, parse_role(role))
+        secret, info = store.create_key(
+            name, parse_role(role), tenants=tenant or [], pools=pool or [], expires_at=expires_at
+        )
     _print_new_key(secret, info.key_id, info.role.value, as_json)
 
 
@@ -61,17 +79,19 @@ def keys_list(
     with _key_store(database_url) as store:
         keys = store.list(include_revoked=include_revoked)
     views = [_KeyView(k.key_id, k.name, k.role.value, k.created_by, _fmt_time(k.created_at),
-                      _fmt_time(k.revoked_at)) for k in keys]  # fmt: skip
+                      _fmt_time(k.revoked_at), k.tenants, k.pools, _fmt_time(k.expires_at),
+                      _fmt_time(k.last_used_at))
+             for k in keys]  # fmt: skip
     if as_json:
-        echo_json(_key_rows(views))
+        echo_json(_key_rows(views, lists=True))
     else:
         table(_key_rows(views), KEY_COLS)
 
 
 @keys_app.command("revoke")
 def keys_revoke(key_id: str, database_url: DbOpt = None) -> None:
-    """Revoke a key: admin calls are refused at once, admission calls within
-    BURSTGATE_CONFIG_POLL_S."""
+    """Revoke a key: admin calls are refused at once, admission calls (and
+    open AdmitStreams, at their next batch) within BURSTGATE_CONFIG_POLL_S."""
     with _key_store(database_url) as store:
         store.revoke_key(key_id)
     typer.echo(f"key {key_id} revoked")

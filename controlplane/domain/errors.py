@@ -40,7 +40,13 @@ class Unauthenticated(DomainError):
 
 
 class PermissionDenied(DomainError):
-    """A valid key whose role may not call this method."""
+    """A valid key whose role may not call this method, or a sidecar key
+    acting for a tenant or pool outside its scope (``field`` names the
+    request field then; the message is ``"field: description"``)."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
 
 
 # Metering's domain error.

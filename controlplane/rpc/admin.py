@@ -36,6 +36,7 @@ from controlplane.rpc.admin_pb import (
     optional_pool,
     page_size,
     parse_decimal,
+    parse_timestamp,
     policy_to_pb,
     tenant_changes,
     tenant_from_pb,
@@ -330,7 +331,18 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         self, request: apb.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> apb.CreateApiKeyResponse:
         role = parse_role(request.role)
-        secret, info = await self._db.run(self._keys.create_key, request.name, role, self._actor())
+        expires_at = (
+            parse_timestamp("expire_time", request.expire_time)
+            if request.HasField("expire_time")
+            else None
+        )
+        actor = self._actor()
+        secret, info = await self._db.run(
+            lambda: self._keys.create_key(
+                request.name, role, actor, tenants=list(request.tenants),
+                pools=list(request.pools), expires_at=expires_at,
+            )
+        )  # fmt: skip
         await self._db.run(self._key_cache.refresh)
         return apb.CreateApiKeyResponse(key=key_to_pb(info), secret=secret)
 

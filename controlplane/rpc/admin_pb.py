@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -164,7 +164,20 @@ def key_to_pb(info: KeyInfo) -> apb.ApiKey:
         created_by=info.created_by,
         create_time=_ts(info.created_at),
         revoke_time=_ts(info.revoked_at),
+        tenants=info.tenants,
+        pools=info.pools,
+        expire_time=_ts(info.expires_at),
+        last_used_time=_ts(info.last_used_at),
     )
+
+
+def parse_timestamp(field: str, ts: Timestamp) -> datetime:
+    """A request's Timestamp as an aware UTC datetime; one out of
+    Timestamp's own range (years 1-9999) is INVALID_ARGUMENT."""
+    try:
+        return ts.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise InvalidArgument(field, "is not a valid timestamp (years 1 to 9999)") from None
 
 
 def audit_to_pb(a: AuditRecord) -> apb.AuditEvent:

@@ -13,6 +13,7 @@ from controlplane.domain import AdmitDecision, Degradation, Pressure
 from controlplane.domain.errors import DomainError
 from controlplane.domain.money import format_multiplier
 from controlplane.domain.units import NS_PER_MS
+from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.errors import abort, error_status, unary_errors
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
@@ -109,6 +110,11 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
     async def Admit(
         self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.AdmitResponse:
+        # A scoped sidecar key: the tenant here, the pool the request is
+        # sent to in the service (which resolves it).
+        scope = admission_scope.get()
+        if scope is not None:
+            scope.check_tenant("tenant_id", request.tenant_id)
         # May wait server-side in the lane's queue (bounded by the lane's wait
         # target, the tenant's max wait and this call's deadline).
         d = await self._waiting.admit(
@@ -120,6 +126,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             request.model,
             request.pool,
             timeout_s=context.time_remaining(),
+            scope=scope,
         )
         return decision_to_pb(d)
 
@@ -127,6 +134,11 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
     async def Complete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
+        scope = admission_scope.get()
+        if scope is not None:
+            scope.check_tenant("tenant_id", request.tenant_id)
+            pool = self._svc.reservation_pool(request.tenant_id, request.request_id)
+            scope.check_pool("pool", pool, "the reservation's pool")
         # With metering the reply waits until the ledger record is
         # durable; without it the settlement is in memory only.
         metering = self.metering
@@ -191,19 +203,26 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
     ) -> AsyncIterator[pb.AdmitBatchResult]:
         # A bad batch ends the stream with INVALID_ARGUMENT naming
         # field[index] after a "batch N: " prefix (README, "Errors");
-        # batches answered before it stand.
+        # batches answered before it stand. So does an entry outside a
+        # scoped key's tenants or pools, with PERMISSION_DENIED: nothing of
+        # that batch is decided.
+        scope = admission_scope.get()
         async for batch in request_iterator:
             try:
                 # list() once: indexing a protobuf repeated field per element
                 # costs several times a list index.
+                tenant_ids = list(batch.tenant_id)
+                if scope is not None:
+                    scope.check_tenants("tenant_id", tenant_ids)
                 r = self._svc.admit_batch(
-                    list(batch.tenant_id),
+                    tenant_ids,
                     list(batch.request_id),
                     list(batch.lane),
                     list(batch.prompt_tokens),
                     list(batch.max_tokens),
                     batch.model,
                     batch.pool,
+                    scope=scope,
                 )
             except DomainError as exc:
                 status = error_status(
@@ -235,6 +254,9 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
     async def ReportLoad(
         self, request: pb.LoadReport, context: grpc.aio.ServicerContext
     ) -> pb.LoadReportAck:
+        scope = admission_scope.get()
+        if scope is not None:
+            scope.check_pool("pool", request.pool)
         n = self._svc.report_load(
             request.pool,
             request.engine_id,

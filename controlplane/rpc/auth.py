@@ -5,10 +5,13 @@ Rules by service:
 
 - health and reflection: public, untouched.
 - ``AdmissionService``: a ``sidecar`` key when ``admission_auth`` is on,
-  checked against an in-memory copy of the keys (no SQL per Admit). Latency
-  and status counts go into plain ints (:class:`~controlplane.telemetry.metrics.RpcStats`);
-  access logs are sampled (``admission_log_sample``, default off: a log line
-  costs more than the decision).
+  checked against an in-memory copy of the keys (no SQL per Admit). A key
+  with a scope (its tenants and pools) gets the handler that sets
+  :data:`admission_scope` for the call; the servicer checks the request
+  against it. Latency and status counts go into plain ints
+  (:class:`~controlplane.telemetry.metrics.RpcStats`); access logs are
+  sampled (``admission_log_sample``, default off: a log line costs more
+  than the decision).
 - ``AdminService`` (and any other service): an ``admin`` or ``viewer`` key,
   checked against the same in-memory copy before anything touches the
   database (a revocation made through this server applies to the next call,
@@ -41,6 +44,7 @@ from controlplane.auth import KeyCache
 from controlplane.domain.audit import Actor
 from controlplane.domain.errors import DomainError, PermissionDenied, Unauthenticated
 from controlplane.domain.keys import Principal, Role, bearer_token
+from controlplane.domain.scope import KeyScope
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.errors import abort, error_status
 from controlplane.telemetry.metrics import LatencyHistogram, RpcStats
@@ -66,6 +70,8 @@ MAX_REQUEST_ID = 128
 # Most one forced key refresh per this many seconds for unknown key ids: a
 # caller guessing keys costs the database nothing more than the poll does.
 UNKNOWN_KEY_REFRESH_S = 1.0
+# Wrapped admission handlers kept (one per method and key scope).
+MAX_WRAPPED = 4096
 
 _PUBLIC, _ADMISSION, _OPERATOR = 0, 1, 2
 
@@ -75,6 +81,13 @@ current_principal: contextvars.ContextVar[Principal | None] = contextvars.Contex
 )
 current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar(
     "burstgate_request_id", default=""
+)
+# The scope of the sidecar key of the admission call being handled; None =
+# not limited (admission auth off, or a key for every tenant and pool). Set
+# by the handler the interceptor wraps around the servicer's method, in the
+# call's own context.
+admission_scope: contextvars.ContextVar[KeyScope | None] = contextvars.ContextVar(
+    "burstgate_admission_scope", default=None
 )
 
 
@@ -155,8 +168,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.admission_auth = admission_auth
         self.admission_log_sample = admission_log_sample
         self._rules: dict[str, Rule] = {}
-        # method -> (handler as registered, our wrapper around it)
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        # (method, id(scope)) -> (handler as registered, scope, our wrapper around it)
+        self._wrapped: dict[
+            tuple[str, int],
+            tuple[grpc.RpcMethodHandler, KeyScope | None, grpc.RpcMethodHandler],
+        ] = {}
 
     async def intercept_service(
         self,
@@ -172,21 +188,22 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         metadata = handler_call_details.invocation_metadata
         if rule.kind == _ADMISSION:
+            scope = None
             if self.admission_auth:
                 try:
-                    authorize(self.key_cache.authenticate(bearer_token(metadata)), rule)
+                    principal = self.key_cache.authenticate(bearer_token(metadata))
+                    scope = authorize(principal, rule).scope
                 except DomainError as exc:
                     return self._refuse(handler, rule, exc)
-            return self._admission_handler(method, handler, rule)
+            return self._admission_handler(method, handler, rule, scope)
         try:
             token = bearer_token(metadata)
-            principal = self.key_cache.lookup(token)
-            if principal is None:
-                principal = await self._lookup_unknown(token)
-            authorize(principal, rule)
+            found = self.key_cache.lookup(token)
+            operator = found if found is not None else await self._lookup_unknown(token)
+            authorize(operator, rule)
         except DomainError as exc:
             return self._refuse(handler, rule, exc)
-        return self._operator_handler(handler, rule, principal, _request_id(metadata))
+        return self._operator_handler(handler, rule, operator, _request_id(metadata))
 
     async def _lookup_unknown(self, token: str) -> Principal:
         """A key id the cache does not know: re-read the keys (one refresh
@@ -245,15 +262,19 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     # ------------------------------------------------------------ admission
 
     def _admission_handler(
-        self, method: str, handler: grpc.RpcMethodHandler, rule: Rule
+        self, method: str, handler: grpc.RpcMethodHandler, rule: Rule, scope: KeyScope | None
     ) -> grpc.RpcMethodHandler:
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
+        # One wrapped handler per method and key scope (a scope is one
+        # object per key, replaced when the key cache reloads): the scope
+        # reaches the call without an allocation per call.
+        cache_key = (method, id(scope))
+        cached = self._wrapped.get(cache_key)
+        if cached is not None and cached[0] is handler and cached[1] is scope:
+            return cached[2]
         hist = self.stats.histogram(rule.method) if rule.method in DECISION_METHODS else None
         if not handler.request_streaming and not handler.response_streaming:
             wrapped = grpc.unary_unary_rpc_method_handler(
-                self._timed_unary(handler.unary_unary, rule, hist),
+                self._timed_unary(handler.unary_unary, rule, hist, scope),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -263,17 +284,22 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             and inspect.isasyncgenfunction(handler.stream_stream)
         ):
             wrapped = grpc.stream_stream_rpc_method_handler(
-                self._timed_stream(handler.stream_stream, rule, hist),
+                self._timed_stream(handler.stream_stream, rule, hist, scope),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        else:
+        elif scope is None:
             wrapped = handler
-        self._wrapped[method] = (handler, wrapped)
+        else:  # a scope this layer cannot hand to the method: refuse, never ignore it
+            exc = PermissionDenied(f"a scoped key may not call {rule.service}/{rule.method}")
+            return self._refuse(handler, rule, exc)
+        if len(self._wrapped) >= MAX_WRAPPED:
+            self._wrapped.clear()  # keys came and went: start over
+        self._wrapped[cache_key] = (handler, scope, wrapped)
         return wrapped
 
     def _timed_unary(
-        self, behavior: Any, rule: Rule, hist: LatencyHistogram | None
+        self, behavior: Any, rule: Rule, hist: LatencyHistogram | None, scope: KeyScope | None
     ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
         handled = self.stats.handled
         ok_key = (rule.service, rule.method, "OK")
@@ -283,6 +309,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
             t0 = clock()
+            admission_scope.set(scope)  # in the call's own context (its own task)
             try:
                 response = await behavior(request, context)
             except BaseException:
@@ -302,7 +329,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return timed
 
     def _timed_stream(
-        self, behavior: Any, rule: Rule, hist: LatencyHistogram | None
+        self, behavior: Any, rule: Rule, hist: LatencyHistogram | None, scope: KeyScope | None
     ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
         handled = self.stats.handled
         clock = time.perf_counter
@@ -319,6 +346,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             t0 = clock()
             batches = 0
             token = bearer_token(context.invocation_metadata()) if check else ""
+            admission_scope.set(scope)
 
             async def arrivals() -> AsyncIterator[Any]:
                 async for item in request_iterator:

@@ -58,6 +58,7 @@ from controlplane.domain import (
 )
 from controlplane.domain.errors import AlreadyExists
 from controlplane.domain.policy import Policy
+from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult, Outcomes
@@ -65,6 +66,7 @@ from controlplane.service.decider import Decider, early_reason
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import check_admit, check_batch
 from controlplane.service.gate import PoolGate
+from controlplane.service.keyscope import check_scope
 from controlplane.service.pressure import (
     PressureGate,
     eviction_advice,
@@ -205,6 +207,7 @@ class AdmissionService:
         *,
         wait: bool = True,
         deadline_ns: int | None = None,
+        scope: KeyScope | None = None,
     ) -> AdmitDecision | Waiter:
         """Decide, or queue the request when only waiting stands between it
         and admission. A returned ``Waiter`` is resolved later through its
@@ -215,13 +218,20 @@ class AdmissionService:
         pool gate, (1 - gate_release_headroom) x the lane's TTFT SLO, else
         its wait target) and the tenant's max wait, whichever is earliest.
         ``pool`` "" = the tenant's, else the lane's configured pool, else
-        the default pool (``TenantDirectory.pool_for``)."""
+        the default pool (``TenantDirectory.pool_for``).
+
+        ``scope``: a scoped sidecar key's (the caller checked ``tenant_id``);
+        the pool the request goes to, as resolved here, and the tenant it
+        would be charged to (the default tenant for an unknown id) must be
+        in it, else PermissionDenied and nothing changes."""
         check_admit(tenant_id, request_id, prompt_tokens, max_tokens, model, pool)
         self._tenants.check_pool(pool)
         now = self.clock()
         key = (tenant_id, request_id)
         prior = self._log.replay(key, now)
         if prior is not None:
+            if scope is not None:  # an answer from another key's pool stays there
+                scope.check_pool("pool", prior[R.POOL], "the pool this request was admitted to")
             return self._outcomes.answer(key, prior, duplicate=True)
         dispatcher = self._dispatcher
         if key in dispatcher.queues.by_key:
@@ -235,6 +245,8 @@ class AdmissionService:
             return self._outcomes.record(key, R.refused(early, 0, lane, slot, now, now))
         lane = tenants.place(entry, lane, prompt_tokens, max_tokens)
         pool = tenants.pool_for(entry, lane, pool)  # after placement: the final lane's pool
+        if scope is not None:
+            check_scope(scope, tenant_id, entry, pool, "this request's")
         max_wait = dispatcher.max_wait_ns(entry, lane, now, deadline_ns) if wait else 0
         if max_wait > 0 and dispatcher.competes(entry.slot):
             # Join the backlog so the fair order decides who goes first; the
@@ -310,6 +322,8 @@ class AdmissionService:
         max_tokens: Sequence[int],
         model: str = "",
         pool: str = "",
+        *,
+        scope: KeyScope | None = None,
     ) -> BatchResult:
         """Decide a whole batch with one call into the fast path; never waits.
 
@@ -317,7 +331,9 @@ class AdmissionService:
         entry fails the call (naming ``field[index]``) and changes no state.
         Callers holding protobuf repeated fields should pass lists (indexing
         a repeated field costs ~6x a list index). An empty ``pool`` is
-        resolved per entry (``TenantDirectory.pool_for``)."""
+        resolved per entry (``TenantDirectory.pool_for``). ``scope``: as in
+        :meth:`admit_or_wait`, per entry (the caller checked the tenant
+        column); an entry outside it fails the whole batch."""
         lane_of = check_batch(
             self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
             prompt_tokens, max_tokens, model, pool,
@@ -327,7 +343,7 @@ class AdmissionService:
             tenant_ids if isinstance(tenant_ids, list) else list(tenant_ids),
             request_ids if isinstance(request_ids, list) else list(request_ids),
             lane_of, prompt_tokens, max_tokens, model,
-            pool, self.clock(), self._log, self.stats,
+            pool, self.clock(), self._log, self.stats, scope,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- complete
@@ -410,6 +426,12 @@ class AdmissionService:
         if released:
             self._dispatcher.dispatch(now)
         return len(released)
+
+    def reservation_pool(self, tenant_id: str, request_id: str) -> str:
+        """The pool a remembered request was decided for ("" if none, or if
+        the request is not remembered)."""
+        rec = self._log.get((tenant_id, request_id))
+        return "" if rec is None else str(rec[R.POOL])
 
     def record(self, tenant_id: str, request_id: str) -> Record | None:
         """What the plane remembers of a request (``records`` fields), if anything."""

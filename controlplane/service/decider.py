@@ -26,10 +26,12 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.domain import Decision, Degradation, Pressure
+from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_MS, PPM
 from controlplane.service import records as R
 from controlplane.service.answers import NOT_RETRYABLE, BatchResult
 from controlplane.service.gate import PoolGate
+from controlplane.service.keyscope import check_scope
 from controlplane.service.pools import FRESH, UNKNOWN
 from controlplane.service.pressure import PressureGate, Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
@@ -76,6 +78,35 @@ def early_reason(entry: Tenant | None) -> int:
     if not entry.config.enabled:
         return Reason.TENANT_DISABLED
     return _OK
+
+
+def _check_batch_scope(
+    scope: KeyScope,
+    order: list[str],
+    t_entry: list[Tenant | None],
+    tix_l: list[int],
+    tenant_ids: list[str],
+    pair: npt.NDArray[np.intp],
+    pair_keys: list[tuple[str, str]],
+    decided: npt.NDArray[np.bool_],
+) -> None:
+    """A scoped key's batch: the pools its entries go to and the tenants
+    they are charged to, per (lane, pool) pair and per tenant (a handful);
+    entries are walked only when one of those is outside the scope, to
+    name the first entry that would be decided with it."""
+    bad_pairs = {k for k, (_, p) in enumerate(pair_keys) if p and p not in scope.pools}
+    bad_tenants = {
+        j for j, (t, e) in enumerate(zip(order, t_entry, strict=True))
+        if e is not None and e.config.tenant_id != t and e.config.tenant_id not in scope.tenants
+    }  # fmt: skip
+    if not bad_pairs and not bad_tenants:
+        return
+    for i in np.flatnonzero(decided).tolist():
+        j, k = tix_l[i], int(pair[i])
+        entry = t_entry[j]
+        if (j in bad_tenants or k in bad_pairs) and entry is not None:
+            check_scope(scope, tenant_ids[i], entry, pair_keys[k][1], f"entry {i}'s",
+                        f"tenant_id[{i}]")  # fmt: skip
 
 
 class Decider:
@@ -222,13 +253,16 @@ class Decider:
         now: int,
         log: RequestLog,
         stats: AdmissionStats,
+        scope: KeyScope | None = None,
     ) -> BatchResult:
         """Decide a validated batch with one call into the fast path; store
         and count the fresh decisions. ``lanes`` has one entry per request
         (the named lane or "" for the tenant's default), one for all, or
         none; ``pool`` is the batch's, "" = each entry's own
         (``TenantDirectory.pool_for``). Repeated keys answer their earlier
-        decision.
+        decision. ``scope``: a scoped sidecar key's; an entry it does not
+        cover (``keyscope.check_scope``) fails the batch before anything is
+        decided.
 
         Columns throughout, with as few numpy calls as possible (each costs
         about a microsecond whatever its length): what differs per tenant
@@ -312,6 +346,10 @@ class Decider:
         else:
             is_fresh = np.ones(n, dtype=bool)
             pairs_seen = pair
+        if scope is not None:  # before anything changes
+            _check_batch_scope(
+                scope, order, t_entry, tix_l, tenant_ids, pair, pair_keys, is_fresh & (early == _OK)
+            )
         # One verdict per pair of the fresh entries, in batch order (the
         # batch-level answer reports the first).
         fresh_pairs = [pair_keys[k] for k in dict.fromkeys(pairs_seen.tolist())]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from controlplane.domain import AdmitDecision
+from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_S
 from controlplane.service.admission import AdmissionService
 
@@ -33,12 +34,13 @@ class WaitingRoom:
         pool: str,
         *,
         timeout_s: float | None,
+        scope: KeyScope | None = None,
     ) -> AdmitDecision:
         svc = self.service
         deadline = None if timeout_s is None else svc.clock() + int(timeout_s * NS_PER_S)
         out = svc.admit_or_wait(
             tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
-            deadline_ns=deadline,
+            deadline_ns=deadline, scope=scope,
         )  # fmt: skip
         if isinstance(out, AdmitDecision):
             self.reschedule()

@@ -149,6 +149,15 @@ class ApiKey(Base):
     created_by: Mapped[str] = mapped_column(String(256), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # A sidecar key's scope: JSON lists of tenant ids or patterns, and of pools
+    # ("*" = all); NULL for admin and viewer keys (a sidecar row with NULL may
+    # act for nothing).
+    tenants: Mapped[str | None] = mapped_column(Text, default=None)
+    pools: Mapped[str | None] = mapped_column(Text, default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # Written by the server at most once per config poll, leaving updated_at
+    # alone (it would make every server reload its keys).
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     # Bumped on revoke: the server polls count + max(updated_at) to refresh its cache.
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow

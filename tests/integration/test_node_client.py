@@ -36,7 +36,9 @@ NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
 
 def sidecar_token(url: str) -> str:
     engine = make_engine(url)
-    token, _ = KeyStore(engine).create_key("node", Role.SIDECAR, Actor("local:test", "local"))
+    token, _ = KeyStore(engine).create_key(
+        "node", Role.SIDECAR, Actor("local:test", "local"), tenants=["*"], pools=["*"]
+    )
     engine.dispose()
     return token
 

@@ -43,7 +43,15 @@ def make_keys(url: str) -> Keys:
     engine = make_engine(url)
     store = KeyStore(engine)
     actor = Actor("local:test", "local")
-    made = {role: store.create_key(f"test-{role.value}", role, actor) for role in Role}
+    # The sidecar key serves every tenant and pool (said explicitly, as it must be).
+    made = {
+        role: store.create_key(
+            f"test-{role.value}", role, actor,
+            tenants=["*"] if role is Role.SIDECAR else [],
+            pools=["*"] if role is Role.SIDECAR else [],
+        )
+        for role in Role
+    }  # fmt: skip
     engine.dispose()
     return Keys(
         admin=made[Role.ADMIN][0],

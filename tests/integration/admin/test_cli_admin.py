@@ -114,14 +114,29 @@ def test_operator_session(env: Env) -> None:
     assert state["tenants"] == 3 and state["decisions"]
     assert "decision" in cli("admin", "state").stdout
 
-    sidecar = cli("admin", "keys", "create", "--role", "sidecar", "--name", "pool-a")
+    sidecar = cli("admin", "keys", "create", "--role", "sidecar", "--name", "pool-a",
+                  "--tenant", "acme", "--tenant", "team-*", "--pool", "pool-a",
+                  "--expires-in", "30d")  # fmt: skip
     sidecar_key = sidecar.stdout.strip()
     sidecar_id = sidecar_key.split("_")[1]
-    assert "pool-a" in cli("admin", "keys", "list").stdout
+    listing = cli("admin", "keys", "list").stdout.splitlines()
+    assert listing[0].split()[:7] == [
+        "key_id", "name", "role", "tenants", "pools", "expires", "last_used",
+    ]  # fmt: skip
+    [row] = [line.split() for line in listing if line.startswith(sidecar_id)]
+    assert row[1:5] == ["pool-a", "sidecar", "acme,team-*", "pool-a"]
+    # A sidecar key must say what it serves; bad values name the option.
+    no_scope = cli("admin", "keys", "create", "--role", "sidecar", "--name", "x", code=2)
+    assert "INVALID_ARGUMENT: tenants: a sidecar key must name the tenants" in no_scope.stderr
+    bad_ttl = cli("admin", "keys", "create", "--role", "admin", "--name", "x",
+                  "--expires-in", "soon", code=2)  # fmt: skip
+    assert "--expires-in: 'soon' is not a duration" in bad_ttl.stderr
     assert f"key {sidecar_id} revoked" in cli("admin", "keys", "revoke", sidecar_id).stdout
     listed = CliRunner().invoke(app, ["keys", "list", "--all", "--json", *db])
     revoked = [k for k in json.loads(listed.stdout) if k["key_id"] == sidecar_id]
     assert revoked and revoked[0]["revoked"]
+    assert (revoked[0]["tenants"], revoked[0]["pools"]) == (["acme", "team-*"], ["pool-a"])
+    assert revoked[0]["expires"]
     out = cli("tenant", "delete", "gamma", code=2)
     assert "FAILED_PRECONDITION" in out.stderr and "unsettled" in out.stderr
     assert "deleted" in cli("tenant", "delete", "gamma", "--force").stdout
@@ -145,6 +160,12 @@ def test_operator_session(env: Env) -> None:
     assert "UNAUTHENTICATED" in cli("tenant", "list", code=2).stderr
     bad_role = CliRunner().invoke(app, ["keys", "create", "--role", "root", "--name", "x", *db])
     assert bad_role.exit_code == 2 and "role" in bad_role.stderr
+    unscoped = CliRunner().invoke(app, ["keys", "create", "--role", "sidecar", "--name", "x",
+                                        "--tenant", "acme", *db])  # fmt: skip
+    assert unscoped.exit_code == 2 and "pools: a sidecar key must name" in unscoped.stderr
+    scoped_admin = CliRunner().invoke(app, ["keys", "create", "--role", "admin", "--name", "x",
+                                            "--tenant", "acme", *db])  # fmt: skip
+    assert scoped_admin.exit_code == 2 and "tenants: only sidecar keys" in scoped_admin.stderr
 
 
 def test_the_real_command(env: Env) -> None:

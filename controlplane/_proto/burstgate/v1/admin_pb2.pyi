@@ -7,15 +7,15 @@ Authentication. Every call needs the metadata
   authorization: Bearer <API key>
 Keys have a role: `viewer` may call Get*/List* (except ListApiKeys),
 `admin` may call everything, `sidecar` keys are for the admission API
-only. No, malformed, unknown or revoked credentials: UNAUTHENTICATED; a
-role that may not call the method: PERMISSION_DENIED. Keys are checked
-against the server's in-memory copy before the database is touched: a
-revocation through this API applies to the very next call, one made
-elsewhere (the CLI) within the server's config poll interval. A call that
-needs the database while it is unreachable answers UNAVAILABLE (reason
-DATABASE_UNAVAILABLE) within a bound. Optional `x-request-id` metadata
-(1..128 printable characters) is recorded in the access log and in audit
-records.
+only. No, malformed, unknown, revoked or expired credentials, or differing
+`authorization` entries: UNAUTHENTICATED; a role that may not call the
+method: PERMISSION_DENIED. Keys are checked against the server's in-memory
+copy before the database is touched: a revocation through this API applies
+to the very next call, one made elsewhere (the CLI) within the server's
+config poll interval. A call that needs the database while it is
+unreachable answers UNAVAILABLE (reason DATABASE_UNAVAILABLE) within a
+bound. Optional `x-request-id` metadata (1..128 printable characters) is
+recorded in the access log and in audit records.
 
 Writes are validated in full before anything is stored, stored together
 with an audit record (ListAuditEvents), and applied to the serving
@@ -949,6 +949,10 @@ class ApiKey(_message.Message):
     CREATED_BY_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     REVOKE_TIME_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    LAST_USED_TIME_FIELD_NUMBER: _builtins.int
     key_id: _builtins.str
     name: _builtins.str
     role: _builtins.str
@@ -960,6 +964,26 @@ class ApiKey(_message.Message):
     def revoke_time(self) -> _timestamp_pb2.Timestamp:
         """unset while active"""
 
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A sidecar key's scope: the tenant ids or glob patterns ("acme",
+        "team-*") and the pools it may admit, complete and report load for;
+        "*" = all. Empty for admin and viewer keys (their role decides).
+        """
+
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """After this the key is refused (UNAUTHENTICATED); unset = never expires."""
+
+    @_builtins.property
+    def last_used_time(self) -> _timestamp_pb2.Timestamp:
+        """When the key last authenticated a call, recorded by the server in
+        memory and written once per config poll (so up to BURSTGATE_CONFIG_POLL_S
+        old); unset = not used since this was recorded.
+        """
+
     def __init__(
         self,
         *,
@@ -969,10 +993,14 @@ class ApiKey(_message.Message):
         created_by: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         revoke_time: _timestamp_pb2.Timestamp | None = ...,
+        tenants: _abc.Iterable[_builtins.str] | None = ...,
+        pools: _abc.Iterable[_builtins.str] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        last_used_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "revoke_time", b"revoke_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "last_used_time", b"last_used_time", "revoke_time", b"revoke_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "created_by", b"created_by", "key_id", b"key_id", "name", b"name", "revoke_time", b"revoke_time", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "created_by", b"created_by", "expire_time", b"expire_time", "key_id", b"key_id", "last_used_time", b"last_used_time", "name", b"name", "pools", b"pools", "revoke_time", b"revoke_time", "role", b"role", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -984,17 +1012,37 @@ class CreateApiKeyRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: _builtins.str
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Required for a sidecar key, at least one entry each ("*" = all; 1..128
+        characters, at most 64 entries); must be empty for admin and viewer
+        keys. Every admission RPC for a tenant or pool outside them:
+        PERMISSION_DENIED naming the field.
+        """
+
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """Optional, any role: in the future, at most 3650 days ahead."""
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         role: _builtins.str = ...,
+        tenants: _abc.Iterable[_builtins.str] | None = ...,
+        pools: _abc.Iterable[_builtins.str] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "name", b"name", "pools", b"pools", "role", b"role", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

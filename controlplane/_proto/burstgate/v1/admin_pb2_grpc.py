@@ -232,7 +232,8 @@ class AdminServiceServicer:
     def CreateApiKey(self, request, context):
         """API keys and sidecar tokens (admin role only). The secret is returned
         once, by CreateApiKey, and stored only as a salted hash.
-        CreateApiKey: INVALID_ARGUMENT for a bad name or role.
+        CreateApiKey: INVALID_ARGUMENT for a bad name, role, tenants, pools or
+        expire_time (the message starts with the field).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

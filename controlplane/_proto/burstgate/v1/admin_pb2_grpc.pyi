@@ -7,15 +7,15 @@ Authentication. Every call needs the metadata
   authorization: Bearer <API key>
 Keys have a role: `viewer` may call Get*/List* (except ListApiKeys),
 `admin` may call everything, `sidecar` keys are for the admission API
-only. No, malformed, unknown or revoked credentials: UNAUTHENTICATED; a
-role that may not call the method: PERMISSION_DENIED. Keys are checked
-against the server's in-memory copy before the database is touched: a
-revocation through this API applies to the very next call, one made
-elsewhere (the CLI) within the server's config poll interval. A call that
-needs the database while it is unreachable answers UNAVAILABLE (reason
-DATABASE_UNAVAILABLE) within a bound. Optional `x-request-id` metadata
-(1..128 printable characters) is recorded in the access log and in audit
-records.
+only. No, malformed, unknown, revoked or expired credentials, or differing
+`authorization` entries: UNAUTHENTICATED; a role that may not call the
+method: PERMISSION_DENIED. Keys are checked against the server's in-memory
+copy before the database is touched: a revocation through this API applies
+to the very next call, one made elsewhere (the CLI) within the server's
+config poll interval. A call that needs the database while it is
+unreachable answers UNAVAILABLE (reason DATABASE_UNAVAILABLE) within a
+bound. Optional `x-request-id` metadata (1..128 printable characters) is
+recorded in the access log and in audit records.
 
 Writes are validated in full before anything is stored, stored together
 with an audit record (ListAuditEvents), and applied to the serving
@@ -109,7 +109,8 @@ class AdminServiceStub:
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]
     """API keys and sidecar tokens (admin role only). The secret is returned
     once, by CreateApiKey, and stored only as a salted hash.
-    CreateApiKey: INVALID_ARGUMENT for a bad name or role.
+    CreateApiKey: INVALID_ARGUMENT for a bad name, role, tenants, pools or
+    expire_time (the message starts with the field).
     """
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]
     RevokeApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeApiKeyRequest, _admin_pb2.ApiKey]
@@ -164,7 +165,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
     """API keys and sidecar tokens (admin role only). The secret is returned
     once, by CreateApiKey, and stored only as a salted hash.
-    CreateApiKey: INVALID_ARGUMENT for a bad name or role.
+    CreateApiKey: INVALID_ARGUMENT for a bad name, role, tenants, pools or
+    expire_time (the message starts with the field).
     """
     ListApiKeys: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]  # type: ignore[assignment]
     RevokeApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeApiKeyRequest, _admin_pb2.ApiKey]  # type: ignore[assignment]
@@ -306,7 +308,8 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.CreateApiKeyResponse, _abc.Awaitable[_admin_pb2.CreateApiKeyResponse]]:
         """API keys and sidecar tokens (admin role only). The secret is returned
         once, by CreateApiKey, and stored only as a salted hash.
-        CreateApiKey: INVALID_ARGUMENT for a bad name or role.
+        CreateApiKey: INVALID_ARGUMENT for a bad name, role, tenants, pools or
+        expire_time (the message starts with the field).
         """
 
     @_abc_1.abstractmethod

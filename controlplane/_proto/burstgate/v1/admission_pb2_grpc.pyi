@@ -13,9 +13,18 @@ Authentication. With admission auth on (the default of `burstgate serve`;
 off in `burstgate demo`) every call carries the metadata
   authorization: Bearer <token>
 where <token> is an API key of role `sidecar` (`burstgate keys create
---role sidecar`). No, malformed, unknown or revoked credentials:
-UNAUTHENTICATED. A key of another role (`admin`, `viewer`):
-PERMISSION_DENIED. grpc.health.v1.Health and server reflection need no
+--role sidecar --tenant ... --pool ...`). No, malformed, unknown, revoked
+or expired credentials, or differing `authorization` entries:
+UNAUTHENTICATED (an open AdmitStream ends so at its next batch). A key of
+another role (`admin`, `viewer`): PERMISSION_DENIED. A sidecar key serves
+the tenants and pools it was created for: a call for a tenant outside
+them, or whose request would go to a pool outside them (the pool named,
+else the one the server resolves: the tenant's, else the lane's, else the
+default), or a default-tenant charge outside them: PERMISSION_DENIED, the
+message starting with the field (tenant_id, pool; inside an AdmitStream
+batch "batch N: tenant_id[i]: ..." and the stream ends, as for a bad
+entry). Complete checks the pool its reservation was admitted to;
+ReportLoad its pool. grpc.health.v1.Health and server reflection need no
 credentials. Optional metadata: `x-request-id` (1..128 printable
 characters; logged, and generated when absent) and W3C `traceparent`
 (the server's span continues the caller's trace).
