@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.common import settings
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 
 DbOpt = Annotated[
     str | None,
@@ -204,7 +204,7 @@ def price_delete(
 
     with _store(database_url) as store:
         if not store.delete_price(tenant_id, model):
-            raise NotFound("tenant_id", f"no price for {tenant_id!r} / {model!r}")
+            raise NotFound("tenant_id", f"no price for {excerpt(tenant_id)} / {excerpt(model)}")
         typer.echo(f"price {tenant_id}/{model} deleted")
 
 

@@ -22,7 +22,7 @@ from controlplane.domain import (
     LaneConfig,
     TenantConfig,
 )
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 
 # The fast path's bounds (fastpath/codes.py), in tokens.
 MAX_RATE_TOKENS_PER_S = Decimal(1_000_000)
@@ -117,7 +117,7 @@ def check_tenant(cfg: TenantConfig, lane_names: Iterable[str]) -> None:
     if cfg.default_lane not in names:
         raise InvalidArgument(
             "default_lane",
-            f"unknown lane {cfg.default_lane!r}; configured: {', '.join(sorted(names))}",
+            f"unknown lane {excerpt(cfg.default_lane)}; configured: {', '.join(sorted(names))}",
         )
 
 

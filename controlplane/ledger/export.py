@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, func, literal_column, select
 
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.ledger_records import COLUMNS, iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
 from controlplane.domain.units import NS_PER_DAY
@@ -77,7 +77,7 @@ class ExportSpec:
             raise InvalidArgument("end", "the period must be non-empty (end after start)")
         for t in self.tenants:
             if not t or len(t) > 128:
-                raise InvalidArgument("tenant_ids", f"bad tenant id {t!r}")
+                raise InvalidArgument("tenant_ids", f"bad tenant id {excerpt(t)}")
         return self
 
 
@@ -390,7 +390,7 @@ def parse_when(field_name: str, text: str) -> int:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise InvalidArgument(
-            field_name, f"not an ISO 8601 time or Unix seconds: {text!r}"
+            field_name, f"not an ISO 8601 time or Unix seconds: {excerpt(text)}"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)

@@ -39,7 +39,7 @@ from sqlalchemy.engine import make_url
 
 from controlplane.domain import Settlement
 from controlplane.domain.catalog import PriceCatalog, actual_cost, user_charge, zero_price
-from controlplane.domain.errors import LedgerUnavailable, NotFound
+from controlplane.domain.errors import LedgerUnavailable, NotFound, excerpt
 from controlplane.domain.ledger_records import Key, LedgerRecord
 from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
 from controlplane.domain.units import NS_PER_S, PPM
@@ -337,8 +337,8 @@ class Metering:
             return await asyncio.to_thread(self.store.fetch, key)
         except Exception as exc:
             raise LedgerUnavailable(
-                f"request_id: cannot look {key[1]!r} up in the ledger ({type(exc).__name__}); "
-                "retry later"
+                f"request_id: cannot look {excerpt(key[1])} up in the ledger "
+                f"({type(exc).__name__}); retry later"
             ) from exc
 
     # ----------------------------------------------------------- background

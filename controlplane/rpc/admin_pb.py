@@ -15,7 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.audit import AuditRecord
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.keys import KeyInfo
 from controlplane.domain.policy import Policy, effective_policy
 from controlplane.domain.validate import POSITIVE_LIMITS
@@ -66,9 +66,9 @@ def parse_decimal(field: str, text: str) -> Decimal:
     try:
         value = Decimal(text.strip())
     except InvalidOperation:
-        raise InvalidArgument(field, f"not a decimal number: {text!r}") from None
+        raise InvalidArgument(field, f"not a decimal number: {excerpt(text)}") from None
     if not value.is_finite():
-        raise InvalidArgument(field, f"not a finite number: {text!r}")
+        raise InvalidArgument(field, f"not a finite number: {excerpt(text)}")
     return value
 
 
@@ -204,7 +204,7 @@ def json_value(key: str, text: str) -> Any:
     except ValueError:
         if text and text.replace("_", "").isalnum():
             return text
-        raise InvalidArgument(key, f"not a JSON value: {text!r}") from None
+        raise InvalidArgument(key, f"not a JSON value: {excerpt(text)}") from None
 
 
 def mask_paths(paths: list[str], allowed: frozenset[str], what: str) -> list[str]:
@@ -213,7 +213,8 @@ def mask_paths(paths: list[str], allowed: frozenset[str], what: str) -> list[str
     for p in paths:
         if p not in allowed:
             raise InvalidArgument(
-                "update_mask", f"{p!r} cannot be changed; one of {', '.join(sorted(allowed))}"
+                "update_mask",
+                f"{excerpt(p)} cannot be changed; one of {', '.join(sorted(allowed))}",
             )
     return list(dict.fromkeys(paths))
 

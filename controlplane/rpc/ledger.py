@@ -15,7 +15,13 @@ import grpc
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
 from controlplane.domain.catalog import PRICE_FIELDS, PriceEntry, parse_lane_multipliers
-from controlplane.domain.errors import DomainError, InvalidArgument, LedgerUnavailable, NotFound
+from controlplane.domain.errors import (
+    DomainError,
+    InvalidArgument,
+    LedgerUnavailable,
+    NotFound,
+    excerpt,
+)
 from controlplane.domain.ledger_records import LedgerRecord
 from controlplane.domain.money import format_fixed, format_nanos, ppm_decimal
 from controlplane.domain.units import NS_PER_S
@@ -168,7 +174,8 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         if rec is None:
             raise NotFound(
                 "request_id",
-                f"no ledger record for tenant {request.tenant_id!r} request {request.request_id!r}",
+                f"no ledger record for tenant {excerpt(request.tenant_id)} "
+                f"request {excerpt(request.request_id)}",
             )
         return record_to_pb(rec)
 
@@ -310,7 +317,9 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
             self.m.store.delete_price, request.tenant_id or "*", request.model or "*"
         )
         if not deleted:
-            raise NotFound("tenant_id", f"no price for {request.tenant_id!r} / {request.model!r}")
+            raise NotFound(
+                "tenant_id", f"no price for {excerpt(request.tenant_id)} / {excerpt(request.model)}"
+            )
         await self.m.reload_catalog()
         return lpb.DeletePriceResponse(deleted=True)
 
