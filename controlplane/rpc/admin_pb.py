@@ -198,13 +198,15 @@ def policy_to_pb(base: Policy, overrides: dict[str, Any]) -> apb.Policy:
 
 
 def json_value(key: str, text: str) -> Any:
-    """A policy value: JSON, or a bare word taken as a string (fail_closed)."""
+    """A policy value of UpdatePolicyRequest.set: JSON, or a bare word taken
+    as a string (fail_closed). Its type is checked against the key's by the
+    store (``typed_value``); errors name the field ``set[<key>]``."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         if text and text.replace("_", "").isalnum():
             return text
-        raise InvalidArgument(key, f"not a JSON value: {excerpt(text)}") from None
+        raise InvalidArgument(f"set[{key}]", f"not a JSON value: {excerpt(text)}") from None
 
 
 def mask_paths(paths: list[str], allowed: frozenset[str], what: str) -> list[str]:

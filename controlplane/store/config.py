@@ -35,7 +35,7 @@ from controlplane.domain.errors import (
     NotFound,
     excerpt,
 )
-from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy
+from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy, typed_value
 from controlplane.domain.validate import check_lane, check_tenant
 from controlplane.store.audit import aware, local_actor, log_change
 from controlplane.store.models import Lane, PolicyOverride, Tenant
@@ -315,9 +315,11 @@ class ConfigRepository:
         actor: Actor | None = None,
     ) -> tuple[Policy, dict[str, Any]]:
         """Set and/or reset policy keys, validated as a whole (e.g. the
-        backpressure weights must still sum to 1). Unknown keys are named
-        ``set[<key>]`` / ``reset[<key>]``. Returns the effective policy and
-        the overrides now stored."""
+        backpressure weights must still sum to 1). Each value set must be of
+        its key's type, strictly (``typed_value``: no ``"true"`` for an
+        integer). Errors name the key as ``set[<key>]`` / ``reset[<key>]``;
+        nothing is stored. Returns the effective policy and the overrides
+        now stored."""
         actor = actor or local_actor()
         for name, keys in (("set", list(set_)), ("reset", reset)):
             for key in keys:
@@ -329,12 +331,19 @@ class ConfigRepository:
         both = set(set_) & set(reset)
         if both:
             raise InvalidArgument(f"set[{sorted(both)[0]}]", "both set and reset")
+        typed = {key: typed_value(key, value, f"set[{key}]") for key, value in set_.items()}
         with self._tx() as s:
             rows = {r.key: r for r in s.scalars(select(PolicyOverride))}
             current = {k: json.loads(r.value) for k, r in rows.items()}
-            merged = {k: v for k, v in (current | dict(set_)).items() if k not in reset}
+            merged = {k: v for k, v in (current | typed).items() if k not in reset}
             old_policy = effective_policy(base, current)
-            new_policy = effective_policy(base, merged)
+            try:
+                new_policy = effective_policy(base, merged)
+            except InvalidArgument as exc:  # a bound: name the key as it was sent
+                key, dot, rest = exc.field.partition(".")
+                if key not in typed:
+                    raise
+                raise InvalidArgument(f"set[{key}]{dot}{rest}", exc.description) from exc
             new_values = new_policy.model_dump()
             changed = [k for k in (*set_, *reset) if k in merged or k in current]
             for key in set_:
