@@ -187,7 +187,8 @@ class Metering:
         exec_end_ns: int = 0,
     ) -> CompleteResult:
         """Settle and record one request; see the module docstring.
-        ``miss_rate_reported`` None means "reported when non-zero"."""
+        ``miss_rate_reported`` None means "reported when non-zero"; the
+        exec times were checked at the edge (``check_exec_times``)."""
         key = (tenant_id, request_id)
         running = self._inflight.get(key)
         if running is not None:
@@ -208,10 +209,6 @@ class Metering:
         if isinstance(prepared, Settlement):
             self.duplicates += 1
             return CompleteResult(prepared, await self.find(key), duplicate=True)
-        if exec_start_ns and exec_end_ns and exec_end_ns < exec_start_ns:
-            from controlplane.domain.errors import InvalidArgument
-
-            raise InvalidArgument("exec_end_unix_ns", "is before exec_start_unix_ns")
         reported = kv_cache_miss_rate > 0 if miss_rate_reported is None else miss_rate_reported
         record = self.build_record(
             key, prepared, prompt_tokens, cached_prompt_tokens, generated_tokens,
