@@ -116,7 +116,9 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
 
     def _period(self, start: int, end: int) -> tuple[int, int]:
         end = end or self.clock()
-        if start < 0 or end <= start:
+        if start < 0:
+            raise InvalidArgument("start_unix_ns", "must be >= 0 (1970-01-01)")
+        if end <= start:
             raise InvalidArgument("end_unix_ns", "the period must be non-empty (end after start)")
         return start, end
 
