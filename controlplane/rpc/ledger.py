@@ -34,6 +34,7 @@ from controlplane.ledger.export import (
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.usage import usage
 from controlplane.rpc.admission import MISS_RATE_SOURCE
+from controlplane.rpc.auth import current_actor
 from controlplane.rpc.errors import abort, error_status, unary_errors
 
 _FORMATS = {0: "csv", 1: "csv", 2: "jsonl", 3: "parquet"}
@@ -307,7 +308,7 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         self, request: lpb.SetPriceRequest, context: grpc.aio.ServicerContext
     ) -> lpb.Price:
         entry = price_from_pb(request.price)
-        saved = await self._db(self.m.store.upsert_price, entry)
+        saved = await self._db(self.m.store.upsert_price, entry, current_actor())
         await self.m.reload_catalog()
         return price_to_pb(saved)
 
@@ -316,8 +317,9 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         self, request: lpb.DeletePriceRequest, context: grpc.aio.ServicerContext
     ) -> lpb.DeletePriceResponse:
         deleted = await self._db(
-            self.m.store.delete_price, request.tenant_id or "*", request.model or "*"
-        )
+            self.m.store.delete_price, request.tenant_id or "*", request.model or "*",
+            current_actor(),
+        )  # fmt: skip
         if not deleted:
             raise NotFound(
                 "tenant_id", f"no price for {excerpt(request.tenant_id)} / {excerpt(request.model)}"
