@@ -31,6 +31,7 @@ from controlplane.domain.policy import effective_policy
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.rpc.admission import AdmissionServicer
 from controlplane.rpc.dbcall import DbCaller
+from controlplane.rpc.guard import GuardedRegistrar, MalformedLog
 from controlplane.rpc.reflection import enable_reflection
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
@@ -111,22 +112,27 @@ def create_server(
             *options,
         ],
     )
+    # Every service is registered through the request guard (malformed
+    # payloads; the operator services' string lengths): rpc/guard.py.
+    malformed = MalformedLog()
+    edge = GuardedRegistrar(server, malformed, check=False).as_server()
+    operator = GuardedRegistrar(server, malformed, check=True).as_server()
     admission = AdmissionServicer(service, waiting, metering=ledger)
-    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, server)
+    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, edge)
     health_servicer = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, edge)
     names = [ADMISSION_SERVICE, health.SERVICE_NAME]
     if admin is not None:
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, operator)
         names.append(ADMIN_SERVICE)
     if ledger is not None:  # operators' ledger API, same auth as admin
         from controlplane.rpc.ledger import LedgerServicer
 
         ledger_pb2_grpc.add_LedgerServiceServicer_to_server(
-            LedgerServicer(ledger, clock=ledger.clock, db=db), server
+            LedgerServicer(ledger, clock=ledger.clock, db=db), operator
         )
         names.append(LEDGER_SERVICE)
-    enable_reflection(names, server)
+    enable_reflection(names, edge)
     if credentials is not None:
         port = server.add_secure_port(address, credentials)
     else:

@@ -37,6 +37,7 @@ from controlplane.cli.common import (
     table,
     to_dict,
 )
+from controlplane.domain.errors import excerpt
 
 ADMIN_HELP = """Operate a running server through the admin API (gRPC, needs an API key).
 
@@ -236,7 +237,7 @@ def policy_set(
     for a in assignments:
         key, sep, value = a.partition("=")
         if not sep or not key:
-            fail(f"expected KEY=VALUE, got {a!r}")
+            fail(f"expected KEY=VALUE, got {excerpt(a)}")
         values[key.strip()] = value.strip()
     with admin_client(_root_ctx(ctx)) as c:
         _print_policy(c.call("UpdatePolicy", apb.UpdatePolicyRequest(set=values)), as_json)

@@ -12,6 +12,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 
+from controlplane.domain.errors import excerpt
+
 DbOpt = Annotated[
     str | None,
     typer.Option("--database-url", help="Overrides BURSTGATE_DATABASE_URL.", show_default=False),
@@ -129,7 +131,7 @@ def parse_limit(value: str | None, name: str) -> tuple[bool, int | None]:
     try:
         return True, int(value.replace("_", ""))
     except ValueError:
-        fail(f"{name}: not an integer or 'unlimited': {value!r}")
+        fail(f"{name}: not an integer or 'unlimited': {excerpt(value)}")
 
 
 def settings(**overrides: Any) -> Any:

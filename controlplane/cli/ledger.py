@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.common import settings
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 
 DbOpt = Annotated[
     str | None,
@@ -39,14 +39,20 @@ def _engine(database_url: str | None) -> Any:
 
 
 def _period(start: str, end: str | None) -> tuple[int, int]:
+    """The period of ``--from`` / ``--to``: each a time the ledger can hold
+    (1970 to 2262), the end after the start; else a usage error naming the
+    option (exit code 2), never a database error."""
     import time
 
     from controlplane.ledger.export import parse_when
 
-    s = parse_when("--from", start)
-    e = parse_when("--to", end) if end else time.time_ns()
+    try:
+        s = parse_when("--from", start)
+        e = parse_when("--to", end) if end else time.time_ns()
+    except InvalidArgument as exc:
+        raise typer.BadParameter(exc.description, param_hint=f"'{exc.field}'") from None
     if e <= s:
-        raise InvalidArgument("--to", "must be after --from")
+        raise typer.BadParameter("must be after --from", param_hint="'--to'")
     return s, e
 
 
@@ -204,7 +210,7 @@ def price_delete(
 
     with _store(database_url) as store:
         if not store.delete_price(tenant_id, model):
-            raise NotFound("tenant_id", f"no price for {tenant_id!r} / {model!r}")
+            raise NotFound("tenant_id", f"no price for {excerpt(tenant_id)} / {excerpt(model)}")
         typer.echo(f"price {tenant_id}/{model} deleted")
 
 

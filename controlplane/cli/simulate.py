@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from controlplane.cli.common import fail
+from controlplane.domain.errors import excerpt
 
 DEFAULT_TRACE_HELP = (
     "Trace file: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or JSON Lines "
@@ -28,7 +29,7 @@ def _burst(text: str | None) -> tuple[str, float, float, float] | None:
         return parts[0], float(parts[1]), float(parts[2]), float(parts[3])
     except ValueError:
         fail(f"--burst: expected TENANT:FACTOR:START_S:DURATION_S (e.g. standard:5:600:60), "
-             f"got {text!r}")  # fmt: skip
+             f"got {excerpt(text)}")  # fmt: skip
 
 
 def simulate(
@@ -92,7 +93,7 @@ def simulate(
     for name in policies:
         if name not in BUILTIN_POLICIES + EXTRA_POLICIES:
             known = ", ".join(BUILTIN_POLICIES + EXTRA_POLICIES)
-            fail(f"--policy: unknown {name!r}; known: {known}")
+            fail(f"--policy: unknown {excerpt(name)}; known: {known}")
     b = _burst(burst)
     if html is not None and not html.parent.is_dir():  # before a run that may take minutes
         fail(f"--html: directory {html.parent} does not exist (create it first)")

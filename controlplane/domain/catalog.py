@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.money import (
     CONTEXT,
     MAX_MULTIPLIER,
@@ -84,7 +84,9 @@ def validate_entry(e: PriceEntry) -> PriceEntry:
     if not e.model:
         raise InvalidArgument("model", "must not be empty (use '*' for any model)")
     if not CURRENCY_RE.match(e.currency):
-        raise InvalidArgument("currency", f"must be an ISO 4217 code like USD, got {e.currency!r}")
+        raise InvalidArgument(
+            "currency", f"must be an ISO 4217 code like USD, got {excerpt(e.currency)}"
+        )
     for name in PRICE_FIELDS:
         parse_decimal(name, getattr(e, name), decimals=PRICE_DECIMALS, maximum=MAX_PRICE)
     for lane, m in e.lane_multipliers.items():
@@ -105,7 +107,9 @@ def parse_lane_multipliers(items: Iterable[str]) -> dict[str, Decimal]:
     for item in items:
         lane, sep, value = item.partition("=")
         if not sep or not lane.strip():
-            raise InvalidArgument("lane_multipliers", f"expected LANE=MULTIPLIER, got {item!r}")
+            raise InvalidArgument(
+                "lane_multipliers", f"expected LANE=MULTIPLIER, got {excerpt(item)}"
+            )
         out[lane.strip()] = parse_decimal(
             f"lane_multipliers[{lane.strip()}]",
             value,

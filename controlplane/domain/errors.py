@@ -3,6 +3,28 @@ place (controlplane/rpc/errors.py); nothing below the adapters knows gRPC."""
 
 from __future__ import annotations
 
+# The most of a user-supplied value an error message quotes (README,
+# "Errors"): enough to recognise a typo, never the whole of a hostile value
+# (a status message travels in a header; grpc ends a call whose headers pass
+# its metadata limit with RESOURCE_EXHAUSTED "Stream removed").
+MAX_ECHO_CHARS = 40
+
+
+def excerpt(value: object) -> str:
+    """``value`` as an error message quotes it: its ``repr`` (control
+    characters escaped), cut to :data:`MAX_ECHO_CHARS` with ``...`` and the
+    full length when longer. Only the head of a string is rendered, so a
+    megabyte value costs no more than a short one."""
+    if isinstance(value, str | bytes):
+        text = repr(value[: MAX_ECHO_CHARS + 1])
+        size = f" ({len(value)} chars)"
+    else:
+        text = repr(value)
+        size = ""
+    if len(text) <= MAX_ECHO_CHARS:
+        return text
+    return text[: MAX_ECHO_CHARS - 3] + "..." + size
+
 
 class DomainError(Exception):
     """Base class: the call itself failed (as opposed to a denial, which is data)."""

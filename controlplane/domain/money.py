@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from decimal import ROUND_HALF_EVEN, Context, Decimal, InvalidOperation
 
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 
 NANOS_PER_UNIT = 1_000_000_000
 # Unit prices are quoted per million tokens (the industry's convention).
@@ -65,9 +65,9 @@ def parse_decimal(
     try:
         d = value if isinstance(value, Decimal) else Decimal(str(value).strip())
     except (InvalidOperation, ValueError):
-        raise InvalidArgument(field, f"not a decimal number: {value!r}") from None
+        raise InvalidArgument(field, f"not a decimal number: {excerpt(value)}") from None
     if not d.is_finite():
-        raise InvalidArgument(field, f"must be finite, got {value!r}")
+        raise InvalidArgument(field, f"must be finite, got {excerpt(value)}")
     if d < minimum or (not allow_equal_min and d == minimum):
         op = ">=" if allow_equal_min else ">"
         raise InvalidArgument(field, f"must be {op} {minimum}, got {d}")

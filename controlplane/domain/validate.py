@@ -22,7 +22,8 @@ from controlplane.domain import (
     LaneConfig,
     TenantConfig,
 )
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
+from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 
 # The fast path's bounds (fastpath/codes.py), in tokens.
 MAX_RATE_TOKENS_PER_S = Decimal(1_000_000)
@@ -82,6 +83,32 @@ def check_fraction(field: str, value: float) -> None:
         raise InvalidArgument(field, f"must be between 0 and 1, got {value}")
 
 
+# Complete's sidecar timestamps (exec_start_unix_ns, exec_end_unix_ns; 0 =
+# unset) are refused outside [now - reservation TTL - EXEC_TIME_PAST_SLACK_NS,
+# now + EXEC_TIME_FUTURE_NS] on the server's clock: a request is settled at
+# most a TTL after its admission, and the slack absorbs clock skew between
+# the engine's host and the server. Anything else (1969, 2262) is a bug or a
+# lie, and would be billed and exported as it is.
+EXEC_TIME_PAST_SLACK_NS = NS_PER_DAY
+EXEC_TIME_FUTURE_NS = NS_PER_HOUR
+
+
+def check_exec_times(start_ns: int, end_ns: int, now_ns: int, ttl_ns: int) -> None:
+    """Complete's exec timestamps: in order, and each unset (0) or within the
+    window above; raise InvalidArgument naming the wire field."""
+    if start_ns and end_ns and end_ns < start_ns:
+        raise InvalidArgument("exec_end_unix_ns", "is before exec_start_unix_ns")
+    low = now_ns - ttl_ns - EXEC_TIME_PAST_SLACK_NS
+    high = now_ns + EXEC_TIME_FUTURE_NS
+    for field, value in (("exec_start_unix_ns", start_ns), ("exec_end_unix_ns", end_ns)):
+        if value and not low <= value <= high:
+            raise InvalidArgument(
+                field,
+                f"{value} is outside [{low}, {high}]: from the reservation TTL plus one day "
+                "before the server's clock to one hour after it (0 = unset)",
+            )
+
+
 def check_tenant(cfg: TenantConfig, lane_names: Iterable[str]) -> None:
     """A tenant's configuration; raise InvalidArgument naming the field."""
     check_id("tenant_id", cfg.tenant_id)
@@ -117,7 +144,7 @@ def check_tenant(cfg: TenantConfig, lane_names: Iterable[str]) -> None:
     if cfg.default_lane not in names:
         raise InvalidArgument(
             "default_lane",
-            f"unknown lane {cfg.default_lane!r}; configured: {', '.join(sorted(names))}",
+            f"unknown lane {excerpt(cfg.default_lane)}; configured: {', '.join(sorted(names))}",
         )
 
 

@@ -29,13 +29,17 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, func, literal_column, select
 
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.ledger_records import COLUMNS, iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
 from controlplane.domain.units import NS_PER_DAY
 from controlplane.store.ledger import LEDGER
 
 FETCH_ROWS = 5_000
+# Period bounds: the ledger's times are Unix nanoseconds in BIGINT columns,
+# so a bound outside [1970, 2262] cannot even be compared in SQL.
+MAX_TIME_NS = 2**63 - 1
+TIME_RANGE_TEXT = "1970-01-01 and 2262-04-11T23:47:16Z (Unix nanoseconds in 64 bits)"
 CHUNK_BYTES = 64 * 1024
 FORMATS = ("csv", "jsonl", "parquet")
 GRANULARITIES = ("request", "daily")
@@ -73,11 +77,13 @@ class ExportSpec:
             raise InvalidArgument("format", f"must be one of {', '.join(FORMATS)}")
         if self.granularity not in GRANULARITIES:
             raise InvalidArgument("granularity", f"must be one of {', '.join(GRANULARITIES)}")
-        if self.start_ns < 0 or self.end_ns <= self.start_ns:
+        check_time_ns("start", self.start_ns)
+        check_time_ns("end", self.end_ns)
+        if self.end_ns <= self.start_ns:
             raise InvalidArgument("end", "the period must be non-empty (end after start)")
         for t in self.tenants:
             if not t or len(t) > 128:
-                raise InvalidArgument("tenant_ids", f"bad tenant id {t!r}")
+                raise InvalidArgument("tenant_ids", f"bad tenant id {excerpt(t)}")
         return self
 
 
@@ -381,18 +387,27 @@ def manifest_json(result: ExportResult) -> str:
     return json.dumps(result.manifest, indent=2, ensure_ascii=False) + "\n"
 
 
+def check_time_ns(field_name: str, ns: int) -> int:
+    """A period bound: Unix ns in the ledger's 64-bit columns."""
+    if not 0 <= ns <= MAX_TIME_NS:
+        raise InvalidArgument(field_name, f"must be between {TIME_RANGE_TEXT}")
+    return ns
+
+
 def parse_when(field_name: str, text: str) -> int:
-    """ISO 8601 date or time (naive = UTC) or Unix seconds -> Unix ns."""
+    """ISO 8601 date or time (naive = UTC) or Unix seconds -> Unix ns, within
+    the range the ledger stores (``check_time_ns``)."""
     text = text.strip()
     try:
         if text.replace(".", "", 1).isdigit():
-            return int(Decimal(text) * 1_000_000_000)
+            return check_time_ns(field_name, int(Decimal(text) * 1_000_000_000))
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise InvalidArgument(
-            field_name, f"not an ISO 8601 time or Unix seconds: {text!r}"
+            field_name, f"not an ISO 8601 time or Unix seconds: {excerpt(text)}"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+    ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+    return check_time_ns(field_name, ns)

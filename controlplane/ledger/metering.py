@@ -39,7 +39,7 @@ from sqlalchemy.engine import make_url
 
 from controlplane.domain import Settlement
 from controlplane.domain.catalog import PriceCatalog, actual_cost, user_charge, zero_price
-from controlplane.domain.errors import LedgerUnavailable, NotFound
+from controlplane.domain.errors import LedgerUnavailable, NotFound, excerpt
 from controlplane.domain.ledger_records import Key, LedgerRecord
 from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
 from controlplane.domain.units import NS_PER_S, PPM
@@ -188,7 +188,8 @@ class Metering:
         exec_end_ns: int = 0,
     ) -> CompleteResult:
         """Settle and record one request; see the module docstring.
-        ``miss_rate_reported`` None means "reported when non-zero"."""
+        ``miss_rate_reported`` None means "reported when non-zero"; the
+        exec times were checked at the edge (``check_exec_times``)."""
         key = (tenant_id, request_id)
         running = self._inflight.get(key)
         if running is not None:
@@ -209,10 +210,6 @@ class Metering:
         if isinstance(prepared, Settlement):
             self.duplicates += 1
             return CompleteResult(prepared, await self.find(key), duplicate=True)
-        if exec_start_ns and exec_end_ns and exec_end_ns < exec_start_ns:
-            from controlplane.domain.errors import InvalidArgument
-
-            raise InvalidArgument("exec_end_unix_ns", "is before exec_start_unix_ns")
         reported = kv_cache_miss_rate > 0 if miss_rate_reported is None else miss_rate_reported
         record = self.build_record(
             key, prepared, prompt_tokens, cached_prompt_tokens, generated_tokens,
@@ -342,8 +339,8 @@ class Metering:
             )
         except Exception as exc:
             raise LedgerUnavailable(
-                f"request_id: cannot look {key[1]!r} up in the ledger ({type(exc).__name__}); "
-                "retry later"
+                f"request_id: cannot look {excerpt(key[1])} up in the ledger "
+                f"({type(exc).__name__}); retry later"
             ) from exc
 
     # ----------------------------------------------------------- background

@@ -21,7 +21,7 @@ from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.auth import KeyCache
 from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor
-from controlplane.domain.errors import FailedPrecondition, InvalidArgument
+from controlplane.domain.errors import FailedPrecondition, InvalidArgument, excerpt
 from controlplane.domain.keys import parse_role
 from controlplane.domain.money import format_multiplier
 from controlplane.rpc.admin_pb import (
@@ -176,8 +176,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 return
             if open_now:
                 raise FailedPrecondition(
-                    f"tenant_id: tenant {tenant_id!r} has {open_now} unsettled reservation(s); "
-                    "wait for them to settle or expire, or delete with force"
+                    f"tenant_id: tenant {excerpt(tenant_id)} has {open_now} unsettled "
+                    "reservation(s); wait for them to settle or expire, or delete with force"
                 )
             for check in DELETE_GUARDS:
                 reason = check(tenant_id)

@@ -15,7 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.audit import AuditRecord
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.keys import KeyInfo
 from controlplane.domain.policy import Policy, effective_policy
 from controlplane.domain.validate import POSITIVE_LIMITS
@@ -66,9 +66,9 @@ def parse_decimal(field: str, text: str) -> Decimal:
     try:
         value = Decimal(text.strip())
     except InvalidOperation:
-        raise InvalidArgument(field, f"not a decimal number: {text!r}") from None
+        raise InvalidArgument(field, f"not a decimal number: {excerpt(text)}") from None
     if not value.is_finite():
-        raise InvalidArgument(field, f"not a finite number: {text!r}")
+        raise InvalidArgument(field, f"not a finite number: {excerpt(text)}")
     return value
 
 
@@ -211,13 +211,15 @@ def policy_to_pb(base: Policy, overrides: dict[str, Any]) -> apb.Policy:
 
 
 def json_value(key: str, text: str) -> Any:
-    """A policy value: JSON, or a bare word taken as a string (fail_closed)."""
+    """A policy value of UpdatePolicyRequest.set: JSON, or a bare word taken
+    as a string (fail_closed). Its type is checked against the key's by the
+    store (``typed_value``); errors name the field ``set[<key>]``."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         if text and text.replace("_", "").isalnum():
             return text
-        raise InvalidArgument(key, f"not a JSON value: {text!r}") from None
+        raise InvalidArgument(f"set[{key}]", f"not a JSON value: {excerpt(text)}") from None
 
 
 def mask_paths(paths: list[str], allowed: frozenset[str], what: str) -> list[str]:
@@ -226,7 +228,8 @@ def mask_paths(paths: list[str], allowed: frozenset[str], what: str) -> list[str
     for p in paths:
         if p not in allowed:
             raise InvalidArgument(
-                "update_mask", f"{p!r} cannot be changed; one of {', '.join(sorted(allowed))}"
+                "update_mask",
+                f"{excerpt(p)} cannot be changed; one of {', '.join(sorted(allowed))}",
             )
     return list(dict.fromkeys(paths))
 

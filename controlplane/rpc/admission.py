@@ -12,7 +12,8 @@ from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.domain import AdmitDecision, Degradation, Pressure
 from controlplane.domain.errors import DomainError
 from controlplane.domain.money import format_multiplier
-from controlplane.domain.units import NS_PER_MS
+from controlplane.domain.units import NS_PER_MS, NS_PER_S
+from controlplane.domain.validate import check_exec_times
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.errors import abort, error_status, unary_errors
 from controlplane.service import AdmissionService
@@ -141,6 +142,13 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             scope.check_pool("pool", pool, "the reservation's pool")
         # With metering the reply waits until the ledger record is
         # durable; without it the settlement is in memory only.
+        svc = self._svc
+        check_exec_times(
+            request.exec_start_unix_ns,
+            request.exec_end_unix_ns,
+            svc.clock(),
+            int(svc.settings.reservation_ttl_s * NS_PER_S),
+        )
         metering = self.metering
         if metering is None:
             s = self._svc.complete(

@@ -21,6 +21,7 @@ from controlplane.domain.errors import (
     DomainError,
     InvalidArgument,
     NotFound,
+    excerpt,
 )
 from controlplane.domain.ledger_records import LedgerRecord
 from controlplane.domain.money import format_fixed, format_nanos, ppm_decimal
@@ -34,6 +35,7 @@ from controlplane.ledger.export import (
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.usage import usage
 from controlplane.rpc.admission import MISS_RATE_SOURCE
+from controlplane.rpc.auth import current_actor
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.errors import abort, error_status, internal_status, unary_errors
 
@@ -125,7 +127,9 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
 
     def _period(self, start: int, end: int) -> tuple[int, int]:
         end = end or self.clock()
-        if start < 0 or end <= start:
+        if start < 0:
+            raise InvalidArgument("start_unix_ns", "must be >= 0 (1970-01-01)")
+        if end <= start:
             raise InvalidArgument("end_unix_ns", "the period must be non-empty (end after start)")
         return start, end
 
@@ -187,7 +191,8 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         if rec is None:
             raise NotFound(
                 "request_id",
-                f"no ledger record for tenant {request.tenant_id!r} request {request.request_id!r}",
+                f"no ledger record for tenant {excerpt(request.tenant_id)} "
+                f"request {excerpt(request.request_id)}",
             )
         return record_to_pb(rec)
 
@@ -317,7 +322,7 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         self, request: lpb.SetPriceRequest, context: grpc.aio.ServicerContext
     ) -> lpb.Price:
         entry = price_from_pb(request.price)
-        saved = await self._db(self.m.store.upsert_price, entry)
+        saved = await self._db(self.m.store.upsert_price, entry, current_actor())
         await self.m.reload_catalog()
         return price_to_pb(saved)
 
@@ -326,10 +331,13 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         self, request: lpb.DeletePriceRequest, context: grpc.aio.ServicerContext
     ) -> lpb.DeletePriceResponse:
         deleted = await self._db(
-            self.m.store.delete_price, request.tenant_id or "*", request.model or "*"
-        )
+            self.m.store.delete_price, request.tenant_id or "*", request.model or "*",
+            current_actor(),
+        )  # fmt: skip
         if not deleted:
-            raise NotFound("tenant_id", f"no price for {request.tenant_id!r} / {request.model!r}")
+            raise NotFound(
+                "tenant_id", f"no price for {excerpt(request.tenant_id)} / {excerpt(request.model)}"
+            )
         await self.m.reload_catalog()
         return lpb.DeletePriceResponse(deleted=True)
 

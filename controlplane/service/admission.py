@@ -56,7 +56,7 @@ from controlplane.domain import (
     Settlement,
     TenantConfig,
 )
-from controlplane.domain.errors import AlreadyExists
+from controlplane.domain.errors import AlreadyExists, excerpt
 from controlplane.domain.policy import Policy
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
@@ -224,7 +224,7 @@ class AdmissionService:
         the pool the request goes to, as resolved here, and the tenant it
         would be charged to (the default tenant for an unknown id) must be
         in it, else PermissionDenied and nothing changes."""
-        check_admit(tenant_id, request_id, prompt_tokens, max_tokens, model, pool)
+        check_admit(tenant_id, request_id, prompt_tokens, max_tokens, model, pool, lane)
         self._tenants.check_pool(pool)
         now = self.clock()
         key = (tenant_id, request_id)
@@ -235,7 +235,7 @@ class AdmissionService:
             return self._outcomes.answer(key, prior, duplicate=True)
         dispatcher = self._dispatcher
         if key in dispatcher.queues.by_key:
-            raise AlreadyExists(f"request_id: {request_id!r} is already waiting in a queue")
+            raise AlreadyExists(f"request_id: {excerpt(request_id)} is already waiting in a queue")
         tenants = self._tenants
         entry = tenants.resolve(tenant_id)
         lane = tenants.lane_for("lane", lane, entry)

@@ -9,8 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controlplane.domain import MAX_ID_LEN, MAX_TOKENS_PER_FIELD
-from controlplane.domain.errors import InvalidArgument
-from controlplane.domain.validate import check_id, check_optional_name, check_tokens
+from controlplane.domain.errors import InvalidArgument, excerpt
+from controlplane.domain.validate import (
+    MAX_LANE_NAME,
+    check_id,
+    check_optional_name,
+    check_tokens,
+)
 from controlplane.service.records import Key
 from controlplane.service.tenants import TenantDirectory
 
@@ -18,10 +23,18 @@ MAX_POOL_LEN = 128
 
 
 def check_admit(
-    tenant_id: str, request_id: str, prompt: int, max_tokens: int, model: str, pool: str
+    tenant_id: str,
+    request_id: str,
+    prompt: int,
+    max_tokens: int,
+    model: str,
+    pool: str,
+    lane: str = "",
 ) -> None:
     check_id("tenant_id", tenant_id)
     check_id("request_id", request_id)
+    if len(lane) > MAX_LANE_NAME:  # (whether it exists is the tenant directory's check)
+        raise InvalidArgument("lane", f"longer than {MAX_LANE_NAME} characters ({len(lane)})")
     check_tokens("prompt_tokens", prompt)
     check_tokens("max_tokens", max_tokens)
     check_optional_name("model", model)
@@ -93,6 +106,8 @@ def check_batch(
         seen: set[Key] = set()
         for i, k in enumerate(zip(tenant_ids, request_ids, strict=True)):
             if k in seen:
-                raise InvalidArgument(f"request_id[{i}]", f"{k[1]!r} appears twice in the batch")
+                raise InvalidArgument(
+                    f"request_id[{i}]", f"{excerpt(k[1])} appears twice in the batch"
+                )
             seen.add(k)
     return lane_of

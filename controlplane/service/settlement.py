@@ -5,7 +5,7 @@ façade frees its capacity and dispatches; nothing here starts a dispatch."""
 from __future__ import annotations
 
 from controlplane.domain import Settlement
-from controlplane.domain.errors import FailedPrecondition, InvalidArgument, NotFound
+from controlplane.domain.errors import FailedPrecondition, InvalidArgument, NotFound, excerpt
 from controlplane.domain.validate import check_fraction, check_id, check_tokens
 from controlplane.service import records as R
 from controlplane.service.records import Key, Record, RequestLog
@@ -50,19 +50,19 @@ class Settler:
         if rec is None:
             raise NotFound(
                 "request_id",
-                f"no reservation for tenant {tenant_id!r} request {request_id!r} "
+                f"no reservation for tenant {excerpt(tenant_id)} request {excerpt(request_id)} "
                 "(never admitted, or expired after reservation_ttl_s)",
             )
         if rec[R.STATE] == R.REJECTED:
             raise FailedPrecondition(
-                f"request_id: request {request_id!r} was refused "
+                f"request_id: request {excerpt(request_id)} was refused "
                 f"({Reason(rec[R.REASON]).name}); there is nothing to settle"
             )
         if reservation_id and reservation_id != rec[R.RID]:
             raise InvalidArgument(
                 "reservation_id",
-                f"{reservation_id} is not the reservation of tenant {tenant_id!r} "
-                f"request {request_id!r}",
+                f"{reservation_id} is not the reservation of tenant {excerpt(tenant_id)} "
+                f"request {excerpt(request_id)}",
             )
         reserved = rec[R.RESERVED]
         if rec[R.STATE] == R.SETTLED:

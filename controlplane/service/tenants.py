@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controlplane.domain import LaneConfig, TenantConfig
-from controlplane.domain.errors import InvalidArgument, NotFound
+from controlplane.domain.errors import InvalidArgument, NotFound, excerpt
 from controlplane.domain.policy import Policy
+from controlplane.domain.validate import MAX_LANE_NAME
 from controlplane.service.gate import DEFAULT_POOL
 from fastpath import TokenBucketTable
 
@@ -62,7 +63,7 @@ class TenantDirectory:
             if cfg.default_lane not in by_name:
                 raise InvalidArgument(
                     f"tenants[{cfg.tenant_id}].default_lane",
-                    f"unknown lane {cfg.default_lane!r}",
+                    f"unknown lane {excerpt(cfg.default_lane)}",
                 )
         self.policy = policy
         self.lanes = by_name
@@ -133,7 +134,7 @@ class TenantDirectory:
     def active(self, tenant_id: str) -> Tenant:
         entry = self._tenants.get(tenant_id)
         if entry is None or entry.deleted:
-            raise NotFound("tenant_id", f"unknown tenant {tenant_id!r}")
+            raise NotFound("tenant_id", f"unknown tenant {excerpt(tenant_id)}")
         return entry
 
     def ids(self) -> list[str]:
@@ -145,8 +146,12 @@ class TenantDirectory:
         if not lane:
             return entry.config.default_lane if entry is not None else FALLBACK_LANE
         if lane not in self.lanes:
+            if len(lane) > MAX_LANE_NAME:  # (the error path: a known lane is never this long)
+                raise InvalidArgument(
+                    field, f"longer than {MAX_LANE_NAME} characters ({len(lane)})"
+                )
             raise InvalidArgument(
-                field, f"unknown lane {lane!r}; configured: {', '.join(sorted(self.lanes))}"
+                field, f"unknown lane {excerpt(lane)}; configured: {', '.join(sorted(self.lanes))}"
             )
         return lane
 
@@ -171,7 +176,7 @@ class TenantDirectory:
         known = self.policy.known_pools
         if pool and known and pool not in known:
             raise InvalidArgument(
-                "pool", f"unknown pool {pool!r} (known: {', '.join(sorted(known))})"
+                "pool", f"unknown pool {excerpt(pool)} (known: {', '.join(sorted(known))})"
             )
 
     def pool_for(self, entry: Tenant | None, lane: str, requested: str) -> str:

@@ -27,8 +27,15 @@ from sqlalchemy.orm import Session
 
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.audit import Actor
-from controlplane.domain.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy
+from controlplane.domain.errors import (
+    MAX_ECHO_CHARS,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    excerpt,
+)
+from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy, typed_value
 from controlplane.domain.validate import check_lane, check_tenant
 from controlplane.store.audit import aware, local_actor, log_change
 from controlplane.store.models import Lane, PolicyOverride, Tenant
@@ -102,7 +109,7 @@ class ConfigRepository:
     def _tenant_row(s: Session, tenant_id: str) -> Tenant:
         row = s.scalar(select(Tenant).where(Tenant.tenant_id == tenant_id))
         if row is None:
-            raise NotFound("tenant_id", f"unknown tenant {tenant_id!r}")
+            raise NotFound("tenant_id", f"unknown tenant {excerpt(tenant_id)}")
         return row
 
     # -------------------------------------------------------------- reads
@@ -156,7 +163,9 @@ class ConfigRepository:
             with self._tx() as s:
                 check_tenant(cfg, self._lane_names(s))
                 if s.scalar(select(Tenant.id).where(Tenant.tenant_id == cfg.tenant_id)):
-                    raise AlreadyExists(f"tenant_id: tenant {cfg.tenant_id!r} already exists")
+                    raise AlreadyExists(
+                        f"tenant_id: tenant {excerpt(cfg.tenant_id)} already exists"
+                    )
                 row = Tenant(tenant_id=cfg.tenant_id, **{f: getattr(cfg, f) for f in TENANT_FIELDS})
                 s.add(row)
                 log_change(
@@ -165,7 +174,9 @@ class ConfigRepository:
                 s.flush()
                 record = _record(row)
         except IntegrityError as exc:  # lost a race with another creator
-            raise AlreadyExists(f"tenant_id: tenant {cfg.tenant_id!r} already exists") from exc
+            raise AlreadyExists(
+                f"tenant_id: tenant {excerpt(cfg.tenant_id)} already exists"
+            ) from exc
         return record
 
     def update_tenant(
@@ -238,7 +249,7 @@ class ConfigRepository:
                 )  # fmt: skip
         except IntegrityError as exc:  # rows elsewhere still reference the tenant
             raise FailedPrecondition(
-                f"tenant_id: tenant {tenant_id!r} is still referenced ({exc.orig})"
+                f"tenant_id: tenant {excerpt(tenant_id)} is still referenced ({exc.orig})"
             ) from exc
         return record
 
@@ -260,7 +271,7 @@ class ConfigRepository:
             row = s.get(Lane, name)
             if row is None:
                 if not allow_missing:
-                    raise NotFound("name", f"unknown lane {name!r}")
+                    raise NotFound("name", f"unknown lane {excerpt(name)}")
                 missing = {"priority", "weight", "wait_target_ms"} - set(changes)
                 if missing:
                     raise InvalidArgument(sorted(missing)[0], "required to create a lane")
@@ -304,21 +315,35 @@ class ConfigRepository:
         actor: Actor | None = None,
     ) -> tuple[Policy, dict[str, Any]]:
         """Set and/or reset policy keys, validated as a whole (e.g. the
-        backpressure weights must still sum to 1). Returns the effective
-        policy and the overrides now stored."""
+        backpressure weights must still sum to 1). Each value set must be of
+        its key's type, strictly (``typed_value``: no ``"true"`` for an
+        integer). Errors name the key as ``set[<key>]`` / ``reset[<key>]``;
+        nothing is stored. Returns the effective policy and the overrides
+        now stored."""
         actor = actor or local_actor()
-        for key in [*set_, *reset]:
-            if key not in POLICY_KEYS:
-                raise InvalidArgument(key, "unknown policy key")
+        for name, keys in (("set", list(set_)), ("reset", reset)):
+            for key in keys:
+                if key not in POLICY_KEYS:
+                    shown = (
+                        key if key.isprintable() and len(key) <= MAX_ECHO_CHARS else excerpt(key)
+                    )
+                    raise InvalidArgument(f"{name}[{shown}]", "unknown policy key")
         both = set(set_) & set(reset)
         if both:
-            raise InvalidArgument(sorted(both)[0], "both set and reset")
+            raise InvalidArgument(f"set[{sorted(both)[0]}]", "both set and reset")
+        typed = {key: typed_value(key, value, f"set[{key}]") for key, value in set_.items()}
         with self._tx() as s:
             rows = {r.key: r for r in s.scalars(select(PolicyOverride))}
             current = {k: json.loads(r.value) for k, r in rows.items()}
-            merged = {k: v for k, v in (current | dict(set_)).items() if k not in reset}
+            merged = {k: v for k, v in (current | typed).items() if k not in reset}
             old_policy = effective_policy(base, current)
-            new_policy = effective_policy(base, merged)
+            try:
+                new_policy = effective_policy(base, merged)
+            except InvalidArgument as exc:  # a bound: name the key as it was sent
+                key, dot, rest = exc.field.partition(".")
+                if key not in typed:
+                    raise
+                raise InvalidArgument(f"set[{key}]{dot}{rest}", exc.description) from exc
             new_values = new_policy.model_dump()
             changed = [k for k in (*set_, *reset) if k in merged or k in current]
             for key in set_:

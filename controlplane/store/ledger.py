@@ -33,11 +33,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
-from controlplane.domain.catalog import PriceEntry, validate_entry
+from controlplane.domain.audit import Actor
+from controlplane.domain.catalog import PRICE_FIELDS, PriceEntry, validate_entry
 from controlplane.domain.ledger_records import COLUMNS, Key, LedgerRecord, from_db_row
 from controlplane.domain.pricing import WindowSummary
 from controlplane.settings import sqlalchemy_url
+from controlplane.store.audit import local_actor, log_change
 from controlplane.store.db import make_engine
 from controlplane.store.models import (
     LedgerRecordRow,
@@ -326,10 +329,13 @@ class LedgerStore:
             rows = c.execute(select(CATALOG).order_by(CATALOG.c.tenant_id, CATALOG.c.model)).all()
         return [_entry(r) for r in rows]
 
-    def upsert_price(self, entry: PriceEntry) -> PriceEntry:
+    def upsert_price(self, entry: PriceEntry, actor: Actor | None = None) -> PriceEntry:
+        """Create or replace the entry of (tenant, model), audited in the same
+        transaction (``price.set``; no record when nothing changed)."""
         validate_entry(entry)
         from controlplane.store.models import utcnow
 
+        actor = actor or local_actor()
         values = {
             "tenant_id": entry.tenant_id,
             "model": entry.model,
@@ -348,21 +354,37 @@ class LedgerStore:
             index_elements=["tenant_id", "model"],
             set_={k: v for k, v in values.items() if k not in ("tenant_id", "model")},
         )
-        with self.engine.begin() as c:
-            c.execute(stmt)
-            row = c.execute(
-                select(CATALOG).where(
-                    CATALOG.c.tenant_id == entry.tenant_id, CATALOG.c.model == entry.model
-                )
-            ).one()
-        return _entry(row)
+        with Session(self.engine) as s, s.begin():
+            before = self._price_row(s, entry.tenant_id, entry.model)
+            s.execute(stmt)
+            saved = self._price_row(s, entry.tenant_id, entry.model)
+            assert saved is not None
+            old = None if before is None else price_dict(before)
+            new = price_dict(saved)
+            if old != new:
+                log_change(s, actor, "price.set", price_target(saved), old, new)
+        return saved
 
-    def delete_price(self, tenant_id: str, model: str) -> bool:
-        with self.engine.begin() as c:
-            res = c.execute(
+    def delete_price(self, tenant_id: str, model: str, actor: Actor | None = None) -> bool:
+        """Delete the entry of (tenant, model), audited in the same transaction
+        (``price.delete``); False when there is none."""
+        actor = actor or local_actor()
+        with Session(self.engine) as s, s.begin():
+            before = self._price_row(s, tenant_id, model)
+            if before is None:
+                return False
+            s.execute(
                 delete(CATALOG).where(CATALOG.c.tenant_id == tenant_id, CATALOG.c.model == model)
             )
-        return bool(res.rowcount)
+            log_change(s, actor, "price.delete", price_target(before), price_dict(before), None)
+        return True
+
+    @staticmethod
+    def _price_row(s: Session, tenant_id: str, model: str) -> PriceEntry | None:
+        row = s.execute(
+            select(CATALOG).where(CATALOG.c.tenant_id == tenant_id, CATALOG.c.model == model)
+        ).first()
+        return None if row is None else _entry(row)
 
     # -------------------------------------------------------- pricing windows
 
@@ -533,6 +555,20 @@ def _entry(r: Any) -> PriceEntry:
         lane_multipliers=lanes,
         id=int(r.id),
     )
+
+
+def price_target(e: PriceEntry) -> str:
+    """The audit log's target of a price entry: ``price:<tenant>/<model>``."""
+    return f"price:{e.tenant_id}/{e.model}"
+
+
+def price_dict(e: PriceEntry) -> dict[str, Any]:
+    """A price entry as its audit record shows it (the row id left out)."""
+    return {
+        "currency": e.currency,
+        **{name: getattr(e, name) for name in PRICE_FIELDS},
+        "lane_multipliers": {k: str(v) for k, v in sorted(e.lane_multipliers.items())},
+    }
 
 
 def exceeds(actual_nanos: int, user_nanos: int, ratio: Decimal) -> bool:

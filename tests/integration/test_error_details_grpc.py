@@ -85,4 +85,3 @@ def test_complete_not_found_and_failed_precondition(client: AdmissionClient) -> 
     err = _fails(lambda: client.complete("beta", "huge", prompt_tokens=1, generated_tokens=1))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_details(err).info.reason == "FAILED_PRECONDITION"
-

@@ -90,7 +90,7 @@ def test_policy_values_and_view() -> None:
     assert json_value("k", "0.9") == 0.9
     assert json_value("k", "true") is True
     assert json_value("k", "fail_closed") == "fail_closed"
-    with pytest.raises(InvalidArgument, match=r"^k: not a JSON value"):
+    with pytest.raises(InvalidArgument, match=r"^set\[k\]: not a JSON value"):
         json_value("k", "{oops")
     view = policy_to_pb(Policy(), {"bp_hard_threshold": 0.9})
     by_key = {s.key: s for s in view.settings}

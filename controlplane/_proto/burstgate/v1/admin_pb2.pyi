@@ -26,7 +26,8 @@ Status codes (besides UNAUTHENTICATED and PERMISSION_DENIED on every
 method):
   INVALID_ARGUMENT     a field is bad; the status message starts with the
                        field's name ("burst_tokens: must be > 0, got 0").
-                       Nothing was stored.
+                       Every string has a maximum length (README,
+                       "Errors"). Nothing was stored.
   NOT_FOUND            the named tenant, lane or key does not exist.
   ALREADY_EXISTS       CreateTenant for a tenant_id that exists.
   FAILED_PRECONDITION  DeleteTenant of a tenant with unsettled
@@ -619,7 +620,11 @@ class UpdatePolicyRequest(_message.Message):
     RESET_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def set(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """key -> JSON value"""
+        """key -> JSON value of the key's own type: an integer key takes a JSON
+        integer (not true, "5" or 1.5), a number key a number, a boolean key
+        true or false, stale_policy one of its strings; anything else is
+        INVALID_ARGUMENT naming "set[<key>]".
+        """
 
     @_builtins.property
     def reset(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:

@@ -26,7 +26,8 @@ Status codes (besides UNAUTHENTICATED and PERMISSION_DENIED on every
 method):
   INVALID_ARGUMENT     a field is bad; the status message starts with the
                        field's name ("burst_tokens: must be > 0, got 0").
-                       Nothing was stored.
+                       Every string has a maximum length (README,
+                       "Errors"). Nothing was stored.
   NOT_FOUND            the named tenant, lane or key does not exist.
   ALREADY_EXISTS       CreateTenant for a tenant_id that exists.
   FAILED_PRECONDITION  DeleteTenant of a tenant with unsettled

@@ -36,6 +36,9 @@ answers OVER_LIMIT. A gRPC status other than OK means the *call* failed:
                        field's name, e.g. "prompt_tokens: must be >= 0,
                        got -10"; inside an AdmitStream batch the entry's
                        index follows the name: "prompt_tokens[17]: ...".
+                       A message quotes at most 40 characters of a value.
+                       Also: bytes that are not the method's message
+                       ("request is not a valid <type> protobuf").
                        Nothing was changed.
   NOT_FOUND            Complete: no such reservation (see Complete).
   FAILED_PRECONDITION  Complete: the request was refused, nothing to settle.
@@ -309,7 +312,7 @@ class AdmitRequest(_message.Message):
     request_id: _builtins.str
     """1..128 printable chars, unique per tenant; the idempotency key"""
     lane: _builtins.str
-    """premium | standard | batch (configurable); empty = tenant default"""
+    """premium | standard | batch (configurable), <= 32 chars; empty = tenant default"""
     prompt_tokens: _builtins.int
     """0..10,000,000"""
     max_tokens: _builtins.int
@@ -491,7 +494,9 @@ class CompleteRequest(_message.Message):
     """Fields 20+: metering (the ledger).
     Optional sidecar timestamps (Unix nanoseconds, UTC) of when the engine
     started and finished the request; 0 = unknown: the ledger then records
-    the admission time and the time this Complete arrived.
+    the admission time and the time this Complete arrived. A value other
+    than 0 must lie within [now - reservation TTL - 1 day, now + 1 hour] on
+    the server's clock (INVALID_ARGUMENT naming the field otherwise).
     """
     exec_end_unix_ns: _builtins.int
     kv_cache_miss_rate_reported: _builtins.bool

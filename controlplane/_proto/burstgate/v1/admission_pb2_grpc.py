@@ -103,7 +103,8 @@ class AdmissionServiceServicer:
         cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
         a reservation_id that is not this request's; usage more than the
         server's overrun ratio (default 4x) of what was admitted;
-        exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
+        exec_end_unix_ns before exec_start_unix_ns, or either outside the
+        window around the server's clock, see CompleteRequest), NOT_FOUND
         (never admitted, or the reservation expired unsettled; also after a
         server restart: treat it as "not billed"; or settled longer ago than
         the settled-id window), FAILED_PRECONDITION (the

@@ -36,6 +36,9 @@ answers OVER_LIMIT. A gRPC status other than OK means the *call* failed:
                        field's name, e.g. "prompt_tokens: must be >= 0,
                        got -10"; inside an AdmitStream batch the entry's
                        index follows the name: "prompt_tokens[17]: ...".
+                       A message quotes at most 40 characters of a value.
+                       Also: bytes that are not the method's message
+                       ("request is not a valid <type> protobuf").
                        Nothing was changed.
   NOT_FOUND            Complete: no such reservation (see Complete).
   FAILED_PRECONDITION  Complete: the request was refused, nothing to settle.
@@ -126,7 +129,8 @@ class AdmissionServiceStub:
     cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
     a reservation_id that is not this request's; usage more than the
     server's overrun ratio (default 4x) of what was admitted;
-    exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
+    exec_end_unix_ns before exec_start_unix_ns, or either outside the
+    window around the server's clock, see CompleteRequest), NOT_FOUND
     (never admitted, or the reservation expired unsettled; also after a
     server restart: treat it as "not billed"; or settled longer ago than
     the settled-id window), FAILED_PRECONDITION (the
@@ -201,7 +205,8 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
     a reservation_id that is not this request's; usage more than the
     server's overrun ratio (default 4x) of what was admitted;
-    exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
+    exec_end_unix_ns before exec_start_unix_ns, or either outside the
+    window around the server's clock, see CompleteRequest), NOT_FOUND
     (never admitted, or the reservation expired unsettled; also after a
     server restart: treat it as "not billed"; or settled longer ago than
     the settled-id window), FAILED_PRECONDITION (the
@@ -285,7 +290,8 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         cached_prompt_tokens > prompt_tokens; kv_cache_miss_rate outside 0..1;
         a reservation_id that is not this request's; usage more than the
         server's overrun ratio (default 4x) of what was admitted;
-        exec_end_unix_ns before exec_start_unix_ns), NOT_FOUND
+        exec_end_unix_ns before exec_start_unix_ns, or either outside the
+        window around the server's clock, see CompleteRequest), NOT_FOUND
         (never admitted, or the reservation expired unsettled; also after a
         server restart: treat it as "not billed"; or settled longer ago than
         the settled-id window), FAILED_PRECONDITION (the

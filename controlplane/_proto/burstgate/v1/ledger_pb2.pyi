@@ -13,7 +13,8 @@ the method: PERMISSION_DENIED.
 Status codes (besides UNAUTHENTICATED and PERMISSION_DENIED):
   INVALID_ARGUMENT  a field is bad; the status message starts with the
                     field's name ("end_unix_ns: the period must be
-                    non-empty (end after start)").
+                    non-empty (end after start)"; "start_unix_ns: must
+                    be >= 0"). Every string has a maximum length.
   NOT_FOUND         GetLedgerRecord: no record; DeletePrice: no such entry.
   UNAVAILABLE       the database cannot be reached; retry.
   INTERNAL          a server bug; details are in the server's log.
