@@ -32,6 +32,7 @@ from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.rpc.admission import AdmissionServicer
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.guard import GuardedRegistrar, MalformedLog
+from controlplane.rpc.health import HealthServicer
 from controlplane.rpc.reflection import enable_reflection
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
@@ -119,7 +120,7 @@ def create_server(
     operator = GuardedRegistrar(server, malformed, check=True).as_server()
     admission = AdmissionServicer(service, waiting, metering=ledger)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, edge)
-    health_servicer = health_aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, edge)
     names = [ADMISSION_SERVICE, health.SERVICE_NAME]
     if admin is not None:
@@ -417,11 +418,13 @@ class ControlPlane:
             self._metrics_httpd.server_close()
         if self._tracer_provider is not None:
             self._tracer_provider.shutdown()
+        # Operator calls still on a database thread (a hung database) finish
+        # before any engine they use is disposed (the ledger's is, next).
+        await asyncio.to_thread(self.db_calls.shutdown)
         if self.metering is not None:
             await self.metering.stop()  # writes (or spools) what is queued
         if self._db_calls:  # a poll step cancelled mid-query: let its thread finish
             await asyncio.gather(*self._db_calls, return_exceptions=True)
-        await asyncio.to_thread(self.db_calls.shutdown)  # operator calls, likewise
         self.engine.dispose()
 
     async def _restore_quota_usage(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import structlog
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -39,6 +40,8 @@ from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy, ty
 from controlplane.domain.validate import check_lane, check_tenant
 from controlplane.store.audit import aware, local_actor, log_change
 from controlplane.store.models import Lane, PolicyOverride, Tenant
+
+log = structlog.get_logger("burstgate.store")
 
 # TenantConfig fields that map 1:1 onto Tenant columns.
 TENANT_FIELDS = (
@@ -248,8 +251,10 @@ class ConfigRepository:
                     tenant_dict(record.config), None,
                 )  # fmt: skip
         except IntegrityError as exc:  # rows elsewhere still reference the tenant
+            # The driver's text (constraint and table names) is for the log.
+            log.warning("tenant delete refused by the database", error=str(exc.orig))
             raise FailedPrecondition(
-                f"tenant_id: tenant {excerpt(tenant_id)} is still referenced ({exc.orig})"
+                f"tenant_id: tenant {excerpt(tenant_id)} is still referenced by other rows"
             ) from exc
         return record
 

@@ -83,6 +83,11 @@ def test_health_and_reflection_need_no_key(env: Env) -> None:
     for service in ("", "burstgate.v1.AdminService", "burstgate.v1.AdmissionService"):
         r = health.Check(health_pb2.HealthCheckRequest(service=service))
         assert r.status == health_pb2.HealthCheckResponse.SERVING
+    # List too (grpc's asyncio servicer has none: it answered UNIMPLEMENTED
+    # and logged a traceback per call).
+    listed = health.List(health_pb2.HealthListRequest(), timeout=5).statuses
+    assert listed["burstgate.v1.AdmissionService"].status == health_pb2.HealthCheckResponse.SERVING
+    assert "" in listed and "burstgate.v1.AdminService" in listed
     # Both reflection protocols (their messages are the same on the wire).
     for version in ("v1", "v1alpha"):
         info = channel.stream_stream(
