@@ -103,10 +103,12 @@ async def _serve(
 
     overrides: dict[str, Any] = {} if ttl_s is None else {"reservation_ttl_s": ttl_s}
     # Sidecar tokens off: this measures admission, not authentication
-    # (docs/operating.md has the auth cost).
+    # (docs/operating.md has the auth cost). No cap on open reservations: the
+    # stream phase admits millions and completes none, and what is measured
+    # is the decision, not the (cheaper) refusal at the memory cap.
     settings = Settings(
         database_url=db_url, host="127.0.0.1", port=0, metrics_port=-1, admission_auth=False,
-        **overrides,
+        max_open_reservations=0, max_open_reservations_per_tenant=0, **overrides,
     )  # fmt: skip
     gc_timer = GcPauses().install()
     plane: ControlPlane | None = None

@@ -59,7 +59,11 @@ def run(window_s: float, rate: int, seconds: int) -> tuple[int, int]:
 def gc_pauses(n: int, prepare: bool) -> tuple[float, int]:
     """Longest collector pause (s) and collections while admitting ``n``."""
     now = [1_700_000_000 * 10**9]
-    svc = AdmissionService(Settings(), clock=lambda: now[0])
+    # no cap on open reservations: ``n`` admissions stay open, however many
+    svc = AdmissionService(
+        Settings(max_open_reservations=0, max_open_reservations_per_tenant=0),
+        clock=lambda: now[0],
+    )
     tenants = [TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**12)
                for i in range(100)]  # fmt: skip
     svc.apply_config(tenants, list(DEFAULT_LANES), Policy(pool_gate=False))

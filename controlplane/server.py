@@ -39,6 +39,7 @@ from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
+from controlplane.store.replica_lock import ReplicaGuard, lock_for
 from controlplane.telemetry.gcpause import GcPauses
 from controlplane.telemetry.metrics import (
     EXTRA_COLLECTORS,
@@ -176,6 +177,9 @@ class ControlPlane:
         )
         self.db_calls = DbCaller(settings.operator_db_timeout_s)
         self.repo = ConfigRepository(self.engine)
+        # One serve per database (controlplane/store/replica_lock.py): taken
+        # first thing at start, checked on every config poll, given up at stop.
+        self.replica = ReplicaGuard(lock_for(settings.database_url), self._replica_health)
         self.port = 0
         self.metrics_port: int | None = None
         self._metrics_httpd: Any = None
@@ -212,6 +216,7 @@ class ControlPlane:
             ServerCollector(self),
             self.live.collector(),
             self.gc_pauses,
+            self.replica.collector(),
         ]
         self._tracer_provider: Any = None
         # Metering (controlplane/ledger): every Complete is recorded in
@@ -299,6 +304,16 @@ class ControlPlane:
         )
 
     async def start(self) -> int:
+        """Take the replica lock (ReplicaLockHeld when another serve has this
+        database: nothing is bound), then start serving."""
+        await self.replica.acquire()
+        try:
+            return await self._start()
+        except BaseException:
+            await self.replica.release()
+            raise
+
+    async def _start(self) -> int:
         from controlplane.rpc.admin import AdminServicer
 
         await self.load_config()
@@ -387,6 +402,10 @@ class ControlPlane:
             self.key_refresh_failures += 1
             log.warning("key refresh failed; serving last keys", error=str(exc))
         await self._save_key_use()
+        try:
+            await self.replica.poll()  # lost and taken by another serve: health NOT_SERVING
+        except Exception as exc:  # database down or slow: asked again at the next poll
+            log.warning("replica lock check failed", error=str(exc))
 
     async def _save_key_use(self) -> None:
         """The keys used since the last poll, written as last used now (one
@@ -426,6 +445,7 @@ class ControlPlane:
         if self._db_calls:  # a poll step cancelled mid-query: let its thread finish
             await asyncio.gather(*self._db_calls, return_exceptions=True)
         self.engine.dispose()
+        await self.replica.release()  # last: everything this serve writes is written
 
     async def _restore_quota_usage(self) -> None:
         """Quota counters live in memory; after a restart, count what the
@@ -445,6 +465,22 @@ class ControlPlane:
         restored = self.service.restore_usage(hour, day)
         if restored:
             log.info("quota usage restored from the ledger", tenants=restored)
+
+    def _replica_health(self, held: bool) -> None:
+        """Replica lock lost to another serve (or back): the server's overall
+        and admission health say NOT_SERVING (or SERVING), so load balancers
+        and orchestrators stop sending it work; it keeps answering meanwhile."""
+        if self._health is None:
+            return
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if held
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", ADMISSION_SERVICE):
+            task = asyncio.get_running_loop().create_task(self._health.set(service, status))
+            self._ledger_health_tasks.add(task)
+            task.add_done_callback(self._ledger_health_tasks.discard)
 
     def _ledger_health(self, ok: bool) -> None:
         """Ledger health: NOT_SERVING while records are spooled

@@ -76,9 +76,15 @@ class Settings(BaseSettings):
     # A refused request_id replays its decision (duplicate=true) until its
     # retry_after has passed, but never for longer than this.
     rejection_replay_s: float = Field(default=1.0, ge=0)
-    # retry_after hint for CONCURRENCY refusals: the plane cannot know when a
-    # slot frees, so it suggests a short fixed wait.
+    # retry_after hint for CONCURRENCY (and OPEN_RESERVATIONS) refusals: the
+    # plane cannot know when a slot frees, so it suggests a short fixed wait.
     concurrency_retry_ms: int = Field(default=250, ge=0)
+    # Memory protection: most open (admitted, unsettled) reservations held at
+    # once, overall and per tenant; past either an Admit is refused with
+    # OPEN_RESERVATIONS. Each costs a request-table row until Complete or the
+    # TTL (~280 B compiled, BENCHMARKS.md): 1,000,000 is ~280 MB. 0 = no cap.
+    max_open_reservations: int = Field(default=1_000_000, ge=0)
+    max_open_reservations_per_tenant: int = Field(default=100_000, ge=0)
     # Requests from tenant ids that are not configured: refused with
     # UNKNOWN_TENANT, or, when this names a configured tenant, admitted
     # against that tenant's limits (one shared bucket for all unknown ids).

@@ -41,6 +41,9 @@ cdef class TokenBucketTable:
     cdef int64_t _total_inflight_tokens
     cdef int64_t _global_limit      # watermark on _total_inflight_tokens; 0 = off
     cdef bint _debt                 # buckets may go one burst into debt
+    cdef int64_t _total_inflight    # requests in flight over all slots
+    cdef int64_t _open_limit        # cap on _total_inflight; 0 = none
+    cdef int64_t _slot_open_limit   # cap on each slot's inflight; 0 = none
 
     cdef int _grow(self, Py_ssize_t min_capacity) except -1
     cdef BucketSlot* _get(self, int64_t slot) except NULL

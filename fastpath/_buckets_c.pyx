@@ -58,6 +58,7 @@ cdef enum:
     R_CONCURRENCY = 4
     R_MAX_TOKENS = 5
     R_GLOBAL_WATERMARK = 8
+    R_OPEN_RESERVATIONS = 12
 
 
 def _c_constants():
@@ -82,6 +83,7 @@ def _c_constants():
         "CONCURRENCY": R_CONCURRENCY,
         "MAX_TOKENS": R_MAX_TOKENS,
         "GLOBAL_WATERMARK": R_GLOBAL_WATERMARK,
+        "OPEN_RESERVATIONS": R_OPEN_RESERVATIONS,
     }
 
 
@@ -155,11 +157,13 @@ cdef inline void _decide(
     int64_t total_inflight,
     bint shadow,
     bint debt,
+    bint open_full,
+    int64_t slot_open_limit,
     Decision* d,
 ) noexcept nogil:
     # Mirrors _buckets_py._decide.  Inputs are validated: now_ns in [0, MAX_NOW_NS],
     # prompt and max_tokens >= 0, global_limit in [0, MAX_GLOBAL_INFLIGHT_TOKENS],
-    # total_inflight >= 0.
+    # total_inflight >= 0, slot_open_limit >= 0.
     cdef int64_t per_request = s.max_tokens_per_request
     cdef int64_t estimate = max_tokens
     cdef int64_t hourly = s.hourly_quota
@@ -216,7 +220,13 @@ cdef inline void _decide(
         elif global_limit > 0 and cost > global_limit - total_inflight:
             # limit - total cannot overflow: both are in [0, 2**63).
             reason = R_GLOBAL_WATERMARK
-    if reason == R_OK or shadow:
+    # Memory protection, last: only what would be charged (shadow included) is refused.
+    if (reason == R_OK or shadow) and (
+        open_full or (slot_open_limit > 0 and s.inflight >= slot_open_limit)
+    ):
+        reason = R_OPEN_RESERVATIONS
+        retry_ns = 0
+    if reason == R_OK or (shadow and reason != R_OPEN_RESERVATIONS):
         # level >= -burst >= -1e15 and cost * 1000 <= 1e10: no overflow; when OK the
         # debt stays within one burst and the floor never binds.
         level = s.level - cost * BG_MTOK_PER_TOKEN
@@ -285,6 +295,9 @@ cdef class TokenBucketTable:
         self._total_inflight_tokens = 0
         self._global_limit = 0
         self._debt = False
+        self._total_inflight = 0
+        self._open_limit = 0
+        self._slot_open_limit = 0
 
     def __dealloc__(self):
         free(self._slots)
@@ -323,6 +336,7 @@ cdef class TokenBucketTable:
         cdef int64_t dec = reserved_tokens
         if s.inflight > 0:
             s.inflight -= 1
+            self._total_inflight -= 1
         if dec > s.inflight_tokens:
             dec = s.inflight_tokens
         s.inflight_tokens -= dec
@@ -406,6 +420,7 @@ cdef class TokenBucketTable:
         """Forget ``slot``; configuring it again starts a fresh, full bucket."""
         cdef BucketSlot* s = self._get(_i64(slot))
         self._total_inflight_tokens -= s.inflight_tokens
+        self._total_inflight -= s.inflight
         memset(s, 0, sizeof(BucketSlot))
 
     def set_global_inflight_limit(self, tokens):
@@ -429,6 +444,21 @@ cdef class TokenBucketTable:
     def bucket_debt(self):
         return bool(self._debt)
 
+    def set_open_limits(self, total, per_slot):
+        """Cap open reservations over all slots and per slot (0 = no cap); see the reference."""
+        cdef int64_t c_total = _i64(total)
+        cdef int64_t c_per_slot = _i64(per_slot)
+        if c_total < 0:
+            raise ValueError(f"total must be >= 0 (0 = no cap), got {c_total}")
+        if c_per_slot < 0:
+            raise ValueError(f"per_slot must be >= 0 (0 = no cap), got {c_per_slot}")
+        self._open_limit = c_total
+        self._slot_open_limit = c_per_slot
+
+    def open_limits(self):
+        """(total, per_slot) caps on open reservations, 0 = none."""
+        return (self._open_limit, self._slot_open_limit)
+
     cdef tuple _one(self, object slot, object now_ns, object prompt_tokens,
                     object max_tokens, bint shadow):
         cdef int64_t c_slot = _i64(slot)
@@ -436,16 +466,22 @@ cdef class TokenBucketTable:
         cdef int64_t c_prompt = _i64(prompt_tokens)
         cdef int64_t c_max = _i64(max_tokens)
         cdef Decision d
+        cdef BucketSlot* s
+        cdef int64_t before
         _check_now("now_ns", c_now)
         if c_prompt < 0:
             raise ValueError(f"prompt_tokens must be >= 0, got {c_prompt}")
         if c_max < 0:
             raise ValueError(f"max_tokens must be >= 0, got {c_max}")
+        s = self._get(c_slot)
+        before = s.inflight
         _decide(
-            self._get(c_slot), c_now, c_prompt, c_max,
-            self._global_limit, self._total_inflight_tokens, shadow, self._debt, &d,
+            s, c_now, c_prompt, c_max,
+            self._global_limit, self._total_inflight_tokens, shadow, self._debt,
+            0 < self._open_limit <= self._total_inflight, self._slot_open_limit, &d,
         )
         self._total_inflight_tokens += d.reserved
+        self._total_inflight += s.inflight - before
         return (d.reason, d.reserved, d.retry_ns, d.bucket_rem, d.hour_rem, d.day_rem)
 
     def admit(self, slot, now_ns, prompt_tokens, max_tokens):
@@ -482,6 +518,8 @@ cdef class TokenBucketTable:
         cdef Py_ssize_t admitted = 0
         cdef bint has_shadow = shadow is not None
         cdef Decision d
+        cdef BucketSlot* s
+        cdef int64_t before
         if (
             prompt.shape[0] != n
             or max_tokens.shape[0] != n
@@ -509,11 +547,15 @@ cdef class TokenBucketTable:
             slot = slots[i]
             if slot < 0:
                 continue
+            s = &self._slots[slot]
+            before = s.inflight
             _decide(
-                &self._slots[slot], c_now, prompt[i], max_tokens[i],
+                s, c_now, prompt[i], max_tokens[i],
                 self._global_limit, self._total_inflight_tokens,
-                has_shadow and shadow[i] != 0, self._debt, &d,
+                has_shadow and shadow[i] != 0, self._debt,
+                0 < self._open_limit <= self._total_inflight, self._slot_open_limit, &d,
             )
+            self._total_inflight += s.inflight - before
             out_reason[i] = d.reason
             out_reserved[i] = d.reserved
             out_retry_ns[i] = d.retry_ns
@@ -614,6 +656,10 @@ cdef class TokenBucketTable:
     def total_inflight_tokens(self):
         """Tokens reserved by in-flight requests over all configured slots."""
         return self._total_inflight_tokens
+
+    def total_inflight(self):
+        """Requests in flight (open reservations) over all configured slots."""
+        return self._total_inflight
 
     def snapshot(self, slot):
         """Every state and config field of ``slot`` (no refill; a pure read)."""

@@ -67,6 +67,7 @@ _DAILY_QUOTA: Final = int(Reason.DAILY_QUOTA)
 _CONCURRENCY: Final = int(Reason.CONCURRENCY)
 _MAX_TOKENS: Final = int(Reason.MAX_TOKENS)
 _GLOBAL_WATERMARK: Final = int(Reason.GLOBAL_WATERMARK)
+_OPEN_RESERVATIONS: Final = int(Reason.OPEN_RESERVATIONS)
 # Buffer formats that are a native signed 64-bit integer (numpy int64 shows as "l").
 _I64_FORMATS: Final = frozenset({"q", "@q", "=q", "l", "@l"})
 
@@ -212,6 +213,8 @@ def _decide(
     total_inflight: int,
     shadow: bool,
     debt: bool = False,
+    open_full: bool = False,
+    slot_open_limit: int = 0,
 ) -> AdmitResult:
     """One admission decision; charges the slot when the answer is OK, or always in shadow.
 
@@ -229,6 +232,12 @@ def _decide(
     as with a settle overrun, and quotas may pass their limits.  The cost of a request over
     the absolute ceiling is then taken as MAX_REQUEST_TOKENS, the most a reservation (and
     so a later ``settle``/``release``) can hold.
+
+    Memory protection comes last: a request that would be charged (admitted, or any
+    shadow charge) is refused with OPEN_RESERVATIONS instead, and nothing is charged,
+    when ``open_full`` (the open reservations over all slots are at their cap) or the
+    slot already has ``slot_open_limit`` in flight (0 = no cap).  A request refused for
+    another reason keeps that reason: it would reserve nothing anyway.
     """
     _refill(s, now_ns)
     _roll_windows(s, now_ns)
@@ -272,7 +281,12 @@ def _decide(
         elif global_limit > 0 and cost > global_limit - total_inflight:
             # Written so that it cannot overflow in C: total_inflight >= 0.
             reason = _GLOBAL_WATERMARK
-    if reason == _OK or shadow:
+    if (reason == _OK or shadow) and (
+        open_full or (slot_open_limit > 0 and s.inflight >= slot_open_limit)
+    ):
+        reason = _OPEN_RESERVATIONS
+        retry_ns = 0
+    if reason == _OK or (shadow and reason != _OPEN_RESERVATIONS):
         # When OK the debt stays within one burst, so the floor never binds.
         level = s.level - cost * MTOK_PER_TOKEN
         s.level = level if level > -s.burst else -s.burst
@@ -303,7 +317,15 @@ class TokenBucketTable:
     thread-safe: one event loop owns it.
     """
 
-    __slots__ = ("_debt", "_global_limit", "_slots", "_total_inflight_tokens")
+    __slots__ = (
+        "_debt",
+        "_global_limit",
+        "_open_limit",
+        "_slot_open_limit",
+        "_slots",
+        "_total_inflight",
+        "_total_inflight_tokens",
+    )
 
     def __init__(self, capacity: int = 64) -> None:
         capacity = _i64(capacity)
@@ -313,6 +335,9 @@ class TokenBucketTable:
         self._total_inflight_tokens = 0
         self._global_limit = 0  # tokens in flight over all slots; 0 = no watermark
         self._debt = False  # buckets may go one burst into debt (set_bucket_debt)
+        self._total_inflight = 0  # requests in flight over all slots
+        self._open_limit = 0  # cap on _total_inflight (set_open_limits); 0 = none
+        self._slot_open_limit = 0  # cap on each slot's inflight; 0 = none
 
     @property
     def capacity(self) -> int:
@@ -400,6 +425,7 @@ class TokenBucketTable:
         slot = _i64(slot)
         s = self._get(slot)
         self._total_inflight_tokens -= s.inflight_tokens
+        self._total_inflight -= s.inflight
         self._slots[slot] = None
 
     def set_global_inflight_limit(self, tokens: int) -> None:
@@ -428,6 +454,26 @@ class TokenBucketTable:
     def bucket_debt(self) -> bool:
         return self._debt
 
+    def set_open_limits(self, total: int, per_slot: int) -> None:
+        """Cap the open reservations (requests in flight, shadow charges included) over
+        all slots and per slot; 0 = no cap (the default).  At a cap, what would be
+        charged is refused with OPEN_RESERVATIONS (see ``_decide``); lowering a cap below
+        what is in flight touches nothing in flight.  Memory protection: the caller
+        remembers each open reservation, and this bounds how many.
+        """
+        total = _i64(total)
+        per_slot = _i64(per_slot)
+        if total < 0:
+            raise ValueError(f"total must be >= 0 (0 = no cap), got {total}")
+        if per_slot < 0:
+            raise ValueError(f"per_slot must be >= 0 (0 = no cap), got {per_slot}")
+        self._open_limit = total
+        self._slot_open_limit = per_slot
+
+    def open_limits(self) -> tuple[int, int]:
+        """(total, per_slot) caps on open reservations, 0 = none."""
+        return (self._open_limit, self._slot_open_limit)
+
     def _one(
         self, slot: int, now_ns: int, prompt_tokens: int, max_tokens: int, shadow: bool
     ) -> AdmitResult:
@@ -440,8 +486,10 @@ class TokenBucketTable:
             raise ValueError(f"prompt_tokens must be >= 0, got {prompt_tokens}")
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        s = self._get(slot)
+        before = s.inflight
         result = _decide(
-            self._get(slot),
+            s,
             now_ns,
             prompt_tokens,
             max_tokens,
@@ -449,8 +497,11 @@ class TokenBucketTable:
             self._total_inflight_tokens,
             shadow,
             self._debt,
+            0 < self._open_limit <= self._total_inflight,
+            self._slot_open_limit,
         )
         self._total_inflight_tokens += result[1]
+        self._total_inflight += s.inflight - before
         return result
 
     def admit(self, slot: int, now_ns: int, prompt_tokens: int, max_tokens: int) -> AdmitResult:
@@ -536,8 +587,10 @@ class TokenBucketTable:
             slot = slot_list[i]
             if slot < 0:
                 continue
+            s = self._get(slot)
+            before = s.inflight
             result = _decide(
-                self._get(slot),
+                s,
                 now_ns,
                 prompt_list[i],
                 max_list[i],
@@ -545,10 +598,13 @@ class TokenBucketTable:
                 self._total_inflight_tokens,
                 shadow_list[i] != 0,
                 self._debt,
+                0 < self._open_limit <= self._total_inflight,
+                self._slot_open_limit,
             )
             for out, value in zip(outs, result, strict=True):
                 out[i] = value
             self._total_inflight_tokens += result[1]
+            self._total_inflight += s.inflight - before
             if result[0] == _OK:
                 admitted += 1
         return admitted
@@ -615,6 +671,7 @@ class TokenBucketTable:
     def _finish(self, s: _Slot, reserved_tokens: int) -> None:
         if s.inflight > 0:
             s.inflight -= 1
+            self._total_inflight -= 1
         dec = reserved_tokens if reserved_tokens < s.inflight_tokens else s.inflight_tokens
         s.inflight_tokens -= dec
         self._total_inflight_tokens -= dec
@@ -654,6 +711,10 @@ class TokenBucketTable:
     def total_inflight_tokens(self) -> int:
         """Tokens reserved by in-flight requests over all configured slots."""
         return self._total_inflight_tokens
+
+    def total_inflight(self) -> int:
+        """Requests in flight (open reservations) over all configured slots."""
+        return self._total_inflight
 
     def snapshot(self, slot: int) -> dict[str, int]:
         """Every state and config field of ``slot`` (no refill; a pure read)."""

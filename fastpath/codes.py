@@ -34,8 +34,8 @@ __all__ = [
 class Reason(IntEnum):
     """Why an admission was refused (``OK`` when it was not).
 
-    0-5 and 8 are produced by the fastpath; 6, 7 and 9-11 are reserved for the service
-    layer and defined here only so that the numbering lives in one place.
+    0-5, 8 and 12 are produced by the fastpath; 6, 7 and 9-11 are reserved for the
+    service layer and defined here only so that the numbering lives in one place.
     """
 
     OK = 0
@@ -50,6 +50,9 @@ class Reason(IntEnum):
     BACKPRESSURE = 9  # service layer only: the pool's backpressure score sheds this lane
     QUEUE_TIMEOUT = 10  # service layer only: queued, but the max wait passed first
     QUEUE_FULL = 11  # service layer only: the lane, tenant or global queue is full
+    # Memory protection: the table holds its cap of open (unsettled) reservations, over
+    # all slots or for this slot (``set_open_limits``); shadow mode is refused too.
+    OPEN_RESERVATIONS = 12
 
 
 # Time is integer nanoseconds (the caller's clock, e.g. time.time_ns()).

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.common import DbOpt
+from controlplane.cli.common import DbOpt, fail
 from controlplane.cli.common import settings as load_settings
 
 
@@ -19,8 +19,13 @@ def migrate(database_url: DbOpt = None) -> None:
     typer.echo("database at head")
 
 
+# Exit status of `serve` and `demo` when another serve holds the database.
+EXIT_REPLICA_LOCK_HELD = 3
+
+
 def _serve(settings: Any) -> None:
     from controlplane import server
+    from controlplane.store.replica_lock import ReplicaLockHeld
     from controlplane.telemetry import logs
 
     logs.configure(settings.log_format, settings.log_level)
@@ -36,7 +41,24 @@ def _serve(settings: Any) -> None:
             flush=True,
         )
 
-    server.run(settings, on_ready=ready)
+    try:
+        server.run(settings, on_ready=ready)
+    except ReplicaLockHeld as exc:
+        fail(str(exc), code=EXIT_REPLICA_LOCK_HELD)
+
+
+def _refuse_if_served(database_url: str) -> None:
+    """Fail now, before `demo` writes its tenants (or `serve --migrate`
+    migrates) into a database another serve is serving, rather than once
+    they are written. A probe: the server takes the lock for good at start."""
+    from controlplane.store.replica_lock import ReplicaLockHeld, lock_for
+
+    lock = lock_for(database_url)
+    try:
+        lock.acquire()
+    except ReplicaLockHeld as exc:
+        fail(str(exc), code=EXIT_REPLICA_LOCK_HELD)
+    lock.release()
 
 
 def serve(
@@ -57,6 +79,7 @@ def serve(
     if migrate_first:
         from controlplane.store.db import upgrade
 
+        _refuse_if_served(settings.database_url)
         upgrade(settings.database_url)
     _serve(settings)
 
@@ -74,11 +97,14 @@ def demo(
     ] = False,
 ) -> None:
     """Migrate the database, load the demo tenants and lanes, and serve."""
+    from sqlalchemy.engine import make_url
+
     from controlplane import configfile
     from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine, upgrade
 
     settings = load_settings(port=port, database_url=database_url, admission_auth=admission_auth)
+    _refuse_if_served(settings.database_url)
     upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     try:
@@ -88,9 +114,10 @@ def demo(
         _demo_prices(engine)
     finally:
         engine.dispose()
+    shown = make_url(settings.database_url).render_as_string(hide_password=True)
     typer.echo(
         f"demo config: {created} tenants created, {updated} updated "
-        f"({configfile.DEMO_CONFIG.name}); database {settings.database_url}"
+        f"({configfile.DEMO_CONFIG.name}); database {shown}"
     )
     _serve(settings)
 

@@ -104,6 +104,11 @@ class AdmissionService:
         self.clock = clock
         self._pricing: Pricing = pricing if pricing is not None else FlatPricing()
         self._table = TokenBucketTable()
+        # Memory protection: every open reservation is remembered until settled or
+        # expired, so their number is capped (refused OPEN_RESERVATIONS beyond).
+        self._table.set_open_limits(
+            settings.max_open_reservations, settings.max_open_reservations_per_tenant
+        )
         self._log = RequestLog(
             ttl_ns=int(settings.reservation_ttl_s * NS_PER_S),
             replay_ns=int(settings.rejection_replay_s * NS_PER_S),

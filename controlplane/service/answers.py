@@ -30,6 +30,7 @@ REASON_TEXT: dict[int, str] = {
     Reason.BACKPRESSURE: "the engine pool is overloaded",
     Reason.QUEUE_TIMEOUT: "waited in the lane's queue until the max wait passed",
     Reason.QUEUE_FULL: "the queue is full",
+    Reason.OPEN_RESERVATIONS: "the server holds its maximum of open reservations (memory cap)",
 }
 
 

@@ -51,6 +51,7 @@ _BACKPRESSURE = int(Reason.BACKPRESSURE)
 # reason -> whether retrying may cure it (answers' ``retryable`` column)
 _RETRYABLE = np.array([r != _OK and r not in NOT_RETRYABLE for r in range(max(Reason) + 1)])
 _CONCURRENCY = int(Reason.CONCURRENCY)
+_OPEN_RESERVATIONS = int(Reason.OPEN_RESERVATIONS)
 # reason -> the answer's decision enum
 _DECISION = np.array([_ADMIT if r == _OK else _REJECT for r in range(max(Reason) + 1)])
 # The answer's integer columns, in the order _columns unpacks them.
@@ -216,9 +217,10 @@ class Decider:
         counted by the pool gate unless ``release`` is false (a batch counts
         its admissions at once). In shadow mode the request was charged
         whatever the verdict and is admitted with the reason it would have
-        been refused for."""
+        been refused for, except past the memory cap (OPEN_RESERVATIONS):
+        the fast path charged nothing and the refusal is real."""
         shadow_reason = 0
-        if shadow:
+        if shadow and reason != _OPEN_RESERVATIONS:  # memory protection binds shadow too
             shadow_reason = v.reason or reason
             reason = _OK
         if reason == _OK:
@@ -231,8 +233,8 @@ class Decider:
                 model, price.multiplier, price.window_id, arrived, shadow_reason,
                 v.degraded_cap, v.score_ppm, v.freshness,
             )  # fmt: skip
-        if reason == _CONCURRENCY:
-            # Nobody knows when a request ends: a configured hint.
+        if reason in (_CONCURRENCY, _OPEN_RESERVATIONS):
+            # Nobody knows when a request ends (and frees its place): a configured hint.
             retry_ns = self._concurrency_retry_ns
         return R.refused(
             reason, retry_ns, lane, slot, now, arrived, bucket, hour, day,
@@ -459,7 +461,8 @@ class Decider:
             reason[gate_refused] = _BACKPRESSURE
         shadow_reason = None
         if any_shadow:
-            sh = to_fast & shadow
+            # memory protection refuses shadow entries too (the fast path charged nothing)
+            sh = to_fast & shadow & (out_reason != _OPEN_RESERVATIONS)
             shadow_reason = np.where(sh, np.where(v_reason != _OK, v_reason, reason), 0)
             reason[sh] = _OK
         admitted = to_fast & (reason == _OK)
@@ -484,11 +487,8 @@ class Decider:
             rows[admitted, R.RID] = np.arange(rid0, rid0 + na, dtype=np.int64)
             rows[:, R.GRANTED] = np.where(admitted, out_reserved - prompt, 0)
             from_fast = to_fast & ~admitted  # refused by the fast path
-            retry = np.where(
-                from_fast,
-                np.where(out_reason == _CONCURRENCY, self._concurrency_retry_ns, out_retry),
-                0,
-            )
+            hinted = (out_reason == _CONCURRENCY) | (out_reason == _OPEN_RESERVATIONS)
+            retry = np.where(from_fast, np.where(hinted, self._concurrency_retry_ns, out_retry), 0)
             if any_pressed:
                 retry[pressed] = pv[pressed, _P_RETRY]
                 rows[pressed, R.SHED] = pv[pressed, _P_SHED]

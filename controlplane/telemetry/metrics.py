@@ -27,6 +27,7 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from controlplane.domain import Decision
@@ -56,6 +57,18 @@ class AdmissionCollector(Collector):
             "Admitted requests not yet settled",
             value=self._svc.open_reservations,
         )
+        # Memory protection's caps (settings, fixed at start): alert on the
+        # open count nearing the overall one before Admits are refused.
+        settings = self._svc.settings
+        caps = GaugeMetricFamily(
+            "burstgate_open_reservations_limit",
+            "Most open reservations held before Admit answers OPEN_RESERVATIONS "
+            "(scope overall or per tenant; 0 = no cap)",
+            labels=["scope"],
+        )
+        caps.add_metric(["overall"], settings.max_open_reservations)
+        caps.add_metric(["tenant"], settings.max_open_reservations_per_tenant)
+        yield caps
         yield CounterMetricFamily(
             "burstgate_reservations_expired",
             "Reservations released by the TTL without a Complete",
@@ -101,9 +114,13 @@ class AdmissionCollector(Collector):
 
 
 def registry_for(service: AdmissionService, *extra: Collector) -> CollectorRegistry:
-    """A registry with the admission collector and any ``extra`` collectors."""
+    """A registry with the admission collector, the process's own metrics
+    (``process_resident_memory_bytes``, CPU, open fds: prometheus_client's
+    ProcessCollector, which only its default registry has otherwise) and
+    any ``extra`` collectors."""
     registry = CollectorRegistry()
     registry.register(AdmissionCollector(service))
+    ProcessCollector(registry=registry)
     for collector in extra:
         registry.register(collector)
     return registry

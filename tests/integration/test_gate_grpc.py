@@ -177,7 +177,9 @@ def test_an_unknown_pool_is_refused_when_the_pools_are_listed(
             pb.DECISION_ADMIT
         )
     # without the list, any name is a pool: one nobody reports for says so
-    # (freshness UNKNOWN) and gets the gate's fallback concurrency
+    # (freshness UNKNOWN) and gets the gate's fallback concurrency (one
+    # server per database: the first one stops)
+    srv.stop()
     srv2 = make_server(migrated_url)
     with AdmissionClient(srv2.target) as c:
         d = c.admit("acme", "z", prompt_tokens=1, max_tokens=1, pool="GPU-A")

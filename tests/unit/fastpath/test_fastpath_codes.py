@@ -25,6 +25,7 @@ def test_reason_numbering_is_fixed() -> None:
         "BACKPRESSURE": 9,
         "QUEUE_TIMEOUT": 10,
         "QUEUE_FULL": 11,
+        "OPEN_RESERVATIONS": 12,
     }
     assert fastpath.Reason is Reason
 
@@ -82,7 +83,11 @@ def test_compiled_constants_match_codes(both: tuple[ModuleType, ModuleType]) -> 
         "MAX_BURST_MTOK", "MAX_REQUEST_TOKENS", "MAX_NOW_NS", "MAX_SLOTS",
         "RETRY_AFTER_NS_MAX", "MAX_GLOBAL_INFLIGHT_TOKENS", "MAX_USAGE_TOKENS",
     )  # fmt: skip
-    produced = [r for r in Reason if r <= Reason.MAX_TOKENS or r == Reason.GLOBAL_WATERMARK]
+    produced = [
+        r
+        for r in Reason
+        if r <= Reason.MAX_TOKENS or r in (Reason.GLOBAL_WATERMARK, Reason.OPEN_RESERVATIONS)
+    ]
     expected = {name: getattr(codes, name) for name in names} | {r.name: r.value for r in produced}
     assert compiled._c_constants() == expected
 

@@ -124,6 +124,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """waited in the lane's queue until the max wait passed"""
     REASON_QUEUE_FULL: _Reason.ValueType  # 11
     """the lane's, tenant's or global queue is full"""
+    REASON_OPEN_RESERVATIONS: _Reason.ValueType  # 12
+    """memory protection: the server holds its maximum of open (unsettled) reservations, overall or for this tenant; retry_after_ms is a hint, a Complete frees a place"""
 
 class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
     """Why a request was refused."""
@@ -152,6 +154,8 @@ REASON_QUEUE_TIMEOUT: Reason.ValueType  # 10
 """waited in the lane's queue until the max wait passed"""
 REASON_QUEUE_FULL: Reason.ValueType  # 11
 """the lane's, tenant's or global queue is full"""
+REASON_OPEN_RESERVATIONS: Reason.ValueType  # 12
+"""memory protection: the server holds its maximum of open (unsettled) reservations, overall or for this tenant; retry_after_ms is a hint, a Complete frees a place"""
 Global___Reason: _TypeAlias = Reason  # noqa: Y015
 
 class _PoolFreshness:
