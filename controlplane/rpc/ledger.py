@@ -28,7 +28,7 @@ from controlplane.ledger.export import (
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.usage import usage
 from controlplane.rpc.admission import MISS_RATE_SOURCE
-from controlplane.rpc.errors import abort, error_status, unary_errors
+from controlplane.rpc.errors import abort, error_status, internal_status, log, unary_errors
 
 _FORMATS = {0: "csv", 1: "csv", 2: "jsonl", 3: "parquet"}
 _GRANULARITY = {0: "request", 1: "request", 2: "daily"}
@@ -153,6 +153,11 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
                 yield lpb.ExportLedgerChunk(data=data)
         except DomainError as exc:
             await abort(context, error_status(exc))
+        except Exception:
+            # As unary_errors does: never the exception (SQL included) to the
+            # caller, whom grpc would answer UNKNOWN with its text.
+            log.exception("unhandled error", method="ExportLedger")
+            await abort(context, internal_status())
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(chunks.close)  # type: ignore[attr-defined]
@@ -188,6 +193,8 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         self, request: lpb.ListMarginWarningsRequest, context: grpc.aio.ServicerContext
     ) -> lpb.ListMarginWarningsResponse:
         start, end = self._period(request.start_unix_ns, request.end_unix_ns)
+        if request.limit < 0:  # (SQL refuses a negative LIMIT)
+            raise InvalidArgument("limit", f"must be >= 0 (0 = 1000), got {request.limit}")
         found = await self._db(
             self.m.store.list_margin_warnings,
             start // NS_PER_S,
