@@ -33,6 +33,7 @@ from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.ledger_records import COLUMNS, iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
 from controlplane.domain.units import NS_PER_DAY
+from controlplane.domain.validate import check_id
 from controlplane.store.ledger import LEDGER
 
 FETCH_ROWS = 5_000
@@ -82,8 +83,9 @@ class ExportSpec:
         if self.end_ns <= self.start_ns:
             raise InvalidArgument("end", "the period must be non-empty (end after start)")
         for t in self.tenants:
-            if not t or len(t) > 128:
-                raise InvalidArgument("tenant_ids", f"bad tenant id {excerpt(t)}")
+            # As tenant ids are everywhere: 1..128 printable characters (a NUL
+            # would reach PostgreSQL, which refuses it in text).
+            check_id("tenant_ids", t)
         return self
 
 

@@ -40,9 +40,14 @@ def encode_page_token(value: str) -> str:
 
 def decode_page_token(token: str) -> str:
     try:
-        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+        value = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
     except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument("page_token", "not a token returned by this API") from None
+        value = "\0"
+    # Tokens this API returns hold an id or a number: printable text (a NUL
+    # would reach the database, which refuses it inside text).
+    if not value.isprintable():
+        raise InvalidArgument("page_token", "not a token returned by this API")
+    return value
 
 
 def page_size(requested: int) -> int:

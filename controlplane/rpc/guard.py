@@ -11,8 +11,10 @@ passes before its servicer sees it.
   since the last line (:class:`MalformedLog`).
 - **String lengths of the operator services** (admin, ledger): every string
   field, nested, repeated or in a map, is checked against
-  :data:`FIELD_LIMITS` (:data:`DEFAULT_MAX_LEN` for the rest) before the
-  servicer runs: INVALID_ARGUMENT naming the field. The admission service's
+  :data:`FIELD_LIMITS` (:data:`DEFAULT_MAX_LEN` for the rest), and for a
+  NUL character (no PostgreSQL text value can hold one; the driver's error
+  was an INTERNAL), before the servicer runs: INVALID_ARGUMENT naming the
+  field. The admission service's
   strings are checked by its own edge checks instead
   (``controlplane/service/edge.py``): a ``len()`` per field, cheaper on the
   hot path than walking a message.
@@ -112,6 +114,8 @@ def field_limit(fd: FieldDescriptor) -> int:
 def _too_long(field: str, value: str, limit: int) -> None:
     if len(value) > limit:
         raise InvalidArgument(field, f"longer than {limit} characters ({len(value)})")
+    if "\0" in value:  # no text column (PostgreSQL) can hold one: refused here, not by SQL
+        raise InvalidArgument(field, "contains a NUL character")
 
 
 def _entries(field: str, n: int) -> None:
@@ -159,6 +163,8 @@ def _check_map(entry: Descriptor, field: str, name: str, value: Mapping[Any, Any
     for key, item in value.items():
         if key_fd.type == FieldDescriptor.TYPE_STRING and len(key) > key_limit:
             raise InvalidArgument(name, f"a key is longer than {key_limit} characters ({len(key)})")
+        if key_fd.type == FieldDescriptor.TYPE_STRING and "\0" in key:
+            raise InvalidArgument(name, "a key contains a NUL character")
         if value_fd.type == FieldDescriptor.TYPE_STRING:
             _too_long(f"{name}[{key}]", item, value_limit)
         elif value_fd.type == FieldDescriptor.TYPE_MESSAGE:

@@ -212,6 +212,8 @@ class LedgerServicer(lpb_grpc.LedgerServiceServicer):
         self, request: lpb.ListMarginWarningsRequest, context: grpc.aio.ServicerContext
     ) -> lpb.ListMarginWarningsResponse:
         start, end = self._period(request.start_unix_ns, request.end_unix_ns)
+        if request.limit < 0:  # (SQL refuses a negative LIMIT)
+            raise InvalidArgument("limit", f"must be >= 0 (0 = 1000), got {request.limit}")
         found = await self._db(
             self.m.store.list_margin_warnings,
             start // NS_PER_S,

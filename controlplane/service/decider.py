@@ -276,6 +276,8 @@ class Decider:
         and the answer's columns read from them in one. No Python object is
         made per request beyond the answer's lists."""
         n = len(request_ids)
+        if n == 0:  # a valid batch (N may be 0); the matrices below need a row
+            return BatchResult([], [], [], [], [], [], [], [], [], [], [], [], retryable=[])
         tenants = self._tenants
         long_default = tenants.policy.long_request_tokens
         # Per distinct tenant of the batch, resolved once: a row of _T_*.

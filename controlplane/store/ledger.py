@@ -354,15 +354,20 @@ class LedgerStore:
             index_elements=["tenant_id", "model"],
             set_={k: v for k, v in values.items() if k not in ("tenant_id", "model")},
         )
-        with Session(self.engine) as s, s.begin():
+        with Session(self.engine) as s, s.begin() as tx:
             before = self._price_row(s, entry.tenant_id, entry.model)
             s.execute(stmt)
             saved = self._price_row(s, entry.tenant_id, entry.model)
             assert saved is not None
             old = None if before is None else price_dict(before)
             new = price_dict(saved)
-            if old != new:
-                log_change(s, actor, "price.set", price_target(saved), old, new)
+            if old == new:
+                # Nothing changed but updated_at: keep the row as it was, so
+                # that no change goes unaudited.
+                tx.rollback()
+                assert before is not None
+                return before
+            log_change(s, actor, "price.set", price_target(saved), old, new)
         return saved
 
     def delete_price(self, tenant_id: str, model: str, actor: Actor | None = None) -> bool:

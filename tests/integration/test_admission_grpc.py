@@ -214,6 +214,19 @@ def test_admit_stream_answers_batches_in_order(served: Any) -> None:
     assert len(set(rids)) == 50
 
 
+def test_admit_stream_empty_batch_is_answered_empty_and_the_stream_goes_on(served: Any) -> None:
+    """A batch of N = 0 entries is valid (admission.proto): its answer echoes
+    the batch id with empty columns, and later batches are decided. (Found by
+    tests/integration/fuzz: it ended the stream with UNKNOWN, an IndexError.)"""
+    srv, c = served
+    empty = pb.AdmitBatch(batch_id=7, model="m", pool="p")
+    good = make_batch(8, ["acme"], ["after-empty"], [1], [1])
+    first, second = list(c.admit_stream([empty, good]))
+    assert first.batch_id == 7 and list(first.decision) == [] and list(first.reason) == []
+    assert second.batch_id == 8 and list(second.decision) == [pb.DECISION_ADMIT]
+    assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 1
+
+
 def test_admit_stream_bad_batch_ends_stream_after_earlier_answers(served: Any) -> None:
     srv, c = served
     good = make_batch(1, ["acme"] * 3, ["a", "b", "c"], [1, 1, 1], [1, 1, 1])

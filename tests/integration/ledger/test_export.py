@@ -12,6 +12,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import grpc
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
@@ -210,6 +212,40 @@ def test_export_over_grpc_streams_file_then_manifest(served: Served, clock: Any)
     assert manifest["rows"] == 5 and len(data.splitlines()) == 5
     assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
     assert all(not ch.manifest_json for ch in chunks[:-1])
+
+
+def test_export_over_grpc_refuses_bad_tenant_ids_naming_the_field(served: Served) -> None:
+    """Found by tests/integration/fuzz: a NUL in a tenant id reached
+    PostgreSQL, and the stream ended UNKNOWN with the SQL in its message; a
+    10,000-character id came back whole in the message."""
+    md = (("authorization", f"Bearer {served.key}"),)
+    for bad in ("acme\x00", "x" * 10_000, ""):
+        with pytest.raises(grpc.RpcError) as err:
+            list(served.ledger().ExportLedger(
+                lpb.ExportLedgerRequest(tenant_ids=["acme", bad]), timeout=30, metadata=md
+            ))  # fmt: skip
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        assert err.value.details().startswith("tenant_ids"), err.value.details()
+        assert len(err.value.details()) < 200
+
+
+def test_export_over_grpc_answers_internal_for_an_unexpected_error(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure inside the export stream is INTERNAL with the generic
+    message, as for unary calls: never UNKNOWN with the exception's text
+    (which carried the SQL statement)."""
+
+    def failing(*_: Any) -> Any:
+        raise RuntimeError("SELECT secret FROM ledger_records")
+        yield b""  # a generator, as export() is
+
+    monkeypatch.setattr("controlplane.rpc.ledger.export", failing)
+    md = (("authorization", f"Bearer {served.key}"),)
+    with pytest.raises(grpc.RpcError) as err:
+        list(served.ledger().ExportLedger(lpb.ExportLedgerRequest(), timeout=30, metadata=md))
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "SELECT" not in (err.value.details() or "")
 
 
 def test_parquet_export(served: Served, clock: Any, tmp_path: Path) -> None:

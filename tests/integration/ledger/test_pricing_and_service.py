@@ -118,6 +118,20 @@ def test_margin_warning_per_window_and_on_demand(served: Served, clock: Any) -> 
     assert report.ratio == "1.15"
 
 
+def test_list_margin_warnings_refuses_a_negative_limit(served: Served) -> None:
+    """Found by tests/integration/fuzz: a negative limit reached SQL (LIMIT
+    must not be negative) and answered INTERNAL."""
+    with pytest.raises(grpc.RpcError) as err:
+        served.ledger().ListMarginWarnings(lpb.ListMarginWarningsRequest(limit=-1), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("limit")
+    assert (
+        not served.ledger()
+        .ListMarginWarnings(lpb.ListMarginWarningsRequest(limit=0), timeout=10)
+        .warnings
+    )
+
+
 async def _wait(fut: Any) -> Any:
     return await fut
 
