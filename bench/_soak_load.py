@@ -124,7 +124,9 @@ class Load:
         for t in cfg.tenants:
             cum += t.weight
             self._cum.append((cum, t.tenant_id))
-        self._acks: TextIO = open(cfg.acks_path, "a")  # noqa: SIM115 (closed in close())
+        # "w": a new run in an old output directory must not reconcile the
+        # old run's acknowledgements against its own database.
+        self._acks: TextIO = open(cfg.acks_path, "w")  # noqa: SIM115 (closed in close())
         self.acks_written = 0
         self._stopping = False
 

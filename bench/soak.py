@@ -135,7 +135,11 @@ def set_up(url: str, auth: bool) -> str | None:
     cli(url, "price", "set", "*", *PRICE)
     if not auth:
         return None
-    made = json.loads(cli(url, "keys", "create", "--role", "sidecar", "--name", "soak", "--json"))
+    # Scoped to the soak's tenants and every pool (a sidecar key names both).
+    scope = [a for t, _, _ in TENANTS for a in ("--tenant", t)] + ["--pool", "*"]
+    made = json.loads(
+        cli(url, "keys", "create", "--role", "sidecar", "--name", "soak", *scope, "--json")
+    )
     return str(made["key"])
 
 

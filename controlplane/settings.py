@@ -150,8 +150,10 @@ class Settings(BaseSettings):
     # database: its records go to the spool (fsynced, then acknowledged) and
     # so does every later batch until the database answers again. The wait
     # grows to 4x the median of recent batch times when the database is
-    # merely busy, but never beyond ledger_db_timeout_s.
-    ledger_hang_after_s: float = Field(default=0.25, gt=0)
+    # merely busy, but never beyond ledger_db_timeout_s. (0.5 s: a healthy
+    # PostgreSQL on a loaded 2-core machine was seen past 0.25 s now and then,
+    # and each such batch flips the ledger to spooling for a retry period.)
+    ledger_hang_after_s: float = Field(default=0.5, gt=0)
     ledger_db_timeout_s: float = Field(default=5.0, gt=0)
     # While spooling, how often (s) the database is tried again.
     ledger_retry_s: float = Field(default=1.0, gt=0)

@@ -13,7 +13,7 @@ after the COMMIT of its own batch.
 - Database healthy: COPY / executemany + COMMIT; each future resolves after
   the commit (``WRITTEN``; ``EXISTS`` for a key that was already recorded).
 - The write fails, or takes longer than ``hang_deadline()`` (by default
-  0.25 s, more when recent batches were slow, at most ``db_timeout_s``):
+  0.5 s, more when recent batches were slow, at most ``db_timeout_s``):
   the batch is appended to the spool and fsynced, its futures resolve
   (``SPOOLED``), and
   every later batch goes to the spool too until the drainer has replayed
@@ -103,7 +103,7 @@ class LedgerWriter:
         *,
         batch_max: int = 10_000,
         db_timeout_s: float = 5.0,
-        hang_after_s: float = 0.25,
+        hang_after_s: float = 0.5,
         retry_s: float = 1.0,
         on_state: Callable[[bool], None] | None = None,
         pipeline: int = PIPELINE,

@@ -207,7 +207,7 @@ def test_complete_stays_fast_when_the_database_hangs(
     """Reliability issue, bug 4: with the database silent (no error, no
     answer), Complete used to wait the whole ledger_db_timeout_s (5 s) before
     the spool took over. Now a batch that has not committed after the hang
-    deadline (0.25 s by default) is spooled: each Complete answers well
+    deadline (0.5 s by default) is spooled: each Complete answers well
     inside a 2 s deadline, durable, and nothing is lost or doubled."""
     url, proxy = proxied
     srv = make_server(url, ledger_spool_dir=tmp_path / "spool", ledger_retry_s=0.2)
