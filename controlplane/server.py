@@ -350,7 +350,9 @@ class ControlPlane:
             self._metrics_httpd, _ = start_http_server(
                 self.settings.metrics_port,
                 addr=self.settings.host,
-                registry=registry_for(self.service, *extra),
+                registry=registry_for(
+                    self.service, *extra, tenant_labels=self.live.tenant_labels
+                ),
             )
             self.metrics_port = self._metrics_httpd.server_port
         self._tasks = [

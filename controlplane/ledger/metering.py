@@ -250,6 +250,9 @@ class Metering:
                 duplicate=True,
             )  # fmt: skip
         self.completes += 1
+        self.svc.stats.count_spend(  # per-tenant spend metrics
+            prepared, record.currency, record.user_charge_nanos, record.actual_cost_nanos
+        )
         if record.miss_rate_source == "request":
             self.pricing.observe_completion(
                 record.pool, record.model, record.prompt_tokens,

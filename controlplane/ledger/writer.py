@@ -30,6 +30,7 @@ once), deleting each segment after its commit.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import enum
 import time
@@ -58,6 +59,11 @@ OVERLAP_MIN = 1_000
 # (and than hang_after_s) is taken for a hung database (see hang_deadline).
 HANG_FACTOR = 4.0
 RECENT_BATCHES = 33
+# Bounds (seconds) of the batch-duration histogram: a group commit takes a few
+# ms when healthy; the hang deadline is 0.5 s by default, at most db_timeout_s.
+BATCH_BUCKETS_S: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -91,6 +97,9 @@ class WriterStats:
     db_failures: int = 0
     batches: int = 0
     batch_seconds: float = 0.0
+    # Committed batches per duration bucket (BATCH_BUCKETS_S, then +Inf): with
+    # ``batches`` and ``batch_seconds``, the histogram of their durations.
+    batch_buckets: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS_S) + 1))
     last_error: str = ""
     db_ok_since: float = field(default_factory=time.time)
 
@@ -279,6 +288,7 @@ class LedgerWriter:
                 self._recent_batch_s.append(took)
                 self.stats.batches += 1
                 self.stats.batch_seconds += took
+                self.stats.batch_buckets[bisect.bisect_left(BATCH_BUCKETS_S, took)] += 1
                 self.stats.written += len(records) - len(conflicts)
                 self.stats.conflicts += len(conflicts)
                 if conflicts:

@@ -47,7 +47,8 @@ from controlplane.domain.keys import Principal, Role, bearer_token
 from controlplane.domain.scope import KeyScope
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.errors import abort, error_status
-from controlplane.telemetry.metrics import LatencyHistogram, RpcStats
+from controlplane.telemetry.grpc_metrics import RpcStats, grpc_type
+from controlplane.telemetry.histogram import LatencyHistogram
 
 log = structlog.get_logger("burstgate.access")
 
@@ -129,6 +130,22 @@ def code_name(context: grpc.aio.ServicerContext) -> str:
         if sc.value[0] == code:
             return str(sc.name)
     return str(code)
+
+
+def failed_code(context: grpc.aio.ServicerContext, exc: BaseException) -> str:
+    """The status of a call whose handler raised: the one it set (abort),
+    else CANCELLED when the call was cancelled (the client went away) and
+    UNKNOWN otherwise (what grpc answers an unhandled exception with)."""
+    code = code_name(context)
+    if code != "OK":
+        return code
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "CANCELLED"
+    return "UNKNOWN"
+
+
+def _kind(handler: grpc.RpcMethodHandler) -> str:
+    return grpc_type(bool(handler.request_streaming), bool(handler.response_streaming))
 
 
 def _request_id(metadata: Any) -> str:
@@ -241,8 +258,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             if isinstance(exc, PermissionDenied)
             else ("missing" if "missing" in message else "invalid")
         )
-        self.stats.auth_failures[reason] += 1
-        self.stats.handled[(rule.service, rule.method, code.name)] += 1
+        st = self.stats
+        st.auth_failures[reason] += 1
+        st.method(rule.service, rule.method, _kind(handler))
+        st.started[(rule.service, rule.method)] += 1
+        st.handled[(rule.service, rule.method, code.name)] += 1
         log.warning(
             "rpc refused", service=rule.service, method=rule.method, code=code.name, reason=reason
         )
@@ -272,9 +292,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if cached is not None and cached[0] is handler and cached[1] is scope:
             return cached[2]
         hist = self.stats.histogram(rule.method) if rule.method in DECISION_METHODS else None
+        handling = self.stats.method(rule.service, rule.method, _kind(handler))
         if not handler.request_streaming and not handler.response_streaming:
             wrapped = grpc.unary_unary_rpc_method_handler(
-                self._timed_unary(handler.unary_unary, rule, hist, scope),
+                self._timed_unary(handler.unary_unary, rule, hist, handling, scope),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -284,7 +305,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             and inspect.isasyncgenfunction(handler.stream_stream)
         ):
             wrapped = grpc.stream_stream_rpc_method_handler(
-                self._timed_stream(handler.stream_stream, rule, hist, scope),
+                self._timed_stream(handler.stream_stream, rule, hist, handling, scope),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -299,9 +320,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return wrapped
 
     def _timed_unary(
-        self, behavior: Any, rule: Rule, hist: LatencyHistogram | None, scope: KeyScope | None
+        self,
+        behavior: Any,
+        rule: Rule,
+        hist: LatencyHistogram | None,
+        handling: LatencyHistogram,
+        scope: KeyScope | None,
     ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
         handled = self.stats.handled
+        started = self.stats.started
+        key = (rule.service, rule.method)
         ok_key = (rule.service, rule.method, "OK")
         clock = time.perf_counter
         sample = self.admission_log_sample
@@ -309,18 +337,21 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
             t0 = clock()
+            started[key] += 1
             admission_scope.set(scope)  # in the call's own context (its own task)
             try:
                 response = await behavior(request, context)
-            except BaseException:
-                code = code_name(context)
+            except BaseException as exc:
+                code = failed_code(context, exc)
                 handled[(rule.service, rule.method, code)] += 1
+                handling.observe(clock() - t0)
                 if sample and rnd() < sample:
                     self._access(rule, code, clock() - t0, request)
                 raise
             dt = clock() - t0
             if hist is not None:
                 hist.observe(dt)
+            handling.observe(dt)
             handled[ok_key] += 1
             if sample and rnd() < sample:
                 self._access(rule, "OK", dt, request)
@@ -329,9 +360,18 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return timed
 
     def _timed_stream(
-        self, behavior: Any, rule: Rule, hist: LatencyHistogram | None, scope: KeyScope | None
+        self,
+        behavior: Any,
+        rule: Rule,
+        hist: LatencyHistogram | None,
+        handling: LatencyHistogram,
+        scope: KeyScope | None,
     ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
         handled = self.stats.handled
+        key = (rule.service, rule.method)
+        started, received_n, sent_n = (
+            self.stats.started, self.stats.msg_received, self.stats.msg_sent
+        )  # fmt: skip
         clock = time.perf_counter
         sample = self.admission_log_sample
         check = self.admission_auth
@@ -344,6 +384,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             # "time since the last batch arrived" is that batch's latency.
             received = [0.0]
             t0 = clock()
+            started[key] += 1
             batches = 0
             token = bearer_token(context.invocation_metadata()) if check else ""
             admission_scope.set(scope)
@@ -351,6 +392,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             async def arrivals() -> AsyncIterator[Any]:
                 async for item in request_iterator:
                     received[0] = clock()
+                    received_n[key] += 1
                     if check:
                         # Checked again per batch against the in-memory key
                         # cache (an HMAC, ~1 us): a key revoked or expired
@@ -372,14 +414,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     if hist is not None:
                         hist.observe(clock() - received[0])
                     batches += 1
+                    sent_n[key] += 1
                     yield response
-            except BaseException:
-                code = code_name(context)
-                if code == "OK":
-                    code = "CANCELLED"
+            except BaseException as exc:
+                code = failed_code(context, exc)
                 raise
             finally:
                 handled[(rule.service, rule.method, code)] += 1
+                handling.observe(clock() - t0)
                 if sample and random.random() < sample:
                     self._access(rule, code, clock() - t0, None, batches=batches)
 
@@ -408,40 +450,79 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _operator_handler(
         self, handler: grpc.RpcMethodHandler, rule: Rule, principal: Principal, request_id: str
     ) -> grpc.RpcMethodHandler:
-        if handler.request_streaming or handler.response_streaming:
-            return handler  # no streaming admin RPCs; auth above still applied
-        behavior = handler.unary_unary
+        if handler.request_streaming:
+            return handler  # no client-streaming operator RPCs; auth above still applied
         handled = self.stats.handled
+        started = self.stats.started
+        key = (rule.service, rule.method)
+        handling = self.stats.method(rule.service, rule.method, _kind(handler))
+
+        def begin() -> tuple[float, Any, Any]:
+            started[key] += 1
+            return (
+                time.perf_counter(),
+                current_principal.set(principal),
+                current_request_id.set(request_id),
+            )
+
+        def end(t0: float, tokens: tuple[Any, Any], code: str, request: Any) -> None:
+            current_principal.reset(tokens[0])
+            current_request_id.reset(tokens[1])
+            handled[(rule.service, rule.method, code)] += 1
+            seconds = time.perf_counter() - t0
+            handling.observe(seconds)
+            log.info(
+                "rpc",
+                service=rule.service,
+                method=rule.method,
+                code=code,
+                duration_ms=round(seconds * 1000, 3),
+                request_id=request_id,
+                key_id=principal.key_id,
+                role=principal.role.value,
+                tenant=_tenant_of(request),
+            )
+
+        if handler.response_streaming:
+            if not inspect.isasyncgenfunction(handler.unary_stream):
+                return handler  # a writer-style stream: served untimed (none today)
+            stream = handler.unary_stream
+            sent = self.stats.msg_sent
+
+            async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                t0, p_token, r_token = begin()
+                code = "OK"
+                try:
+                    await context.send_initial_metadata((("x-request-id", request_id),))
+                    with structlog.contextvars.bound_contextvars(request_id=request_id):
+                        async for item in stream(request, context):
+                            sent[key] += 1
+                            yield item
+                except BaseException as exc:
+                    code = failed_code(context, exc)
+                    raise
+                finally:
+                    end(t0, (p_token, r_token), code, request)
+
+            return grpc.unary_stream_rpc_method_handler(
+                streamed,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        behavior = handler.unary_unary
 
         async def logged(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            p_token = current_principal.set(principal)
-            r_token = current_request_id.set(request_id)
+            t0, p_token, r_token = begin()
             code = "OK"
             try:
                 await context.send_initial_metadata((("x-request-id", request_id),))
                 with structlog.contextvars.bound_contextvars(request_id=request_id):
                     return await behavior(request, context)
-            except BaseException:
-                code = code_name(context)
-                if code == "OK":
-                    code = "CANCELLED"
+            except BaseException as exc:
+                code = failed_code(context, exc)
                 raise
             finally:
-                current_principal.reset(p_token)
-                current_request_id.reset(r_token)
-                handled[(rule.service, rule.method, code)] += 1
-                log.info(
-                    "rpc",
-                    service=rule.service,
-                    method=rule.method,
-                    code=code,
-                    duration_ms=round((time.perf_counter() - t0) * 1000, 3),
-                    request_id=request_id,
-                    key_id=principal.key_id,
-                    role=principal.role.value,
-                    tenant=_tenant_of(request),
-                )
+                end(t0, (p_token, r_token), code, request)
 
         return grpc.unary_unary_rpc_method_handler(
             logged,

@@ -28,7 +28,7 @@ The API (all times in the clock's nanoseconds):
   ``kv_cache_usage``). It rescores the pool and may release held requests.
 - ``expire()``: release reservations past their TTL (call periodically).
 - ``prepare_gc_freeze()``: right before a process-wide ``gc.freeze()``.
-- Read-only: ``tenant_ids``, ``tenant_state``, ``tenant_queued``,
+- Read-only: ``tenant_ids``, ``tenant_ids_by_slot``, ``tenant_state``, ``tenant_queued``,
   ``queue_depths``, ``waiting``, ``pool_views``, ``pools``, ``lanes``,
   ``open_reservations``, ``remembered_requests``, ``inflight_tokens``, and
   the counters in ``stats``.
@@ -172,6 +172,11 @@ class AdmissionService:
 
     def tenant_ids(self) -> list[str]:
         return self._tenants.ids()
+
+    def tenant_ids_by_slot(self) -> list[str]:
+        """Every tenant id ever configured, by fast-path slot (the keys of
+        ``stats``; deleted tenants included: a slot is never reused)."""
+        return [entry.config.tenant_id for entry in list(self._tenants.by_slot)]
 
     def tenant_state(self, tenant_id: str) -> dict[str, int]:
         """The tenant's bucket, quotas and in-flight counts, refilled to now."""
@@ -407,6 +412,7 @@ class AdmissionService:
         meantime (it was released without a refund) only the answer is built."""
         now = self.clock()
         settlement, ended = self._settler.apply(key, rec, actual, now)
+        self.stats.count_settled(rec, actual)
         if ended is not None:
             self._freed(ended)
             self._dispatcher.dispatch(now)

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from controlplane.ledger.metering import Metering
+from controlplane.ledger.writer import BATCH_BUCKETS_S
 
 
 class LedgerCollector(Collector):
@@ -63,14 +69,21 @@ class LedgerCollector(Collector):
             "Ledger writes or probes that failed or timed out",
             value=st.db_failures,
         )
-        yield CounterMetricFamily(
-            "burstgate_ledger_batches", "Group commits to the database", value=st.batches
+        # Its _count and _sum are the group commits and the time spent in
+        # them (the counters burstgate_ledger_batches_total and
+        # burstgate_ledger_batch_seconds_total were before this histogram).
+        batches = HistogramMetricFamily(
+            "burstgate_ledger_batch_duration_seconds",
+            "Duration of each group commit of ledger records to the database "
+            "(committed batches; a failed or timed-out one counts in database_failures)",
         )
-        yield CounterMetricFamily(
-            "burstgate_ledger_batch_seconds",
-            "Time spent in group commits to the database",
-            value=st.batch_seconds,
-        )
+        counts = list(st.batch_buckets)  # a copy: the event loop keeps counting
+        cumulative, acc = [], 0
+        for bound, n in zip((*BATCH_BUCKETS_S, None), counts, strict=True):
+            acc += n
+            cumulative.append(("+Inf" if bound is None else repr(bound), float(acc)))
+        batches.add_metric([], cumulative, st.batch_seconds)
+        yield batches
         yield CounterMetricFamily(
             "burstgate_ledger_duplicate_completes",
             "Completes answered from an existing record (duplicate=true)",

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from controlplane.clock import Sleep, real_sleep
 from controlplane.service import AdmissionService
+from controlplane.telemetry.tenant_metrics import OTHER, TenantLabels
 from fastpath.codes import NS_PER_DAY, NS_PER_HOUR
 
 MTOK_PER_TOKEN = 1000  # the fast path counts milli-tokens
@@ -91,9 +92,8 @@ class LiveSnapshot:
     in_flight_tokens: int = 0
     tenants: int = 0
     pools: tuple[PoolLive, ...] = ()
-    # Per-tenant series only while the tenant count is within the configured bound.
+    # Every tenant; the collector decides which get a label of their own.
     per_tenant: tuple[TenantLive, ...] = ()
-    tenant_series_dropped: bool = False
     samples: int = field(default=0)
 
 
@@ -113,6 +113,9 @@ class LiveSampler:
         self._sleep = sleep
         self.interval_s = interval_s
         self.tenant_label_limit = tenant_label_limit
+        # Which tenants get a ``tenant`` label value of their own: shared with
+        # the per-tenant counters (registry_for), so both name the same ones.
+        self.tenant_labels = TenantLabels(tenant_label_limit)
         self.snapshot = LiveSnapshot()
 
     def sample(self) -> LiveSnapshot:
@@ -122,14 +125,12 @@ class LiveSampler:
         for tenant_id in svc.tenant_ids():
             with contextlib.suppress(Exception):  # removed between the two calls
                 tenants.append(tenant_live(svc, tenant_id))
-        within = len(tenants) <= self.tenant_label_limit
         self.snapshot = LiveSnapshot(
             in_flight_requests=sum(t.in_flight for t in tenants),
             in_flight_tokens=sum(t.in_flight_tokens for t in tenants),
             tenants=len(tenants),
             pools=tuple(pools_live(svc)),
-            per_tenant=tuple(tenants) if within else (),
-            tenant_series_dropped=not within,
+            per_tenant=tuple(tenants),
             samples=self.snapshot.samples + 1,
         )
         return self.snapshot
@@ -140,12 +141,13 @@ class LiveSampler:
             await self._sleep(self.interval_s)
 
     def collector(self) -> Collector:
-        return _LiveCollector(self)
+        return _LiveCollector(self, self.tenant_labels)
 
 
 class _LiveCollector(Collector):
-    def __init__(self, sampler: LiveSampler) -> None:
+    def __init__(self, sampler: LiveSampler, labels: TenantLabels) -> None:
         self._sampler = sampler
+        self._labels = labels
 
     def collect(self) -> Iterator[Metric]:
         snap = self._sampler.snapshot
@@ -182,22 +184,38 @@ class _LiveCollector(Collector):
         yield engines
         yield score
         yield price
-        if snap.per_tenant:
-            bucket = GaugeMetricFamily(
-                "burstgate_tenant_bucket_tokens", "Token bucket level", labels=["tenant"]
-            )
-            inflight = GaugeMetricFamily(
-                "burstgate_tenant_inflight_tokens", "Reserved, unsettled tokens", labels=["tenant"]
-            )
-            hourly = GaugeMetricFamily(
-                "burstgate_tenant_hourly_used_tokens",
-                "Tokens used this UTC hour",
-                labels=["tenant"],
-            )
-            for t in snap.per_tenant:
-                bucket.add_metric([t.tenant_id], t.bucket_tokens)
-                inflight.add_metric([t.tenant_id], t.in_flight_tokens)
-                hourly.add_metric([t.tenant_id], t.hourly_used)
-            yield bucket
-            yield inflight
-            yield hourly
+        yield from self._tenants(snap.per_tenant)
+
+    def _tenants(self, tenants: tuple[TenantLive, ...]) -> Iterator[Metric]:
+        """Tenants with a label of their own get their own series (all of
+        them while the configured tenants fit in the limit); the rest are
+        summed under ``__other__`` where a sum means something (in-flight and
+        hourly tokens; a sum of bucket levels would not)."""
+        labels = self._labels
+        labels.assign_all(t.tenant_id for t in tenants)
+        bucket = GaugeMetricFamily(
+            "burstgate_tenant_bucket_tokens", "Token bucket level", labels=["tenant"]
+        )
+        inflight = GaugeMetricFamily(
+            "burstgate_tenant_inflight_tokens", "Reserved, unsettled tokens", labels=["tenant"]
+        )
+        hourly = GaugeMetricFamily(
+            "burstgate_tenant_hourly_used_tokens", "Tokens used this UTC hour", labels=["tenant"]
+        )
+        other_inflight = other_hourly = 0
+        others = False
+        for t in tenants:
+            if labels.label(t.tenant_id, assign=False) == OTHER:
+                others = True
+                other_inflight += t.in_flight_tokens
+                other_hourly += t.hourly_used
+                continue
+            bucket.add_metric([t.tenant_id], t.bucket_tokens)
+            inflight.add_metric([t.tenant_id], t.in_flight_tokens)
+            hourly.add_metric([t.tenant_id], t.hourly_used)
+        if others:
+            inflight.add_metric([OTHER], other_inflight)
+            hourly.add_metric([OTHER], other_hourly)
+        yield bucket
+        yield inflight
+        yield hourly

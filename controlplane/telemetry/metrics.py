@@ -15,9 +15,7 @@ event loop publishes, never call into the fast path from ``collect()``.
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client.core import (
@@ -27,31 +25,47 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from controlplane.domain import Decision
 from controlplane.service import AdmissionService
 from controlplane.service.admission import QUEUE_WAIT_BUCKETS_NS
-from fastpath import Reason
+from controlplane.telemetry.grpc_metrics import RpcCollector, RpcStats
+from controlplane.telemetry.histogram import LATENCY_BUCKETS_S, LatencyHistogram
+from controlplane.telemetry.tenant_metrics import TenantLabels, tenant_families
+
+# Re-exported: their home moved (histogram.py, grpc_metrics.py); importers
+# of this module keep working.
+__all__ = [
+    "EXTRA_COLLECTORS",
+    "LATENCY_BUCKETS_S",
+    "AdmissionCollector",
+    "LatencyHistogram",
+    "RpcCollector",
+    "RpcStats",
+    "ServerCollector",
+    "TenantLabels",
+    "registry_for",
+]
 
 
 class AdmissionCollector(Collector):
-    def __init__(self, service: AdmissionService) -> None:
+    """The service's counters and state. ``labels``: which tenants get a
+    ``tenant`` label value of their own (tenant_metrics.py); shared with the
+    live sampler's per-tenant gauges so both name the same tenants."""
+
+    def __init__(self, service: AdmissionService, labels: TenantLabels | None = None) -> None:
         self._svc = service
+        limit = service.settings.metrics_tenant_label_limit
+        self._labels = labels if labels is not None else TenantLabels(limit)
 
     def collect(self) -> Iterator[Metric]:
         info = InfoMetricFamily("burstgate_fastpath", "Which fast-path implementation is live")
         info.add_metric([], {"implementation": self._svc.implementation})
         yield info
-        decisions = CounterMetricFamily(
-            "burstgate_decisions",
-            "Admission decisions by outcome and reason",
-            labels=["decision", "reason"],
-        )
-        for (decision, reason), n in sorted(self._svc.stats.decision_counts.items()):
-            decisions.add_metric([Decision(decision).name.lower(), Reason(reason).name.lower()], n)
-        yield decisions
+        yield from tenant_families(self._svc, self._labels)
         yield GaugeMetricFamily(
             "burstgate_open_reservations",
             "Admitted requests not yet settled",
@@ -90,7 +104,7 @@ class AdmissionCollector(Collector):
             labels=["lane"],
         )
         bounds = [ns / 1e9 for ns in QUEUE_WAIT_BUCKETS_NS]
-        for lane, counts in sorted(svc.stats.queue_wait_buckets.items()):
+        for lane, counts in sorted(svc.stats.queue_wait_buckets.copy().items()):
             counts = list(counts)  # a copy: the event loop keeps counting
             cumulative, total = [], 0
             for le, c in zip([*map(str, bounds), "+Inf"], counts, strict=True):
@@ -103,115 +117,33 @@ class AdmissionCollector(Collector):
             "Waiting Admit calls whose caller went away",
             value=svc.stats.cancelled_total,
         )
-        shadow = CounterMetricFamily(
-            "burstgate_shadow_refusals",
-            "Shadow mode: requests admitted that would have been refused, by reason",
-            labels=["reason"],
+        target = GaugeMetricFamily(
+            "burstgate_lane_wait_target_seconds",
+            "The lane's configured queue-wait target (wait_target_ms), for comparing "
+            "burstgate_queue_wait_seconds with",
+            labels=["lane"],
         )
-        for reason, n in sorted(svc.stats.shadow_counts.items()):
-            shadow.add_metric([Reason(reason).name.lower()], n)
-        yield shadow
+        for name, cfg in sorted(svc.lanes.items()):
+            target.add_metric([name], cfg.wait_target_ms / 1000)
+        yield target
 
 
-def registry_for(service: AdmissionService, *extra: Collector) -> CollectorRegistry:
-    """A registry with the admission collector, the process's own metrics
-    (``process_resident_memory_bytes``, CPU, open fds: prometheus_client's
-    ProcessCollector, which only its default registry has otherwise) and
-    any ``extra`` collectors."""
+def registry_for(
+    service: AdmissionService, *extra: Collector, tenant_labels: TenantLabels | None = None
+) -> CollectorRegistry:
+    """A registry with the admission collector, prometheus_client's standard
+    collectors (``process_*``: RSS, CPU, open fds; ``python_info``;
+    ``python_gc_*``), which only its default registry has otherwise, and
+    any ``extra`` collectors. ``tenant_labels``: the live sampler's, so the
+    tenant label names the same tenants everywhere."""
     registry = CollectorRegistry()
-    registry.register(AdmissionCollector(service))
+    registry.register(AdmissionCollector(service, tenant_labels))
     ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     for collector in extra:
         registry.register(collector)
     return registry
-
-
-# --- Shared building blocks: plain-int histograms and RPC stats ---
-
-# Sub-millisecond buckets: a unary Admit costs ~0.45 ms of server CPU, a
-# decision in the fast path tens of nanoseconds. Seconds, Prometheus style.
-LATENCY_BUCKETS_S: tuple[float, ...] = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005,
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-)  # fmt: skip
-
-
-class LatencyHistogram:
-    """A histogram as plain ints, observed on the event-loop thread (a bisect
-    and two additions; no lock, no prometheus-client call) and turned into a
-    metric family at scrape time."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS_S) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
-        self.total = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
-
-    def buckets(self) -> tuple[list[tuple[str, float]], float]:
-        """Cumulative buckets (as Prometheus wants them) and the sum."""
-        counts = list(self.counts)  # one consistent copy
-        out: list[tuple[str, float]] = []
-        acc = 0
-        for bound, n in zip((*self.bounds, float("inf")), counts, strict=True):
-            acc += n
-            out.append(("+Inf" if bound == float("inf") else repr(bound), acc))
-        return out, self.total
-
-
-class RpcStats:
-    """Per-RPC counters the server interceptor bumps (plain dict entries)."""
-
-    def __init__(self) -> None:
-        # (service, method, status code name) -> calls
-        self.handled: Counter[tuple[str, str, str]] = Counter()
-        # method -> latency of admission decisions (Admit per call,
-        # AdmitStream per batch), measured inside the server.
-        self.decision_latency: dict[str, LatencyHistogram] = {}
-        # reason (missing, invalid, forbidden) -> refused calls
-        self.auth_failures: Counter[str] = Counter()
-
-    def histogram(self, method: str) -> LatencyHistogram:
-        h = self.decision_latency.get(method)
-        if h is None:
-            h = self.decision_latency[method] = LatencyHistogram()
-        return h
-
-
-class RpcCollector(Collector):
-    def __init__(self, stats: RpcStats) -> None:
-        self._stats = stats
-
-    def collect(self) -> Iterator[Metric]:
-        handled = CounterMetricFamily(
-            "burstgate_grpc_server_handled",
-            "RPCs completed, by service, method and gRPC status code",
-            labels=["service", "method", "code"],
-        )
-        for (service, method, code), n in sorted(self._stats.handled.copy().items()):
-            handled.add_metric([service, method, code], n)
-        yield handled
-        latency = HistogramMetricFamily(
-            "burstgate_decision_duration_seconds",
-            "Server-side time to decide: Admit per call, AdmitStream per batch",
-            labels=["method"],
-        )
-        for method, hist in sorted(self._stats.decision_latency.copy().items()):
-            buckets, total = hist.buckets()
-            latency.add_metric([method], buckets, total)
-        yield latency
-        failures = CounterMetricFamily(
-            "burstgate_auth_failures",
-            "Calls refused by authentication or authorization",
-            labels=["reason"],
-        )
-        for reason, n in sorted(self._stats.auth_failures.copy().items()):
-            failures.add_metric([reason], n)
-        yield failures
 
 
 class ReloadSource(Protocol):

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.client import AdmissionClient, pb
 
@@ -96,8 +97,23 @@ def test_demo_serves_the_demo_tenants_and_stops_gracefully_on_sigterm(demo_proc:
         )
     body = urllib.request.urlopen(demo_proc.metrics_url, timeout=10).read().decode()
     assert f'burstgate_fastpath_info{{implementation="{demo_proc.fastpath}"}} 1.0' in body
-    assert 'burstgate_decisions_total{decision="admit",reason="ok"}' in body
-    assert 'burstgate_decisions_total{decision="reject",reason="unknown_tenant"} 1.0' in body
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+
+    def sample(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    decided = "burstgate_decisions_total"
+    assert sample(decided, tenant="acme", lane="standard", decision="admit", reason="ok") == 1
+    unknown = {"tenant": "__unknown__", "lane": "standard", "reason": "unknown_tenant"}
+    assert sample(decided, decision="reject", **unknown) == 1
+    # the Complete above, billed 0.00075 USD, as the per-tenant spend counter
+    charged = sample("burstgate_tenant_user_charge_total", tenant="acme", lane="standard",
+                     currency="USD")  # fmt: skip
+    assert charged == 0.00075
     demo_proc.p.send_signal(signal.SIGTERM)
     assert demo_proc.p.wait(timeout=60) == 0
     assert demo_proc.p.stdout is not None

@@ -88,11 +88,19 @@ def test_metrics_move_with_decisions(env: Env) -> None:
         )
     )  # fmt: skip
     code_of(lambda: env.client("bgk_nope_nope").list_tenants())
+    # Both in one sample: the sampler may run between the Complete and the ReportLoad.
     m = wait_for(
-        env, lambda m: value(m, "burstgate_inflight_tokens") == 2000, "2,000 tokens in flight"
+        env,
+        lambda m: value(m, "burstgate_inflight_tokens") == 2000
+        and value(m, "burstgate_pool_engines_reporting", pool="a100") == 1,
+        "2,000 tokens in flight and the load report sampled",
     )
-    assert value(m, "burstgate_decisions_total", decision="admit", reason="ok") == 5
-    assert value(m, "burstgate_decisions_total", decision="reject", reason="max_tokens") == 1
+    decided = "burstgate_decisions_total"
+    assert value(m, decided, tenant="acme", lane="standard", decision="admit", reason="ok") == 5
+    assert (
+        value(m, decided, tenant="beta", lane="standard", decision="reject", reason="max_tokens")
+        == 1
+    )
     assert value(m, "burstgate_decision_duration_seconds_count", method="Admit") == 6
     # The server times each decision inside the call, so every observation is
     # at most the round trip the client saw around it (same process, same
@@ -108,10 +116,10 @@ def test_metrics_move_with_decisions(env: Env) -> None:
     assert covering == 6, (admit_buckets, round_trips)
     total = value(m, "burstgate_decision_duration_seconds_sum", method="Admit")
     assert 0 < total <= sum(round_trips)
-    handled = "burstgate_grpc_server_handled_total"
-    svc = "burstgate.v1.AdmissionService"
-    assert value(m, handled, service=svc, method="Admit", code="OK") == 6
-    assert value(m, handled, service=svc, method="Complete", code="OK") == 1
+    handled = "grpc_server_handled_total"
+    svc = {"grpc_type": "unary", "grpc_service": "burstgate.v1.AdmissionService"}
+    assert value(m, handled, **svc, grpc_method="Admit", grpc_code="OK") == 6
+    assert value(m, handled, **svc, grpc_method="Complete", grpc_code="OK") == 1
     assert value(m, "burstgate_auth_failures_total", reason="invalid") == 1
     assert value(m, "burstgate_inflight_requests") == 4
     assert value(m, "burstgate_tenants") == 2
@@ -141,11 +149,14 @@ def test_metrics_move_with_decisions(env: Env) -> None:
         value(m2, "burstgate_config_reloads_total")
         == value(m, "burstgate_config_reloads_total") + 2
     )
-    adm = "burstgate.v1.AdminService"
-    assert value(m2, handled, service=adm, method="UpdateTenant", code="OK") == 1
-    assert value(m2, handled, service=adm, method="ListTenants", code="UNAUTHENTICATED") == 1
-    # Three tenants > the limit of 2: the tenant label is dropped.
-    assert not [k for k in m2 if k[0].startswith("burstgate_tenant_")]
+    adm = {"grpc_type": "unary", "grpc_service": "burstgate.v1.AdminService"}
+    assert value(m2, handled, **adm, grpc_method="UpdateTenant", grpc_code="OK") == 1
+    assert value(m2, handled, **adm, grpc_method="ListTenants", grpc_code="Unauthenticated") == 1
+    # Three tenants > the limit of 2: acme and beta keep the label they had,
+    # gamma's state is counted under __other__.
+    tenants = {dict(k[1]).get("tenant") for k in m2 if k[0] == "burstgate_tenant_inflight_tokens"}
+    assert tenants == {"acme", "beta", "__other__"}
+    assert value(m2, "burstgate_tenant_inflight_tokens", tenant="__other__") == 0
 
 
 @pytest.mark.parametrize("env", [METRICS], indirect=True)

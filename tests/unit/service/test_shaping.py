@@ -443,7 +443,8 @@ def test_queue_metrics_count_waits_cancellations_and_shadow(make_service: Any, c
     assert got[("burstgate_queue_wait_seconds_bucket", (("lane", "standard"), ("le", "0.05")))] == 1
     assert got[("burstgate_queue_cancelled_total", ())] == 1
     assert got[("burstgate_queue_waiting", (("lane", "standard"),))] == 0
-    assert got[("burstgate_shadow_refusals_total", (("reason", "max_tokens"),))] == 1
+    would = (("reason", "max_tokens"), ("tenant", "shadow"))
+    assert got[("burstgate_shadow_refusals_total", would)] == 1
 
 
 def test_cancel_after_admission_releases_the_reservation(make_service: Any) -> None:
