@@ -37,9 +37,12 @@ $(VENV)/.installed-test: $(VENV)/.installed
 # Node.js client test) need buf and the Node gRPC packages, pinned in
 # clients/node/package-lock.json, and protoc with the Go toolchain and
 # plugins from the OS packages. Nothing is fetched while the tests run.
+# prometheus: for promtool, which checks and unit-tests the shipped alert rules
+# (tests/integration/metrics; Debian's package also installs the Prometheus
+# server's service: where services may start, `systemctl disable --now prometheus`).
 NODE_DIR := clients/node
 OS_PACKAGES := protobuf-compiler libprotobuf-dev golang-go protoc-gen-go protoc-gen-go-grpc \
-               golang-google-protobuf-dev golang-google-grpc-dev
+               golang-google-protobuf-dev golang-google-grpc-dev prometheus
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json | os-packages
 	cd $(NODE_DIR) && npm ci --ignore-scripts --no-audit --no-fund

@@ -150,9 +150,8 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
         # Sidecar tokens are on by default for `serve`; tests of the admission
         # API run without them unless they ask (tests/integration/admin).
         overrides.setdefault("admission_auth", False)
-        settings = Settings(
-            database_url=database_url, host="127.0.0.1", port=0, metrics_port=-1, **overrides
-        )
+        overrides.setdefault("metrics_port", -1)  # 0 = serve /metrics on a free port
+        settings = Settings(database_url=database_url, host="127.0.0.1", port=0, **overrides)
         srv = ServerThread(settings, clock or time.time_ns, sleep)
         started.append(srv)
         return srv
