@@ -516,7 +516,9 @@ class Decider:
                 mine = adm if len(pools) == 1 else adm[pool_ix[adm] == k]
                 self._gate.released_many(pools[k], now, prompt[mine].tolist())
         log.add_rows(tkeys, tenant_ids, request_ids, rows, fresh if replayed else None)
-        stats.count_rows(rows[is_fresh] if replayed else rows, names.names, any_shadow)
+        stats.count_rows(
+            rows[is_fresh] if replayed else rows, names.names, len(tenants.by_slot), any_shadow
+        )
         # Entries of one batch may resolve to different pools: the batch-level
         # multiplier is the first fresh entry's (each admission's record, which
         # the ledger bills, locks its own pool's).

@@ -77,7 +77,7 @@ def tenant_families(service: AdmissionService, labels: TenantLabels) -> Iterator
     st = service.stats
     # Copies first (the event loop keeps counting), then the slot names: a
     # slot in the copies is always named (slots are appended, never reused).
-    outcomes = [(k, (c[0], c[1])) for k, c in st.outcomes.copy().items()]
+    outcomes = [((slot, lane, reason), (n, t)) for slot, lane, reason, n, t in st.outcome_cells()]
     settled = [(k, (c[0], c[1])) for k, c in st.settled.copy().items()]
     spend = [(k, (c[0], c[1])) for k, c in st.spend.copy().items()]
     shadow = st.shadow.copy()
