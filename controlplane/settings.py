@@ -123,8 +123,9 @@ class Settings(BaseSettings):
     # How often live gauges (in-flight tokens, per-pool backpressure, per-tenant
     # state) are sampled on the event loop for /metrics.
     metrics_sample_s: float = Field(default=1.0, gt=0)
-    # Per-tenant series (tenant label) only while there are at most this many
-    # tenants, so the label's cardinality is bounded by config; 0 = never.
+    # Tenants with a `tenant` label value of their own (the first to be
+    # counted); later ones share "__other__", so the label's cardinality is
+    # bounded by config; 0 = every tenant under "__other__".
     metrics_tenant_label_limit: int = Field(default=50, ge=0)
     # OpenTelemetry tracing of the gRPC server (needs the `otel` extra): off,
     # console (spans printed to stderr) or otlp (to otlp_endpoint). Nothing
