@@ -37,7 +37,9 @@ from controlplane.cli.common import (
     table,
     to_dict,
 )
+from controlplane.cli.render import TIME_FORMAT
 from controlplane.domain.errors import excerpt
+from controlplane.domain.keys import Role
 
 ADMIN_HELP = """Operate a running server through the admin API (gRPC, needs an API key).
 
@@ -288,7 +290,7 @@ def audit_list(
     if as_json:
         echo_json([to_dict(e) for e in events])
         return
-    rows = [{"id": e.id, "time": e.time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
+    rows = [{"id": e.id, "time": e.time.ToDatetime().strftime(TIME_FORMAT),
              "actor": e.actor, "action": e.action, "target": e.target,
              "change": _change(e.before_json, e.after_json)} for e in events]  # fmt: skip
     table(rows, ("id", "time", "actor", "action", "target", "change"))
@@ -305,7 +307,11 @@ def _change(before: str, after: str) -> str:
     def show(v: Any) -> str:
         return "unset" if v is None else cell(v)
 
-    return ", ".join(f"{k}: {show(b.get(k))} -> {show(a.get(k))}" for k in a)
+    # Only what changed: an update records the whole object before and after.
+    changed = [k for k in {**b, **a} if b.get(k) != a.get(k)]
+    if not changed:
+        return "no change"
+    return ", ".join(f"{k}: {show(b.get(k))} -> {show(a.get(k))}" for k in changed)
 
 
 # ------------------------------------------------------------------- keys
@@ -336,7 +342,7 @@ class _KeyView:
 
 
 def _fmt_time(dt: Any) -> str:
-    return dt.strftime("%Y-%m-%d %H:%M:%S") if dt is not None else ""
+    return dt.strftime(TIME_FORMAT) if dt is not None else ""
 
 
 KEY_COLS = ("key_id", "name", "role", "tenants", "pools", "expires", "last_used",
@@ -421,7 +427,7 @@ def admin_keys_list(
 @admin_keys_app.command("create")
 def admin_keys_create(
     ctx: typer.Context,
-    role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
+    role: Annotated[Role, typer.Option(case_sensitive=False, help="What the key may do.")],
     name: Annotated[str, typer.Option(help="Who or what uses the key.")],
     tenant: TenantScopeOpt = None,
     pool: PoolScopeOpt = None,
@@ -435,7 +441,9 @@ def admin_keys_create(
     from controlplane.client.admin import apb
 
     expires_at = expiry_option(expires_in)
-    request = apb.CreateApiKeyRequest(name=name, role=role, tenants=tenant or [], pools=pool or [])
+    request = apb.CreateApiKeyRequest(
+        name=name, role=role.value, tenants=tenant or [], pools=pool or []
+    )
     if expires_at is not None:
         request.expire_time.CopyFrom(Timestamp(seconds=int(expires_at.timestamp())))
     with admin_client(_root_ctx(ctx)) as c:

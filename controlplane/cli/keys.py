@@ -21,6 +21,7 @@ from controlplane.cli.admin import (
     expiry_option,
 )
 from controlplane.cli.common import DbOpt, JsonOpt, echo_json, fail, table
+from controlplane.domain.keys import Role
 
 keys_app = typer.Typer(
     help="API keys and sidecar tokens, written to the database directly (the bootstrap "
@@ -48,7 +49,7 @@ def _key_store(database_url: str | None) -> Iterator[Any]:
 
 @keys_app.command("create")
 def keys_create(
-    role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
+    role: Annotated[Role, typer.Option(case_sensitive=False, help="What the key may do.")],
     name: Annotated[str, typer.Option(help="Who or what uses the key.")],
     tenant: TenantScopeOpt = None,
     pool: PoolScopeOpt = None,
@@ -59,12 +60,10 @@ def keys_create(
     """Create a key in the database (the bootstrap path); prints it once.
     A sidecar key names the tenants and pools it serves (--tenant, --pool,
     repeatable, glob patterns; '*' = all)."""
-    from controlplane.domain.keys import parse_role
-
     expires_at = expiry_option(expires_in)
     with _key_store(database_url) as store:
         secret, info = store.create_key(
-            name, parse_role(role), tenants=tenant or [], pools=pool or [], expires_at=expires_at
+            name, role, tenants=tenant or [], pools=pool or [], expires_at=expires_at
         )
     _print_new_key(secret, info.key_id, info.role.value, as_json)
 

@@ -15,6 +15,7 @@ import typer
 
 from controlplane.cli.common import settings
 from controlplane.domain.errors import InvalidArgument, excerpt
+from controlplane.ledger.export import ExportFormat, Granularity
 
 DbOpt = Annotated[
     str | None,
@@ -64,10 +65,17 @@ def export_command(
         str | None, typer.Option("--to", help="Period end (exclusive); default: now.")
     ] = None,
     tenant: TenantOpt = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="csv, jsonl or parquet.")] = "csv",
+    fmt: Annotated[
+        ExportFormat, typer.Option("--format", "-f", help="File format.")
+    ] = ExportFormat.CSV,
     granularity: Annotated[
-        str, typer.Option("--granularity", "-g", help="request (one row each) or daily.")
-    ] = "request",
+        Granularity,
+        typer.Option(
+            "--granularity",
+            "-g",
+            help="request: one row each; daily: per tenant, model and UTC day.",
+        ),
+    ] = Granularity.REQUEST,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Output file; default: standard output.")
     ] = None,
@@ -82,7 +90,7 @@ def export_command(
     from controlplane.ledger.export import ExportResult, ExportSpec, export, manifest_json
 
     s, e = _period(start, end)
-    spec = ExportSpec(s, e, tuple(tenant or ()), fmt, granularity).validate()
+    spec = ExportSpec(s, e, tuple(tenant or ()), str(fmt), str(granularity)).validate()
     if fmt == "parquet" and out is None:
         raise InvalidArgument("--out", "parquet needs an output file")
     engine = _engine(database_url)

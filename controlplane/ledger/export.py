@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, func, literal_column, select
@@ -42,8 +43,21 @@ FETCH_ROWS = 5_000
 MAX_TIME_NS = 2**63 - 1
 TIME_RANGE_TEXT = "1970-01-01 and 2262-04-11T23:47:16Z (Unix nanoseconds in 64 bits)"
 CHUNK_BYTES = 64 * 1024
-FORMATS = ("csv", "jsonl", "parquet")
-GRANULARITIES = ("request", "daily")
+
+
+class ExportFormat(StrEnum):
+    CSV = "csv"
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
+class Granularity(StrEnum):
+    REQUEST = "request"  # one row per record
+    DAILY = "daily"  # per tenant, model and UTC day
+
+
+FORMATS = tuple(f.value for f in ExportFormat)
+GRANULARITIES = tuple(g.value for g in Granularity)
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     # The request-log columns `burstgate analyze` reads (docs/analysis.md) ...
