@@ -3,7 +3,6 @@ in this package (and the offline analysis commands)."""
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -11,12 +10,11 @@ import typer
 from controlplane.analysis.cli import register as register_analysis
 from controlplane.cli import admin, keys, ledger, serve, simulate
 from controlplane.cli.config import config_app
-from controlplane.cli.helptext import ReflowGroup
+from controlplane.cli.root import RootGroup
 from controlplane.cli.tenant import tenant_app
-from controlplane.domain.errors import DomainError
 
 app = typer.Typer(
-    cls=ReflowGroup,
+    cls=RootGroup,
     help="burstgate: burst-aware admission control for multi-tenant LLM serving.",
     no_args_is_help=True,
     add_completion=False,
@@ -62,8 +60,4 @@ register_analysis(app)
 
 
 def main() -> None:
-    try:
-        app()
-    except DomainError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    app()  # domain errors -> one line and exit 2: cli/root.py

@@ -73,7 +73,7 @@ def render_table(
     foot = [cell(footer.get(c)) for c in cols] if footer is not None else None
     console = _console()
     grid = Table(
-        box=box.SIMPLE_HEAD if foot is not None else None,
+        box=box.SIMPLE if foot is not None else None,
         show_header=True,
         show_edge=False,
         show_footer=foot is not None,

@@ -1,4 +1,12 @@
-"""Help text that reflows to the terminal's width.
+"""The root command's class: help text that reflows, and domain errors as
+one line.
+
+Domain errors: a command that raises ``DomainError`` (bad input found below
+the CLI layer, e.g. a config file's field) ends with ``error: <field>:
+<reason>`` on stderr and exit code 2, never a traceback, however the app is
+invoked (the ``burstgate`` script or a test's CliRunner).
+
+Help text that reflows to the terminal's width:
 
 Typer (in its default rich mode) keeps the single line breaks of a
 docstring's second and later paragraphs, so ``--help`` showed our source
@@ -14,7 +22,10 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import typer
 from typer.core import TyperGroup
+
+from controlplane.domain.errors import DomainError
 
 
 def reflow(text: str | None) -> str | None:
@@ -45,9 +56,17 @@ def _reflow_tree(command: Any) -> None:
         _reflow_tree(sub)
 
 
-class ReflowGroup(TyperGroup):
-    """The root group: reflows the help of the whole command tree once."""
+class RootGroup(TyperGroup):
+    """The root group: reflows the help of the whole command tree once, and
+    turns domain errors into ``error: ...`` and exit code 2."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _reflow_tree(self)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DomainError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
