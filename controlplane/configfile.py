@@ -189,7 +189,7 @@ class Change:
     changed field to (before, after); ``before`` is None on a create."""
 
     kind: str  # lane | tenant | policy
-    name: str
+    name: str  # the lane or tenant; "" for the policy
     action: str  # create | update
     fields: dict[str, tuple[Any, Any]]
 
@@ -210,7 +210,7 @@ def diff(
     if cfg.policy:
         fields = _policy_changes(repo, cfg, base_policy or Policy())
         if fields:
-            changes.append(Change("policy", "policy", "update", fields))
+            changes.append(Change("policy", "", "update", fields))
     return changes
 
 

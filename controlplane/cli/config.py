@@ -97,11 +97,12 @@ def _print_changes(changes: Sequence[Any]) -> None:
         typer.echo("no changes")
         return
     for c in changes:
+        what = f"{c.kind} {c.name}" if c.name else c.kind
         if c.action == "create":
-            typer.echo(f"+ {c.kind} {c.name}")
+            typer.echo(f"+ {what}")
             continue
         shown = ", ".join(f"{k}: {_value(b)} -> {_value(a)}" for k, (b, a) in c.fields.items())
-        typer.echo(f"~ {c.kind} {c.name}: {shown}")
+        typer.echo(f"~ {what}: {shown}")
     created = sum(c.action == "create" for c in changes)
     typer.echo(f"{len(changes)} to change: {created} created, {len(changes) - created} updated")
 

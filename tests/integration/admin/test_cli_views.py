@@ -77,7 +77,7 @@ def test_config_export_apply_round_trip(env: Env, tmp_path: Path) -> None:
     assert "~ tenant acme: token_rate: 1000 -> 1500" in lines
     assert "+ tenant gamma" in lines
     assert "~ lane premium: weight: 0.4 -> 0.35" in lines
-    assert any(line.startswith("~ policy policy: bp_hard_threshold: ") for line in lines)
+    assert any(line.startswith("~ policy: bp_hard_threshold: ") for line in lines)
     assert lines[-1] == "dry run: nothing written"
     # nothing was written
     again = runner.invoke(app, ["config", "export", *_db(env)])
