@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from controlplane.cli.common import fail
+from controlplane.cli.render import table
 from controlplane.domain.errors import excerpt
 from controlplane.sim.run import BUILTIN_POLICIES, PolicyName
 
@@ -83,6 +84,9 @@ def simulate(
         TimeUnit, typer.Option(help="Unit of the time column; auto reads datetimes only.")
     ] = TimeUnit.AUTO,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the tables as Markdown (for docs).")
+    ] = False,
     html: Annotated[
         Path | None,
         typer.Option("--html", help="Also write an HTML report with plots to this file."),
@@ -95,7 +99,7 @@ def simulate(
     --load x the pool's measured capacity, and every policy sees the same
     input. Reports SLO attainment, goodput, TTFT and waits per lane."""
     from controlplane.sim.engine import EngineParams
-    from controlplane.sim.report import to_json, to_table
+    from controlplane.sim.report import sections, to_json, to_table
     from controlplane.sim.run import Burst, SimSpec
     from controlplane.sim.run import simulate as run_simulation
     from controlplane.sim.trace import ColumnMap, TraceError
@@ -134,7 +138,15 @@ def simulate(
             f"{trace.name}: {first.overall.requests:,} requests, {engines} engine(s), "
             f"capacity {first.capacity_rps:,.1f} requests/s (measured on this trace's mix)\n"
         )
-        typer.echo(to_table(runs))
+        if markdown:
+            typer.echo(to_table(runs))
+        else:
+            for i, (title, head, rows) in enumerate(sections(runs)):
+                if i:
+                    typer.echo("")
+                if title:
+                    typer.echo(title)
+                table([dict(zip(head, cells, strict=True)) for cells in rows], head)
     if html is not None:
         # Imported here: matplotlib costs ~0.5 s that a table run does not need.
         from controlplane.sim.html import render_html
