@@ -160,6 +160,8 @@ def _decimal(dumper: yaml.SafeDumper, value: Decimal) -> yaml.ScalarNode:
     # A plain YAML number when a float reads back as the same Decimal (0.45,
     # 20000); otherwise a quoted string, which pydantic parses exactly.
     text = format(value.normalize(), "f")  # 0.4500 -> 0.45, 2E+4 -> 20000
+    if "." not in text:
+        return dumper.represent_scalar("tag:yaml.org,2002:int", text)
     if Decimal(repr(float(value))) == value:
         return dumper.represent_scalar("tag:yaml.org,2002:float", text)
     return dumper.represent_str(text)
