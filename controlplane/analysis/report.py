@@ -1,5 +1,7 @@
-"""Self-contained HTML report: one ``index.html`` with the PNGs embedded as
-base64 data URIs, so the file can be mailed or attached to a ticket alone.
+"""Self-contained HTML report: one file with the PNGs embedded as base64
+data URIs, so it can be mailed or attached to a ticket alone. Where it is
+written is decided by reportpath.py; the burst timeline, incident table and
+post-incident articles are in report_bursts.py.
 
 Every figure shown in a table cell carries ``data-metric="..."`` with the key
 it reports, and the full ``--json`` document is embedded in

@@ -111,7 +111,7 @@ def burst_table(analysis: Analysis, scale: TimeScale) -> str:
         )
         rows.append(
             f'<tr id="burst-{inc.number}">'
-            f'<td data-metric="{key}.number"><a href="#incident-{inc.number}">{inc.number}</a></td>'
+            f'<td><a href="#incident-{inc.number}" data-metric="{key}.number">{inc.number}</a></td>'
             f'<td data-metric="{key}.start">{escape(scale.at(inc.start))}</td>'
             f'<td data-metric="{key}.duration_s">{inc.duration_s} s</td>'
             f'<td data-metric="{key}.axes">{escape(" + ".join(inc.axes))}</td>'
