@@ -187,7 +187,7 @@ def build_rate_figure(
 def rate_figure(analysis: Analysis) -> TimelineFigure:
     """Requests/s and tokens/s over time: thresholds drawn, bursts as numbered bands."""
     fig, axes, spans = build_rate_figure(analysis)
-    fig.canvas.draw()  # fixes the constrained layout, so pixel positions are final
+    png = to_png(fig)  # drawing fixes the constrained layout: pixel positions are final
     width, height = fig.bbox.width, fig.bbox.height
     first, last = axes[0], axes[-1]
     label_px = 18.0  # the number boxes above the top panel belong to the link too
@@ -210,7 +210,7 @@ def rate_figure(analysis: Analysis) -> TimelineFigure:
                 height=100.0 * (top_px - bottom_px) / height,
             )
         )
-    return TimelineFigure(png=to_png(fig), bands=boxes)
+    return TimelineFigure(png=png, bands=boxes)
 
 
 def interarrival_figure(analysis: Analysis) -> bytes | None:
