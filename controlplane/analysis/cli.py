@@ -30,6 +30,7 @@ from controlplane.analysis.forecast import (
 from controlplane.analysis.jsonout import analysis_to_dict, forecast_to_dict, plan_to_dict
 from controlplane.analysis.plan import DEFAULT_LEAD_TIME_S, EngineCapacity, plan_capacity
 from controlplane.analysis.reader import LogReadError, RequestLog, read_log
+from controlplane.analysis.reportpath import ReportPathError, report_path
 from controlplane.analysis.stats import make_timeline, per_second
 from controlplane.analysis.summary import (
     DEFAULT_MAX_TENANTS,
@@ -106,7 +107,12 @@ def analyze_command(
     log: LogArg,
     json_out: JsonOpt = False,
     html: Annotated[
-        Path | None, typer.Option("--html", help="Write DIR/index.html with embedded plots.")
+        str | None,
+        typer.Option(
+            "--html",
+            metavar="FILE|DIR/",
+            help="Write the HTML report to FILE, or to DIR/index.html when DIR is a directory.",
+        ),
     ] = None,
     per_tenant: Annotated[
         bool, typer.Option("--per-tenant/--no-per-tenant", help="Break figures down by tenant.")
@@ -124,6 +130,10 @@ def analyze_command(
     rule = _rule(burst_k, burst_min_seconds, baseline_seconds)
     if max_tenants < 1:
         _fail("--max-tenants must be at least 1")
+    try:  # before reading: a bad path should not cost the whole analysis
+        html_path = None if html is None else report_path(html)
+    except ReportPathError as exc:
+        _fail(str(exc))
     request_log = _load(log, on_bad_row, no_progress)
     analysis = analyze(
         request_log, AnalysisParams(rule=rule, per_tenant=per_tenant, max_tenants=max_tenants)
@@ -132,11 +142,14 @@ def analyze_command(
         _emit_json(analysis_to_dict(analysis))
     else:
         typer.echo(analysis_text(analysis), nl=False)
-    if html is not None:
+    if html_path is not None:
         # Imported here: matplotlib costs ~0.5 s and ~25 MB that a text run does not need.
         from controlplane.analysis.report import write_report
 
-        path = write_report(analysis, html)
+        try:
+            path = write_report(analysis, html_path)
+        except OSError as exc:
+            _fail(f"--html: cannot write {html_path}: {exc.strerror or exc}")
         typer.echo(f"HTML report: {path}", err=json_out)
 
 
