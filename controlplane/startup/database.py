@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 from controlplane.settings import Settings, sqlalchemy_url
 from controlplane.startup.errors import DATABASE_OPTION, MIGRATE_FIX, Exit, StartupError
