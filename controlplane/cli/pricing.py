@@ -21,7 +21,8 @@ it is computed from this machine's clock).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -39,6 +40,7 @@ from controlplane.cli.common import (
     admin_client,
     connection,
     echo_json,
+    fail,
     kv,
     table,
 )
@@ -197,6 +199,26 @@ def _ledger(c: Any) -> Any:
     return lpb_grpc.LedgerServiceStub(c.channel)
 
 
+NO_LEDGER = (
+    "the server runs without the ledger (BURSTGATE_LEDGER_ENABLED=false): no dynamic "
+    "pricing, every multiplier is 1"
+)
+
+
+@contextmanager
+def _ledger_calls() -> Iterator[None]:
+    """A server without the ledger has no LedgerService (UNIMPLEMENTED): say
+    what that means; other RPC errors are admin_client's to report."""
+    import grpc
+
+    try:
+        yield
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            fail(NO_LEDGER)
+        raise
+
+
 # ----------------------------------------------------------------- commands
 
 
@@ -225,7 +247,7 @@ def pricing_show(
 
     now = time.time_ns()
     since = _when("--warnings-from", warnings_from, now - WARNINGS_LOOKBACK_NS)
-    with admin_client(ctx) as c:
+    with admin_client(ctx) as c, _ledger_calls():
         ledger = _ledger(c)
         window_ns = ledger.GetPricing(lpb.GetPricingRequest(), **c.call_kw).window_ms * NS_PER_MS
         start = max(0, now - LOOKBACK_WINDOWS * window_ns)
@@ -303,7 +325,7 @@ def pricing_windows(
     e = _when("--to", end, 0)  # 0: the server's now
     if e and e <= s:
         raise typer.BadParameter("must be after --from", param_hint="'--to'")
-    with admin_client(ctx) as c:
+    with admin_client(ctx) as c, _ledger_calls():
         found = (
             _ledger(c)
             .ListPricingWindows(

@@ -217,3 +217,13 @@ def test_pricing_in_a_real_process(served: Served, clock: Any) -> None:
     )  # fmt: skip
     assert down.returncode == 2 and "UNAVAILABLE" in down.stderr, down.stderr
     assert "Traceback" not in down.stderr
+
+
+def test_a_server_without_the_ledger_is_said_so(migrated_url: str, make_server: Any) -> None:
+    srv = make_server(migrated_url, ledger_enabled=False)
+    env = {"BURSTGATE_ADMIN_TARGET": srv.target, "BURSTGATE_API_KEY": admin_key(migrated_url)}
+    for args in (["show"], ["windows"]):
+        result = CliRunner().invoke(app, ["pricing", *args], env=env)
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert "BURSTGATE_LEDGER_ENABLED=false" in result.stderr
+        assert "every multiplier is 1" in result.stderr
