@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from controlplane.analysis.cli import register as register_analysis
-from controlplane.cli import admin, keys, ledger, serve, simulate
+from controlplane.cli import admin, keys, ledger, margin, serve, simulate
 from controlplane.cli.config import config_app
+from controlplane.cli.pricing import pricing_app
 from controlplane.cli.root import RootGroup
 from controlplane.cli.tenant import tenant_app
 
@@ -55,7 +56,9 @@ app.add_typer(config_app, name="config")
 # and `burstgate keys ...` (API keys, DB-direct bootstrap).
 app.add_typer(admin.admin_app, name="admin")
 app.add_typer(keys.keys_app, name="keys")
+app.add_typer(pricing_app, name="pricing")  # `burstgate pricing show|windows` (gRPC)
 ledger.register(app)
+app.command("margin")(margin.margin_command)
 register_analysis(app)
 
 
