@@ -245,9 +245,10 @@ def fast_numbers_to_us(column: list[str], unit: TimeUnit) -> Int64Array | None:
 def int_to_us(values: Int64Array, unit: TimeUnit) -> Int64Array | None:
     """Exact, like the scalar path; None if any result would be out of range."""
     num, den = to_us_factor(unit)
-    if values.size and (values.min() < 0 or values.max() > MAX_TS_US // num):
+    if values.size and (values.min() < 0 or values.max() > np.iinfo(np.int64).max // num):
         return None
-    return values * num // den
+    converted = values * num // den
+    return None if converted.size and converted.max() > MAX_TS_US else converted
 
 
 def float_to_us(values: npt.NDArray[np.float64], unit: TimeUnit) -> Int64Array | None:

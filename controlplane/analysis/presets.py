@@ -251,7 +251,7 @@ def missing_timestamp(column_names: Iterable[str]) -> ColumnError:
     )
 
 
-def json_paths(obj: Mapping[str, object], prefix: str = "", depth: int = 3) -> list[str]:
+def json_paths(obj: Mapping[str, object], prefix: str = "", depth: int = 5) -> list[str]:
     """Keys of a JSON object and dotted paths into its nested objects."""
     out: list[str] = []
     for key, value in obj.items():

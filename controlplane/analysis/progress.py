@@ -82,8 +82,13 @@ class Phases:
         task = self._progress.add_task(description, total=None)
 
         def step(label: str, done: int, total: int) -> None:
+            # Few, slow steps: draw each one now rather than at the next tick.
             self._progress.update(
-                task, description=f"{description}: {label}", completed=done, total=total
+                task,
+                description=f"{description}: {label}",
+                completed=done,
+                total=total,
+                refresh=True,
             )
 
         try:
@@ -98,6 +103,7 @@ class Phases:
             yield
             return
         task = self._progress.add_task(description, total=None)
+        self._progress.refresh()
         try:
             yield
         finally:
