@@ -11,6 +11,7 @@ changes speed, never results; tests/integration/analysis checks agreement.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,23 +31,34 @@ from controlplane.analysis.parsing import (
 )
 from controlplane.analysis.timeunits import TimeUnit
 
-try:  # optional: pip install 'burstgate[parquet]'
-    import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
-    import pyarrow.compute as pc  # type: ignore[import-untyped,import-not-found,unused-ignore]
-    import pyarrow.json as pa_json  # type: ignore[import-untyped,import-not-found,unused-ignore]
-    import pyarrow.parquet as pq  # type: ignore[import-untyped,import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - exercised only without the extra
-    pa = pc = pa_json = pq = None
-
-__all__ = ["JsonChunks", "add_table", "available", "json_fast_path_enabled", "pa", "parquet_file"]
+# Imported on first use: pyarrow costs ~50 MiB of RSS and a fraction of a
+# second, which a CSV run does not need.
+pa: Any = None
+pc: Any = None
+pa_json: Any = None
+pq: Any = None
 
 
 def available() -> bool:
-    return pa is not None
+    """Whether pyarrow is installed (the optional ``parquet`` extra)."""
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def load() -> Any:
+    """Import pyarrow and its submodules once; returns ``pyarrow``."""
+    global pa, pc, pa_json, pq
+    if pa is None:
+        import pyarrow  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        import pyarrow.compute  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        import pyarrow.json  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        import pyarrow.parquet  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        pa, pc, pa_json, pq = pyarrow, pyarrow.compute, pyarrow.json, pyarrow.parquet
+    return pa
 
 
 def json_fast_path_enabled() -> bool:
-    return pa is not None and os.environ.get("BURSTGATE_ANALYZE_ARROW", "1") != "0"
+    return os.environ.get("BURSTGATE_ANALYZE_ARROW", "1") != "0" and available()
 
 
 # --------------------------------------------------------------------------- columns
@@ -151,6 +163,7 @@ def add_table(
     floats_exact: bool,
 ) -> bool:
     """Append ``table`` (a Table or RecordBatch) if every value is safe; else False."""
+    load()
     unit = builder.unit
     ts = _timestamps(_field(table, paths["timestamp"]), unit, floats_exact)
     if ts is None:
@@ -190,7 +203,7 @@ def add_table(
 
 
 def _json_type(values: Iterable[object]) -> Any:
-    """The Arrow type for one field from sample values, or None if unsafe."""
+    """The Arrow type for one field from sample values, or None if unsafe (``load()`` first)."""
     kinds = {type(v) for v in values if v is not None}
     if kinds <= {int}:
         return pa.int64() if kinds else pa.string()
@@ -216,6 +229,7 @@ class JsonChunks:
         paths: Mapping[str, Sequence[str]],
         samples: Mapping[str, list[object]],
     ) -> JsonChunks | None:
+        load()
         tree: dict[str, Any] = {}
         for canonical, path in paths.items():
             kind = _json_type(samples.get(canonical, []))
@@ -255,4 +269,5 @@ class JsonChunks:
 
 def parquet_file(source: str | io.BytesIO) -> Any:
     """A ``pyarrow.parquet.ParquetFile`` (random access: a path, or bytes read from a pipe)."""
+    load()
     return pq.ParquetFile(source)

@@ -454,7 +454,7 @@ def _read_parquet(
         raise LogReadError(
             f"{opened.name}: reading Parquet needs pyarrow: pip install 'burstgate[parquet]'"
         )
-    pa = arrowread.pa
+    pa = arrowread.load()
     seekable = opened.total is not None and not is_stdin(path)
     try:
         parquet = arrowread.parquet_file(
@@ -497,7 +497,7 @@ def _parquet_rows_one_by_one(
     batch: Any, done: int, paths: Mapping[str, tuple[str, ...]], state: _State
 ) -> None:
     """Row by row, for bad-row messages; "line" is the 1-based row number."""
-    pa = arrowread.pa
+    pa = arrowread.load()
     # Nanosecond timestamps do not become datetime objects: truncate to µs first.
     arrays = [
         col.cast(pa.timestamp("us", tz=col.type.tz), safe=False)
