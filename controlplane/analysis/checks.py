@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from controlplane.analysis.logdata import Finding, RequestLog
 from controlplane.analysis.presets import COLUMN_ALIASES
-from controlplane.analysis.reader import Finding, RequestLog
 from controlplane.analysis.timeunits import (
     MIN_INFERRED_RATE,
     UNIT_WORDS,

@@ -32,7 +32,9 @@ class Phases:
             TimeElapsedColumn,
         )
 
-        console = Console(stderr=file is None, file=file, force_terminal=file is not None)
+        # force_terminal None (not False) lets rich detect the terminal itself.
+        forced = True if file is not None else None
+        console = Console(stderr=file is None, file=file, force_terminal=forced)
         self._progress = Progress(
             SpinnerColumn(),
             TextColumn("[progress.description]{task.description}"),

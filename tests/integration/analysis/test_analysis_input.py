@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from controlplane.analysis import arrowread
 from controlplane.analysis.cli import register
 from controlplane.analysis.presets import ColumnOptions, LogFormat
-from controlplane.analysis.reader import read_log
+from controlplane.analysis.reader import LogReadError, read_log
 from controlplane.analysis.timeunits import TimeUnit
 from controlplane.ledger.export import REQUEST_COLUMNS
 from tests.integration.analysis.shapes import (
@@ -327,3 +327,16 @@ def test_arrow_json_chunks_agree_with_row_by_row(
     ]
     assert [b.line for b in fast.bad_rows] == [18] and fast.rows_read == slow.rows_read == 60
     assert fast.prompt_tokens[24] == 12 and fast.prompt_tokens[32] == 0
+
+
+def test_without_pyarrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain install: JSON Lines row by row, Parquet refused with the extra to install."""
+    parquet = write_ledger_export(tmp_path / "l.parquet", "parquet", ledger_rows(5))
+    jsonl = write_ledger_export(tmp_path / "l.jsonl", "jsonl", ledger_rows(5))
+    monkeypatch.setattr(arrowread, "available", lambda: False)
+    monkeypatch.setattr(arrowread.JsonChunks, "build", None)  # must not be reached
+    assert len(read_log(jsonl)) == 5
+    with pytest.raises(
+        LogReadError, match=r"Parquet needs pyarrow: pip install 'burstgate\[parquet\]'"
+    ):
+        read_log(parquet)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -159,3 +160,45 @@ def test_disabled_phases_draw_nothing(mooncake_file: Path) -> None:
         step("overall", 0, 1)
         assert len(read_log(mooncake_file, progress=phases)) > 0
     assert screen.getvalue() == "" and not phases.enabled
+
+
+def _stderr_on_a_terminal(args: list[str], stdin: bytes) -> tuple[int, str]:
+    """Run the CLI with stderr on a pseudo-terminal; (exit code, what the terminal got)."""
+    master, slave = os.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    env.pop("TTY_COMPATIBLE", None)
+    env.pop("FORCE_COLOR", None)
+    with subprocess.Popen(
+        [sys.executable, "-m", "controlplane.analysis", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        cwd=REPO,
+        env=env,
+    ) as process:
+        os.close(slave)
+        assert process.stdin is not None
+        process.stdin.write(stdin)
+        process.stdin.close()
+        screen = bytearray()
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            screen += chunk
+        code = process.wait(timeout=120)
+    os.close(master)
+    return code, screen.decode(errors="replace")
+
+
+def test_progress_shows_on_a_terminal_only(mooncake_file: Path) -> None:
+    data = mooncake_file.read_bytes()
+    code, screen = _stderr_on_a_terminal(["analyze", "-", "--json"], data)
+    assert code == 0
+    assert "reading <stdin>" in screen and "analysing: overall" in screen
+    assert "timestamps: milliseconds since start" in screen
+    code, screen = _stderr_on_a_terminal(["analyze", "-", "--json", "--no-progress"], data)
+    assert code == 0 and "analysing" not in screen and "timestamps:" in screen
