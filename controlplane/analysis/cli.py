@@ -282,10 +282,14 @@ def plan_command(
         log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
     )
     with Phases(_show_progress(log, no_progress)) as phases:
-        # Planning in requests/s (--rps) needs no token columns.
-        request_log = _load(log, on_bad_row, options, force, phases, needs_tokens=rps is None)
+        # Token columns are checked here, not by --force-able checks: a token plan
+        # cannot be forced without them, and planning in requests/s needs none.
+        request_log = _load(log, on_bad_row, options, force, phases, needs_tokens=False)
         if rps is None and not request_log.has_tokens:
-            _fail("the log has no token columns; plan with --rps")
+            _fail(
+                "the log has no token columns; name them with --prompt-col/--output-col, "
+                "or plan with --rps"
+            )
         with phases.steps("analysing") as step:
             analysis = analyze(request_log, AnalysisParams(per_tenant=False), progress=step)
     plan = None

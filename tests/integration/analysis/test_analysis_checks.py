@@ -175,3 +175,14 @@ def test_unit_inference_rule() -> None:
     assert "span/row count suggests seconds" in mooncake.notes[0]
     stated = decide(["2023-11-16"], unit=TimeUnit.ms, preset_unit=None, preset_name=None)
     assert stated.kind == "dates" and "--time-unit ms ignored" in stated.notes[0]
+
+
+def test_token_plan_without_tokens_cannot_be_forced(app: typer.Typer, no_tokens: Path) -> None:
+    for extra in ((), ("--force",)):
+        code, _, err = run(app, "plan", str(no_tokens), "--prefill-tps", "1000",
+                           "--decode-tps", "100", *extra)  # fmt: skip
+        assert code == 2
+        assert errors(err) == [
+            "error: the log has no token columns; name them with --prompt-col/--output-col, "
+            "or plan with --rps"
+        ]
