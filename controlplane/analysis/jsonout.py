@@ -106,6 +106,7 @@ def analysis_to_dict(analysis: Analysis) -> dict[str, Any]:
         "schema": ANALYSIS_SCHEMA,
         "source": log.source,
         "format": log.fmt,
+        "input": log.input_to_dict(),
         "columns": log.columns,
         "rows": {
             "read": log.rows_read,

@@ -72,6 +72,7 @@ def test_analyze_json_schema(app: typer.Typer, tenant_log: Path) -> None:
         "schema",
         "source",
         "format",
+        "input",
         "columns",
         "rows",
         "span",
