@@ -22,6 +22,25 @@ QUIET = ("sqlalchemy",)
 _HANDLER_NAME = "burstgate"
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write, not
+    the stream it was when logging was configured: a command run under a
+    harness that swaps and then closes stderr (typer's CliRunner, pytest's
+    capture) must not leave the process's loggers writing to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
+STDERR = _CurrentStderr()
+
+
 def configure(fmt: str = "console", level: str = "info") -> None:
     lvl = getattr(logging, level.upper())
     renderer: structlog.typing.Processor = (
@@ -39,7 +58,7 @@ def configure(fmt: str = "console", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=STDERR),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 
@@ -52,7 +71,7 @@ def _route_stdlib(renderer: structlog.typing.Processor, lvl: int) -> None:
     ours = [h for h in root.handlers if h.get_name() == _HANDLER_NAME]
     if root.handlers and not ours:
         return
-    handler = ours[0] if ours else logging.StreamHandler(sys.stderr)
+    handler = ours[0] if ours else logging.StreamHandler(STDERR)
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
