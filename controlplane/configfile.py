@@ -1,14 +1,27 @@
-"""Declarative config files (YAML): lanes and tenants, applied as upserts.
+"""Declarative config files (YAML): lanes, tenants and policy overrides,
+applied as upserts.
 
-``burstgate config apply FILE`` and the Quickstart's demo use this. The file
-is validated in full (pydantic, then ``controlplane.domain.validate``) before
-anything is written, and errors name the entry and field.
+``burstgate config apply FILE`` and the Quickstart's demo use this;
+``burstgate config export`` writes the live configuration in the same form,
+so export -> edit -> ``apply --dry-run`` -> apply is a round trip. The file
+is validated in full (pydantic, then ``controlplane.domain.validate`` and the
+policy's own rules) before anything is written, and errors name the entry and
+field.
+
+Semantics (upsert): every lane and tenant in the file is created or has *all*
+its settings replaced (a field left out takes its default); lanes and tenants
+not in the file are left as they are; ``policy`` keys in the file are set,
+keys not in it keep their current override or default.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -16,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.audit import Actor
 from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.policy import POLICY_KEYS, Policy, effective_policy, typed_value
 from controlplane.domain.validate import check_lane, check_tenant
 from controlplane.store.config import ConfigRepository
 
@@ -60,24 +74,54 @@ class ConfigFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     lanes: list[LaneSpec] = []
     tenants: list[TenantSpec] = []
+    # Policy overrides (key: JSON value), as `burstgate admin policy set` takes them.
+    policy: dict[str, Any] = {}
 
 
 def load(path: Path) -> ConfigFile:
+    """Read a config file; ``-`` reads standard input."""
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+        raw = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise InvalidArgument(str(path), f"cannot read config: {exc}") from exc
+    return parse(raw, str(path))
+
+
+def parse(raw: Any, where: str = "config") -> ConfigFile:
     try:
         return ConfigFile.model_validate(raw or {})
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidArgument(f"{path}:{where}", first["msg"]) from exc
+        loc = ".".join(str(p) for p in first["loc"])
+        raise InvalidArgument(f"{where}:{loc}", first["msg"]) from exc
 
 
-def apply(repo: ConfigRepository, cfg: ConfigFile, actor: Actor | None = None) -> tuple[int, int]:
-    """Upsert lanes then tenants, each audited as ``actor`` (default
-    ``local:<os user>``). Returns (tenants created, tenants updated)."""
+def apply(
+    repo: ConfigRepository,
+    cfg: ConfigFile,
+    actor: Actor | None = None,
+    base_policy: Policy | None = None,
+) -> tuple[int, int]:
+    """Upsert lanes, tenants and policy keys, each audited as ``actor``
+    (default ``local:<os user>``); ``base_policy`` is the server's policy
+    before overrides (the settings'). Returns (tenants created, tenants
+    updated)."""
+    lanes, tenants = _validated(repo, cfg)
+    base = base_policy or Policy()
+    if cfg.policy:  # checked before anything is written
+        _policy_changes(repo, cfg, base)
+    for lane in lanes:
+        repo.upsert_lane(lane, actor)
+    created = sum(repo.upsert_tenant(t, actor) for t in tenants)
+    if cfg.policy:
+        repo.update_policy(base, cfg.policy, [], actor)
+    return created, len(tenants) - created
+
+
+def _validated(
+    repo: ConfigRepository, cfg: ConfigFile
+) -> tuple[list[LaneConfig], list[TenantConfig]]:
     lanes = [LaneConfig(**spec.model_dump()) for spec in cfg.lanes]
     tenants = [TenantConfig(**spec.model_dump()) for spec in cfg.tenants]
     lane_names = {lane.name for lane in repo.lanes()} | {lane.name for lane in lanes}
@@ -93,7 +137,107 @@ def apply(repo: ConfigRepository, cfg: ConfigFile, actor: Actor | None = None) -
             check_tenant(t, lane_names)
         except InvalidArgument as exc:
             raise InvalidArgument(f"tenants[{i}].{exc.field}", str(exc)) from exc
+    return lanes, tenants
+
+
+# ------------------------------------------------------------------ export
+
+
+def export(repo: ConfigRepository) -> ConfigFile:
+    """The live configuration as a file ``apply`` accepts (and would not change)."""
+    return ConfigFile(
+        lanes=[LaneSpec(**dataclasses.asdict(lane)) for lane in repo.lanes()],
+        tenants=[TenantSpec(**dataclasses.asdict(t)) for t in repo.tenants()],
+        policy=repo.policy_overrides(),
+    )
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _decimal(dumper: yaml.SafeDumper, value: Decimal) -> yaml.ScalarNode:
+    # A plain YAML number when a float reads back as the same Decimal (0.45,
+    # 20000); otherwise a quoted string, which pydantic parses exactly.
+    text = format(value.normalize(), "f")  # 0.4500 -> 0.45, 2E+4 -> 20000
+    if "." not in text:
+        return dumper.represent_scalar("tag:yaml.org,2002:int", text)
+    if Decimal(repr(float(value))) == value:
+        return dumper.represent_scalar("tag:yaml.org,2002:float", text)
+    return dumper.represent_str(text)
+
+
+_Dumper.add_representer(Decimal, _decimal)
+
+
+def dump(cfg: ConfigFile, header: str = "") -> str:
+    """YAML text of ``cfg``: each entry's fields in schema order, defaults left out."""
+    body: dict[str, Any] = {
+        "lanes": [spec.model_dump(exclude_defaults=True) for spec in cfg.lanes],
+        "tenants": [spec.model_dump(exclude_defaults=True) for spec in cfg.tenants],
+    }
+    if cfg.policy:
+        body["policy"] = dict(sorted(cfg.policy.items()))
+    text = yaml.dump(body, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return (header + text) if header else text
+
+
+# -------------------------------------------------------------------- diff
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One entry the file would create or change: ``fields`` maps each
+    changed field to (before, after); ``before`` is None on a create."""
+
+    kind: str  # lane | tenant | policy
+    name: str  # the lane or tenant; "" for the policy
+    action: str  # create | update
+    fields: dict[str, tuple[Any, Any]]
+
+
+def diff(
+    repo: ConfigRepository, cfg: ConfigFile, base_policy: Policy | None = None
+) -> list[Change]:
+    """What ``apply(repo, cfg)`` would change, validated as ``apply`` does;
+    nothing is written."""
+    lanes, tenants = _validated(repo, cfg)
+    changes: list[Change] = []
+    current_lanes = {lane.name: lane for lane in repo.lanes()}
     for lane in lanes:
-        repo.upsert_lane(lane, actor)
-    created = sum(repo.upsert_tenant(t, actor) for t in tenants)
-    return created, len(tenants) - created
+        changes.extend(_entry("lane", lane.name, current_lanes.get(lane.name), lane))
+    current_tenants = {t.tenant_id: t for t in repo.tenants()}
+    for t in tenants:
+        changes.extend(_entry("tenant", t.tenant_id, current_tenants.get(t.tenant_id), t))
+    if cfg.policy:
+        fields = _policy_changes(repo, cfg, base_policy or Policy())
+        if fields:
+            changes.append(Change("policy", "", "update", fields))
+    return changes
+
+
+def _entry(kind: str, name: str, before: Any, after: Any) -> list[Change]:
+    new = dataclasses.asdict(after)
+    if before is None:
+        return [Change(kind, name, "create", {k: (None, v) for k, v in new.items()})]
+    old = dataclasses.asdict(before)
+    fields = {k: (old[k], v) for k, v in new.items() if old[k] != v}
+    return [Change(kind, name, "update", fields)] if fields else []
+
+
+def _policy_changes(
+    repo: ConfigRepository, cfg: ConfigFile, base: Policy
+) -> dict[str, tuple[Any, Any]]:
+    """Validate the file's policy keys as ``update_policy`` will; return the
+    effective values that change."""
+    for key in cfg.policy:
+        if key not in POLICY_KEYS:
+            raise InvalidArgument(f"policy.{key}", "unknown policy key")
+    typed = {k: typed_value(k, v, f"policy.{k}") for k, v in cfg.policy.items()}
+    current = repo.policy_overrides()
+    old = effective_policy(base, current).model_dump()
+    try:
+        new = effective_policy(base, current | typed).model_dump()
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"policy.{exc.field}", exc.description) from exc
+    return {k: (old[k], new[k]) for k in typed if old[k] != new[k]}

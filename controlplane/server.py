@@ -37,6 +37,8 @@ from controlplane.rpc.reflection import enable_reflection
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
+from controlplane.startup.errors import Exit, StartupError
+from controlplane.startup.network import port_error
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
 from controlplane.store.replica_lock import ReplicaGuard, lock_for
@@ -135,10 +137,13 @@ def create_server(
         )
         names.append(LEDGER_SERVICE)
     enable_reflection(names, edge)
-    if credentials is not None:
-        port = server.add_secure_port(address, credentials)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc: "Failed to bind to address ..." (the cause is on stderr)
+        port = 0
     if port == 0:
         raise OSError(f"cannot bind gRPC listener on {address}")
     return server, port, health_servicer
@@ -219,6 +224,7 @@ class ControlPlane:
             self.replica.collector(),
         ]
         self._tracer_provider: Any = None
+        self._metering_started = False
         # Metering (controlplane/ledger): every Complete is recorded in
         # the dual ledger; pricing windows set the multiplier Admit returns.
         self.metering: Metering | None = None
@@ -293,50 +299,84 @@ class ControlPlane:
         return interceptors
 
     def _credentials(self) -> grpc.ServerCredentials | None:
+        """The TLS credentials (``startup.tls`` checked the files first in
+        the CLI; a file that fails here is still one line, exit 8)."""
         s = self.settings
         if s.tls_cert_file is None or s.tls_key_file is None:
             return None
-        pair = [(s.tls_key_file.read_bytes(), s.tls_cert_file.read_bytes())]
-        if s.tls_client_ca_file is None:
+        try:
+            pair = [(s.tls_key_file.read_bytes(), s.tls_cert_file.read_bytes())]
+            ca = s.tls_client_ca_file.read_bytes() if s.tls_client_ca_file else None
+        except OSError as exc:
+            raise StartupError(
+                Exit.TLS, "tls_file_unusable", f"cannot read TLS file {exc.filename}: "
+                f"{exc.strerror}", "check BURSTGATE_TLS_CERT_FILE, _KEY_FILE and _CLIENT_CA_FILE",
+            ) from exc  # fmt: skip
+        if ca is None:
             return grpc.ssl_server_credentials(pair)
-        return grpc.ssl_server_credentials(
-            pair, root_certificates=s.tls_client_ca_file.read_bytes(), require_client_auth=True
-        )
+        return grpc.ssl_server_credentials(pair, root_certificates=ca, require_client_auth=True)
 
     async def start(self) -> int:
         """Take the replica lock (ReplicaLockHeld when another serve has this
-        database: nothing is bound), then start serving."""
+        database: nothing is bound), then start serving. A start that fails
+        part-way stops what it started (the gRPC server, /metrics, the
+        ledger) before the error is raised, so the process can exit."""
         await self.replica.acquire()
         try:
             return await self._start()
         except BaseException:
+            await self._abort_start()
             await self.replica.release()
             raise
 
     async def _start(self) -> int:
         from controlplane.rpc.admin import AdminServicer
 
+        # What needs no database first: a bad TLS file or a tracing setting
+        # fails the start before the database is read.
+        interceptors = self._interceptors()
+        credentials = self._credentials()
         await self.load_config()
         await asyncio.to_thread(self.key_cache.refresh)
         self.live.sample()
         if self.metering is not None:
+            self._metering_started = True
             await self.metering.start()  # replays the spool before serving
             await self._restore_quota_usage()
         address = f"{self.settings.host}:{self.settings.port}"
-        self._server, self.port, self._health = create_server(
-            self.service,
-            address,
-            max_message_bytes=self.settings.max_message_bytes,
-            waiting=self.waiting,
-            interceptors=self._interceptors(),
-            admin=AdminServicer(
-                self, self.repo, self.key_store, self.key_cache, self.audit_log, self.db_calls
-            ),
-            credentials=self._credentials(),
-            ledger=self.metering,
-            options=keepalive_options(self.settings),
-            db=self.db_calls,
-        )
+        try:
+            self._server, self.port, self._health = create_server(
+                self.service,
+                address,
+                max_message_bytes=self.settings.max_message_bytes,
+                waiting=self.waiting,
+                interceptors=interceptors,
+                admin=AdminServicer(
+                    self, self.repo, self.key_store, self.key_cache, self.audit_log, self.db_calls
+                ),
+                credentials=credentials,
+                ledger=self.metering,
+                options=keepalive_options(self.settings),
+                db=self.db_calls,
+            )
+        except OSError:  # taken since the CLI's probe (or TLS refused by grpc core)
+            raise port_error("gRPC", self.settings.host, self.settings.port, None) from None
+        # /metrics is bound before the gRPC server starts: a metrics port in
+        # use fails the start before any RPC is answered.
+        if self.settings.metrics_port >= 0:
+            extra = [*self.metrics_collectors, *(make(self) for make in EXTRA_COLLECTORS)]
+            try:
+                self._metrics_httpd, _ = start_http_server(
+                    self.settings.metrics_port,
+                    addr=self.settings.host,
+                    registry=registry_for(
+                        self.service, *extra, tenant_labels=self.live.tenant_labels
+                    ),
+                )
+            except OSError as exc:
+                host, port = self.settings.host, self.settings.metrics_port
+                raise port_error("metrics", host, port, exc) from None
+            self.metrics_port = self._metrics_httpd.server_port
         await self._server.start()
         self.gc_pauses.install()
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -345,16 +385,6 @@ class ControlPlane:
         await self._health.set(ADMIN_SERVICE, serving)
         if self.metering is not None:
             self._ledger_health(self.metering.healthy)
-        if self.settings.metrics_port >= 0:
-            extra = [*self.metrics_collectors, *(make(self) for make in EXTRA_COLLECTORS)]
-            self._metrics_httpd, _ = start_http_server(
-                self.settings.metrics_port,
-                addr=self.settings.host,
-                registry=registry_for(
-                    self.service, *extra, tenant_labels=self.live.tenant_labels
-                ),
-            )
-            self.metrics_port = self._metrics_httpd.server_port
         self._tasks = [
             asyncio.create_task(self._expiry_loop(), name="expiry"),
             asyncio.create_task(self._config_loop(), name="config-poll"),
@@ -368,6 +398,22 @@ class ControlPlane:
             database=self.engine.url.render_as_string(hide_password=True),
         )
         return self.port
+
+    async def _abort_start(self) -> None:
+        """Undo a start that failed part-way (best effort: the error that
+        stopped the start is what gets reported)."""
+        with contextlib.suppress(Exception):
+            if self._server is not None:
+                await self._server.stop(0)
+        with contextlib.suppress(Exception):
+            if self._metrics_httpd is not None:
+                self._metrics_httpd.shutdown()
+                self._metrics_httpd.server_close()
+        with contextlib.suppress(Exception):
+            if self.metering is not None and self._metering_started:
+                await self.metering.stop()
+        with contextlib.suppress(Exception):
+            self.engine.dispose()
 
     async def _expiry_loop(self) -> None:
         while True:

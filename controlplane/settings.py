@@ -185,9 +185,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file must be set together")
+            raise ValueError(
+                "BURSTGATE_TLS_CERT_FILE and BURSTGATE_TLS_KEY_FILE must be set together"
+            )
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
-            raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")
+            raise ValueError(
+                "BURSTGATE_TLS_CLIENT_CA_FILE (mTLS) needs BURSTGATE_TLS_CERT_FILE and "
+                "BURSTGATE_TLS_KEY_FILE"
+            )
         return self
 
     @field_validator("database_url")

@@ -1,7 +1,8 @@
 """``burstgate analyze | plan | forecast``: registered on the main Typer app.
 
 Exit codes: 0 on success, 2 for bad input (missing file, no timestamp
-column, a bad row under ``--on-bad-row fail``, inconsistent options).
+column, a bad row under ``--on-bad-row fail``, inconsistent options, or an
+input the checks refuse without ``--force``: checks.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from controlplane.analysis.bursts import (
     DEFAULT_MIN_SECONDS,
     BurstRule,
 )
+from controlplane.analysis.checks import check_log
 from controlplane.analysis.forecast import (
     DEFAULT_HORIZON_S,
     DEFAULT_TRAIN_FRACTION,
@@ -29,7 +31,10 @@ from controlplane.analysis.forecast import (
 )
 from controlplane.analysis.jsonout import analysis_to_dict, forecast_to_dict, plan_to_dict
 from controlplane.analysis.plan import DEFAULT_LEAD_TIME_S, EngineCapacity, plan_capacity
+from controlplane.analysis.presets import OPTION_FOR_FIELD, ColumnOptions, LogFormat
+from controlplane.analysis.progress import Phases
 from controlplane.analysis.reader import LogReadError, RequestLog, read_log
+from controlplane.analysis.reportpath import ReportPathError, report_path
 from controlplane.analysis.stats import make_timeline, per_second
 from controlplane.analysis.summary import (
     DEFAULT_MAX_TENANTS,
@@ -39,6 +44,7 @@ from controlplane.analysis.summary import (
     tenant_rows,
 )
 from controlplane.analysis.terminal import analysis_text, forecast_text, plan_text
+from controlplane.analysis.timeunits import TimeUnit
 
 BAD_INPUT_EXIT = 2
 # Smaller files read in well under a second: a bar would only flicker.
@@ -50,7 +56,13 @@ class OnBadRow(StrEnum):
     fail = "fail"
 
 
-LogArg = Annotated[Path, typer.Argument(help="Request log: CSV or JSON Lines (optionally .gz).")]
+LogArg = Annotated[
+    Path,
+    typer.Argument(
+        help="Request log: CSV, JSON Lines (optionally .gz) or Parquet; - reads stdin.",
+        allow_dash=True,
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 BadRowOpt = Annotated[
     OnBadRow, typer.Option("--on-bad-row", help="Skip bad rows (reported) or fail on the first.")
@@ -71,6 +83,45 @@ MinSecondsOpt = Annotated[
 BaselineOpt = Annotated[
     int, typer.Option("--baseline-seconds", help="Trailing baseline window in seconds.")
 ]
+_INPUT = "Input"  # help panel for the options every command shares
+FormatOpt = Annotated[
+    LogFormat,
+    typer.Option(
+        "--format",
+        help="Log format preset; auto recognises each by its columns.",
+        rich_help_panel=_INPUT,
+    ),
+]
+TimeUnitOpt = Annotated[
+    TimeUnit | None,
+    typer.Option(
+        "--time-unit",
+        help="Unit of numeric timestamps (default: inferred, and printed).",
+        rich_help_panel=_INPUT,
+    ),
+]
+
+
+def _col_opt(flag: str, what: str) -> Any:
+    return typer.Option(
+        flag, help=f"Column holding {what} (JSON: a.b for nested).", rich_help_panel=_INPUT
+    )
+
+
+TimeColOpt = Annotated[str | None, _col_opt("--time-col", "the arrival time")]
+PromptColOpt = Annotated[str | None, _col_opt("--prompt-col", "prompt tokens")]
+OutputColOpt = Annotated[str | None, _col_opt("--output-col", "output tokens")]
+TenantColOpt = Annotated[str | None, _col_opt("--tenant-col", "the tenant")]
+LaneColOpt = Annotated[str | None, _col_opt("--lane-col", "the lane")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Analyse even when the input checks fail (missing tokens, implausible span, "
+        "zero gaps); they are still reported.",
+        rich_help_panel=_INPUT,
+    ),
+]
 
 
 def _fail(message: str) -> NoReturn:
@@ -78,17 +129,58 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(BAD_INPUT_EXIT)
 
 
-def _load(path: Path, on_bad_row: OnBadRow, no_progress: bool) -> RequestLog:
-    show = (
-        not no_progress
-        and sys.stderr.isatty()
-        and path.is_file()
-        and path.stat().st_size >= PROGRESS_MIN_BYTES
-    )
+def _input_options(
+    log_format: LogFormat,
+    time_unit: TimeUnit | None,
+    columns: tuple[str | None, str | None, str | None, str | None, str | None],
+) -> ColumnOptions:
+    fields = ("timestamp", "prompt_tokens", "output_tokens", "tenant", "lane")
+    mapping = {f: c for f, c in zip(fields, columns, strict=True) if c is not None}
+    for canonical, column in mapping.items():
+        if not column.strip():
+            _fail(f"{OPTION_FOR_FIELD[canonical]} must name a column")
+    return ColumnOptions(log_format=log_format, mapping=mapping, time_unit=time_unit)
+
+
+def _show_progress(path: Path, no_progress: bool) -> bool:
+    if no_progress or not sys.stderr.isatty():
+        return False
+    # Small files read in well under a second: a bar would only flicker.
+    return not path.is_file() or path.stat().st_size >= PROGRESS_MIN_BYTES
+
+
+def _load(
+    path: Path,
+    on_bad_row: OnBadRow,
+    options: ColumnOptions,
+    force: bool,
+    phases: Phases,
+    needs_tokens: bool = True,
+) -> RequestLog:
+    """Read, say how the input was understood, and refuse what the checks refuse."""
     try:
-        return read_log(path, on_bad_row=on_bad_row.value, progress=show)
+        log = read_log(path, on_bad_row=on_bad_row.value, progress=phases, options=options)
     except LogReadError as exc:
         _fail(str(exc))
+    if log.resolution is not None:
+        typer.echo(f"input: {log.resolution.describe()}", err=True)
+    if log.time is not None and log.time.kind != "empty":
+        typer.echo(f"timestamps: {log.time.describe()}", err=True)
+    findings = check_log(log, needs_tokens=needs_tokens)
+    hard = [f for f in findings if f.fatal and not f.overridable]
+    fatal = [f for f in findings if f.fatal and f.overridable]
+    for finding in findings:
+        if not finding.fatal or (force and finding.overridable):
+            label = "warning (--force)" if finding.fatal else "warning"
+            typer.echo(f"{label}: {finding.message}", err=True)
+    if hard:
+        _fail(hard[0].message)
+    if fatal and not force:
+        for finding in fatal:
+            typer.echo(f"error: {finding.message}; --force analyses anyway", err=True)
+        raise typer.Exit(BAD_INPUT_EXIT)
+    log.forced = bool(fatal)
+    return log
 
 
 def _rule(k: float, min_seconds: int, baseline_seconds: int) -> BurstRule:
@@ -106,7 +198,12 @@ def analyze_command(
     log: LogArg,
     json_out: JsonOpt = False,
     html: Annotated[
-        Path | None, typer.Option("--html", help="Write DIR/index.html with embedded plots.")
+        str | None,
+        typer.Option(
+            "--html",
+            metavar="FILE|DIR/",
+            help="Write the HTML report to FILE, or to DIR/index.html when DIR is a directory.",
+        ),
     ] = None,
     per_tenant: Annotated[
         bool, typer.Option("--per-tenant/--no-per-tenant", help="Break figures down by tenant.")
@@ -119,24 +216,45 @@ def analyze_command(
     ] = DEFAULT_MAX_TENANTS,
     on_bad_row: BadRowOpt = OnBadRow.skip,
     no_progress: NoProgressOpt = False,
+    log_format: FormatOpt = LogFormat.auto,
+    time_unit: TimeUnitOpt = None,
+    time_col: TimeColOpt = None,
+    prompt_col: PromptColOpt = None,
+    output_col: OutputColOpt = None,
+    tenant_col: TenantColOpt = None,
+    lane_col: LaneColOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Burst statistics of a request log: rates, inter-arrivals, lengths, incidents."""
     rule = _rule(burst_k, burst_min_seconds, baseline_seconds)
     if max_tenants < 1:
         _fail("--max-tenants must be at least 1")
-    request_log = _load(log, on_bad_row, no_progress)
-    analysis = analyze(
-        request_log, AnalysisParams(rule=rule, per_tenant=per_tenant, max_tenants=max_tenants)
+    try:  # before reading: a bad path should not cost the whole analysis
+        html_path = None if html is None else report_path(html)
+    except ReportPathError as exc:
+        _fail(str(exc))
+    options = _input_options(
+        log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
     )
+    params = AnalysisParams(rule=rule, per_tenant=per_tenant, max_tenants=max_tenants)
+    with Phases(_show_progress(log, no_progress)) as phases:
+        request_log = _load(log, on_bad_row, options, force, phases)
+        with phases.steps("analysing") as step:
+            analysis = analyze(request_log, params, progress=step)
     if json_out:
         _emit_json(analysis_to_dict(analysis))
     else:
         typer.echo(analysis_text(analysis), nl=False)
-    if html is not None:
+    if html_path is not None:
         # Imported here: matplotlib costs ~0.5 s and ~25 MB that a text run does not need.
         from controlplane.analysis.report import write_report
 
-        path = write_report(analysis, html)
+        show = not no_progress and sys.stderr.isatty()
+        try:
+            with Phases(show) as phases, phases.spinner("rendering HTML report"):
+                path = write_report(analysis, html_path)
+        except OSError as exc:
+            _fail(f"--html: cannot write {html_path}: {exc.strerror or exc}")
         typer.echo(f"HTML report: {path}", err=json_out)
 
 
@@ -157,6 +275,14 @@ def plan_command(
     json_out: JsonOpt = False,
     on_bad_row: BadRowOpt = OnBadRow.skip,
     no_progress: NoProgressOpt = False,
+    log_format: FormatOpt = LogFormat.auto,
+    time_unit: TimeUnitOpt = None,
+    time_col: TimeColOpt = None,
+    prompt_col: PromptColOpt = None,
+    output_col: OutputColOpt = None,
+    tenant_col: TenantColOpt = None,
+    lane_col: LaneColOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Base pool from the 10-minute P95, elastic pool for bursts, and what the mean misses."""
     try:
@@ -165,15 +291,25 @@ def plan_command(
         _fail(str(exc))
     if lead_time_s < 0:
         _fail("--lead-time-s must be >= 0")
-    request_log = _load(log, on_bad_row, no_progress)
-    if rps is None and not request_log.has_tokens:
-        _fail("the log has no token columns; plan with --rps")
-    analysis = analyze(request_log, AnalysisParams(per_tenant=False))
+    options = _input_options(
+        log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
+    )
+    with Phases(_show_progress(log, no_progress)) as phases:
+        # Token columns are checked here, not by --force-able checks: a token plan
+        # cannot be forced without them, and planning in requests/s needs none.
+        request_log = _load(log, on_bad_row, options, force, phases, needs_tokens=False)
+        if rps is None and not request_log.has_tokens:
+            _fail(
+                "the log has no token columns; name them with --prompt-col/--output-col, "
+                "or plan with --rps"
+            )
+        with phases.steps("analysing") as step:
+            analysis = analyze(request_log, AnalysisParams(per_tenant=False), progress=step)
     plan = None
     if analysis.series is not None:
         plan = plan_capacity(analysis.series, capacity, lead_time_s)
     if json_out:
-        _emit_json(plan_to_dict(plan, request_log.source))
+        _emit_json({**plan_to_dict(plan, request_log.source), "input": request_log.input_to_dict()})
     else:
         typer.echo(plan_text(plan, request_log.source), nl=False)
 
@@ -217,6 +353,14 @@ def forecast_command(
     json_out: JsonOpt = False,
     on_bad_row: BadRowOpt = OnBadRow.skip,
     no_progress: NoProgressOpt = False,
+    log_format: FormatOpt = LogFormat.auto,
+    time_unit: TimeUnitOpt = None,
+    time_col: TimeColOpt = None,
+    prompt_col: PromptColOpt = None,
+    output_col: OutputColOpt = None,
+    tenant_col: TenantColOpt = None,
+    lane_col: LaneColOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Forecast request and token rate; evaluate burst alarms on a held-out tail."""
     rule = _rule(burst_k, burst_min_seconds, baseline_seconds)
@@ -224,7 +368,32 @@ def forecast_command(
         _fail("--horizon-s must be at least 1")
     if not 0 < train_fraction < 1:
         _fail("--train-fraction must be between 0 and 1")
-    request_log = _load(log, on_bad_row, no_progress)
+    options = _input_options(
+        log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
+    )
+    with Phases(_show_progress(log, no_progress)) as phases:
+        request_log = _load(log, on_bad_row, options, force, phases)
+        with phases.spinner("forecasting"):
+            axes = _forecast_axes(request_log, tenant, rule, horizon_s, train_fraction)
+    if json_out:
+        _emit_json(
+            {
+                **forecast_to_dict(request_log.source, tenant, axes),
+                "input": request_log.input_to_dict(),
+            }
+        )
+    else:
+        text = forecast_text(request_log.source, tenant, axes)
+        typer.echo(text if axes else text + "no requests to forecast\n", nl=False)
+
+
+def _forecast_axes(
+    request_log: RequestLog,
+    tenant: str | None,
+    rule: BurstRule,
+    horizon_s: int,
+    train_fraction: float,
+) -> list[AxisForecast]:
     found = _series_for(request_log, tenant)
     axes: list[AxisForecast] = []
     if found is not None:
@@ -239,11 +408,7 @@ def forecast_command(
                     "tokens", series.tokens, rule, tokens_per_request, horizon_s, train_fraction
                 )
             )
-    if json_out:
-        _emit_json(forecast_to_dict(request_log.source, tenant, axes))
-    else:
-        text = forecast_text(request_log.source, tenant, axes)
-        typer.echo(text if axes else text + "no requests to forecast\n", nl=False)
+    return axes
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from operator import itemgetter
 from types import MappingProxyType
 
@@ -27,8 +27,11 @@ from controlplane.analysis.parsing import (
     parse_timestamp_us,
     parse_tokens,
 )
+from controlplane.analysis.timeunits import TimeUnit
 
 LABELS = ("tenant", "lane", "decision")
+# A stage timestamp column: microseconds and whether each value was present.
+OptionalStamps = tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]
 US_PER_MS = 1000
 
 
@@ -48,6 +51,9 @@ class ColumnBuilder:
     """Typed columns for one log; ``columns()`` concatenates them at the end."""
 
     def __init__(self) -> None:
+        # Unit of numeric timestamps (None: epoch seconds); set once the
+        # reader has decided, before the first row is added.
+        self.unit: TimeUnit | None = None
         self.labels: dict[str, dict[str, int]] = {name: {} for name in LABELS}
         self._chunks: dict[str, list[npt.NDArray[np.generic]]] = {name: [] for name in _DTYPES}
         self._ints, self._floats = self._fresh_rows()
@@ -74,7 +80,8 @@ class ColumnBuilder:
         Every field is parsed before anything is appended, so a bad row
         leaves the columns untouched.
         """
-        ts = parse_timestamp_us(get("timestamp"))
+        unit = self.unit
+        ts = parse_timestamp_us(get("timestamp"), unit)
         prompt = parse_tokens(get("prompt_tokens")) if "prompt_tokens" in present else 0
         output = parse_tokens(get("output_tokens")) if "output_tokens" in present else 0
         wait = latency = math.nan
@@ -83,12 +90,12 @@ class ColumnBuilder:
         if "latency_ms" in present:
             latency = parse_optional_float(get("latency_ms"))
         if math.isnan(wait) and "queue_start" in present and "exec_start" in present:
-            q_start = parse_optional_ts(get("queue_start"))
-            x_start = parse_optional_ts(get("exec_start"))
+            q_start = parse_optional_ts(get("queue_start"), unit)
+            x_start = parse_optional_ts(get("exec_start"), unit)
             if q_start is not None and x_start is not None:
                 wait = max(0, x_start - q_start) / US_PER_MS
         if math.isnan(latency) and "end" in present:
-            end = parse_optional_ts(get("end"))
+            end = parse_optional_ts(get("end"), unit)
             if end is not None:
                 latency = max(0, end - ts) / US_PER_MS  # arrival to completion
         codes = [self.intern(name, get(name)) if name in present else 0 for name in LABELS]
@@ -115,7 +122,7 @@ class ColumnBuilder:
         def column(name: str) -> list[str]:
             return list(map(itemgetter(index[name]), rows))
 
-        ts = fast_timestamps(column("timestamp"))
+        ts = fast_timestamps(column("timestamp"), self.unit)
         if ts is None:
             return False
         counts: dict[str, npt.NDArray[np.int64]] = {}
@@ -130,46 +137,66 @@ class ColumnBuilder:
             if values is None:
                 return False
             floats[name] = values
-        if not self._derive_chunk(floats, ts, column, index):
+        unit = self.unit
+
+        def stamps(name: str) -> OptionalStamps | None:
+            return fast_optional_timestamps(column(name), unit)
+
+        if not self.derive_chunk(floats, ts, stamps, index):
             return False
-        self._flush_rows()  # keep file order: earlier scalar rows first
-        self._chunks["ts"].append(ts)
-        for name, values in counts.items():
-            self._chunks[name].append(values)
-        for name, floating in floats.items():
-            self._chunks[name].append(floating)
-        for name in LABELS:
-            self._chunks[name].append(
-                self._label_codes(name, column(name)) if name in index else np.zeros(n, np.int32)
-            )
+        labels = {name: column(name) for name in LABELS if name in index}
+        self.append_chunk(ts, counts, floats, labels)
         return True
 
-    def _derive_chunk(
+    def append_chunk(
+        self,
+        ts: npt.NDArray[np.int64],
+        counts: Mapping[str, npt.NDArray[np.int64]],
+        floats: Mapping[str, npt.NDArray[np.float64]],
+        labels: Mapping[str, Sequence[object]],
+    ) -> None:
+        """Append a parsed chunk (every value already valid) in file order."""
+        n = int(ts.size)
+        self._flush_rows()  # keep file order: earlier scalar rows first
+        self._chunks["ts"].append(ts)
+        for name in ("prompt", "output"):
+            self._chunks[name].append(counts.get(name, np.zeros(n, np.int64)))
+        for name in _FLOAT:
+            self._chunks[name].append(floats.get(name, np.full(n, np.nan)))
+        for name in LABELS:
+            self._chunks[name].append(
+                self._label_codes(name, labels[name]) if name in labels else np.zeros(n, np.int32)
+            )
+
+    def derive_chunk(
         self,
         floats: dict[str, npt.NDArray[np.float64]],
         ts: npt.NDArray[np.int64],
-        column: Callable[[str], list[str]],
-        index: Mapping[str, int],
+        stamps: Callable[[str], OptionalStamps | None],
+        present: Container[str],
     ) -> bool:
-        """Queue wait and latency from timestamps where not given directly."""
+        """Queue wait and latency from stage timestamps where not given directly.
+
+        ``stamps(field)`` parses one stage column as (microseconds, present),
+        or None when unsure (the caller then takes the scalar path)."""
         wait = floats["queue_wait"]
-        if "queue_start" in index and "exec_start" in index and np.isnan(wait).any():
-            q_start = fast_optional_timestamps(column("queue_start"))
-            x_start = fast_optional_timestamps(column("exec_start"))
+        if "queue_start" in present and "exec_start" in present and np.isnan(wait).any():
+            q_start = stamps("queue_start")
+            x_start = stamps("exec_start")
             if q_start is None or x_start is None:
                 return False
             fill = np.isnan(wait) & q_start[1] & x_start[1]
             wait[fill] = np.maximum(0, x_start[0][fill] - q_start[0][fill]) / US_PER_MS
         latency = floats["latency"]
-        if "end" in index and np.isnan(latency).any():
-            end = fast_optional_timestamps(column("end"))
+        if "end" in present and np.isnan(latency).any():
+            end = stamps("end")
             if end is None:
                 return False
             fill = np.isnan(latency) & end[1]
             latency[fill] = np.maximum(0, end[0][fill] - ts[fill]) / US_PER_MS
         return True
 
-    def _label_codes(self, field: str, values: list[str]) -> npt.NDArray[np.int32]:
+    def _label_codes(self, field: str, values: Sequence[object]) -> npt.NDArray[np.int32]:
         # dict.fromkeys keeps first-appearance order, so codes match the scalar path.
         mapping = {raw: self.intern(field, raw) for raw in dict.fromkeys(values)}
         return np.fromiter(map(mapping.__getitem__, values), dtype=np.int32, count=len(values))

@@ -23,6 +23,13 @@ window merged) are *true* if they predict a burst, *late* if they start
 inside a burst already detected (harmless, not credited), *false* otherwise.
 The false-alarm ratio is false / (true + false): the share of warnings that
 cried wolf. SPEC §5: above 5% the predictor does more harm than good.
+
+*Usable* (``AlarmScore.usable``): it predicted at least one burst, at most 5%
+of its alarms were false, and its median lead before the burst *starts* is
+positive. An alarm between the start and the reactive detection still beats
+the detector, but it is not a forecast: the burst is already arriving, so a
+forecaster whose typical alarm comes then has nothing to offer over watching
+the current rate.
 """
 
 from __future__ import annotations
@@ -187,10 +194,17 @@ class AlarmScore:
         return float(np.median(self.lead_vs_start_s)) if self.lead_vs_start_s else None
 
     @property
-    def acceptable(self) -> bool:
-        """Catches something and stays within the 5% false-alarm limit."""
+    def warns_ahead(self) -> bool:
+        """The median alarm comes before the burst starts (lead > 0 s)."""
+        lead = self.median_lead_vs_start_s
+        return lead is not None and lead > 0
+
+    @property
+    def usable(self) -> bool:
+        """Predicts bursts, within the 5% false-alarm limit, ahead of their start."""
         far = self.false_alarm_ratio
-        return self.predicted > 0 and far is not None and far <= MAX_FALSE_ALARM_RATIO
+        within = far is not None and far <= MAX_FALSE_ALARM_RATIO
+        return self.predicted > 0 and within and self.warns_ahead
 
     @property
     def verdict(self) -> str:
@@ -202,12 +216,23 @@ class AlarmScore:
             return "no bursts to predict in the test part"
         if self.predicted == 0:
             return "not usable: no burst was predicted"
+        lead = self.median_lead_vs_start_s
+        if not self.warns_ahead:
+            return (
+                f"not usable: the median alarm comes {-(lead or 0.0):g} s after the burst starts "
+                "(it must come before)"
+                if lead
+                else "not usable: the median alarm comes as the burst starts, not before"
+            )
         caveat = (
             f", but {self.bursts} test bursts are too few to be sure"
             if self.bursts < MIN_BURSTS_TO_JUDGE
             else ""
         )
-        return f"usable: within the 5% false-alarm limit{caveat}"
+        return (
+            f"usable: within the 5% false-alarm limit, a median {lead:g} s before the burst "
+            f"starts{caveat}"
+        )
 
 
 def evaluate_alarms(
@@ -267,13 +292,14 @@ def evaluate_alarms(
 
 
 def _choice_key(score: AlarmScore) -> tuple[float, ...]:
-    """Order candidates: within the false-alarm limit first, then recall,
-    precision and lead time; outside the limit, fewest false alarms first."""
+    """Order candidates: usable ones first (within the false-alarm limit and
+    warning before the start), then recall, precision and lead time; then
+    those within the limit that warn late; then the fewest false alarms."""
     far = score.false_alarm_ratio
     within = far is not None and far <= MAX_FALSE_ALARM_RATIO and score.predicted > 0
-    lead = score.median_lead_vs_detection_s or 0.0
+    lead = score.median_lead_vs_start_s or 0.0
     if within:
-        return (1.0, score.recall or 0.0, score.precision or 0.0, lead)
+        return (2.0 if score.usable else 1.0, score.recall or 0.0, score.precision or 0.0, lead)
     return (0.0, -(far if far is not None else 1.0), score.recall or 0.0, lead)
 
 

@@ -15,7 +15,9 @@ from controlplane.analysis.summary import Analysis, EntitySummary, Incident
 
 ANALYSIS_SCHEMA = "burstgate.analysis/v1"
 PLAN_SCHEMA = "burstgate.plan/v1"
-FORECAST_SCHEMA = "burstgate.forecast/v1"
+# v2: "usable" (replaces v1's "acceptable") also requires a positive median
+# lead before the burst starts; "lead_vs_start_s" added.
+FORECAST_SCHEMA = "burstgate.forecast/v2"
 
 
 def _plain(value: Any) -> Any:
@@ -104,6 +106,7 @@ def analysis_to_dict(analysis: Analysis) -> dict[str, Any]:
         "schema": ANALYSIS_SCHEMA,
         "source": log.source,
         "format": log.fmt,
+        "input": log.input_to_dict(),
         "columns": log.columns,
         "rows": {
             "read": log.rows_read,
@@ -166,14 +169,17 @@ def score_to_dict(score: AlarmScore) -> dict[str, Any]:
         "late_alarms": score.late_alarms,
         "false_alarms": score.false_alarms,
         "precision": score.precision,
+        # The two figures a verdict rests on, side by side: how often it cries
+        # wolf, and whether its alarms come before the burst starts (> 0 s).
         "false_alarm_ratio": score.false_alarm_ratio,
+        "median_lead_vs_start_s": score.median_lead_vs_start_s,
+        "median_lead_vs_detection_s": score.median_lead_vs_detection_s,
         "false_alarms_per_hour": score.false_alarms_per_hour,
         "chance_precision": score.chance_precision,
         "quiet_alarm_rate": score.quiet_alarm_rate,
-        "median_lead_vs_detection_s": score.median_lead_vs_detection_s,
-        "median_lead_vs_start_s": score.median_lead_vs_start_s,
+        "lead_vs_start_s": score.lead_vs_start_s,
         "lead_vs_detection_s": score.lead_vs_detection_s,
-        "acceptable": score.acceptable,
+        "usable": score.usable,
         "verdict": score.verdict,
     }
 

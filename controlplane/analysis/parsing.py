@@ -9,7 +9,10 @@ path for that chunk. So the fast path changes speed, never results
 
 Timestamps are integer microseconds since the Unix epoch (UTC): ``datetime``
 resolves to the microsecond, and integers bin exactly where float seconds
-near 1.7e9 would not.
+near 1.7e9 would not. Numbers are read in a ``TimeUnit`` decided per log
+(timeunits.py): integers exactly (nanoseconds truncated to the microsecond,
+like ISO fractions), other numbers as ``round(value * factor)``; without a
+unit they are epoch seconds, as before units existed.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.analysis.timeunits import TimeUnit, to_us_factor
+
 US_PER_S = 1_000_000
+# Microseconds at 9999-12-31: anything later is an error, never a bin index.
+MAX_TS_US = 253_402_300_799_999_999
 # Epoch seconds above this (year 5138) are almost certainly milliseconds.
 MAX_EPOCH_SECONDS = 1e11
 
@@ -43,23 +50,33 @@ def format_timestamp_us(ts_us: int) -> str:
 # --------------------------------------------------------------------------- scalar
 
 
-def parse_timestamp_us(value: object) -> int:
-    """ISO 8601 (naive = UTC) or epoch seconds -> integer microseconds (UTC)."""
+def parse_timestamp_us(value: object, unit: TimeUnit | None = None) -> int:
+    """ISO 8601 (naive = UTC) or a number in ``unit`` -> integer microseconds.
+
+    ``unit`` None: numbers are epoch seconds and values above 1e11 are refused
+    as "looks like milliseconds" (the rule before units could be stated)."""
     if value is None:
         raise ValueError("missing timestamp")
     if isinstance(value, bool):
         raise ValueError("timestamp is a boolean")
-    if isinstance(value, int | float):
-        return _epoch_seconds_to_us(float(value))
+    if isinstance(value, datetime):  # Parquet timestamps on the row-by-row path
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return (moment - _EPOCH_AWARE) // _ONE_US
+    if isinstance(value, int):
+        return _int_to_us(value, unit) if unit is not None else _epoch_seconds_to_us(value)
+    if isinstance(value, float):
+        return _float_to_us(value, unit)
     if not isinstance(value, str):
         raise ValueError(f"timestamp has type {type(value).__name__}")
     text = value.strip()
     if not text:
         raise ValueError("empty timestamp")
-    # "YYYY-..." is ISO; anything else is tried as epoch seconds first.
+    # "YYYY-..." is ISO; anything else is tried as a number first.
     if not (len(text) > 4 and text[4] == "-"):
+        if unit is not None and _INTEGER.fullmatch(text):
+            return _int_to_us(int(text), unit)
         try:
-            return _epoch_seconds_to_us(float(text))
+            return _float_to_us(float(text), unit)
         except ValueError:
             pass  # maybe ISO basic format (20231116T...); fromisoformat decides
     try:
@@ -69,6 +86,31 @@ def parse_timestamp_us(value: object) -> int:
     if moment.tzinfo is None:
         return (moment - _EPOCH_NAIVE) // _ONE_US
     return (moment - _EPOCH_AWARE) // _ONE_US
+
+
+_INTEGER = re.compile(r"[0-9]+")
+
+
+def _checked(ts_us: int, value: object) -> int:
+    if ts_us > MAX_TS_US:
+        raise ValueError(f"timestamp {value!r} is out of range (after year 9999)")
+    return ts_us
+
+
+def _int_to_us(value: int, unit: TimeUnit) -> int:
+    if value < 0:
+        raise ValueError(f"timestamp {value!r} is negative")
+    num, den = to_us_factor(unit)
+    return _checked(value * num // den, value)
+
+
+def _float_to_us(value: float, unit: TimeUnit | None) -> int:
+    if unit is None:
+        return _epoch_seconds_to_us(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"timestamp {value!r} is not a valid time")
+    num, den = to_us_factor(unit)
+    return _checked(round(value * (num / den)), value)
 
 
 def _epoch_seconds_to_us(seconds: float) -> int:
@@ -121,10 +163,10 @@ def parse_optional_float(value: object) -> float:
     return number
 
 
-def parse_optional_ts(value: object) -> int | None:
+def parse_optional_ts(value: object, unit: TimeUnit | None = None) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    return parse_timestamp_us(value)
+    return parse_timestamp_us(value, unit)
 
 
 # --------------------------------------------------------------------------- vectorised
@@ -182,8 +224,46 @@ def _iso_column(column: list[str]) -> npt.NDArray[np.str_] | None:
     return chars.reshape(-1).view(text.dtype)
 
 
-def fast_timestamps(column: list[str]) -> Int64Array | None:
-    """Microseconds for a column of ISO or epoch strings; None if unsure."""
+_INT_COLUMN = re.compile(r"(?:[0-9]{1,19}\n)*[0-9]{1,19}")
+_FLOAT_COLUMN = re.compile(r"(?:[0-9]{1,19}\.[0-9]*\n)*[0-9]{1,19}\.[0-9]*")
+
+
+def fast_numbers_to_us(column: list[str], unit: TimeUnit) -> Int64Array | None:
+    """Numbers in ``unit``: all integers (exact) or all decimals; else None."""
+    joined = "\n".join(column)
+    if _INT_COLUMN.fullmatch(joined):
+        try:
+            values = np.array(column, dtype=np.int64)
+        except OverflowError:
+            return None
+        return int_to_us(values, unit)
+    if _FLOAT_COLUMN.fullmatch(joined):
+        return float_to_us(np.array(column, dtype=np.float64), unit)
+    return None
+
+
+def int_to_us(values: Int64Array, unit: TimeUnit) -> Int64Array | None:
+    """Exact, like the scalar path; None if any result would be out of range."""
+    num, den = to_us_factor(unit)
+    if values.size and (values.min() < 0 or values.max() > np.iinfo(np.int64).max // num):
+        return None
+    converted = values * num // den
+    return None if converted.size and converted.max() > MAX_TS_US else converted
+
+
+def float_to_us(values: npt.NDArray[np.float64], unit: TimeUnit) -> Int64Array | None:
+    """Same product and round-half-even as ``round(value * factor)``."""
+    num, den = to_us_factor(unit)
+    if values.size and not (np.isfinite(values).all() and values.min() >= 0):
+        return None
+    scaled = np.rint(values * (num / den))
+    if scaled.size and scaled.max() > MAX_TS_US:
+        return None
+    return scaled.astype(np.int64)
+
+
+def fast_timestamps(column: list[str], unit: TimeUnit | None = None) -> Int64Array | None:
+    """Microseconds for a column of ISO or numeric strings; None if unsure."""
     if not column:
         return np.zeros(0, dtype=np.int64)
     iso = _iso_column(column) if column[0][4:5] == "-" else None
@@ -195,6 +275,8 @@ def fast_timestamps(column: list[str]) -> Int64Array | None:
             except (ValueError, Warning):
                 return None
         return None if np.isnat(parsed).any() else parsed.astype(np.int64)
+    if unit is not None:
+        return fast_numbers_to_us(column, unit)
     if _EPOCH_COLUMN.fullmatch("\n".join(column)):
         seconds = np.array(column, dtype=np.float64)
         if seconds.max() > MAX_EPOCH_SECONDS:
@@ -204,12 +286,14 @@ def fast_timestamps(column: list[str]) -> Int64Array | None:
     return None
 
 
-def fast_optional_timestamps(column: list[str]) -> tuple[Int64Array, BoolArray] | None:
+def fast_optional_timestamps(
+    column: list[str], unit: TimeUnit | None = None
+) -> tuple[Int64Array, BoolArray] | None:
     """(microseconds, present) where empty strings are missing."""
     present = np.fromiter((bool(v) for v in column), dtype=np.bool_, count=len(column))
     values = np.zeros(len(column), dtype=np.int64)
     if present.any():
-        parsed = fast_timestamps([v for v in column if v])
+        parsed = fast_timestamps([v for v in column if v], unit)
         if parsed is None:
             return None
         values[present] = parsed

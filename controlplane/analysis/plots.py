@@ -8,31 +8,48 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-from controlplane.analysis.parsing import US_PER_S, format_timestamp_us
+from controlplane.analysis.bursts import Baseline
+from controlplane.analysis.parsing import US_PER_S
+from controlplane.analysis.plotaxes import (
+    BAND_ALPHA,
+    BURST_COLOUR,
+    TimeAxis,
+    band_spans,
+    draw_bands,
+    si,
+    si_y,
+)
 from controlplane.analysis.reader import RequestLog
-from controlplane.analysis.stats import FloatArray, Timeline, rolling_mean
+from controlplane.analysis.stats import FloatArray, rolling_mean
 from controlplane.analysis.summary import Analysis, Incident, RateSeries, tenant_rows
+from controlplane.analysis.timescale import TimeScale
 
 DPI = 100  # with the sizes below: ~1000 px wide, readable on a laptop screen
 WIDE = (10.0, 4.2)  # inches: one row of panels
-TALL = (10.0, 6.0)  # inches: two stacked panels sharing the time axis
+TALL = (10.0, 6.6)  # inches: two stacked panels sharing the time axis
 # Above this many points a time series is drawn per bucket (max and mean) so
 # a week-long log renders as fast as an hour-long one.
 MAX_POINTS = 4000
-SMOOTH_S = 10  # the darker line on rate plots: 10-second mean
-BURST_COLOUR = "#d62728"
-SHADE_ALPHA = 0.18  # light enough to read the series through the shading
+SMOOTH_S = 10  # the darker line on the tenant plot: 10-second mean
+THRESHOLD_COLOUR = "#252525"
+# Head room above the highest value, as a share of it: the legend sits there
+# instead of on the data, and no bar or peak touches the frame.
+HEADROOM = 0.3
 TENANTS_PLOTTED = 8  # more colours than this are unreadable in a stacked plot
 INCIDENT_CONTEXT_S = 60  # seconds shown either side of an incident
 INCIDENT_DPI = 80  # incident zooms are many and small: lower resolution keeps the page light
 HIST_BINS = 60  # fine enough to show shape, coarse enough that bins are not noise
 CURVE_POINTS = 1000  # per part of a subsampled survival curve
+MAX_WINDOW_LABELS = 24  # more 10-minute windows than this: label every n-th, no value labels
+MIN_LINK_PX = 14.0  # the HTML link over a band is at least this wide (image pixels)
 
 
 def _new_figure(size: tuple[float, float], dpi: int = DPI) -> Figure:
@@ -47,76 +64,153 @@ def to_png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _minutes(n: int, start: int = 0) -> FloatArray:
-    return (np.arange(n, dtype=np.float64) + start) / 60.0
-
-
 def _bucketed(
     values: FloatArray, smooth_s: int = SMOOTH_S
 ) -> tuple[FloatArray, FloatArray, FloatArray, int]:
-    """(x in minutes, bucket max, bucket mean, bucket seconds)."""
+    """(x in seconds since the first bin, bucket max, bucket mean, bucket seconds)."""
     step = max(1, math.ceil(values.size / MAX_POINTS))
     if step == 1:
-        return _minutes(values.size), values, rolling_mean(values, smooth_s), 1
+        return np.arange(values.size, dtype=np.float64), values, rolling_mean(values, smooth_s), 1
     usable = values.size // step * step
     shaped = values[:usable].reshape(-1, step)
-    x = _minutes(shaped.shape[0]) * step
+    x = np.arange(shaped.shape[0], dtype=np.float64) * step
     return x, shaped.max(axis=1), shaped.mean(axis=1), step
 
 
-def _shade(ax: Axes, incidents: list[Incident]) -> None:
-    for inc in incidents:
-        ax.axvspan(inc.start / 60.0, inc.end / 60.0, color=BURST_COLOUR, alpha=SHADE_ALPHA, lw=0)
+def _bucket_mean(values: FloatArray, step: int) -> FloatArray:
+    """Per-bucket mean ignoring NaN (NaN where a bucket is all NaN), without
+    numpy's all-NaN warning: the threshold is NaN during the warm-up."""
+    usable = values.size // step * step
+    shaped = values[:usable].reshape(-1, step)
+    present = ~np.isnan(shaped)
+    count = present.sum(axis=1)
+    total = np.where(present, shaped, 0.0).sum(axis=1)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def _time_label(timeline: Timeline) -> str:
-    return f"minutes since {format_timestamp_us(timeline.t0_us)[:19]}Z"
+@dataclass(frozen=True, slots=True)
+class BandBox:
+    """Where a burst band lies on the timeline PNG, in percent of its size,
+    so the HTML can lay a link over it that scales with the image."""
+
+    number: int
+    left: float
+    top: float
+    width: float
+    height: float
 
 
-def rate_figure(analysis: Analysis) -> bytes:
-    """Requests/s and tokens/s over time, bursts shaded."""
+@dataclass(frozen=True, slots=True)
+class TimelineFigure:
+    png: bytes
+    bands: list[BandBox]
+
+
+def _rate_panel(
+    ax: Axes,
+    axis: TimeAxis,
+    values: FloatArray,
+    baseline: Baseline | None,
+    window: int,
+    k: float,
+    colours: tuple[str, str],
+) -> None:
+    """One rate series: per second (light), its burst-rule average (dark) and
+    the burst threshold (dashed), the line that average must cross."""
+    x, peak, mean, step = _bucketed(values, window)
+    smooth = baseline.smoothed if baseline is not None and step == 1 else mean
+    xs = axis.x(x)
+    light, dark = colours
+    ax.plot(
+        xs, peak, lw=0.6, color=light, label="per second" if step == 1 else f"max 1 s / {step} s"
+    )
+    ax.plot(
+        xs,
+        smooth,
+        lw=1.2,
+        color=dark,
+        label=f"{window}-s mean" if step == 1 else f"mean / {step} s",
+    )
+    top = float(np.max(peak)) if peak.size else 0.0
+    if baseline is not None:
+        threshold = baseline.threshold if step == 1 else _bucket_mean(baseline.threshold, step)
+        ax.plot(
+            xs,
+            threshold[: xs.size],
+            lw=1.3,
+            ls="--",
+            color=THRESHOLD_COLOUR,
+            label=f"burst threshold ({window}-s mean > baseline + {k:g}$\\sigma$)",
+        )
+        if np.any(~np.isnan(threshold)):
+            top = max(top, float(np.nanmax(threshold)))
+    ax.set_ylim(0, max(top, 1.0) * (1 + HEADROOM))
+    si_y(ax)
+    ax.grid(axis="y", color="#eeeeee", lw=0.6)
+    ax.set_axisbelow(True)
+
+
+def build_rate_figure(
+    analysis: Analysis,
+) -> tuple[Figure, list[Axes], list[tuple[int, float, float]]]:
+    """The timeline figure, its panels and the band spans (number, x0, x1)."""
     assert analysis.series is not None and analysis.timeline is not None
-    series = analysis.series
+    series, timeline = analysis.series, analysis.timeline
+    axis = TimeAxis.of(TimeScale.of(timeline))
     with_tokens = analysis.log.has_tokens
     fig = _new_figure(TALL if with_tokens else WIDE)
-    axes = fig.subplots(2 if with_tokens else 1, 1, sharex=True, squeeze=False)[:, 0]
-    window = analysis.params.rule.min_seconds
-    x, peak, mean, step = _bucketed(series.requests, window)
-    ax = axes[0]
-    label_peak = "per second" if step == 1 else f"max second per {step} s"
-    label_mean = f"{SMOOTH_S}-s mean" if step == 1 else f"mean per {step} s"
-    label_window = f"{window}-s mean" if step == 1 else label_mean
-    ax.plot(x, peak, lw=0.6, color="#9ecae1", label=label_peak)
-    ax.plot(x, mean, lw=1.2, color="#08519c", label=label_window)
-    if analysis.request_baseline is not None and step == 1:
-        ax.plot(
-            x,
-            analysis.request_baseline.threshold,
-            lw=0.8,
-            ls="--",
-            color="#636363",
-            label=f"burst threshold ({window}-s avg)",
-        )
-    _shade(ax, analysis.incidents)
-    ax.set_ylabel("requests/s")
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_title("Request rate (bursts shaded)")
+    axes = list(fig.subplots(2 if with_tokens else 1, 1, sharex=True, squeeze=False)[:, 0])
+    rule = analysis.params.rule
+    panels: list[tuple[str, FloatArray, Baseline | None, tuple[str, str]]] = [
+        ("requests/s", series.requests, analysis.request_baseline, ("#9ecae1", "#08519c"))
+    ]
     if with_tokens:
-        ax = axes[1]
-        for values, colour, label in (
-            (series.prompt_tokens, "#fd8d3c", "prompt"),
-            (series.output_tokens, "#31a354", "output"),
-        ):
-            xs, _, smooth, _ = _bucketed(values)
-            ax.plot(xs, smooth, lw=1.0, color=colour, label=f"{label} ({label_mean})")
-        xt, tok_peak, _, _ = _bucketed(series.tokens)
-        ax.plot(xt, tok_peak, lw=0.5, color="#bdbdbd", label=f"total ({label_peak})", zorder=0)
-        _shade(ax, analysis.incidents)
-        ax.set_ylabel("tokens/s")
-        ax.legend(loc="upper right", fontsize=8)
-        ax.set_title("Token rate")
-    axes[-1].set_xlabel(_time_label(analysis.timeline))
-    return to_png(fig)
+        panels.append(("tokens/s", series.tokens, analysis.token_baseline, ("#fdd0a2", "#d94801")))
+    spans = band_spans(analysis.incidents, axis, timeline.n_bins)
+    for ax, (label, values, baseline, colours) in zip(axes, panels, strict=True):
+        _rate_panel(ax, axis, values, baseline, rule.min_seconds, rule.k, colours)
+        ax.set_ylabel(label)
+    axes[0].set_xlim(axis.at(0), axis.at(timeline.n_bins))
+    for i, ax in enumerate(axes):
+        draw_bands(ax, spans, numbers=i == 0)
+        handles, labels = ax.get_legend_handles_labels()
+        if spans:
+            handles.append(Patch(facecolor=BURST_COLOUR, alpha=BAND_ALPHA, edgecolor=BURST_COLOUR))
+            labels.append("burst (numbered above)" if i == 0 else "burst")
+        ax.legend(
+            handles, labels, loc="upper left", ncols=4, fontsize=8, framealpha=0.9, edgecolor="none"
+        )
+    axis.apply(axes[-1])
+    return fig, axes, spans
+
+
+def rate_figure(analysis: Analysis) -> TimelineFigure:
+    """Requests/s and tokens/s over time: thresholds drawn, bursts as numbered bands."""
+    fig, axes, spans = build_rate_figure(analysis)
+    png = to_png(fig)  # drawing fixes the constrained layout: pixel positions are final
+    width, height = fig.bbox.width, fig.bbox.height
+    first, last = axes[0], axes[-1]
+    label_px = 18.0  # the number boxes above the top panel belong to the link too
+    top_px = min(height, first.bbox.y1 + label_px)
+    bottom_px = last.bbox.y0
+    boxes = []
+    for number, x0, x1 in spans:
+        left = float(first.transData.transform((x0, 0.0))[0])
+        right = float(first.transData.transform((x1, 0.0))[0])
+        if right - left < MIN_LINK_PX:  # an easy target, wider than the band it covers
+            middle = (left + right) / 2
+            left, right = middle - MIN_LINK_PX / 2, middle + MIN_LINK_PX / 2
+        left, right = max(left, first.bbox.x0), min(right, first.bbox.x1)
+        boxes.append(
+            BandBox(
+                number=number,
+                left=100.0 * left / width,
+                top=100.0 * (height - top_px) / height,
+                width=100.0 * max(right - left, 0.0) / width,
+                height=100.0 * (top_px - bottom_px) / height,
+            )
+        )
+    return TimelineFigure(png=png, bands=boxes)
 
 
 def interarrival_figure(analysis: Analysis) -> bytes | None:
@@ -192,31 +286,51 @@ def lengths_figure(log: RequestLog) -> bytes | None:
 
 
 def windows_figure(analysis: Analysis) -> bytes | None:
+    fig = build_windows_figure(analysis)
+    return None if fig is None else to_png(fig)
+
+
+def build_windows_figure(analysis: Analysis) -> Figure | None:
+    """Mean, P95 and max requests/s per 10-minute window, the max labelled."""
     windows = analysis.overall.windows
-    if not windows:
+    if not windows or analysis.timeline is None:
         return None
+    scale = TimeScale.of(analysis.timeline)
     fig = _new_figure(WIDE)
     ax = fig.subplots()
     idx = np.arange(len(windows))
     width = 0.27  # three bars (mean, P95, max) fill ~80% of each window's slot
+    peaks = [w.requests_per_s.max for w in windows]
     for offset, values, colour, label in (
         (-width, [w.requests_per_s.mean for w in windows], "#9ecae1", "mean"),
         (0.0, [w.requests_per_s.p95 for w in windows], "#3182bd", "P95"),
-        (width, [w.requests_per_s.max for w in windows], BURST_COLOUR, "max"),
+        (width, peaks, BURST_COLOUR, "max"),
     ):
-        ax.bar(idx + offset, values, width=width, color=colour, label=label)
-    ax.set_xticks(idx, [str(w.index) for w in windows])
-    ax.set_xlabel("10-minute window")
+        bars = ax.bar(idx + offset, values, width=width, color=colour, label=label)
+    few = len(windows) <= MAX_WINDOW_LABELS
+    if few:
+        ax.bar_label(bars, labels=[si(p) for p in peaks], fontsize=8, padding=2)
+    # Head room: the tallest bar, its value and the legend all stay inside the frame.
+    ax.set_ylim(0, max(max(peaks), 1.0) * (1 + HEADROOM))
+    every = 1 if few else math.ceil(len(windows) / MAX_WINDOW_LABELS)
+    shown = idx[::every]
+    ax.set_xticks(
+        shown,
+        [f"{windows[i].index}\n{scale.moment(windows[i].start_us)[-8:-3]}" for i in shown],
+    )
+    ax.set_xlabel(f"10-minute window: number and start ({scale.zone})")
     ax.set_ylabel("requests/s")
+    si_y(ax)
     ax.set_title("Per-window request rate: plan from P95, not the mean")
-    ax.legend(fontsize=8)
-    return to_png(fig)
+    ax.legend(fontsize=8, loc="upper left", ncols=3, frameon=False)
+    return fig
 
 
 def tenants_figure(analysis: Analysis) -> bytes | None:
     log, timeline = analysis.log, analysis.timeline
     if not analysis.tenants or timeline is None:
         return None
+    axis = TimeAxis.of(TimeScale.of(timeline))
     groups = tenant_rows(log)
     fig = _new_figure(WIDE)
     left, right = fig.subplots(1, 2, width_ratios=(2, 1))
@@ -235,10 +349,15 @@ def tenants_figure(analysis: Analysis) -> bytes | None:
     if len(groups) > TENANTS_PLOTTED:
         stacks.append(other)
         labels.append("other")
-    left.stackplot(_minutes(buckets) * step, np.vstack(stacks), labels=labels)
-    _shade(left, analysis.incidents)
-    left.set_xlabel(_time_label(timeline))
+    left.stackplot(
+        axis.x(np.arange(buckets, dtype=np.float64) * step), np.vstack(stacks), labels=labels
+    )
+    left.set_xlim(axis.at(0), axis.at(timeline.n_bins))
+    draw_bands(left, band_spans(analysis.incidents, axis, timeline.n_bins), numbers=False)
+    axis.apply(left, label=False)
+    left.set_xlabel(axis.label if axis.scale.relative else "time (UTC); red: bursts")
     left.set_ylabel(f"requests/s ({step}-s mean)")
+    si_y(left)
     left.set_title("Request rate by tenant")
     left.legend(fontsize=7, loc="upper left")
     shown = analysis.tenants[:TENANTS_PLOTTED]
@@ -255,14 +374,16 @@ def tenants_figure(analysis: Analysis) -> bytes | None:
 def incident_figure(analysis: Analysis, incident: Incident) -> bytes:
     """Zoom on one incident: each axis with its own baseline and threshold."""
     assert analysis.series is not None and analysis.request_baseline is not None
+    assert analysis.timeline is not None
     series: RateSeries = analysis.series
+    scale = TimeScale.of(analysis.timeline)
     lo = max(0, incident.start - INCIDENT_CONTEXT_S)
     hi = min(series.requests.size, incident.end + INCIDENT_CONTEXT_S)
     x = np.arange(lo, hi) - incident.start
     panels = [("requests/s", series.requests, analysis.request_baseline, "#9ecae1")]
     if analysis.token_baseline is not None:
         panels.append(("tokens/s", series.tokens, analysis.token_baseline, "#fdd0a2"))
-    panel_height, legend_height = 1.9, 0.6  # inches
+    panel_height, legend_height = 1.9, 0.9  # inches
     fig = _new_figure((9.0, panel_height * len(panels) + legend_height), dpi=INCIDENT_DPI)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     window = analysis.params.rule.min_seconds
@@ -273,8 +394,10 @@ def incident_figure(analysis: Analysis, incident: Incident) -> bytes:
         )
         ax.plot(x, base.smoothed[lo:hi], color="#08519c", lw=1.2, label=f"{window}-s average")
         ax.plot(x, base.mean[lo:hi], color="#252525", lw=1, label="baseline")
-        ax.plot(x, base.threshold[lo:hi], color="#636363", lw=1, ls="--", label="threshold")
-        ax.axvspan(0, incident.duration_s, color=BURST_COLOUR, alpha=SHADE_ALPHA, lw=0)
+        ax.plot(
+            x, base.threshold[lo:hi], color=THRESHOLD_COLOUR, lw=1.2, ls="--", label="threshold"
+        )
+        ax.axvspan(0, incident.duration_s, color=BURST_COLOUR, alpha=BAND_ALPHA, lw=0)
         ax.axvline(
             incident.detected_at + 1 - incident.start,
             color=BURST_COLOUR,
@@ -283,11 +406,17 @@ def incident_figure(analysis: Analysis, incident: Incident) -> bytes:
             label="detected",
         )
         ax.set_ylabel(label)
+        si_y(ax)
+    axes[0].set_title(
+        f"Burst {incident.number}: {scale.at(incident.start)} ({scale.zone}), "
+        f"{incident.duration_s} s, on {' and '.join(incident.axes)}",
+        fontsize=10,
+    )
     fig.legend(
         *axes[0].get_legend_handles_labels(),
-        loc="outside upper center",
+        loc="outside lower center",
         ncols=5,
-        fontsize=7,
+        fontsize=8,
         frameon=False,
     )
     axes[-1].set_xlabel("seconds from burst start")

@@ -1,5 +1,7 @@
-"""Self-contained HTML report: one ``index.html`` with the PNGs embedded as
-base64 data URIs, so the file can be mailed or attached to a ticket alone.
+"""Self-contained HTML report: one file with the PNGs embedded as base64
+data URIs, so it can be mailed or attached to a ticket alone. Where it is
+written is decided by reportpath.py; the burst timeline, incident table and
+post-incident articles are in report_bursts.py.
 
 Every figure shown in a table cell carries ``data-metric="..."`` with the key
 it reports, and the full ``--json`` document is embedded in
@@ -16,10 +18,11 @@ from pathlib import Path
 
 from controlplane.analysis import plots
 from controlplane.analysis.jsonout import analysis_to_dict
-from controlplane.analysis.parsing import format_timestamp_us
+from controlplane.analysis.report_bursts import burst_table, incident_story, timeline_html
 from controlplane.analysis.stats import Distribution, SeriesStats
 from controlplane.analysis.summary import Analysis, EntitySummary, Incident
-from controlplane.analysis.terminal import CV_BURSTY, PEAK_TO_MEAN_LIMIT, num, pct
+from controlplane.analysis.terminal import CV_BURSTY, PEAK_TO_MEAN_LIMIT, num
+from controlplane.analysis.timescale import TimeScale
 
 # The most severe incidents (by excess requests) get a zoom plot each; the
 # rest get their table. Keeps a noisy day's report a few MB at most.
@@ -36,6 +39,19 @@ img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
 .meta{color:#666}.ok{color:#2a7a2a}.warn{color:#b35900;font-weight:600}
 .incident{border-left:4px solid #d62728;padding-left:1rem;margin:1.4rem 0}
 nav a{margin-right:.8rem}code{background:#f4f4f4;padding:0 .2rem}
+.timeline{position:relative;display:inline-block;max-width:100%;border:1px solid #eee;
+margin:.4rem 0}
+.timeline img{display:block;border:0;margin:0}
+.timeline a.band{position:absolute;border-radius:2px}
+.timeline a.band:hover,.timeline a.band:focus{background:rgba(214,39,40,.22);
+outline:2px solid #d62728}
+table.bursts td{white-space:nowrap}table.bursts th,table.bursts td{padding:.2rem .45rem}
+table.bursts th{text-align:right;vertical-align:bottom}table.bursts th.group{text-align:center;
+border-bottom:1px solid #ccc}
+table.bursts a{color:#fff;background:#d62728;border-radius:3px;padding:0 .35rem;
+text-decoration:none;font-weight:600}
+td.trigger{color:#d62728;font-weight:600}
+tr:target,article:target{background:#fff6d6}
 """
 
 
@@ -122,50 +138,8 @@ def _section(ident: str, title: str, body: str) -> str:
     return f'<section id="{ident}"><h2>{escape(title)}</h2>{body}</section>'
 
 
-def _clock(ts_us: int) -> str:
-    """UTC time to the second, readable: 2023-11-16 18:15:46."""
-    return format_timestamp_us(ts_us)[:19].replace("T", " ")
-
-
-def _at(analysis: Analysis, index: int) -> str:
-    assert analysis.timeline is not None
-    return _clock(analysis.timeline.bin_start_us(index))
-
-
-def _incident_html(analysis: Analysis, inc: Incident, png: bytes | None) -> str:
-    rule = analysis.params.rule
-    story = [
-        f"From {_at(analysis, inc.start)} to {_at(analysis, inc.end)} UTC ({inc.duration_s} s) "
-        f"requests averaged {inc.mean_rps:.1f}/s against a baseline of {inc.baseline_rps:.1f}/s "
-        f"(peak {inc.peak_rps:.0f}/s): {inc.requests:,} requests, about "
-        f"{inc.excess_requests:,.0f} more than the baseline rate would have brought."
-    ]
-    if analysis.log.has_tokens:
-        story.append(
-            f"Tokens averaged {inc.mean_tokens_per_s:,.0f}/s (baseline "
-            f"{inc.baseline_tokens_per_s:,.0f}/s, peak {inc.peak_tokens_per_s:,.0f}/s)."
-        )
-    story.append(
-        f"Triggered on {' and '.join(inc.axes)}; a reactive detector ({rule.min_seconds}-s "
-        f"average over baseline + {rule.k:g} sigma) would have fired at "
-        f"{_at(analysis, inc.detected_at + 1)}, {inc.detected_at + 1 - inc.start} s in."
-    )
-    if inc.top_tenants:
-        story.append(
-            "Top tenants: "
-            + "; ".join(
-                f"{escape(t.tenant or '(blank)')} {t.requests:,} requests ({pct(t.share)} of the "
-                f"burst, {pct(t.usual_share)} of the log)"
-                for t in inc.top_tenants
-            )
-            + "."
-        )
-    if inc.decisions:
-        story.append(
-            "Decisions: "
-            + ", ".join(f"{escape(k or '(blank)')} {v:,}" for k, v in inc.decisions.items())
-            + "."
-        )
+def _incident_html(analysis: Analysis, scale: TimeScale, inc: Incident, png: bytes | None) -> str:
+    story = incident_story(analysis, inc, scale)
     key = f"incidents.{inc.number}"
     table = _dist_table(
         [
@@ -176,8 +150,10 @@ def _incident_html(analysis: Analysis, inc: Incident, png: bytes | None) -> str:
     plot = _img(png, f"incident {inc.number} zoom") if png else ""
     return (
         f'<article class="incident" id="incident-{inc.number}">'
-        f"<h3>Incident {inc.number}: {_at(analysis, inc.start)} UTC, {inc.duration_s} s</h3>"
-        f"<p>{' '.join(story)}</p>{table}{plot}</article>"
+        f"<h3>Incident {inc.number}: {escape(scale.at(inc.start))} ({escape(scale.zone)}), "
+        f"{inc.duration_s} s</h3>"
+        f"<p>{' '.join(story)} "
+        f'<a href="#burst-{inc.number}">Back to the burst table</a>.</p>{table}{plot}</article>'
     )
 
 
@@ -221,12 +197,12 @@ def _tenant_table(analysis: Analysis) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
 
 
-def _windows_table(analysis: Analysis) -> str:
+def _windows_table(analysis: Analysis, scale: TimeScale) -> str:
     head = "".join(
         f"<th>{h}</th>"
         for h in (
             "window",
-            "start (UTC)",
+            f"start ({escape(scale.zone)})",
             "seconds",
             "requests",
             "mean/s",
@@ -241,7 +217,7 @@ def _windows_table(analysis: Analysis) -> str:
         key = f"windows.{w.index}"
         r = w.requests_per_s
         body.append(
-            f"<tr><td>{w.index}</td><td>{_clock(w.start_us)}</td>"
+            f"<tr><td>{w.index}</td><td>{escape(scale.moment(w.start_us))}</td>"
             f"{_cell(w.seconds, key + '.seconds')}{_cell(w.requests, key + '.requests')}"
             + "".join(
                 _cell(_field(r, f), f"{key}.requests_per_s.{f}")
@@ -256,16 +232,18 @@ def _windows_table(analysis: Analysis) -> str:
 def render_html(analysis: Analysis) -> str:
     log, overall, rule = analysis.log, analysis.overall, analysis.params.rule
     title = f"burstgate burst report: {Path(log.source).name}"
+    scale = None if analysis.timeline is None else TimeScale.of(analysis.timeline)
     span = (
         "no requests"
-        if analysis.timeline is None
-        else f"{_at(analysis, 0)} to {_clock(int(log.ts_us.max()))}"
-        f" UTC, {analysis.timeline.n_bins:,} one-second bins"
+        if scale is None or analysis.timeline is None
+        else f"{scale.at(0)} to {scale.moment(int(log.ts_us.max()))} ({scale.zone}), "
+        f"{analysis.timeline.n_bins:,} one-second bins"
     )
+    note = f'<p class="warn">{escape(scale.note())}</p>' if scale and scale.relative else ""
     header = (
         f"<h1>{escape(title)}</h1>"
         f'<p class="meta">{escape(log.source)} ({log.fmt}) - {len(log):,} requests, '
-        f"{log.bad_row_count:,} bad rows - {span}</p>"
+        f"{log.bad_row_count:,} bad rows - {span}</p>{note}"
     )
     sections = [
         "summary",
@@ -282,7 +260,7 @@ def render_html(analysis: Analysis) -> str:
         "<nav>" + "".join(f'<a href="#{s}">{s.replace("-", " ")}</a>' for s in sections) + "</nav>"
     )
     parts = [header, nav]
-    if analysis.timeline is None:
+    if scale is None:
         parts.append(_section("summary", "Summary", "<p>The log holds no requests.</p>"))
         for ident in sections[1:]:
             parts.append(_section(ident, ident.replace("-", " ").capitalize(), "<p>No data.</p>"))
@@ -294,17 +272,11 @@ def render_html(analysis: Analysis) -> str:
             "Summary",
             _verdicts(overall)
             + _series_table(overall, "overall.")
-            + f"<p>Burst incidents: {len(analysis.incidents)}; "
+            + f'<p>Burst incidents: <a href="#rates">{len(analysis.incidents)}</a>; '
             f"{'tenant column present' if log.has_tenants else 'no tenant column'}.</p>",
         )
     )
-    parts.append(
-        _section(
-            "rates",
-            "Request and token rate over time",
-            _img(plots.rate_figure(analysis), "request and token rate over time, bursts shaded"),
-        )
-    )
+    parts.append(_rates_section(analysis, scale))
     ia = overall.interarrival
     ia_text = (
         "<p>Fewer than two arrivals: no gaps to compare.</p>"
@@ -347,7 +319,8 @@ def render_html(analysis: Analysis) -> str:
         _section(
             "windows",
             "10-minute windows",
-            _windows_table(analysis) + _img(plots.windows_figure(analysis), "10-minute windows"),
+            _windows_table(analysis, scale)
+            + _img(plots.windows_figure(analysis), "10-minute windows"),
         )
     )
     parts.append(
@@ -384,6 +357,7 @@ def render_html(analysis: Analysis) -> str:
             + "".join(
                 _incident_html(
                     analysis,
+                    scale,
                     inc,
                     plots.incident_figure(analysis, inc) if inc.number in plotted else None,
                 )
@@ -394,6 +368,32 @@ def render_html(analysis: Analysis) -> str:
     parts.append(_section("data-quality", "Data quality", _quality_html(analysis)))
     parts.append(_section("method", "Method", _method_html(analysis)))
     return _page(title, parts, analysis)
+
+
+def _rates_section(analysis: Analysis, scale: TimeScale) -> str:
+    rule = analysis.params.rule
+    axes = "request and token" if analysis.log.has_tokens else "request"
+    intro = (
+        f"<p>Dashed: the burst threshold on each panel; a burst is where the dark "
+        f"{rule.min_seconds}-s mean stays above it for {rule.min_seconds} s or more. "
+        "Red bands are the bursts, numbered (a short burst is widened to stay visible); "
+        "click a band for its row in the table below, and a number for its "
+        "post-incident report.</p>"
+    )
+    table_intro = (
+        '<h3>Bursts</h3><p class="meta">Per axis: the highest one-second rate, and the '
+        f"{rule.min_seconds}-s mean and the threshold at the second the mean stood furthest "
+        "above the threshold (or came closest to it); in red on the axis that triggered. "
+        "Excess: requests or tokens above what the baseline rate would have brought.</p>"
+    )
+    return _section(
+        "rates",
+        f"Bursts on the {axes} rate over time",
+        intro
+        + timeline_html(plots.rate_figure(analysis), analysis, scale)
+        + table_intro
+        + burst_table(analysis, scale),
+    )
 
 
 def _quality_html(analysis: Analysis) -> str:
@@ -442,10 +442,8 @@ def _page(title: str, parts: list[str], analysis: Analysis) -> str:
     )
 
 
-def write_report(analysis: Analysis, directory: str | Path) -> Path:
-    """Write ``DIR/index.html`` (creating DIR) and return its path."""
-    target = Path(directory)
-    target.mkdir(parents=True, exist_ok=True)
-    path = target / "index.html"
-    path.write_text(render_html(analysis), encoding="utf-8")
-    return path
+def write_report(analysis: Analysis, path: str | Path) -> Path:
+    """Write the report to exactly ``path`` (see reportpath.report_path) and return it."""
+    target = Path(path)
+    target.write_text(render_html(analysis), encoding="utf-8")
+    return target

@@ -15,6 +15,7 @@ from controlplane.analysis.bursts import (
     detect_bursts,
     merge_axes,
 )
+from controlplane.analysis.progress import StepCallback
 from controlplane.analysis.reader import RequestLog
 from controlplane.analysis.stats import (
     WINDOW_SECONDS,
@@ -217,8 +218,18 @@ def _empty_summary() -> EntitySummary:
     )
 
 
-def analyze(log: RequestLog, params: AnalysisParams | None = None) -> Analysis:
+def _no_progress(_label: str, _done: int, _total: int) -> None:
+    return None
+
+
+def analyze(
+    log: RequestLog,
+    params: AnalysisParams | None = None,
+    progress: StepCallback | None = None,
+) -> Analysis:
+    """``progress(label, done, total)`` is called as each entity is summarised."""
     params = params or AnalysisParams()
+    step = progress or _no_progress
     timeline = make_timeline(log.ts_us)
     if timeline is None:
         return Analysis(
@@ -234,6 +245,9 @@ def analyze(log: RequestLog, params: AnalysisParams | None = None) -> Analysis:
             incidents=[],
             out_of_order_rows=0,
         )
+    tenant_count = min(params.max_tenants, len(log.tenant_names)) if params.per_tenant else 0
+    total_steps = 2 + (tenant_count if log.has_tenants else 0)
+    step("overall", 0, total_steps)
     overall, series = summarise_entity(log, slice(None), timeline, params, None)
     tokens_per_request = float(series.tokens.sum()) / len(log)
     request_baseline = compute_baseline(series.requests, params.rule, 1.0)
@@ -242,7 +256,10 @@ def analyze(log: RequestLog, params: AnalysisParams | None = None) -> Analysis:
         if log.has_tokens and tokens_per_request > 0
         else None
     )
-    tenants, not_shown = _tenant_summaries(log, timeline, params)
+    tenants, not_shown = _tenant_summaries(log, timeline, params, step, total_steps)
+    step("incidents", total_steps - 1, total_steps)
+    incidents = _incidents(log, timeline, series, overall.bursts, request_baseline, token_baseline)
+    step("done", total_steps, total_steps)
     return Analysis(
         log=log,
         params=params,
@@ -253,9 +270,7 @@ def analyze(log: RequestLog, params: AnalysisParams | None = None) -> Analysis:
         overall=overall,
         tenants=tenants,
         tenants_not_shown=not_shown,
-        incidents=_incidents(
-            log, timeline, series, overall.bursts, request_baseline, token_baseline
-        ),
+        incidents=incidents,
         out_of_order_rows=int(np.count_nonzero(np.diff(log.ts_us) < 0)),
     )
 
@@ -274,13 +289,20 @@ def tenant_rows(log: RequestLog) -> list[tuple[str, IntArray]]:
 
 
 def _tenant_summaries(
-    log: RequestLog, timeline: Timeline, params: AnalysisParams
+    log: RequestLog,
+    timeline: Timeline,
+    params: AnalysisParams,
+    step: StepCallback = _no_progress,
+    total_steps: int = 0,
 ) -> tuple[list[EntitySummary], int]:
     if not (params.per_tenant and log.has_tenants):
         return [], 0
     groups = tenant_rows(log)
     shown = groups[: params.max_tenants]
-    summaries = [summarise_entity(log, rows, timeline, params, name)[0] for name, rows in shown]
+    summaries = []
+    for done, (name, rows) in enumerate(shown, start=1):
+        step(f"tenant {name}", done, total_steps)
+        summaries.append(summarise_entity(log, rows, timeline, params, name)[0])
     return summaries, len(groups) - len(shown)
 
 

@@ -251,15 +251,31 @@ def plan_text(plan: CapacityPlan | None, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lead_text(lead_s: float | None) -> str:
+    """The median alarm time against the burst start, in words."""
+    if lead_s is None:
+        return "median lead -"
+    if lead_s > 0:
+        return f"median lead {lead_s:g} s before the start"
+    if lead_s < 0:
+        return f"median alarm {-lead_s:g} s after the start"
+    return "median alarm at the start, no lead"
+
+
 def _score_lines(label: str, s: AlarmScore) -> list[str]:
+    detection = (
+        f" ({s.median_lead_vs_detection_s:g} s before detection)"
+        if s.median_lead_vs_detection_s is not None
+        else ""
+    )
     return [
         f"    {label}:",
-        f"      bursts {s.bursts}, predicted {s.predicted} (recall {pct(s.recall)}); median lead "
-        f"{num(s.median_lead_vs_detection_s, 0)} s before detection, "
-        f"{num(s.median_lead_vs_start_s, 0)} s before start",
-        f"      alarms {s.alarms}: {s.true_alarms} true, {s.false_alarms} false, {s.late_alarms} "
-        f"late; false-alarm ratio {pct(s.false_alarm_ratio)}, {num(s.false_alarms_per_hour)} "
-        f"false/h (a random alarm: {pct(s.chance_precision)} true)",
+        f"      bursts {s.bursts}, predicted {s.predicted} (recall {pct(s.recall)}); "
+        f"alarms {s.alarms}: {s.true_alarms} true, {s.false_alarms} false, {s.late_alarms} late",
+        f"      false-alarm ratio {pct(s.false_alarm_ratio)}, "
+        f"{lead_text(s.median_lead_vs_start_s)}{detection}",
+        f"      {num(s.false_alarms_per_hour)} false alarms/h; a random alarm would be "
+        f"{pct(s.chance_precision)} true",
         f"      {s.verdict}",
     ]
 

@@ -3,21 +3,48 @@ in this package (and the offline analysis commands)."""
 
 from __future__ import annotations
 
-import sys
+from typing import Annotated
 
 import typer
 
 from controlplane.analysis.cli import register as register_analysis
-from controlplane.cli import admin, keys, ledger, serve, simulate
+from controlplane.cli import admin, keys, ledger, margin, serve, simulate
 from controlplane.cli.config import config_app
+from controlplane.cli.pricing import pricing_app
+from controlplane.cli.root import RootGroup
 from controlplane.cli.tenant import tenant_app
-from controlplane.domain.errors import DomainError
 
 app = typer.Typer(
+    cls=RootGroup,
     help="burstgate: burst-aware admission control for multi-tenant LLM serving.",
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"burstgate {version('burstgate')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """burstgate: burst-aware admission control for multi-tenant LLM serving."""
+
+
 app.command("migrate")(serve.migrate)
 app.command("serve")(serve.serve)
 app.command("demo")(serve.demo)
@@ -29,13 +56,11 @@ app.add_typer(config_app, name="config")
 # and `burstgate keys ...` (API keys, DB-direct bootstrap).
 app.add_typer(admin.admin_app, name="admin")
 app.add_typer(keys.keys_app, name="keys")
+app.add_typer(pricing_app, name="pricing")  # `burstgate pricing show|windows` (gRPC)
 ledger.register(app)
+app.command("margin")(margin.margin_command)
 register_analysis(app)
 
 
 def main() -> None:
-    try:
-        app()
-    except DomainError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    app()  # domain errors -> one line and exit 2: cli/root.py

@@ -12,7 +12,6 @@ so the first admin key can be created before anyone can authenticate.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -37,7 +36,20 @@ from controlplane.cli.common import (
     table,
     to_dict,
 )
+from controlplane.cli.keyviews import (
+    KEY_COLS,
+    ExpiresInOpt,
+    KeyView,
+    PoolScopeOpt,
+    TenantScopeOpt,
+    expiry_option,
+    fmt_time,
+    key_rows,
+    print_new_key,
+)
+from controlplane.cli.render import TIME_FORMAT
 from controlplane.domain.errors import excerpt
+from controlplane.domain.keys import Role
 
 ADMIN_HELP = """Operate a running server through the admin API (gRPC, needs an API key).
 
@@ -95,18 +107,66 @@ def _connect(
 
 
 @admin_app.command("state")
-def server_state(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Live server state: decisions by reason, pools' backpressure."""
-    from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+def server_state(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Refresh every --interval until Ctrl-C.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.2, help="Seconds between refreshes with --watch.")
+    ] = 2.0,
+    count: Annotated[
+        int | None, typer.Option(min=1, help="With --watch: stop after this many refreshes.")
+    ] = None,
+) -> None:
+    """Live server state: decisions by reason, pools' backpressure.
+
+    With --watch the screen is redrawn every --interval seconds (on a
+    terminal; into a pipe each refresh is appended after a time line, and
+    --json prints one JSON object per line)."""
+    import time
+
     from controlplane.client.admin import apb
 
+    if not watch:
+        count = 1
+    shown = 0
     with admin_client(_root_ctx(ctx)) as c:
-        s = c.call("GetServerState", apb.GetServerStateRequest())
+        try:
+            while True:
+                s = c.call("GetServerState", apb.GetServerStateRequest())
+                _print_state(s, as_json, watch, first=shown == 0)
+                shown += 1
+                if count is not None and shown >= count:
+                    break
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            pass
+
+
+def _print_state(s: Any, as_json: bool, watch: bool, *, first: bool) -> None:
+    import sys
+    from datetime import UTC, datetime
+
+    from rich.console import Console
+
+    from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+
     if as_json:
-        echo_json(to_dict(s))
+        if watch:  # one object per line: a stream `jq` can read
+            typer.echo(json.dumps(to_dict(s), separators=(",", ":")))
+        else:
+            echo_json(to_dict(s))
         return
+    if watch:
+        if sys.stdout.isatty():
+            Console().clear()
+        elif not first:
+            typer.echo("")
+        typer.echo(f"as of {datetime.now(UTC).strftime(TIME_FORMAT)} UTC")
     kv({"fastpath": s.fastpath, "tenants": s.tenants, "open_reservations": s.open_reservations,
-         "config_reloads": s.config_reloads})  # fmt: skip
+        "config_reloads": s.config_reloads})  # fmt: skip
     typer.echo("")
     table(
         [{"decision": pb.Decision.Name(d.decision).removeprefix("DECISION_").lower(),
@@ -139,6 +199,10 @@ def lane_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if as_json:
         echo_json(rows)
     else:
+        for row in rows:  # unset: the policy's lane_queue_limit applies
+            row.setdefault("max_queued", "policy")
+            for flag in ("fail_open", "degradable"):
+                row.setdefault(flag, False)  # proto3 drops false from the JSON form
         table(rows, ("name", "priority", "weight", "wait_target_ms", "fail_open", "degradable",
                       "max_queued", "pool"))  # fmt: skip
 
@@ -288,7 +352,7 @@ def audit_list(
     if as_json:
         echo_json([to_dict(e) for e in events])
         return
-    rows = [{"id": e.id, "time": e.time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
+    rows = [{"id": e.id, "time": e.time.ToDatetime().strftime(TIME_FORMAT),
              "actor": e.actor, "action": e.action, "target": e.target,
              "change": _change(e.before_json, e.after_json)} for e in events]  # fmt: skip
     table(rows, ("id", "time", "actor", "action", "target", "change"))
@@ -305,92 +369,14 @@ def _change(before: str, after: str) -> str:
     def show(v: Any) -> str:
         return "unset" if v is None else cell(v)
 
-    return ", ".join(f"{k}: {show(b.get(k))} -> {show(a.get(k))}" for k in a)
+    # Only what changed: an update records the whole object before and after.
+    changed = [k for k in {**b, **a} if b.get(k) != a.get(k)]
+    if not changed:
+        return "no change"
+    return ", ".join(f"{k}: {show(b.get(k))} -> {show(a.get(k))}" for k in changed)
 
 
 # ------------------------------------------------------------------- keys
-
-
-def _key_rows(keys: Sequence[Any], *, lists: bool = False) -> list[dict[str, Any]]:
-    """Rows for the table (scopes comma-joined) or, ``lists``, for JSON."""
-
-    def names(v: tuple[str, ...]) -> Any:
-        return list(v) if lists else ",".join(v)
-
-    return [{"key_id": k.key_id, "name": k.name, "role": k.role, "tenants": names(k.tenants),
-             "pools": names(k.pools), "expires": k.expires, "last_used": k.last_used,
-             "created_by": k.created_by, "created": k.created, "revoked": k.revoked}
-            for k in keys]  # fmt: skip
-
-
-class _KeyView:
-    """A key as the tables show it (from the database or the API)."""
-
-    def __init__(self, key_id: str, name: str, role: str, created_by: str, created: str,
-                 revoked: str, tenants: Sequence[str] = (), pools: Sequence[str] = (),
-                 expires: str = "", last_used: str = "") -> None:  # fmt: skip
-        self.key_id, self.name, self.role = key_id, name, role
-        self.created_by, self.created, self.revoked = created_by, created, revoked
-        self.tenants, self.pools = tuple(tenants), tuple(pools)
-        self.expires, self.last_used = expires, last_used
-
-
-def _fmt_time(dt: Any) -> str:
-    return dt.strftime("%Y-%m-%d %H:%M:%S") if dt is not None else ""
-
-
-KEY_COLS = ("key_id", "name", "role", "tenants", "pools", "expires", "last_used",
-            "created_by", "created", "revoked")  # fmt: skip
-
-# The options that give a key its scope and expiry (both `keys create` commands).
-TenantScopeOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--tenant",
-        help="Sidecar keys: a tenant id or glob pattern (team-*) the key serves; repeat for "
-        "more; '*' = every tenant. Required for --role sidecar.",
-    ),
-]
-PoolScopeOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--pool",
-        help="Sidecar keys: an engine pool (or pattern) the key serves; repeat for more; "
-        "'*' = every pool. Required for --role sidecar.",
-    ),
-]
-ExpiresInOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--expires-in",
-        help="Refuse the key after this long: 90s, 15m, 12h, 30d, 2w (any role; max 3650d).",
-    ),
-]
-
-
-def expiry_option(expires_in: str | None) -> Any:
-    """``--expires-in`` as an aware datetime (None = never); exits 2 on a bad value."""
-    from controlplane.domain.errors import InvalidArgument
-    from controlplane.domain.keys import expiry_after
-
-    if expires_in is None:
-        return None
-    try:
-        return expiry_after("--expires-in", expires_in)
-    except InvalidArgument as exc:
-        fail(str(exc))
-
-
-def _print_new_key(secret: str, key_id: str, role: str, as_json: bool) -> None:
-    if as_json:
-        echo_json({"key_id": key_id, "role": role, "key": secret})
-        return
-    typer.echo(secret)
-    typer.echo(
-        f"created {role} key {key_id}; the key above is shown only now. "
-        "Use it as BURSTGATE_API_KEY (or a sidecar's bearer token).",
-        err=True,
-    )
 
 
 @admin_keys_app.command("list")
@@ -409,19 +395,19 @@ def admin_keys_list(
         return
 
     def when(k: Any, name: str) -> str:
-        return _fmt_time(getattr(k, name).ToDatetime()) if k.HasField(name) else ""
+        return fmt_time(getattr(k, name).ToDatetime()) if k.HasField(name) else ""
 
-    views = [_KeyView(k.key_id, k.name, k.role, k.created_by, when(k, "create_time"),
+    views = [KeyView(k.key_id, k.name, k.role, k.created_by, when(k, "create_time"),
                       when(k, "revoke_time"), k.tenants, k.pools, when(k, "expire_time"),
                       when(k, "last_used_time"))
              for k in keys]  # fmt: skip
-    table(_key_rows(views), KEY_COLS)
+    table(key_rows(views), KEY_COLS)
 
 
 @admin_keys_app.command("create")
 def admin_keys_create(
     ctx: typer.Context,
-    role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
+    role: Annotated[Role, typer.Option(case_sensitive=False, help="What the key may do.")],
     name: Annotated[str, typer.Option(help="Who or what uses the key.")],
     tenant: TenantScopeOpt = None,
     pool: PoolScopeOpt = None,
@@ -435,12 +421,14 @@ def admin_keys_create(
     from controlplane.client.admin import apb
 
     expires_at = expiry_option(expires_in)
-    request = apb.CreateApiKeyRequest(name=name, role=role, tenants=tenant or [], pools=pool or [])
+    request = apb.CreateApiKeyRequest(
+        name=name, role=role.value, tenants=tenant or [], pools=pool or []
+    )
     if expires_at is not None:
         request.expire_time.CopyFrom(Timestamp(seconds=int(expires_at.timestamp())))
     with admin_client(_root_ctx(ctx)) as c:
         r = c.call("CreateApiKey", request)
-    _print_new_key(r.secret, r.key.key_id, r.key.role, as_json)
+    print_new_key(r.secret, r.key.key_id, r.key.role, as_json)
 
 
 @admin_keys_app.command("revoke")

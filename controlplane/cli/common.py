@@ -4,7 +4,7 @@ environment with command-line overrides, and the error exit."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -12,7 +12,10 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 
+from controlplane.cli.render import cell, kv, table
 from controlplane.domain.errors import excerpt
+
+__all__ = ["cell", "kv", "table"]  # re-exported: the one renderer is cli/render.py
 
 DbOpt = Annotated[
     str | None,
@@ -75,28 +78,6 @@ def to_dict(msg: Any) -> dict[str, Any]:
 
 def echo_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=False))
-
-
-def table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> None:
-    cells = [[cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
-    typer.echo("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
-    for r in cells:
-        typer.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-
-
-def cell(value: Any) -> str:
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
-def kv(d: dict[str, Any]) -> None:
-    width = max((len(k) for k in d), default=0)
-    for k, v in d.items():
-        typer.echo(f"{k.ljust(width)}  {cell(v)}")
 
 
 @contextmanager

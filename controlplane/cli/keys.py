@@ -9,18 +9,19 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.admin import (
+from controlplane.cli.common import DbOpt, JsonOpt, echo_json, fail, table
+from controlplane.cli.keyviews import (
     KEY_COLS,
     ExpiresInOpt,
+    KeyView,
     PoolScopeOpt,
     TenantScopeOpt,
-    _fmt_time,
-    _key_rows,
-    _KeyView,
-    _print_new_key,
     expiry_option,
+    fmt_time,
+    key_rows,
+    print_new_key,
 )
-from controlplane.cli.common import DbOpt, JsonOpt, echo_json, fail, table
+from controlplane.domain.keys import Role
 
 keys_app = typer.Typer(
     help="API keys and sidecar tokens, written to the database directly (the bootstrap "
@@ -48,7 +49,7 @@ def _key_store(database_url: str | None) -> Iterator[Any]:
 
 @keys_app.command("create")
 def keys_create(
-    role: Annotated[str, typer.Option(help="admin | viewer | sidecar")],
+    role: Annotated[Role, typer.Option(case_sensitive=False, help="What the key may do.")],
     name: Annotated[str, typer.Option(help="Who or what uses the key.")],
     tenant: TenantScopeOpt = None,
     pool: PoolScopeOpt = None,
@@ -59,14 +60,12 @@ def keys_create(
     """Create a key in the database (the bootstrap path); prints it once.
     A sidecar key names the tenants and pools it serves (--tenant, --pool,
     repeatable, glob patterns; '*' = all)."""
-    from controlplane.domain.keys import parse_role
-
     expires_at = expiry_option(expires_in)
     with _key_store(database_url) as store:
         secret, info = store.create_key(
-            name, parse_role(role), tenants=tenant or [], pools=pool or [], expires_at=expires_at
+            name, role, tenants=tenant or [], pools=pool or [], expires_at=expires_at
         )
-    _print_new_key(secret, info.key_id, info.role.value, as_json)
+    print_new_key(secret, info.key_id, info.role.value, as_json)
 
 
 @keys_app.command("list")
@@ -78,14 +77,14 @@ def keys_list(
     """List keys (never the secrets)."""
     with _key_store(database_url) as store:
         keys = store.list(include_revoked=include_revoked)
-    views = [_KeyView(k.key_id, k.name, k.role.value, k.created_by, _fmt_time(k.created_at),
-                      _fmt_time(k.revoked_at), k.tenants, k.pools, _fmt_time(k.expires_at),
-                      _fmt_time(k.last_used_at))
+    views = [KeyView(k.key_id, k.name, k.role.value, k.created_by, fmt_time(k.created_at),
+                      fmt_time(k.revoked_at), k.tenants, k.pools, fmt_time(k.expires_at),
+                      fmt_time(k.last_used_at))
              for k in keys]  # fmt: skip
     if as_json:
-        echo_json(_key_rows(views, lists=True))
+        echo_json(key_rows(views, lists=True))
     else:
-        table(_key_rows(views), KEY_COLS)
+        table(key_rows(views), KEY_COLS)
 
 
 @keys_app.command("revoke")

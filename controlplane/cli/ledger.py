@@ -1,5 +1,5 @@
-"""``burstgate export``, ``burstgate price ...`` and ``burstgate margin``:
-run against the database directly (no server needed)."""
+"""``burstgate export``, ``burstgate price ...`` and ``burstgate margin``
+(``cli/margin.py``): run against the database directly (no server needed)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.common import settings
+from controlplane.cli.common import settings, table
 from controlplane.domain.errors import InvalidArgument, excerpt
+from controlplane.ledger.export import ExportFormat, Granularity
 
 DbOpt = Annotated[
     str | None,
@@ -25,6 +26,8 @@ TenantOpt = Annotated[
     typer.Option("--tenant", "-t", help="Tenant id (repeatable); default: all tenants."),
 ]
 
+PRICE_COLUMNS = ("tenant_id", "model", "currency", "input", "cached_input", "output",
+                 "gpu_prefill", "gpu_decode", "gpu_overhead", "lane_multipliers")  # fmt: skip
 price_app = typer.Typer(
     help="The price catalog: user prices and GPU cost prices per tenant and model "
     "('*' = default). Token prices are per million tokens.",
@@ -64,10 +67,17 @@ def export_command(
         str | None, typer.Option("--to", help="Period end (exclusive); default: now.")
     ] = None,
     tenant: TenantOpt = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="csv, jsonl or parquet.")] = "csv",
+    fmt: Annotated[
+        ExportFormat, typer.Option("--format", "-f", help="File format.")
+    ] = ExportFormat.CSV,
     granularity: Annotated[
-        str, typer.Option("--granularity", "-g", help="request (one row each) or daily.")
-    ] = "request",
+        Granularity,
+        typer.Option(
+            "--granularity",
+            "-g",
+            help="request: one row each; daily: per tenant, model and UTC day.",
+        ),
+    ] = Granularity.REQUEST,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Output file; default: standard output.")
     ] = None,
@@ -82,7 +92,7 @@ def export_command(
     from controlplane.ledger.export import ExportResult, ExportSpec, export, manifest_json
 
     s, e = _period(start, end)
-    spec = ExportSpec(s, e, tuple(tenant or ()), fmt, granularity).validate()
+    spec = ExportSpec(s, e, tuple(tenant or ()), str(fmt), str(granularity)).validate()
     if fmt == "parquet" and out is None:
         raise InvalidArgument("--out", "parquet needs an output file")
     engine = _engine(database_url)
@@ -182,21 +192,22 @@ def price_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
     database_url: DbOpt = None,
 ) -> None:
-    """List the price catalog."""
+    """List the price catalog (token prices per million tokens)."""
     with _store(database_url) as store:
         entries = [_price_json(e) for e in store.load_catalog()]
-        if as_json:
-            typer.echo(json.dumps(entries, indent=2))
-            return
-        for e in entries:
-            lanes = ",".join(f"{k}={v}" for k, v in e["lane_multipliers"].items()) or "-"
-            typer.echo(
-                f"{e['tenant_id']:<20} {e['model']:<24} {e['currency']} "
-                f"in={e['input_per_mtok']} cached={e['cached_input_per_mtok']} "
-                f"out={e['output_per_mtok']} gpu_prefill={e['gpu_prefill_per_mtok']} "
-                f"gpu_decode={e['gpu_decode_per_mtok']} "
-                f"overhead={e['gpu_overhead_per_request']} lanes={lanes}"
-            )
+    if as_json:
+        typer.echo(json.dumps(entries, indent=2))
+        return
+    # Columns named as the options of `price set`.
+    rows = [
+        {"tenant_id": e["tenant_id"], "model": e["model"], "currency": e["currency"],
+         "input": e["input_per_mtok"], "cached_input": e["cached_input_per_mtok"],
+         "output": e["output_per_mtok"], "gpu_prefill": e["gpu_prefill_per_mtok"],
+         "gpu_decode": e["gpu_decode_per_mtok"], "gpu_overhead": e["gpu_overhead_per_request"],
+         "lane_multipliers": ",".join(f"{k}={v}" for k, v in e["lane_multipliers"].items())}
+        for e in entries
+    ]  # fmt: skip
+    table(rows, PRICE_COLUMNS)
 
 
 @price_app.command("delete")
@@ -214,39 +225,8 @@ def price_delete(
         typer.echo(f"price {tenant_id}/{model} deleted")
 
 
-def margin_command(
-    start: Annotated[str, typer.Option("--from", help="Period start (ISO 8601 or Unix s).")],
-    end: Annotated[str | None, typer.Option("--to", help="Period end; default: now.")] = None,
-    tenant: TenantOpt = None,
-    ratio: Annotated[
-        str | None, typer.Option(help="Threshold; default BURSTGATE_MARGIN_WARNING_RATIO.")
-    ] = None,
-    database_url: DbOpt = None,
-) -> None:
-    """Margin over any period: both ledgers per tenant, and whether the actual
-    cost exceeds ratio x the user charge. Exit code 1 if any tenant does."""
-    from controlplane.domain.money import format_nanos
-    from controlplane.store.ledger import exceeds
-
-    threshold = Decimal(ratio) if ratio else settings().margin_warning_ratio
-    s, e = _period(start, end)
-    warned = False
-    with _store(database_url) as store:
-        for row in store.tenant_sums(s, e, tenant or ()):
-            warn = exceeds(row.actual_cost_nanos, row.user_charge_nanos, threshold)
-            warned |= warn
-            typer.echo(
-                f"{row.tenant_id:<20} {row.currency} requests={row.requests} "
-                f"user_charge={format_nanos(row.user_charge_nanos)} "
-                f"actual_cost={format_nanos(row.actual_cost_nanos)}"
-                + (f"  MARGIN WARNING (> {threshold}x)" if warn else "")
-            )
-    if warned:
-        raise typer.Exit(1)
-
-
 def register(app: typer.Typer) -> None:
-    """Add ``export``, ``price`` and ``margin`` to the ``burstgate`` app."""
+    """Add ``export`` and ``price`` to the ``burstgate`` app (``margin``:
+    ``cli/margin.py``)."""
     app.command("export")(export_command)
-    app.command("margin")(margin_command)
     app.add_typer(price_app, name="price")

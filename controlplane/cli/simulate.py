@@ -5,18 +5,30 @@ from __future__ import annotations
 
 import shlex
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from controlplane.cli.common import fail
+from controlplane.cli.render import table
 from controlplane.domain.errors import excerpt
+from controlplane.sim.run import BUILTIN_POLICIES, PolicyName
 
 DEFAULT_TRACE_HELP = (
     "Trace file: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or JSON Lines "
     "(map the columns with --time-col/--prompt-col/--output-col and give --time-unit)."
 )
+
+
+class TimeUnit(StrEnum):
+    AUTO = "auto"
+    S = "s"
+    MS = "ms"
+    US = "us"
+    NS = "ns"
+    DATETIME = "datetime"
 
 
 def _burst(text: str | None) -> tuple[str, float, float, float] | None:
@@ -35,11 +47,11 @@ def _burst(text: str | None) -> tuple[str, float, float, float] | None:
 def simulate(
     trace: Annotated[Path, typer.Argument(help=DEFAULT_TRACE_HELP)],
     policy: Annotated[
-        list[str] | None,
+        list[PolicyName] | None,
         typer.Option(
             "--policy",
-            help="fifo, rate-limit, burstgate (repeat; default: these three); "
-            "burstgate-ungated (the pool gate off).",
+            help="Repeat to compare several; default: fifo, rate-limit and burstgate. "
+            "burstgate-ungated is burstgate with the pool gate off.",
         ),
     ] = None,
     config: Annotated[
@@ -69,9 +81,12 @@ def simulate(
         str, typer.Option(help="Trace column: output tokens.")
     ] = "GeneratedTokens",
     time_unit: Annotated[
-        str, typer.Option(help="s, ms, us, ns, datetime, or auto (datetimes only).")
-    ] = "auto",
+        TimeUnit, typer.Option(help="Unit of the time column; auto reads datetimes only.")
+    ] = TimeUnit.AUTO,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the tables as Markdown (for docs).")
+    ] = False,
     html: Annotated[
         Path | None,
         typer.Option("--html", help="Also write an HTML report with plots to this file."),
@@ -84,16 +99,12 @@ def simulate(
     --load x the pool's measured capacity, and every policy sees the same
     input. Reports SLO attainment, goodput, TTFT and waits per lane."""
     from controlplane.sim.engine import EngineParams
-    from controlplane.sim.report import to_json, to_table
-    from controlplane.sim.run import BUILTIN_POLICIES, EXTRA_POLICIES, Burst, SimSpec
+    from controlplane.sim.report import sections, to_json, to_table
+    from controlplane.sim.run import Burst, SimSpec
     from controlplane.sim.run import simulate as run_simulation
     from controlplane.sim.trace import ColumnMap, TraceError
 
-    policies = tuple(policy or ([] if config else BUILTIN_POLICIES))
-    for name in policies:
-        if name not in BUILTIN_POLICIES + EXTRA_POLICIES:
-            known = ", ".join(BUILTIN_POLICIES + EXTRA_POLICIES)
-            fail(f"--policy: unknown {excerpt(name)}; known: {known}")
+    policies = tuple(str(p) for p in policy) if policy else (() if config else BUILTIN_POLICIES)
     b = _burst(burst)
     if html is not None and not html.parent.is_dir():  # before a run that may take minutes
         fail(f"--html: directory {html.parent} does not exist (create it first)")
@@ -104,7 +115,7 @@ def simulate(
         spec = SimSpec(
             trace=trace,
             columns=ColumnMap(
-                time=time_col, prompt=prompt_col, output=output_col, time_unit=time_unit
+                time=time_col, prompt=prompt_col, output=output_col, time_unit=str(time_unit)
             ),
             policies=policies,
             configs=tuple(config or ()),
@@ -127,7 +138,15 @@ def simulate(
             f"{trace.name}: {first.overall.requests:,} requests, {engines} engine(s), "
             f"capacity {first.capacity_rps:,.1f} requests/s (measured on this trace's mix)\n"
         )
-        typer.echo(to_table(runs))
+        if markdown:
+            typer.echo(to_table(runs))
+        else:
+            for i, (title, head, rows) in enumerate(sections(runs)):
+                if i:
+                    typer.echo("")
+                if title:
+                    typer.echo(title)
+                table([dict(zip(head, cells, strict=True)) for cells in rows], head)
     if html is not None:
         # Imported here: matplotlib costs ~0.5 s that a table run does not need.
         from controlplane.sim.html import render_html

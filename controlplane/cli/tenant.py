@@ -190,7 +190,9 @@ def _tenant_row(t: Any) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for field in t.DESCRIPTOR.fields:
         name = field.name
-        if name in d:
+        if field.message_type is not None and field.message_type.name == "Timestamp":
+            row[name] = getattr(t, name).ToDatetime() if t.HasField(name) else None
+        elif name in d:
             row[name] = d[name]
         elif name in LIMIT_FIELDS:
             row[name] = "unlimited"

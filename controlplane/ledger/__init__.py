@@ -11,9 +11,13 @@ The use cases of metering:
 - ``metering``  ``Metering``: Complete made durable exactly once
 - ``export``    deterministic streaming exports with a reconciling manifest
 - ``usage``     usage summaries over the ledger
+- ``revenue``   sums with the base charge (at multiplier 1) and the
+                dynamic revenue, per record
+- ``margin``    the margin report over any period (``burstgate margin``)
 
 Elsewhere by layer: the pure types in ``controlplane.domain`` (``money``,
 ``catalog``, ``ledger_records``, ``pricing``: the step table), the SQL in
 ``controlplane.store.ledger``, ``burstgate.v1.LedgerService`` in
-``controlplane.rpc.ledger``, the CLI in ``controlplane.cli.ledger``.
+``controlplane.rpc.ledger``, the CLI in ``controlplane.cli.ledger``,
+``controlplane.cli.margin`` and ``controlplane.cli.pricing``.
 """

@@ -13,6 +13,14 @@
   PostgreSQL; one read transaction on SQLite), and the export checks that
   the rows it wrote add up to exactly those sums before it emits the
   manifest (``ExportMismatch`` otherwise).
+- **The multiplier in every granularity**: request rows carry the
+  multiplier locked at admission; daily rows carry the base charge (the
+  charge at multiplier 1, derived per record: ``ledger/revenue.py``), the
+  dynamic revenue (user charge - base charge) and the base-charge-weighted
+  mean multiplier. Daily rows are therefore summed here from the request
+  rows (read in group order, one group in memory at a time) rather than by
+  SQL ``GROUP BY``: the base charge is rounded per record, which SQL cannot
+  do exactly on both databases.
 """
 
 from __future__ import annotations
@@ -25,15 +33,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, func, literal_column, select
+from sqlalchemy import Connection, Engine, Select, String, cast, func, literal_column, select
 
 from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.ledger_records import COLUMNS, iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
 from controlplane.domain.units import NS_PER_DAY
 from controlplane.domain.validate import check_id
+from controlplane.ledger.revenue import MicroCache, Sums, add_record
 from controlplane.store.ledger import LEDGER
 
 FETCH_ROWS = 5_000
@@ -42,8 +52,21 @@ FETCH_ROWS = 5_000
 MAX_TIME_NS = 2**63 - 1
 TIME_RANGE_TEXT = "1970-01-01 and 2262-04-11T23:47:16Z (Unix nanoseconds in 64 bits)"
 CHUNK_BYTES = 64 * 1024
-FORMATS = ("csv", "jsonl", "parquet")
-GRANULARITIES = ("request", "daily")
+
+
+class ExportFormat(StrEnum):
+    CSV = "csv"
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
+class Granularity(StrEnum):
+    REQUEST = "request"  # one row per record
+    DAILY = "daily"  # per tenant, model and UTC day
+
+
+FORMATS = tuple(f.value for f in ExportFormat)
+GRANULARITIES = tuple(g.value for g in Granularity)
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     # The request-log columns `burstgate analyze` reads (docs/analysis.md) ...
@@ -57,6 +80,8 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 DAILY_COLUMNS: tuple[str, ...] = (
     "tenant_id", "day", "model", "currency", "requests", "prompt_tokens", "cached_tokens",
     "output_tokens", "user_charge", "actual_cost",
+    # The dynamic part of the user charge (ledger/revenue.py; docs/ledger.md).
+    "base_charge", "dynamic_revenue", "pricing_multiplier",
 )  # fmt: skip
 _IDX = {name: i for i, name in enumerate(COLUMNS)}
 
@@ -89,31 +114,8 @@ class ExportSpec:
         return self
 
 
-@dataclass
-class Totals:
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    user_charge_nanos: int = 0
-    actual_cost_nanos: int = 0
-
-    def as_json(self, currency: str) -> dict[str, Any]:
-        return {
-            "currency": currency,
-            "requests": self.requests,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "output_tokens": self.output_tokens,
-            "user_charge": format_nanos(self.user_charge_nanos),
-            "actual_cost": format_nanos(self.actual_cost_nanos),
-        }
-
-    def key(self) -> tuple[int, ...]:
-        return (
-            self.requests, self.prompt_tokens, self.cached_tokens, self.output_tokens,
-            self.user_charge_nanos, self.actual_cost_nanos,
-        )  # fmt: skip
+# A currency's totals: the SQL-summable figures plus the base charge.
+Totals = Sums
 
 
 @dataclass
@@ -124,7 +126,8 @@ class ExportResult:
     manifest: dict[str, Any] = field(default_factory=dict)
 
 
-def _filter(q: Select[Any], spec: ExportSpec) -> Select[Any]:
+def period_filter(q: Select[Any], spec: ExportSpec) -> Select[Any]:
+    """Rows settled in the spec's half-open period (and of its tenants)."""
     q = q.where(LEDGER.c.settled_ns >= spec.start_ns, LEDGER.c.settled_ns < spec.end_ns)
     if spec.tenants:
         q = q.where(LEDGER.c.tenant_id.in_(sorted(set(spec.tenants))))
@@ -134,7 +137,7 @@ def _filter(q: Select[Any], spec: ExportSpec) -> Select[Any]:
 def sql_totals(conn: Connection, spec: ExportSpec) -> dict[str, Totals]:
     """Per currency, straight from SQL SUM()."""
     c = LEDGER.c
-    q = _filter(
+    q = period_filter(
         select(
             c.currency,
             func.count(),
@@ -154,11 +157,35 @@ def _day_expr() -> Any:
     return LEDGER.c.settled_ns.op("/")(literal_column(str(NS_PER_DAY)))
 
 
+# What the daily export and the margin report read of each record.
+SUM_COLUMNS = ("prompt_tokens", "cached_tokens", "output_tokens", "user_charge_nanos",
+               "actual_cost_nanos", "pricing_multiplier")  # fmt: skip
+
+
+def sum_columns() -> list[Any]:
+    """``SUM_COLUMNS`` as selected. The multiplier comes as text: a cheap
+    key for ``MicroCache`` (a Decimal built and hashed per row cost more
+    than the rest of the row's work)."""
+    c = LEDGER.c
+    text_multiplier = cast(c.pricing_multiplier, String).label("pricing_multiplier")
+    return [*(c[name] for name in SUM_COLUMNS[:-1]), text_multiplier]
+
+
+def daily_records_query(spec: ExportSpec) -> Select[Any]:
+    """Each record of the period in daily-row order, with its group key
+    (tenant, day, model, currency) first: consecutive rows of one group."""
+    c = LEDGER.c
+    day = _day_expr().label("day")
+    q = select(c.tenant_id, day, c.model, c.currency, *sum_columns())
+    return period_filter(q, spec).order_by(c.tenant_id, day, c.model, c.currency)
+
+
 def query(spec: ExportSpec) -> Select[Any]:
+    """Request rows; daily: SQL-summed groups (GetUsage; no base charge)."""
     c = LEDGER.c
     if spec.granularity == "request":
         q = select(*(c[name] for name in COLUMNS))
-        return _filter(q, spec).order_by(c.tenant_id, c.settled_ns, c.request_id)
+        return period_filter(q, spec).order_by(c.tenant_id, c.settled_ns, c.request_id)
     day = _day_expr().label("day")
     q = select(
         c.tenant_id,
@@ -173,7 +200,7 @@ def query(spec: ExportSpec) -> Select[Any]:
         func.sum(c.actual_cost_nanos),
     )
     return (
-        _filter(q, spec)
+        period_filter(q, spec)
         .group_by(c.tenant_id, day, c.model, c.currency)
         .order_by(c.tenant_id, day, c.model, c.currency)
     )
@@ -199,31 +226,38 @@ def _request_values(r: Sequence[Any]) -> list[Any]:
     ]  # fmt: skip
 
 
+def _day_text(day: Any) -> str:
+    return datetime.fromtimestamp(int(day) * 86_400, UTC).strftime("%Y-%m-%d")
+
+
 def daily_values(r: Sequence[Any]) -> list[Any]:
-    day = datetime.fromtimestamp(int(r[1]) * 86_400, UTC).strftime("%Y-%m-%d")
+    """A row of the SQL-summed daily query (GetUsage)."""
     return [
-        r[0], day, r[2], r[3], int(r[4]), int(r[5] or 0), int(r[6] or 0), int(r[7] or 0),
-        format_nanos(int(r[8] or 0)), format_nanos(int(r[9] or 0)),
+        r[0], _day_text(r[1]), r[2], r[3], int(r[4]), int(r[5] or 0), int(r[6] or 0),
+        int(r[7] or 0), format_nanos(int(r[8] or 0)), format_nanos(int(r[9] or 0)),
     ]  # fmt: skip
 
 
-def _add(totals: dict[str, Totals], spec: ExportSpec, r: Sequence[Any]) -> None:
-    if spec.granularity == "request":
-        t = totals.setdefault(r[_IDX["currency"]], Totals())
-        t.requests += 1
-        t.prompt_tokens += int(r[_IDX["prompt_tokens"]])
-        t.cached_tokens += int(r[_IDX["cached_tokens"]])
-        t.output_tokens += int(r[_IDX["output_tokens"]])
-        t.user_charge_nanos += int(r[_IDX["user_charge_nanos"]])
-        t.actual_cost_nanos += int(r[_IDX["actual_cost_nanos"]])
-    else:
-        t = totals.setdefault(r[3], Totals())
-        t.requests += int(r[4])
-        t.prompt_tokens += int(r[5] or 0)
-        t.cached_tokens += int(r[6] or 0)
-        t.output_tokens += int(r[7] or 0)
-        t.user_charge_nanos += int(r[8] or 0)
-        t.actual_cost_nanos += int(r[9] or 0)
+def daily_export_values(key: tuple[Any, ...], t: Sums) -> list[Any]:
+    """A daily export row: the group key, its sums, then the dynamic part."""
+    mean = t.mean_multiplier()
+    return [
+        key[0], _day_text(key[1]), key[2], key[3], t.requests, t.prompt_tokens,
+        t.cached_tokens, t.output_tokens, format_nanos(t.user_charge_nanos),
+        format_nanos(t.actual_cost_nanos), format_nanos(t.base_charge_nanos),
+        format_nanos(t.dynamic_revenue_nanos),
+        format_fixed(mean, 6) if mean is not None else "",
+    ]  # fmt: skip
+
+
+_REQUEST_SUM_AT = tuple(_IDX[name] for name in SUM_COLUMNS)
+
+
+def _add_request(totals: dict[str, Totals], r: Sequence[Any], micro: MicroCache) -> None:
+    p, c, o, u, a, m = _REQUEST_SUM_AT
+    totals.setdefault(r[_IDX["currency"]], Totals()).add(
+        int(r[p]), int(r[c]), int(r[o]), int(r[u]), int(r[a]), micro(r[m])
+    )
 
 
 class _Text:
@@ -283,7 +317,7 @@ class _Parquet:
         else:
             types = [
                 pa.string(), pa.date32(), pa.string(), pa.string(), pa.int64(), pa.int64(),
-                pa.int64(), pa.int64(), money, money,
+                pa.int64(), pa.int64(), money, money, money, money, ratio,
             ]  # fmt: skip
         self.schema = pa.schema(list(zip(columns, types, strict=True)))
         self.sink = io.BytesIO()
@@ -301,7 +335,7 @@ class _Parquet:
             if self.pa.types.is_timestamp(t):
                 out.append(_iso_to_ns(v) if v else None)
             elif self.pa.types.is_decimal(t):
-                out.append(Decimal(v))
+                out.append(Decimal(v) if v != "" else None)
             elif self.pa.types.is_date32(t):
                 out.append(datetime.strptime(v, "%Y-%m-%d").date())
             else:
@@ -330,16 +364,46 @@ def _iso_to_ns(text: str) -> int:
     return secs * 1_000_000_000 + int(frac or 0)
 
 
+class _DailyGroups:
+    """Consecutive records of one (tenant, day, model, currency) summed into
+    one daily row; only the group being summed is held."""
+
+    def __init__(self, running: dict[str, Totals]) -> None:
+        self.running = running
+        self.micro = MicroCache()
+        self.key: tuple[Any, ...] | None = None
+        self.sums = Sums()
+
+    def feed(self, r: Sequence[Any]) -> list[Any] | None:
+        """Add a record; the finished group's row when this one starts a new group."""
+        key = (r[0], int(r[1]), r[2], r[3])
+        done = self.finish() if key != self.key else None
+        self.key = key
+        add_record(self.sums, r, 4, self.micro)
+        return done
+
+    def finish(self) -> list[Any] | None:
+        if self.key is None:
+            return None
+        values = daily_export_values(self.key, self.sums)
+        # The reconciliation adds up the rows written, not the records read.
+        self.running.setdefault(self.key[3], Totals()).merge(self.sums)
+        self.key, self.sums = None, Sums()
+        return values
+
+
 def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[bytes]:
     """Yield the file's bytes; fill ``result`` (manifest) when done."""
     spec.validate()
-    columns = REQUEST_COLUMNS if spec.granularity == "request" else DAILY_COLUMNS
-    to_values = _request_values if spec.granularity == "request" else daily_values
+    daily = spec.granularity == "daily"
+    columns = DAILY_COLUMNS if daily else REQUEST_COLUMNS
     sha = hashlib.sha256()
     out: _Text | _Parquet = (
         _Parquet(columns, spec.granularity) if spec.fmt == "parquet" else _Text(spec.fmt, columns)
     )
     running: dict[str, Totals] = {}
+    groups = _DailyGroups(running)
+    micro = MicroCache()
     rows = 0
     options: dict[str, Any] = {}
     if engine.dialect.name == "postgresql":
@@ -347,17 +411,27 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
     with engine.connect().execution_options(**options) as conn, conn.begin():
         expected = sql_totals(conn, spec)
         cursor = conn.execution_options(stream_results=True, yield_per=FETCH_ROWS).execute(
-            query(spec)
+            daily_records_query(spec) if daily else query(spec)
         )
         for part in cursor.partitions():
             for r in part:
-                out.add(to_values(r))
-                _add(running, spec, r)
-                rows += 1
+                if daily:
+                    done = groups.feed(r)
+                    if done is not None:
+                        out.add(done)
+                        rows += 1
+                else:
+                    out.add(_request_values(r))
+                    _add_request(running, r, micro)
+                    rows += 1
             data = out.take(final=False) if spec.fmt != "parquet" else out.take()
             if data:
                 sha.update(data)
                 yield data
+        last = groups.finish()
+        if last is not None:
+            out.add(last)
+            rows += 1
     data = out.take(final=True)
     if data:
         sha.update(data)
@@ -366,7 +440,9 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
         raise ExportMismatch(f"export rows add up to {running}, the database's SUM() to {expected}")
     result.rows = rows
     result.sha256 = sha.hexdigest()
-    result.totals = expected
+    # The SQL figures equal the rows' (checked above); the rows' sums also
+    # carry the base charge.
+    result.totals = running
     result.manifest = {
         "format": spec.fmt,
         "granularity": spec.granularity,
@@ -374,12 +450,12 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
         "period": {"start": iso_ns(spec.start_ns), "end": iso_ns(spec.end_ns)},
         "tenants": sorted(set(spec.tenants)) or "all",
         "order": (
-            ["tenant_id", "settled_ts", "request_id"]
-            if spec.granularity == "request"
-            else ["tenant_id", "day", "model", "currency"]
+            ["tenant_id", "day", "model", "currency"]
+            if daily
+            else ["tenant_id", "settled_ts", "request_id"]
         ),
         "rows": rows,
-        "totals": [expected[c].as_json(c) for c in sorted(expected)],
+        "totals": [running[c].as_json(c) for c in sorted(running)],
         "reconciled_with": "SUM() over ledger_records in the export's snapshot",
         "sha256": result.sha256,
     }

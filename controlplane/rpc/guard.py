@@ -234,6 +234,9 @@ def guard_deserializer(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"request is not a valid {message_type} protobuf",
             MALFORMED_REASON,
+            # The BadRequest names the whole message: no field could be read.
+            field="request",
+            description=f"not a valid {message_type} protobuf",
         )
     )
 

@@ -209,27 +209,40 @@ def _row(cells: tuple[str, ...]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def to_table(runs: list[RunStats]) -> str:
-    """One row per run and lane: the figures the issue asks to compare."""
-    lines = [_row(LANE_HEAD), "|" + "---|" * len(LANE_HEAD)]
-    for r in runs:
-        for lane, g in [*r.lanes.items(), ("all", r.overall)]:
-            lines.append(_row(lane_cells(r, lane, g)))
+BURST_HEAD = ("load", "policy", "lane", "requests", "SLO met", "refused")
+BURST_TITLE = "Requests that arrived inside the injected burst's window:"
+Section = tuple[str, tuple[str, ...], list[tuple[str, ...]]]
+
+
+def sections(runs: list[RunStats]) -> list[Section]:
+    """The comparison as (title, head, rows) tables: per run and lane, the
+    injected burst's window (when there is one), and the per-run summary.
+    The CLI draws them with its table renderer, or as Markdown."""
+    lanes = [
+        lane_cells(r, lane, g) for r in runs for lane, g in [*r.lanes.items(), ("all", r.overall)]
+    ]
+    out: list[Section] = [("", LANE_HEAD, lanes)]
     windowed = [r for r in runs if r.burst_window]
     if windowed:
-        lines.append("")
-        lines.append("Requests that arrived inside the injected burst's window:")
-        lines.append("")
-        lines.append("| load | policy | lane | requests | SLO met | refused |")
-        lines.append("|" + "---|" * 6)
-        for r in windowed:
-            for lane, g in r.burst_window.items():
-                lines.append(
-                    f"| {r.load:g}x | {r.policy} | {lane} | {g.requests:,} | "
-                    f"{g.attainment:.1%} | {g.refused / max(1, g.requests):.1%} |"
-                )
-    lines.append("")
-    lines.append(_row(SUMMARY_HEAD))
-    lines.append("|" + "---|" * len(SUMMARY_HEAD))
-    lines.extend(_row(summary_cells(r)) for r in runs)
+        burst: list[tuple[str, ...]] = [
+            (f"{r.load:g}x", r.policy, lane, f"{g.requests:,}", f"{g.attainment:.1%}",
+             f"{g.refused / max(1, g.requests):.1%}")
+            for r in windowed
+            for lane, g in r.burst_window.items()
+        ]  # fmt: skip
+        out.append((BURST_TITLE, BURST_HEAD, burst))
+    out.append(("", SUMMARY_HEAD, [summary_cells(r) for r in runs]))
+    return out
+
+
+def to_table(runs: list[RunStats]) -> str:
+    """The comparison as Markdown tables (``simulate --markdown``: for docs)."""
+    lines: list[str] = []
+    for title, head, rows in sections(runs):
+        if lines:
+            lines.append("")
+        if title:
+            lines += [title, ""]
+        lines += [_row(head), "|" + "---|" * len(head)]
+        lines += [_row(cells) for cells in rows]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from controlplane.domain.policy import Policy
@@ -34,10 +35,18 @@ from controlplane.sim.trace import (
     scale_to_rate,
 )
 
+
+class PolicyName(StrEnum):
+    FIFO = "fifo"
+    RATE_LIMIT = "rate-limit"
+    BURSTGATE = "burstgate"
+    # Accepted by --policy, not run by default: burstgate with the pool gate
+    # off (Policy.pool_gate=false), what the default was before the gate.
+    BURSTGATE_UNGATED = "burstgate-ungated"
+
+
 BUILTIN_POLICIES = ("fifo", "rate-limit", "burstgate")
-# Also accepted by --policy, not run by default: burstgate with the pool gate
-# off (Policy.pool_gate=false), what the default was before the gate.
-EXTRA_POLICIES = ("burstgate-ungated",)
+EXTRA_POLICIES = tuple(p.value for p in PolicyName if p.value not in BUILTIN_POLICIES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from controlplane.settings import sqlalchemy_url
@@ -27,15 +27,14 @@ PG_KEEPALIVES = {
 
 
 def make_engine(url: str, *, connect_timeout_s: int = 5, statement_timeout_s: float = 0) -> Engine:
-    """Create an engine; for a file SQLite URL, create the parent directory.
-    PostgreSQL: libpq ``connect_timeout`` and keepalives, and a server-side
+    """Create an engine. It creates nothing on disk (SQLite makes a missing
+    database file at the first connection; only ``upgrade`` creates its
+    directory), so a failed ``serve`` leaves nothing behind. PostgreSQL:
+    libpq ``connect_timeout`` and keepalives, and a server-side
     ``statement_timeout`` when ``statement_timeout_s`` > 0; a parameter the
     URL sets itself is left as the URL says."""
     sa_url = make_url(sqlalchemy_url(url))
     if sa_url.get_backend_name() == "sqlite":
-        db = sa_url.database
-        if db and db != ":memory:":
-            Path(db).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(sa_url)
 
         @event.listens_for(engine, "connect")
@@ -65,9 +64,38 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    if url.startswith("sqlite:///"):
-        make_engine(url).dispose()  # creates the parent directory
+    """Migrate to ``revision``; a file SQLite database is created, with its
+    directory, if it does not exist (``migrate`` and ``demo`` create it;
+    ``serve`` never does)."""
+    sa_url = make_url(sqlalchemy_url(url))
+    db = sa_url.database
+    if sa_url.get_backend_name() == "sqlite" and db and db != ":memory:" and db[:5] != "file:":
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
     command.upgrade(alembic_config(url), revision)
+
+
+def schema_heads(conn: Connection) -> tuple[str, ...]:
+    """The schema revision(s) the database is at (empty: never migrated)."""
+    from alembic.runtime.migration import MigrationContext
+
+    return tuple(MigrationContext.configure(conn).get_current_heads())
+
+
+def code_heads(current: tuple[str, ...] = ()) -> tuple[tuple[str, ...], bool]:
+    """(this code's head revisions, whether every revision in ``current`` is
+    one this code knows: False when a newer burstgate migrated the database)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    scripts = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    heads = tuple(scripts.get_heads())
+    try:
+        for rev in current:
+            if scripts.get_revision(rev) is None:
+                return heads, False
+    except CommandError:  # "Can't locate revision identified by ..."
+        return heads, False
+    return heads, True
 
 
 def downgrade(url: str, revision: str) -> None:

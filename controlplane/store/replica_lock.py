@@ -377,13 +377,9 @@ class ReplicaGuard:
         self._pending: asyncio.Future[tuple[bool, Any]] | None = None
 
     async def acquire(self) -> None:
-        """Take the lock before serving; ReplicaLockHeld if another replica has it."""
-        try:
-            await _bounded(_in_daemon_thread(self.lock.acquire), ACQUIRE_WAIT_S, "replica lock")
-        except ReplicaLockHeld as exc:
-            log.error("another burstgate serve holds this database; not serving",
-                      database=exc.database, holder=exc.holder)  # fmt: skip
-            raise
+        """Take the lock before serving; ReplicaLockHeld if another replica
+        has it (not logged here: the caller reports it, `serve` in one line)."""
+        await _bounded(_in_daemon_thread(self.lock.acquire), ACQUIRE_WAIT_S, "replica lock")
         self.held = True
 
     async def poll(self) -> None:

@@ -2,7 +2,7 @@
 
 Real processes on a real database (SQLite and PostgreSQL, via ``migrated_url``):
 a second `serve` (or `demo`) on the same database exits at once with status 3
-and a message naming the database (password hidden) and what to do, and binds
+and one record naming the database (password hidden) and what to do, and binds
 nothing; the first keeps serving; the CLI's database commands run beside it;
 after the first is stopped with SIGTERM, a new one starts. In process, on
 PostgreSQL: a lock session that dies is replaced at the next config poll, and a
@@ -12,6 +12,7 @@ until it is given back.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -111,17 +112,23 @@ def test_a_second_serve_on_the_same_database_is_refused(
         out = second.stdout + second.stderr
         assert "burstgate listening" not in out  # nothing was bound
         assert "demo config" not in out  # refused before the demo wrote its tenants
-        assert "error: another `burstgate serve` is running on database " in second.stderr
-        assert "scale-out is not supported yet" in second.stderr
-        assert "docs/operating.md" in second.stderr
+        # one JSON record (the logs are JSON), as every start-up failure
+        [line] = second.stderr.splitlines()
+        record = json.loads(line)
+        assert (record["event"], record["exit_code"]) == ("start-up failed", 3)
+        assert record["reason"] == "replica_lock_held"
+        said = record["error"] + " " + record["fix"]
+        assert said.startswith("another `burstgate serve` is running on database ")
+        assert "scale-out is not supported yet" in said
+        assert "docs/operating.md" in said
         assert SECRET not in out
         shown = make_url(url).render_as_string(hide_password=True)
-        assert shown in second.stderr
+        assert shown in said
         if migrated_url.startswith("postgresql"):
             assert "***" in shown
-            assert "application 'burstgate serve " in second.stderr  # the holder, named
+            assert "application 'burstgate serve " in said  # the holder, named
         else:
-            assert f"{make_url(url).database}.serve.lock" in second.stderr
+            assert f"{make_url(url).database}.serve.lock" in said
 
     # the first keeps serving, and the CLI's database commands run beside it
     assert admitted(first.target, "r2")

@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     # 1. entry points and the composition root
     "controlplane.cli": 1,
     "controlplane.server": 1,
+    "controlplane.startup": 1,  # the start's checks and failures (serve, demo, migrate)
     "controlplane.__main__": 1,
     "controlplane.protogen": 1,  # developer tool: regenerates controlplane/_proto
     "controlplane.analysis": 1,  # offline tool beside the stack, reached from the CLI

@@ -70,7 +70,7 @@ def analysis(azure_trace: Path) -> Analysis:
 
 @pytest.fixture(scope="module")
 def report(analysis: Analysis, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return write_report(analysis, tmp_path_factory.mktemp("azure")).read_text()
+    return write_report(analysis, tmp_path_factory.mktemp("azure") / "report.html").read_text()
 
 
 def test_matches_the_trace_readme(analysis: Analysis) -> None:
@@ -166,6 +166,33 @@ def test_report_figures_agree_with_oracle(report: str, oracle: Oracle) -> None:
     doc = json.loads(html_lib.unescape(data.group(1)))
     assert doc["overall"]["rates"]["requests_per_s"]["mean"] == pytest.approx(c.mean())
     assert doc["rows"]["analysed"] == 19_366
+
+
+def test_report_shows_why_the_only_burst_is_one(report: str, oracle: Oracle) -> None:
+    """The trace's one burst is on tokens alone: the table must show the token
+    average over its threshold and the request average under its own."""
+    shown = _metrics(report)
+    assert re.findall(r'<tr id="burst-(\d+)">', report) == ["1"]
+    assert 'href="#burst-1"' in report and 'class="band"' in report
+    assert shown["incidents.1.start"] == "2023-11-16 18:58:03"
+    assert shown["incidents.1.axes"] == "tokens"
+    value = {
+        k: float(v.replace(",", ""))
+        for k, v in shown.items()
+        if k.startswith("incidents.1.") and k.endswith(("smoothed", "threshold"))
+    }
+    assert value["incidents.1.tokens_per_s.smoothed"] > value["incidents.1.tokens_per_s.threshold"]
+    assert (
+        value["incidents.1.requests_per_s.smoothed"]
+        <= value["incidents.1.requests_per_s.threshold"]
+    )
+    # The 1-second token peak inside the burst, recomputed from the raw CSV.
+    start = int(
+        (datetime(2023, 11, 16, 18, 58, 3) - datetime(2023, 11, 16, 18, 15, 46)).total_seconds()
+    )
+    assert shown["incidents.1.tokens_per_s.peak"] == num(
+        int(oracle.tokens[start : start + 7].max())
+    )
 
 
 def test_cli_on_the_trace(azure_trace: Path) -> None:

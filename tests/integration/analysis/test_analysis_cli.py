@@ -72,6 +72,7 @@ def test_analyze_json_schema(app: typer.Typer, tenant_log: Path) -> None:
         "schema",
         "source",
         "format",
+        "input",
         "columns",
         "rows",
         "span",
@@ -112,11 +113,12 @@ def test_analyze_json_schema(app: typer.Typer, tenant_log: Path) -> None:
 
 
 def test_analyze_html(app: typer.Typer, tenant_log: Path, tmp_path: Path) -> None:
-    code, out, err = run(app, "analyze", str(tenant_log), "--json", "--html", str(tmp_path / "r"))
+    target = tmp_path / "r.html"
+    code, out, err = run(app, "analyze", str(tenant_log), "--json", "--html", str(target))
     assert code == 0
     json.loads(out)  # stdout stays pure JSON; the report path goes to stderr
-    assert "index.html" in err
-    html = (tmp_path / "r" / "index.html").read_text()
+    assert "r.html" in err
+    html = target.read_text()
     assert 'id="tenants"' in html and 'id="incident-1"' in html
     assert html.count("data:image/png;base64,") >= 6  # 5 overview figures + an incident
 
@@ -142,8 +144,8 @@ def test_empty_log(app: typer.Typer, tmp_path: Path) -> None:
     empty = write_csv(tmp_path / "empty.csv", AZURE_HEADER, [])
     code, out, _ = run(app, "analyze", str(empty))
     assert code == 0 and "no requests to analyse" in out
-    code, out, _ = run(app, "analyze", str(empty), "--html", str(tmp_path / "r"))
-    assert code == 0 and (tmp_path / "r" / "index.html").is_file()
+    code, out, _ = run(app, "analyze", str(empty), "--html", str(tmp_path / "r.html"))
+    assert code == 0 and (tmp_path / "r.html").is_file()
     code, out, _ = run(app, "plan", str(empty), "--rps", "1")
     assert code == 0 and "no requests" in out
     code, out, _ = run(app, "forecast", str(empty))

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TypeVar
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from controlplane.analysis.parsing import (
     parse_timestamp_us,
     parse_tokens,
 )
+from controlplane.analysis.timeunits import TimeUnit
 
 T = TypeVar("T")
 
@@ -126,3 +128,38 @@ def test_fast_path_is_taken_on_typical_columns() -> None:
     floats = fast_optional_floats(["1.5", ""])
     assert floats is not None and floats[0] == 1.5 and np.isnan(floats[1])
     assert fast_timestamps([]) is not None
+
+
+numeric_text = st.one_of(
+    st.integers(min_value=0, max_value=10**20).map(str),
+    st.floats(min_value=0, max_value=1e13, allow_nan=False).map(lambda f: f"{f:.6f}"),
+    st.floats(min_value=0, max_value=1e6, allow_nan=False).map(lambda f: f"{f:.3f}"),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.one_of(numeric_text, noise), min_size=1, max_size=8),
+    st.sampled_from(list(TimeUnit)),
+)
+def test_timestamps_in_a_unit_agree(column: list[str], unit: TimeUnit) -> None:
+    fast = fast_timestamps(column, unit)
+    if fast is not None:
+        assert fast.tolist() == _scalar(lambda v: parse_timestamp_us(v, unit), column)
+
+
+def test_numeric_units_take_the_fast_path() -> None:
+    cases = [
+        (["0", "166", "1000"], TimeUnit.ms, [0, 166_000, 1_000_000]),
+        (["1.5", "2.25"], TimeUnit.s, [1_500_000, 2_250_000]),
+        (["1753780607550317897"], TimeUnit.ns, [1_753_780_607_550_317]),  # truncated
+        (["1700000000000"], TimeUnit.ms, [1_700_000_000_000_000]),
+    ]
+    for column, unit, expected in cases:
+        fast = fast_timestamps(column, unit)
+        assert fast is not None and fast.tolist() == expected
+        assert [parse_timestamp_us(v, unit) for v in column] == expected
+    # Integers and decimals mixed: the scalar path decides each value.
+    assert fast_timestamps(["1", "2.5"], TimeUnit.s) is None
+    with pytest.raises(ValueError, match="out of range"):
+        parse_timestamp_us(str(10**20), TimeUnit.s)

@@ -37,11 +37,13 @@ from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2, ledger_pb2
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy
+from controlplane.rpc.errors import DOMAIN
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine, upgrade
 from controlplane.store.models import Base
 from tests.conftest import ServerThread
 from tests.integration.admin.conftest import Keys, make_keys, start_server
+from tests.support import error_details
 
 # The services the server mounts (besides health and reflection, which take
 # no input worth fuzzing); test_fuzz_rpc checks this against reflection.
@@ -107,6 +109,7 @@ class Outcome:
     code: grpc.StatusCode
     details: str
     responses: list[Message]
+    error: grpc.RpcError | None = None
 
 
 def call(
@@ -136,7 +139,7 @@ def call(
         else:
             out.append(channel.unary_unary(path, ser, de)(requests[0], **kw))
     except grpc.RpcError as exc:
-        return Outcome(exc.code(), exc.details() or "", out)
+        return Outcome(exc.code(), exc.details() or "", out, exc)
     return Outcome(grpc.StatusCode.OK, "", out)
 
 
@@ -270,6 +273,19 @@ def judge(
     assert len(out.details) <= 2000, f"{name}: a {len(out.details)}-character status message"
     for s in (x for r in requests if isinstance(r, Message) for x in long_strings(r)):
         assert s not in out.details, f"{name} echoed a {len(s)}-character input back"
+    if out.error is not None and not oversize:
+        # Every error burstgate answers is structured (README, "Errors"): a
+        # google.rpc.Status with the call's code and message, an ErrorInfo,
+        # a BadRequest naming the field on INVALID_ARGUMENT, a RetryInfo on
+        # UNAVAILABLE. (An oversize message is refused by gRPC itself.)
+        d = error_details(out.error)
+        assert d.info.reason and d.info.domain == DOMAIN, f"{name}: {d.info}"
+        if out.code == grpc.StatusCode.INVALID_ARGUMENT:
+            assert d.bad_request is not None, f"{name}: INVALID_ARGUMENT without BadRequest"
+            [violation] = d.bad_request.field_violations
+            assert out.details.removeprefix(_prefix(out.details)).startswith(violation.field)
+        if out.code == grpc.StatusCode.UNAVAILABLE:
+            assert d.retry is not None, f"{name}: UNAVAILABLE without RetryInfo"
     if out.code == grpc.StatusCode.INVALID_ARGUMENT:
         messages = [r for r in requests if isinstance(r, Message)]
         assert not messages or names_a_field(out.details, messages), (
@@ -292,6 +308,12 @@ def judge(
 
 
 _BATCH = re.compile(r"^batch \d+: ")
+
+
+def _prefix(details: str) -> str:
+    """``batch N: `` when a stream's message starts with it, else ''."""
+    m = _BATCH.match(details)
+    return m.group(0) if m else ""
 
 
 def names_a_field(details: str, requests: list[Message]) -> bool:

@@ -128,7 +128,7 @@ def test_html_report_matches_the_json_of_the_same_run(tmp_path: Path) -> None:
 
 
 def test_html_tables_carry_the_same_figures_as_the_terminal_tables(tmp_path: Path) -> None:
-    stdout, _, page, _ = _run(tmp_path)
+    stdout, _, page, _ = _run(tmp_path, "--markdown")
     # table output unchanged, the notice after it
     assert stdout.rstrip().endswith(f"report written to {tmp_path / 'r.html'}")
     markdown = [

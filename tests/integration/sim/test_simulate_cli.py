@@ -65,20 +65,40 @@ def test_simulate_table_output_and_config_policy(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "capacity" in result.output
-    assert "| 1x | fifo | premium |" in result.output
-    assert "| 1x | config:gate.yaml | premium |" in result.output
+    # the CLI's table renderer: a header line, then one line per run and lane
+    lines = result.output.splitlines()
+    assert lines[2].split()[:3] == ["load", "policy", "lane"]
+    rows = [line.split()[:3] for line in lines[3:11]]
+    assert rows == [["1x", p, lane] for p in ("fifo", "config:gate.yaml")
+                    for lane in ("batch", "premium", "standard", "all")]  # fmt: skip
+    # --markdown: the same figures as Markdown tables, for docs
+    md = runner.invoke(
+        app,
+        ["simulate", str(AZURE), "--limit", "200", "--policy", "fifo", "--config", str(cfg),
+         "--markdown"],
+        catch_exceptions=False,
+    ).output  # fmt: skip
+    assert "| 1x | fifo | premium |" in md
+    assert "| 1x | config:gate.yaml | premium |" in md
+    assert [line.split()[:3] for line in lines[3:11]] == [
+        [c.strip() for c in row.strip("|").split("|")][:3]
+        for row in md.splitlines()
+        if row.startswith("| 1x |")
+    ][:8]
 
 
 def test_simulate_refuses_bad_input_clearly(tmp_path: Path) -> None:
     jsonl = tmp_path / "mooncake.jsonl"
     jsonl.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n' * 3)
     cases = [
-        (["--policy", "round-robin"], "--policy: unknown 'round-robin'"),
+        # a choice option: click names the option and lists the known policies
+        (["--policy", "round-robin"], "'round-robin' is not one of 'fifo', 'rate-limit'"),
         (["--burst", "standard:5"], "--burst: expected TENANT:FACTOR:START_S:DURATION_S"),
     ]
     for extra, message in cases:
         r = runner.invoke(app, ["simulate", str(AZURE), "--limit", "50", *extra])
-        assert r.exit_code == 2 and message in r.output, r.output
+        flat = " ".join(r.output.replace("│", " ").split())  # click's error box wraps
+        assert r.exit_code == 2 and message in flat, r.output
     # numeric times without a unit are refused, never guessed
     r = runner.invoke(
         app,
