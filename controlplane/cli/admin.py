@@ -17,18 +17,11 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.common import (
-    DEFAULT_ADMIN_TARGET,
     UNLIMITED,
-    ApiKeyOpt,
     JsonOpt,
-    TimeoutOpt,
-    TlsCaOpt,
-    TlsCertOpt,
-    TlsKeyOpt,
-    TlsNameOpt,
     admin_client,
     cell,
-    connection,
+    connect_options,
     echo_json,
     fail,
     kv,
@@ -87,20 +80,7 @@ def _root_ctx(ctx: typer.Context) -> typer.Context:
 # ------------------------------------------------------------- connection
 
 
-@admin_app.callback()
-def _connect(
-    ctx: typer.Context,
-    target: Annotated[
-        str, typer.Option(envvar="BURSTGATE_ADMIN_TARGET", help="host:port of the server.")
-    ] = DEFAULT_ADMIN_TARGET,
-    api_key: ApiKeyOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
-    tls_server_name: TlsNameOpt = None,
-    timeout: TimeoutOpt = 10.0,
-) -> None:
-    ctx.obj = connection(target, api_key, tls_ca, tls_cert, tls_key, tls_server_name, timeout)
+admin_app.callback()(connect_options)
 
 
 # ------------------------------------------------------------------ state

@@ -64,6 +64,23 @@ def connection(
     return {"target": target, "api_key": api_key, "tls": tls, "timeout": timeout}
 
 
+def connect_options(
+    ctx: typer.Context,
+    target: Annotated[
+        str, typer.Option(envvar="BURSTGATE_ADMIN_TARGET", help="host:port of the server.")
+    ] = DEFAULT_ADMIN_TARGET,
+    api_key: ApiKeyOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    tls_server_name: TlsNameOpt = None,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """The connection options of a command group that always talks to a
+    server (``admin``, ``pricing``): register it as the group's callback."""
+    ctx.obj = connection(target, api_key, tls_ca, tls_cert, tls_key, tls_server_name, timeout)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)

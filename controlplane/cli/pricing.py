@@ -29,16 +29,9 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.common import (
-    DEFAULT_ADMIN_TARGET,
-    ApiKeyOpt,
     JsonOpt,
-    TimeoutOpt,
-    TlsCaOpt,
-    TlsCertOpt,
-    TlsKeyOpt,
-    TlsNameOpt,
     admin_client,
-    connection,
+    connect_options,
     echo_json,
     fail,
     kv,
@@ -71,20 +64,7 @@ WARNING_COLUMNS = ("window_start", "tenant_id", "currency", "requests", "user_ch
                    "actual_cost", "ratio")  # fmt: skip
 
 
-@pricing_app.callback()
-def _connect(
-    ctx: typer.Context,
-    target: Annotated[
-        str, typer.Option(envvar="BURSTGATE_ADMIN_TARGET", help="host:port of the server.")
-    ] = DEFAULT_ADMIN_TARGET,
-    api_key: ApiKeyOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
-    tls_server_name: TlsNameOpt = None,
-    timeout: TimeoutOpt = 10.0,
-) -> None:
-    ctx.obj = connection(target, api_key, tls_ca, tls_cert, tls_key, tls_server_name, timeout)
+pricing_app.callback()(connect_options)
 
 
 # ----------------------------------------------------------------- helpers

@@ -8,25 +8,12 @@ from pathlib import Path
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
-from controlplane.analysis.cli import register
 from controlplane.analysis.timeunits import TimeUnit, decide, epoch_unit
+from tests.integration.analysis.conftest import run
 from tests.integration.analysis.synth import T0_US, iso, write_csv, write_jsonl
 
 US = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def app() -> typer.Typer:
-    application = typer.Typer()
-    register(application)
-    return application
-
-
-def run(app: typer.Typer, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 def errors(stderr: str) -> list[str]:

@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
-from typer.testing import CliRunner
 
-from controlplane.analysis.cli import register
 from controlplane.analysis.jsonout import ANALYSIS_SCHEMA
+from tests.integration.analysis.conftest import run
 from tests.integration.analysis.synth import (
     AZURE_HEADER,
     T0_US,
@@ -21,18 +20,6 @@ from tests.integration.analysis.synth import (
     poisson_arrivals,
     write_csv,
 )
-
-
-@pytest.fixture(scope="module")
-def app() -> typer.Typer:
-    application = typer.Typer()
-    register(application)
-    return application
-
-
-def run(app: typer.Typer, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")

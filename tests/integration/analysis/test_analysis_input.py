@@ -13,11 +13,11 @@ import typer
 from typer.testing import CliRunner
 
 from controlplane.analysis import arrowread
-from controlplane.analysis.cli import register
 from controlplane.analysis.presets import ColumnOptions, LogFormat
 from controlplane.analysis.reader import LogReadError, read_log
 from controlplane.analysis.timeunits import TimeUnit
 from controlplane.ledger.export import REQUEST_COLUMNS
+from tests.integration.analysis.conftest import run
 from tests.integration.analysis.shapes import (
     batch_line,
     ledger_rows,
@@ -29,18 +29,6 @@ from tests.integration.analysis.shapes import (
 from tests.integration.analysis.synth import AZURE_HEADER, T0_US, iso, write_csv, write_jsonl
 
 US = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def app() -> typer.Typer:
-    application = typer.Typer()
-    register(application)
-    return application
-
-
-def run(app: typer.Typer, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 def analyze_json(app: typer.Typer, *args: str) -> tuple[dict[str, Any], str]:

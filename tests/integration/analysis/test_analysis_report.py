@@ -18,7 +18,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from controlplane.analysis.cli import register
 from controlplane.analysis.plots import build_rate_figure, build_windows_figure
 from controlplane.analysis.reader import read_log
 from controlplane.analysis.summary import Analysis, analyze
@@ -50,13 +49,6 @@ def _rows(relative: bool) -> list[tuple[str, str, int, int]]:
         when = f"{offset:.6f}" if relative else iso(T0_US + round(offset * 1e6), zone=True)
         rows.append((when, str(tenant), int(p), int(o)))
     return rows
-
-
-@pytest.fixture(scope="module")
-def app() -> typer.Typer:
-    application = typer.Typer()
-    register(application)
-    return application
 
 
 @pytest.fixture(scope="module")
