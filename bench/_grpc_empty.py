@@ -1,7 +1,7 @@
 """The "empty" AdmissionService used as the baseline in bench_grpc.py.
 
 Same proto, same generated (de)serializers, same server construction
-(``controlplane.server.create_server`` with its options, health and
+(``controlplane.rpc.assembly.create_server`` with its options, health and
 reflection), same grpc.aio + uvloop stack -- but the handlers decide nothing:
 ``Admit`` returns one pre-built ``AdmitResponse`` and ``AdmitStream`` answers
 every ``AdmitBatch`` with a pre-built ``AdmitBatchResult`` of the same length,
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from unittest import mock
 
-import controlplane.server as server_mod
+import controlplane.rpc.assembly as server_mod
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.service import AdmissionService
@@ -97,7 +97,7 @@ class EmptyAdmissionServicer(pb_grpc.AdmissionServiceServicer):
 
 
 def create_empty_server(service: AdmissionService, address: str = "127.0.0.1:0") -> tuple[Any, int]:
-    """``controlplane.server.create_server`` itself, with the real servicer
+    """``controlplane.rpc.assembly.create_server`` itself, with the real servicer
     swapped for :class:`EmptyAdmissionServicer` -- so options, health and
     reflection are exactly the production ones. Returns (server, port);
     the server is not started."""

@@ -4,7 +4,7 @@ script on every request (envoyproxy/ratelimit and LiteLLM's proxy limiter
 both make one Redis round trip per request; LiteLLM's is a Lua script).
 
 Same proto, same generated (de)serializers, same server construction
-(``controlplane.server.create_server`` with its options, health and
+(``controlplane.rpc.assembly.create_server`` with its options, health and
 reflection, the servicer swapped as for ``_grpc_empty``), same grpc.aio +
 uvloop stack as the other two servers. The decision is Redis's:
 
@@ -40,7 +40,7 @@ from unittest import mock
 
 import redis.asyncio as aioredis
 
-import controlplane.server as server_mod
+import controlplane.rpc.assembly as server_mod
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.service import AdmissionService
@@ -237,7 +237,7 @@ class RedisAdmissionServicer(pb_grpc.AdmissionServiceServicer):
 def create_redis_server(
     service: AdmissionService, servicer: RedisAdmissionServicer, address: str = "127.0.0.1:0"
 ) -> tuple[Any, int]:
-    """``controlplane.server.create_server`` with the real servicer swapped
+    """``controlplane.rpc.assembly.create_server`` with the real servicer swapped
     for ``servicer`` (options, health and reflection are the production ones).
     Returns (server, port); the server is not started."""
 

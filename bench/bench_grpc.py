@@ -20,7 +20,7 @@ Processes (all spawned, all on 127.0.0.1):
   refused unary call of the tight one would wait server-side by design),
   with the pool gate off unless
   ``--pool-gate`` (see ``prepare_db``).
-* "empty": ``controlplane.server.create_server`` with the servicer swapped
+* "empty": ``controlplane.rpc.assembly.create_server`` with the servicer swapped
   for ``_grpc_empty.EmptyAdmissionServicer`` (same messages, pre-built
   answers of the same size, no decisions), also on uvloop.
 * "redis": the same ``create_server`` stack with the servicer swapped for

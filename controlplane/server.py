@@ -9,31 +9,26 @@ import contextlib
 import gc
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 from prometheus_client import start_http_server
 
-from controlplane._proto.burstgate.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
-    admission_pb2,
-    admission_pb2_grpc,
-    ledger_pb2,
-    ledger_pb2_grpc,
-)
 from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
-from controlplane.rpc.admission import AdmissionServicer
+from controlplane.rpc.assembly import (
+    ADMIN_SERVICE,
+    ADMISSION_SERVICE,
+    LEDGER_SERVICE,
+    create_server,
+    keepalive_options,
+)
 from controlplane.rpc.dbcall import DbCaller
-from controlplane.rpc.guard import GuardedRegistrar, MalformedLog
-from controlplane.rpc.health import HealthServicer
-from controlplane.rpc.reflection import enable_reflection
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
@@ -58,95 +53,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = structlog.get_logger("burstgate.server")
 
-ADMISSION_SERVICE = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
-ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
-LEDGER_SERVICE = ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
 # How often open reservations are checked against the TTL.
 EXPIRY_INTERVAL_S = 0.5
-# Early client pings (see keepalive_options) tolerated before GOAWAY; grpc's
-# default, stated here because the README documents it.
-MAX_PING_STRIKES = 2
-
-
-def keepalive_options(settings: Settings) -> list[tuple[str, int]]:
-    """The server's keepalive policy as grpc core channel options (README,
-    "Keepalive"). Without them grpc's defaults apply: no server pings for
-    2 h, and a client pinging more often than every 5 minutes is cut off at
-    its third early ping with GOAWAY ENHANCE_YOUR_CALM ("too_many_pings"),
-    which ends every stream on the connection."""
-    return [
-        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
-        # Server side this does two things: the server pings connections that
-        # have no call open, and it accepts client pings on them (else a
-        # ping on a connection without a call is a strike unless 2 h apart).
-        # Sidecars keep one connection for unary calls that come and go.
-        ("grpc.keepalive_permit_without_calls", 1),
-        # (grpc core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS;
-        # an option name core does not know is ignored without a word.)
-        ("grpc.http2.min_ping_interval_without_data_ms", settings.keepalive_min_ping_interval_ms),
-        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
-    ]
-
-
-def create_server(
-    service: AdmissionService,
-    address: str = "127.0.0.1:0",
-    *,
-    max_message_bytes: int = 4 * 1024 * 1024,
-    waiting: WaitingRoom | None = None,
-    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-    admin: admin_pb2_grpc.AdminServiceServicer | None = None,
-    credentials: grpc.ServerCredentials | None = None,
-    ledger: Metering | None = None,
-    options: Sequence[tuple[str, Any]] = (),
-    db: DbCaller | None = None,
-) -> tuple[grpc.aio.Server, int, health_aio.HealthServicer]:
-    """Build (not start) a gRPC server with the admission, health and
-    reflection services (and the admin service when ``admin`` is given);
-    bind ``address`` (port 0 = a free port), with TLS when ``credentials``.
-    ``options``: more grpc channel options (the keepalive policy); ``db``:
-    the bounded database caller of the operator services."""
-    server = grpc.aio.server(
-        interceptors=list(interceptors),
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
-            *options,
-        ],
-    )
-    # Every service is registered through the request guard (malformed
-    # payloads; the operator services' string lengths): rpc/guard.py.
-    malformed = MalformedLog()
-    edge = GuardedRegistrar(server, malformed, check=False).as_server()
-    operator = GuardedRegistrar(server, malformed, check=True).as_server()
-    admission = AdmissionServicer(service, waiting, metering=ledger)
-    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, edge)
-    health_servicer = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, edge)
-    names = [ADMISSION_SERVICE, health.SERVICE_NAME]
-    if admin is not None:
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, operator)
-        names.append(ADMIN_SERVICE)
-    if ledger is not None:  # operators' ledger API, same auth as admin
-        from controlplane.rpc.ledger import LedgerServicer
-
-        ledger_pb2_grpc.add_LedgerServiceServicer_to_server(
-            LedgerServicer(ledger, clock=ledger.clock, db=db), operator
-        )
-        names.append(LEDGER_SERVICE)
-    enable_reflection(names, edge)
-    try:
-        if credentials is not None:
-            port = server.add_secure_port(address, credentials)
-        else:
-            port = server.add_insecure_port(address)
-    except RuntimeError:  # grpc: "Failed to bind to address ..." (the cause is on stderr)
-        port = 0
-    if port == 0:
-        raise OSError(f"cannot bind gRPC listener on {address}")
-    return server, port, health_servicer
 
 
 class ControlPlane:
