@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from controlplane.analysis.forecast import AlarmScore, AxisForecast
-from controlplane.analysis.parsing import format_timestamp_us
+from controlplane.analysis.parsing import US_PER_S, format_timestamp_us
 from controlplane.analysis.plan import CapacityPlan
 from controlplane.analysis.stats import Distribution, SeriesStats
 from controlplane.analysis.summary import Analysis, EntitySummary
+from controlplane.analysis.timescale import is_relative, since_zero
 
 # SPEC §5 thresholds for the verdict lines.
 CV_BURSTY = 1.0  # CV > 1: strongly bursty
@@ -36,7 +37,10 @@ def pct(value: float | None) -> str:
 
 
 def when(ts_us: int) -> str:
-    """ISO time to the second, for tables."""
+    """ISO time to the second, for tables; ``+H:MM:SS`` since the log's zero
+    when its timestamps are relative (placed at 1970 by the reader)."""
+    if is_relative(ts_us):
+        return since_zero(ts_us // US_PER_S)
     return format_timestamp_us(ts_us)[:19] + "Z"
 
 
@@ -165,8 +169,9 @@ def analysis_text(analysis: Analysis) -> str:
         out.append("no requests to analyse")
         return "\n".join(out) + "\n"
     out.append(
-        f"span: {when(timeline.t0_us)} to {when(int(log.ts_us.max()))} "
-        f"({timeline.n_bins:,} one-second bins from the first arrival)"
+        f"span: {when(timeline.t0_us)} to {when(int(log.ts_us.max()))}"
+        + (" since the log's zero" if is_relative(timeline.t0_us) else "")
+        + f" ({timeline.n_bins:,} one-second bins from the first arrival)"
     )
     out.append("")
     out.extend(entity_lines(analysis.overall, "Overall"))

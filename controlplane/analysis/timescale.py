@@ -25,7 +25,7 @@ def is_relative(t0_us: int) -> bool:
     return t0_us < RELATIVE_BEFORE_US
 
 
-def _duration(seconds: int) -> str:
+def since_zero(seconds: int) -> str:
     """``+1:02:03`` (or ``+2d 01:02:03``): time since the log's zero."""
     days, rest = divmod(seconds, SECONDS_PER_DAY)
     hours, rest = divmod(rest, 3600)
@@ -53,7 +53,7 @@ class TimeScale:
     def moment(self, ts_us: int) -> str:
         """``2023-11-16 18:58:03`` or ``+0:42:17`` (to the second)."""
         if self.relative:
-            return _duration(ts_us // US_PER_S)
+            return since_zero(ts_us // US_PER_S)
         return format_timestamp_us(ts_us)[:19].replace("T", " ")
 
     def at(self, index: int) -> str:

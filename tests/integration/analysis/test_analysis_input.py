@@ -79,6 +79,13 @@ def test_mooncake_is_read_in_milliseconds_with_tokens(
     assert doc["overall"]["lengths"]["prompt_tokens"]["mean"] == pytest.approx(prompt.mean())
     gaps = doc["overall"]["interarrival"]
     assert gaps["mean_s"] == pytest.approx(np.diff(ts_ms).mean() / 1000, rel=1e-9)
+    # the text output shows time since the log's zero, never a 1970 date
+    code, text, _ = run(app, "analyze", str(path), "--no-progress")
+    [span] = [line for line in text.splitlines() if line.startswith("span: ")]
+    last = int(ts_ms.max() - ts_ms.min()) // 1000
+    assert code == 0 and "1970" not in text
+    assert span.startswith(f"span: +0:00:00 to +{last // 3600}:{last % 3600 // 60:02d}:")
+    assert "since the log's zero" in span
 
 
 def test_mooncake_read_as_seconds_is_refused_then_forced(app: typer.Typer, tmp_path: Path) -> None:
