@@ -15,7 +15,7 @@ import typer
 
 from controlplane.cli.common import settings, table
 from controlplane.domain.errors import InvalidArgument, excerpt
-from controlplane.ledger.export import ExportFormat, Granularity
+from controlplane.domain.exportspec import ExportFormat, Granularity
 
 DbOpt = Annotated[
     str | None,

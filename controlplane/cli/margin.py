@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,7 +18,9 @@ from controlplane.cli.common import DbOpt, cell, echo_json, settings, table
 from controlplane.cli.ledger import TenantOpt, _engine, _period
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.units import NS_PER_S
-from controlplane.ledger.margin import MarginReport, MarginRow, row_json
+
+if TYPE_CHECKING:  # the report module imports SQLAlchemy: only when the command runs
+    from controlplane.ledger.margin import MarginReport, MarginRow
 
 COLUMNS = ("tenant_id", "currency", "requests", "tokens", "user_charge", "actual_cost",
            "gross_margin", "margin_%", "dynamic_revenue", "warning")  # fmt: skip
@@ -39,12 +41,16 @@ def _ratio(value: str | None) -> Decimal:
 
 
 def _view(r: MarginRow) -> dict[str, object]:
+    from controlplane.ledger.margin import row_json
+
     j = row_json(r)
     pct = j["margin_percent"]
     return j | {"margin_%": None if pct is None else f"{pct}%"}
 
 
 def _print(report: MarginReport) -> None:
+    from controlplane.ledger.margin import row_json
+
     start, end = (cell(datetime.fromtimestamp(ns // NS_PER_S, UTC))
                   for ns in (report.start_ns, report.end_ns))  # fmt: skip
     typer.echo(

@@ -33,12 +33,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, String, cast, func, literal_column, select
 
 from controlplane.domain.errors import InvalidArgument, excerpt
+from controlplane.domain.exportspec import ExportFormat, Granularity
 from controlplane.domain.ledger_records import COLUMNS, iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
 from controlplane.domain.units import NS_PER_DAY
@@ -52,17 +52,6 @@ FETCH_ROWS = 5_000
 MAX_TIME_NS = 2**63 - 1
 TIME_RANGE_TEXT = "1970-01-01 and 2262-04-11T23:47:16Z (Unix nanoseconds in 64 bits)"
 CHUNK_BYTES = 64 * 1024
-
-
-class ExportFormat(StrEnum):
-    CSV = "csv"
-    JSONL = "jsonl"
-    PARQUET = "parquet"
-
-
-class Granularity(StrEnum):
-    REQUEST = "request"  # one row per record
-    DAILY = "daily"  # per tenant, model and UTC day
 
 
 FORMATS = tuple(f.value for f in ExportFormat)
