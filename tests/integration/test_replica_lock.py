@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 from controlplane.cli.serve import EXIT_REPLICA_LOCK_HELD
 from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
-from controlplane.server import ADMISSION_SERVICE
+from controlplane.rpc.assembly import ADMISSION_SERVICE
 from controlplane.settings import Settings
 from controlplane.store.replica_lock import LOCK_KEY
 from tests.conftest import ServerThread
