@@ -180,6 +180,23 @@ class Engine:
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
 
+    def abort(self, req: SimRequest) -> bool:
+        """Drop ``req`` (its client went away), freeing its blocks, as vLLM
+        aborts a request. Only between steps (not while ``stepping``); False
+        if the request was not waiting or running here."""
+        assert not self.stepping
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                return False
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        self.outstanding_tokens -= req.prompt + req.output
+        return True
+
     # ----------------------------------------------------------------- steps
 
     def _blocks_for(self, tokens: int) -> int:
