@@ -24,8 +24,8 @@ LAYERS: dict[str, int] = {
     "controlplane.__main__": 1,
     "controlplane.protogen": 1,  # developer tool: regenerates controlplane/_proto
     "controlplane.analysis": 1,  # offline tool beside the stack, reached from the CLI
-    "controlplane.sim": 1,
-    "controlplane.fakeengine": 1,  # a modelled engine over HTTP, on the sim's engine model  # simulation harness: drives the service like the gRPC layer does
+    "controlplane.sim": 1,  # simulation harness: drives the service like the gRPC layer does
+    "controlplane.fakeengine": 1,  # a modelled engine over HTTP, on the sim's engine model
     # 2. adapters: gRPC servicers, clients, telemetry, generated protobuf
     "controlplane.rpc": 2,
     "controlplane.client": 2,
