@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "controlplane.analysis": 1,  # offline tool beside the stack, reached from the CLI
     "controlplane.sim": 1,  # simulation harness: drives the service like the gRPC layer does
     "controlplane.fakeengine": 1,  # a modelled engine over HTTP, on the sim's engine model
+    "controlplane.loadtest": 1,  # load generator against a running control plane
     # 2. adapters: gRPC servicers, clients, telemetry, generated protobuf
     "controlplane.rpc": 2,
     "controlplane.client": 2,

@@ -1,0 +1,245 @@
+"""``burstgate loadtest``: open-loop pulse load against a running control
+plane over gRPC, with a per-phase report (controlplane/loadtest,
+docs/loadtest.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli.common import fail
+from controlplane.cli.render import table
+
+DEFAULT_TENANTS = ("acme:premium", "agentco:standard", "free-tier:batch")  # the demo's
+
+
+class ProfileName(StrEnum):
+    PULSE = "pulse"
+    STEP = "step"
+    CONSTANT = "constant"
+
+
+def _tenants(specs: list[str]) -> list[Any]:
+    from controlplane.loadtest.profile import Tenant
+
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        try:
+            if not parts[0] or len(parts) > 3:
+                raise ValueError
+            weight = float(parts[2]) if len(parts) == 3 else 1.0
+            if not weight > 0:
+                raise ValueError
+        except ValueError:
+            fail(f"--tenant: expected TENANT[:LANE[:WEIGHT]] with a weight > 0, got {spec!r}")
+        out.append(Tenant(parts[0], parts[1] if len(parts) > 1 else "", weight))
+    return out
+
+
+def loadtest(
+    target: Annotated[
+        str, typer.Option(envvar="BURSTGATE_TARGET", help="host:port of the control plane.")
+    ] = "127.0.0.1:50051",
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="BURSTGATE_API_KEY", help="A sidecar key, when admission auth is on."),
+    ] = None,
+    profile: Annotated[ProfileName, typer.Option(help="The shape of the load.")] = (
+        ProfileName.PULSE
+    ),
+    base: Annotated[float, typer.Option(help="Base rate, requests/s.")] = 20.0,
+    peak: Annotated[float, typer.Option(help="Rate in a pulse or burst, requests/s.")] = 80.0,
+    pulse_s: Annotated[float, typer.Option(help="pulse: length of a pulse, s.")] = 30.0,
+    cycle_s: Annotated[float, typer.Option(help="pulse: a pulse every this many s.")] = 90.0,
+    recovery_s: Annotated[
+        float | None,
+        typer.Option(help="Recovery phase after a pulse or burst, s (pulse: its length)."),
+    ] = None,
+    warmup_s: Annotated[float, typer.Option(help="step: warm-up at the base rate, s.")] = 30.0,
+    burst_s: Annotated[float, typer.Option(help="step: the burst at the peak rate, s.")] = 30.0,
+    total_s: Annotated[float, typer.Option(help="pulse, constant: length of the run, s.")] = 300.0,
+    tenant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="TENANT[:LANE[:WEIGHT]], repeat; default: the demo's three, one per lane."
+        ),
+    ] = None,
+    long_prompt_share: Annotated[float, typer.Option(min=0, max=1)] = 0.2,
+    long_output_share: Annotated[float, typer.Option(min=0, max=1)] = 0.2,
+    uniform: Annotated[
+        bool, typer.Option(help="Evenly spaced arrivals instead of Poisson.")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of arrivals, tenants and lengths.")] = 0,
+    service_scale: Annotated[
+        float, typer.Option(min=0, help="Scale of the simulated service time before Complete.")
+    ] = 1.0,
+    max_in_flight: Annotated[
+        int, typer.Option(min=1, help="Most Admit calls open at once.")
+    ] = 10_000,
+    local: Annotated[
+        bool, typer.Option(help="Start a demo control plane (temporary SQLite) and stop it after.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    html: Annotated[
+        Path | None, typer.Option(help="Also write an HTML report to this file.")
+    ] = None,
+    no_progress: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Open-loop load (pulse, step or constant) against a control plane, then a
+    report per phase: decision latency, decisions by outcome and reason,
+    server-side queue waits, refusals and errors.
+
+    Every admitted request is Completed after a simulated service time, so
+    reservations are refunded as in production. Loopback targets only; the
+    run stops by itself after its profile."""
+    import asyncio
+
+    from controlplane.loadtest import profile as prof
+    from controlplane.loadtest.report import summarize, to_json
+    from controlplane.loadtest.run import check_loopback, run
+
+    try:
+        if profile is ProfileName.PULSE:
+            phases = prof.pulse(base, peak, pulse_s, cycle_s, total_s, recovery_s)
+        elif profile is ProfileName.STEP:
+            rec = burst_s if recovery_s is None else recovery_s
+            phases = prof.step(base, peak, warmup_s, burst_s, rec)
+        else:
+            phases = prof.constant(base, total_s)
+        mix = prof.Mix(long_prompt_share, long_output_share)
+        plan = prof.arrivals(phases, _tenants(tenant or list(DEFAULT_TENANTS)), mix, seed=seed,
+                             uniform=uniform)  # fmt: skip
+    except ValueError as exc:
+        fail(str(exc))
+    if html is not None and not html.parent.is_dir():
+        fail(f"--html: directory {html.parent} does not exist")
+    server = _start_local() if local else None
+    if server is not None:
+        target = server[1]
+    try:
+        try:
+            check_loopback(target)
+        except ValueError as exc:
+            fail(str(exc))
+        typer.echo(
+            f"loadtest: {len(plan):,} requests over {phases[-1].end_s:g} s "
+            f"({profile.value}) against {target}", err=True,
+        )  # fmt: skip
+        progress = _progress(phases[-1].end_s, len(plan), not no_progress and sys.stderr.isatty())
+        with progress as tick:
+            result = asyncio.run(
+                run(target, plan, api_key=api_key, service_scale=service_scale,
+                    max_in_flight=max_in_flight, on_tick=tick)
+            )  # fmt: skip
+    finally:
+        if server is not None:
+            _stop_local(server[0])
+    options = {"profile": profile.value, "base": base, "peak": peak, "pulse_s": pulse_s,
+               "cycle_s": cycle_s, "total_s": phases[-1].end_s, "seed": seed,
+               "uniform": uniform, "service_scale": service_scale}  # fmt: skip
+    doc = to_json(target, options, phases, result)
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        _print(doc, summarize(phases, result))
+    if html is not None:
+        from controlplane.loadtest.html import render
+
+        html.write_text(render(doc), encoding="utf-8")
+        typer.echo(f"report written to {html}", err=True)
+
+
+def _print(doc: dict[str, Any], stats: list[Any]) -> None:
+    typer.echo(
+        f"{doc['requests']:,} requests in {doc['duration_s']:.1f} s; "
+        f"{doc['completed']:,} completed (reservations settled)"
+    )
+    rows = []
+    for s in stats:
+        lat, wait = s.latency_ms, s.queue_wait_ms
+        rows.append({"phase": s.name, "requests": s.requests,
+                     "per_s": f"{s.requests / s.seconds:.1f}" if s.seconds else "-",
+                     "admitted": s.admitted, "refused": s.refused,
+                     "errors": sum(s.errors.values()),
+                     "p50_ms": lat["p50"], "p95_ms": lat["p95"], "p99_ms": lat["p99"],
+                     "max_ms": lat["max"], "held": s.held, "wait_p99_ms": wait["p99"]})  # fmt: skip
+    table(rows, list(rows[0]))
+    reasons = [{"phase": s.name, "reason": r, "count": n}
+               for s in stats if s.name != "all" for r, n in sorted(s.reasons.items())]  # fmt: skip
+    errors = [{"phase": s.name, "error": e, "count": n}
+              for s in stats if s.name != "all" for e, n in sorted(s.errors.items())]  # fmt: skip
+    if reasons:
+        typer.echo("\nrefusals by reason")
+        table(reasons, ("phase", "reason", "count"))
+    if errors:
+        typer.echo("\nerrors")
+        table(errors, ("phase", "error", "count"))
+
+
+class _Progress:
+    def __init__(self, seconds: float, total: int, show: bool) -> None:
+        self.seconds, self.total, self.show = seconds, total, show
+        self._bar: Any = None
+
+    def __enter__(self) -> Any:
+        if not self.show:
+            return None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("loadtest"), BarColumn(), TextColumn("{task.description}"),
+                             TimeRemainingColumn(), transient=True)  # fmt: skip
+        self._bar.start()
+        task = self._bar.add_task("", total=self.seconds)
+
+        def tick(t: float, sent: int) -> None:
+            self._bar.update(task, completed=min(t, self.seconds),
+                             description=f"{sent:,}/{self.total:,} sent")  # fmt: skip
+
+        return tick
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _progress(seconds: float, total: int, show: bool) -> _Progress:
+    return _Progress(seconds, total, show)
+
+
+def _start_local() -> tuple[subprocess.Popen[str], str]:
+    """`burstgate demo` on a temporary SQLite database and a free port."""
+    tmp = tempfile.mkdtemp(prefix="burstgate-loadtest-")
+    env = {**os.environ, "BURSTGATE_DATABASE_URL": f"sqlite:///{tmp}/burstgate.db",
+           "BURSTGATE_LOG_LEVEL": "warning"}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane", "demo", "--port", "0", "--metrics-port", "-1"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("burstgate listening on "):
+            target = line.split()[3]
+            typer.echo(f"started a demo control plane on {target} (database {tmp})", err=True)
+            return proc, target
+    proc.wait()
+    fail(f"--local: the demo control plane did not start (exit code {proc.returncode})")
+
+
+def _stop_local(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if proc.stdout is not None:
+        proc.stdout.close()
+    typer.echo("stopped the demo control plane", err=True)

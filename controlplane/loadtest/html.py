@@ -1,0 +1,109 @@
+"""Self-contained HTML page of a load test: the per-phase table, and plots of
+offered and admitted rate, decision latency p99 and the calls the server
+held over time, with the phases shaded. PNGs embedded as data URIs, the
+``--json`` document embedded for tools; no network, no scripts.
+
+Figures as in controlplane/analysis/plots.py: a ``Figure`` on an explicit
+Agg canvas, no pyplot.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from html import escape
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from controlplane.analysis.plots import to_png
+
+SHADE = {"pulse": "#d62728", "burst": "#d62728", "recovery": "#2ca02c"}
+STYLE = """
+body{font:15px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1080px;
+padding:0 1rem;color:#222}
+h2{border-bottom:2px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
+table{border-collapse:collapse;font-variant-numeric:tabular-nums}
+th,td{padding:.2rem .6rem;border-bottom:1px solid #eee;text-align:right}
+th:first-child,td:first-child,.why td:nth-child(2),.why td:nth-child(3){text-align:left}
+img{max-width:100%}.meta{color:#666}
+"""
+COLUMNS = (("phase", "phase"), ("requests", "requests"), ("offered/s", "offered_per_s"),
+           ("admitted", "admitted"), ("refused", "refused"), ("held", "held"))  # fmt: skip
+
+
+def _figure(doc: dict[str, Any]) -> Figure:
+    s = doc["series"]
+    fig = Figure(figsize=(10, 8.2), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(3, 1, sharex=True)
+    t = s["t_s"]
+    axes[0].step(t, s["offered"], where="post", label="offered", color="#1f77b4")
+    axes[0].step(t, s["admitted"], where="post", label="admitted", color="#ff7f0e")
+    axes[0].set_ylabel("requests/s")
+    axes[1].plot(t, s["latency_p99_ms"], color="#9467bd", label="decision latency p99")
+    axes[1].set_ylabel("ms")
+    axes[2].step(t, s["held"], where="post", color="#8c564b",
+                 label="calls held by the server (queue depth)")  # fmt: skip
+    axes[2].set_ylabel("calls")
+    axes[2].set_xlabel("seconds since the start")
+    for ax in axes:
+        for p in doc["phases_plan"]:
+            colour = SHADE.get(p["phase"])
+            if colour:
+                ax.axvspan(p["start_s"], p["end_s"], color=colour, alpha=0.08, lw=0)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper right", fontsize=9)
+    axes[0].set_title("shaded: red = pulse/burst, green = recovery", fontsize=10, loc="left")
+    return fig
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.1f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return escape(str(v))
+
+
+def _table(head: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in r) + "</tr>" for r in rows)
+    th = "".join(f"<th>{escape(h)}</th>" for h in head)
+    return f'<table class="{cls}"><tr>{th}</tr>{body}</table>'
+
+
+def render(doc: dict[str, Any]) -> str:
+    rows: list[list[Any]] = []
+    for ph in doc["phases"]:
+        lat, wait = ph["latency_ms"], ph["queue_wait_ms"]
+        cells = [ph[key] for _, key in COLUMNS]
+        cells += [lat[k] for k in ("p50", "p95", "p99", "max")] + [wait["p99"]]
+        cells.append(sum(ph["errors"].values()))
+        rows.append(cells)
+    head = [h for h, _ in COLUMNS] + ["p50 ms", "p95 ms", "p99 ms", "max ms",
+                                      "queue wait p99 ms", "errors"]  # fmt: skip
+    why = [[ph["phase"], kind, name, n] for ph in doc["phases"] if ph["phase"] != "all"
+           for kind, counts in (("refused", ph["reasons"]), ("error", ph["errors"]))
+           for name, n in sorted(counts.items())]  # fmt: skip
+    p = doc["profile"]
+    data = json.dumps(doc).replace("</", "<\\/")
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>burstgate loadtest: {escape(p["profile"])}</title><style>{STYLE}</style></head><body>
+<h1>burstgate loadtest: {escape(p["profile"])} against {escape(doc["target"])}</h1>
+<p class="meta">{doc["requests"]:,} requests in {doc["duration_s"]:.1f} s; base {p["base"]:g}/s,
+peak {p["peak"]:g}/s; seed {p["seed"]}; {doc["completed"]:,} completed (reservations settled).
+Latency: the Admit call as the client saw it (including any time the server held it).</p>
+<h2>By phase</h2>
+{_table(head, rows)}
+<h2>Refusals and errors by phase</h2>
+{_table(["phase", "outcome", "reason or status", "requests"], why, "why")}
+<h2>Over time</h2>
+<img alt="offered and admitted rate, latency p99 and calls held over time"
+ src="data:image/png;base64,{base64.b64encode(to_png(_figure(doc))).decode()}">
+<script type="application/json" id="burstgate-data">{data}</script>
+</body></html>
+"""

@@ -1,0 +1,147 @@
+"""The load test's report: per phase (base, pulse, recovery, ...) and in
+all, the decision latency the client saw (p50/p95/p99/max), decisions by
+outcome and reason, the server-side queue waits, refusals and errors; and a
+per-second series (offered, admitted, latency p99, calls held) for plots.
+
+Latency percentiles are over the calls that got an answer (nearest rank).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.loadtest.profile import Phase
+from controlplane.loadtest.run import Outcome, RunResult
+
+SCHEMA = "burstgate.loadtest/v1"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseStats:
+    name: str
+    seconds: float
+    requests: int
+    decisions: dict[str, int]
+    reasons: dict[str, int]
+    errors: dict[str, int]
+    latency_ms: dict[str, float | None]
+    queue_wait_ms: dict[str, float | None]
+    held: int  # answered after waiting in the server's queue
+
+    @property
+    def admitted(self) -> int:
+        return self.decisions.get("admit", 0)
+
+    @property
+    def refused(self) -> int:
+        return self.requests - self.admitted - sum(self.errors.values())
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "phase": self.name, "seconds": round(self.seconds, 3), "requests": self.requests,
+            "offered_per_s": round(self.requests / self.seconds, 3) if self.seconds else None,
+            "admitted": self.admitted, "refused": self.refused,
+            "decisions": self.decisions, "reasons": self.reasons, "errors": self.errors,
+            "latency_ms": self.latency_ms, "queue_wait_ms": self.queue_wait_ms,
+            "held": self.held,
+        }  # fmt: skip
+
+
+def stats(name: str, seconds: float, outcomes: list[Outcome]) -> PhaseStats:
+    answered = [o for o in outcomes if o.decision]
+    lat = [o.latency_ms for o in answered]
+    waits = [float(o.queue_wait_ms) for o in answered if o.queue_wait_ms > 0]
+
+    def pcts(v: list[float]) -> dict[str, float | None]:
+        out = {f"p{q}": percentile(v, q) for q in (50, 95, 99)}
+        out["max"] = max(v) if v else None
+        return {k: None if x is None else round(x, 3) for k, x in out.items()}
+
+    return PhaseStats(
+        name=name,
+        seconds=seconds,
+        requests=len(outcomes),
+        decisions=dict(Counter(o.decision for o in answered)),
+        reasons=dict(Counter(o.reason for o in answered if o.decision != "admit")),
+        errors=dict(Counter(o.error for o in outcomes if o.error)),
+        latency_ms=pcts(lat),
+        queue_wait_ms=pcts(waits),
+        held=len(waits),
+    )
+
+
+def summarize(phases: list[Phase], result: RunResult) -> list[PhaseStats]:
+    """One entry per phase name (in order of first appearance), then "all"."""
+    names: list[str] = []
+    seconds: dict[str, float] = {}
+    for p in phases:
+        if p.name not in seconds:
+            names.append(p.name)
+            seconds[p.name] = 0.0
+        seconds[p.name] += p.end_s - p.start_s
+    by_phase: dict[str, list[Outcome]] = {n: [] for n in names}
+    for o in result.outcomes:
+        by_phase.setdefault(o.arrival.phase, []).append(o)
+    out = [stats(n, seconds[n], by_phase[n]) for n in names]
+    total = sum(seconds.values())
+    out.append(stats("all", total, result.outcomes))
+    return out
+
+
+def series(result: RunResult) -> dict[str, list[float]]:
+    """Per second of the run: offered and admitted requests, latency p99 of
+    the calls sent in that second, and the most calls held at once."""
+    n = max(1, math.ceil(result.duration_s))
+    offered = [0] * n
+    admitted = [0] * n
+    lat: list[list[float]] = [[] for _ in range(n)]
+    for o in result.outcomes:
+        s = min(n - 1, int(o.arrival.at_s))
+        offered[s] += 1
+        if o.decision == "admit":
+            admitted[s] += 1
+        if o.decision:
+            lat[s].append(o.latency_ms)
+    held = [0] * n
+    for t, in_flight, _ in result.samples:
+        s = min(n - 1, int(t))
+        held[s] = max(held[s], in_flight)
+    return {
+        "t_s": [float(i) for i in range(n)],
+        "offered": [float(x) for x in offered],
+        "admitted": [float(x) for x in admitted],
+        "latency_p99_ms": [percentile(v, 99) or 0.0 for v in lat],
+        "held": [float(x) for x in held],
+    }
+
+
+def to_json(
+    target: str, profile: dict[str, Any], phases: list[Phase], result: RunResult
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "target": target,
+        "profile": profile,
+        "phases_plan": [
+            {"phase": p.name, "start_s": p.start_s, "end_s": p.end_s, "rate": p.rate}
+            for p in phases
+        ],
+        "duration_s": round(result.duration_s, 3),
+        "requests": len(result.outcomes),
+        "completed": sum(o.completed for o in result.outcomes),
+        "complete_errors": result.complete_errors,
+        "phases": [s.as_json() for s in summarize(phases, result)],
+        "series": series(result),
+    }
