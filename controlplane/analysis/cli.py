@@ -129,7 +129,7 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(BAD_INPUT_EXIT)
 
 
-def _input_options(
+def input_options(
     log_format: LogFormat,
     time_unit: TimeUnit | None,
     columns: tuple[str | None, str | None, str | None, str | None, str | None],
@@ -149,7 +149,7 @@ def _show_progress(path: Path, no_progress: bool) -> bool:
     return not path.is_file() or path.stat().st_size >= PROGRESS_MIN_BYTES
 
 
-def _load(
+def load_log(
     path: Path,
     on_bad_row: OnBadRow,
     options: ColumnOptions,
@@ -233,12 +233,12 @@ def analyze_command(
         html_path = None if html is None else report_path(html)
     except ReportPathError as exc:
         _fail(str(exc))
-    options = _input_options(
+    options = input_options(
         log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
     )
     params = AnalysisParams(rule=rule, per_tenant=per_tenant, max_tenants=max_tenants)
     with Phases(_show_progress(log, no_progress)) as phases:
-        request_log = _load(log, on_bad_row, options, force, phases)
+        request_log = load_log(log, on_bad_row, options, force, phases)
         with phases.steps("analysing") as step:
             analysis = analyze(request_log, params, progress=step)
     if json_out:
@@ -291,13 +291,13 @@ def plan_command(
         _fail(str(exc))
     if lead_time_s < 0:
         _fail("--lead-time-s must be >= 0")
-    options = _input_options(
+    options = input_options(
         log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
     )
     with Phases(_show_progress(log, no_progress)) as phases:
         # Token columns are checked here, not by --force-able checks: a token plan
         # cannot be forced without them, and planning in requests/s needs none.
-        request_log = _load(log, on_bad_row, options, force, phases, needs_tokens=False)
+        request_log = load_log(log, on_bad_row, options, force, phases, needs_tokens=False)
         if rps is None and not request_log.has_tokens:
             _fail(
                 "the log has no token columns; name them with --prompt-col/--output-col, "
@@ -368,11 +368,11 @@ def forecast_command(
         _fail("--horizon-s must be at least 1")
     if not 0 < train_fraction < 1:
         _fail("--train-fraction must be between 0 and 1")
-    options = _input_options(
+    options = input_options(
         log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
     )
     with Phases(_show_progress(log, no_progress)) as phases:
-        request_log = _load(log, on_bad_row, options, force, phases)
+        request_log = load_log(log, on_bad_row, options, force, phases)
         with phases.spinner("forecasting"):
             axes = _forecast_axes(request_log, tenant, rule, horizon_s, train_fraction)
     if json_out:

@@ -8,7 +8,17 @@ from typing import Annotated
 import typer
 
 from controlplane.analysis.cli import register as register_analysis
-from controlplane.cli import admin, fakeengine, keys, ledger, loadtest, margin, serve, simulate
+from controlplane.cli import (
+    admin,
+    fakeengine,
+    keys,
+    ledger,
+    loadtest,
+    margin,
+    replay,
+    serve,
+    simulate,
+)
 from controlplane.cli.config import config_app
 from controlplane.cli.pricing import pricing_app
 from controlplane.cli.root import RootGroup
@@ -51,6 +61,7 @@ app.command("demo")(serve.demo)
 app.command("simulate")(simulate.simulate)
 app.command("fake-engine")(fakeengine.fake_engine)
 app.command("loadtest")(loadtest.loadtest)
+app.command("replay")(replay.replay)
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(config_app, name="config")
 # `burstgate tenant ...`: through the admin API or on the database (cli/tenant.py).

@@ -27,7 +27,7 @@ class ProfileName(StrEnum):
     CONSTANT = "constant"
 
 
-def _tenants(specs: list[str]) -> list[Any]:
+def parse_tenants(specs: list[str]) -> list[Any]:
     from controlplane.loadtest.profile import Tenant
 
     out = []
@@ -116,13 +116,13 @@ def loadtest(
         else:
             phases = prof.constant(base, total_s)
         mix = prof.Mix(long_prompt_share, long_output_share)
-        plan = prof.arrivals(phases, _tenants(tenant or list(DEFAULT_TENANTS)), mix, seed=seed,
+        plan = prof.arrivals(phases, parse_tenants(tenant or list(DEFAULT_TENANTS)), mix, seed=seed,
                              uniform=uniform)  # fmt: skip
     except ValueError as exc:
         fail(str(exc))
     if html is not None and not html.parent.is_dir():
         fail(f"--html: directory {html.parent} does not exist")
-    server = _start_local() if local else None
+    server = start_local() if local else None
     if server is not None:
         target = server[1]
     try:
@@ -134,7 +134,8 @@ def loadtest(
             f"loadtest: {len(plan):,} requests over {phases[-1].end_s:g} s "
             f"({profile.value}) against {target}", err=True,
         )  # fmt: skip
-        progress = _progress(phases[-1].end_s, len(plan), not no_progress and sys.stderr.isatty())
+        show = not no_progress and sys.stderr.isatty()
+        progress = progress_bar(phases[-1].end_s, len(plan), show)
         with progress as tick:
             result = asyncio.run(
                 run(target, plan, api_key=api_key, service_scale=service_scale,
@@ -142,7 +143,7 @@ def loadtest(
             )  # fmt: skip
     finally:
         if server is not None:
-            _stop_local(server[0])
+            stop_local(server[0])
     options = {"profile": profile.value, "base": base, "peak": peak, "pulse_s": pulse_s,
                "cycle_s": cycle_s, "total_s": phases[-1].end_s, "seed": seed,
                "uniform": uniform, "service_scale": service_scale}  # fmt: skip
@@ -150,7 +151,7 @@ def loadtest(
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
-        _print(doc, summarize(phases, result))
+        print_report(doc, summarize(phases, result))
     if html is not None:
         from controlplane.loadtest.html import render
 
@@ -158,7 +159,9 @@ def loadtest(
         typer.echo(f"report written to {html}", err=True)
 
 
-def _print(doc: dict[str, Any], stats: list[Any]) -> None:
+def print_report(doc: dict[str, Any], stats: list[Any]) -> None:
+    """The text report (also `burstgate replay`'s)."""
+    retried = any(s.retries for s in stats)
     typer.echo(
         f"{doc['requests']:,} requests in {doc['duration_s']:.1f} s; "
         f"{doc['completed']:,} completed (reservations settled)"
@@ -172,6 +175,9 @@ def _print(doc: dict[str, Any], stats: list[Any]) -> None:
                      "errors": sum(s.errors.values()),
                      "p50_ms": lat["p50"], "p95_ms": lat["p95"], "p99_ms": lat["p99"],
                      "max_ms": lat["max"], "held": s.held, "wait_p99_ms": wait["p99"]})  # fmt: skip
+        if retried:
+            rows[-1] |= {"retries": s.retries, "served_after_refusal": s.served_after_refusal,
+                         "gave_up": s.gave_up}  # fmt: skip
     table(rows, list(rows[0]))
     reasons = [{"phase": s.name, "reason": r, "count": n}
                for s in stats if s.name != "all" for r, n in sorted(s.reasons.items())]  # fmt: skip
@@ -211,11 +217,11 @@ class _Progress:
             self._bar.stop()
 
 
-def _progress(seconds: float, total: int, show: bool) -> _Progress:
+def progress_bar(seconds: float, total: int, show: bool) -> _Progress:
     return _Progress(seconds, total, show)
 
 
-def _start_local() -> tuple[subprocess.Popen[str], str]:
+def start_local() -> tuple[subprocess.Popen[str], str]:
     """`burstgate demo` on a temporary SQLite database and a free port."""
     tmp = tempfile.mkdtemp(prefix="burstgate-loadtest-")
     env = {**os.environ, "BURSTGATE_DATABASE_URL": f"sqlite:///{tmp}/burstgate.db",
@@ -234,7 +240,7 @@ def _start_local() -> tuple[subprocess.Popen[str], str]:
     fail(f"--local: the demo control plane did not start (exit code {proc.returncode})")
 
 
-def _stop_local(proc: subprocess.Popen[str]) -> None:
+def stop_local(proc: subprocess.Popen[str]) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=30)

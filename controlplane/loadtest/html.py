@@ -76,6 +76,12 @@ def _table(head: list[str], rows: list[list[Any]], cls: str = "") -> str:
     return f'<table class="{cls}"><tr>{th}</tr>{body}</table>'
 
 
+def _shape(p: dict[str, Any]) -> str:
+    if p["profile"] == "replay":
+        return f"trace {p['trace']} at {p['speed']:g}x, tenants by {p['assign']}"
+    return f"base {p['base']:g}/s, peak {p['peak']:g}/s"
+
+
 def render(doc: dict[str, Any]) -> str:
     rows: list[list[Any]] = []
     for ph in doc["phases"]:
@@ -94,8 +100,8 @@ def render(doc: dict[str, Any]) -> str:
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>burstgate loadtest: {escape(p["profile"])}</title><style>{STYLE}</style></head><body>
 <h1>burstgate loadtest: {escape(p["profile"])} against {escape(doc["target"])}</h1>
-<p class="meta">{doc["requests"]:,} requests in {doc["duration_s"]:.1f} s; base {p["base"]:g}/s,
-peak {p["peak"]:g}/s; seed {p["seed"]}; {doc["completed"]:,} completed (reservations settled).
+<p class="meta">{doc["requests"]:,} requests in {doc["duration_s"]:.1f} s; {escape(_shape(p))};
+seed {p["seed"]}; {doc["completed"]:,} completed (reservations settled).
 Latency: the Admit call as the client saw it (including any time the server held it).</p>
 <h2>By phase</h2>
 {_table(head, rows)}

@@ -39,6 +39,9 @@ class PhaseStats:
     latency_ms: dict[str, float | None]
     queue_wait_ms: dict[str, float | None]
     held: int  # answered after waiting in the server's queue
+    retries: int = 0  # Admits sent again after a retryable refusal
+    served_after_refusal: int = 0
+    gave_up: int = 0  # refused, and a retry could no longer meet the SLO
 
     @property
     def admitted(self) -> int:
@@ -55,7 +58,8 @@ class PhaseStats:
             "admitted": self.admitted, "refused": self.refused,
             "decisions": self.decisions, "reasons": self.reasons, "errors": self.errors,
             "latency_ms": self.latency_ms, "queue_wait_ms": self.queue_wait_ms,
-            "held": self.held,
+            "held": self.held, "retries": self.retries,
+            "served_after_refusal": self.served_after_refusal, "gave_up": self.gave_up,
         }  # fmt: skip
 
 
@@ -79,6 +83,9 @@ def stats(name: str, seconds: float, outcomes: list[Outcome]) -> PhaseStats:
         latency_ms=pcts(lat),
         queue_wait_ms=pcts(waits),
         held=len(waits),
+        retries=sum(o.retries for o in outcomes),
+        served_after_refusal=sum(o.served_after_refusal for o in outcomes),
+        gave_up=sum(o.gave_up for o in outcomes),
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -47,6 +48,27 @@ class Outcome:
     queue_wait_ms: int = 0
     error: str = ""  # the gRPC status code name, or "dropped" (client at --max-in-flight)
     completed: bool = False
+    request_id: str = ""  # of the attempt that was admitted (or the last one)
+    retries: int = 0  # Admits sent again after a retryable refusal
+    gave_up: bool = False  # refused, and a retry could no longer meet the request's SLO
+    served_after_refusal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Clients that retry a retryable refusal: after ``max(retry_after,
+    full-jitter exponential backoff)`` (the ceiling ``base_s`` doubling per
+    attempt, up to ``cap_s``), never once the retry would land after the
+    request's own TTFT SLO (by lane) has passed. As the simulator's clients
+    (controlplane/sim/harness.py) do."""
+
+    slo_s: dict[str, float]
+    base_s: float = 0.5
+    cap_s: float = 8.0
+    seed: int = 0
+
+    def slo_for(self, lane: str) -> float:
+        return self.slo_s.get(lane, max(self.slo_s.values()))
 
 
 @dataclass
@@ -85,6 +107,7 @@ async def run(
     service_scale: float = 1.0,
     max_in_flight: int = 10_000,
     run_id: str = "",
+    retry: RetryPolicy | None = None,
     on_tick: Callable[[float, int], None] | None = None,
 ) -> RunResult:
     """Send ``plan`` (sorted by time) and return every outcome."""
@@ -95,6 +118,7 @@ async def run(
     in_flight = 0
     result = RunResult(outcomes, 0.0)
     ended = asyncio.Event()
+    rng = random.Random(retry.seed if retry else 0)
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb_grpc.AdmissionServiceStub(channel)
         start = time.monotonic()
@@ -112,7 +136,7 @@ async def run(
             try:
                 await stub.Complete(
                     pb.CompleteRequest(
-                        tenant_id=o.arrival.tenant.tenant_id, request_id=f"{run_id}-{i}",
+                        tenant_id=o.arrival.tenant.tenant_id, request_id=o.request_id,
                         prompt_tokens=o.arrival.prompt_tokens, generated_tokens=generated,
                     ),
                     timeout=ADMIT_DEADLINE_S, metadata=meta,
@@ -126,26 +150,42 @@ async def run(
         async def admit(i: int, o: Outcome) -> None:
             nonlocal in_flight
             a = o.arrival
-            request = pb.AdmitRequest(
-                tenant_id=a.tenant.tenant_id, request_id=f"{run_id}-{i}", lane=a.tenant.lane,
-                prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
-            )  # fmt: skip
-            in_flight += 1
-            t0 = time.perf_counter()
-            try:
-                resp = await stub.Admit(request, timeout=ADMIT_DEADLINE_S, metadata=meta)
-            except grpc.aio.AioRpcError as exc:
-                o.error = exc.code().name
-                return
-            finally:
-                in_flight -= 1
-                o.latency_ms = (time.perf_counter() - t0) * 1000
-            o.decision = pb.Decision.Name(resp.decision).removeprefix("DECISION_").lower()
-            o.reason = pb.Reason.Name(resp.reason).removeprefix("REASON_").lower()
-            o.queue_wait_ms = resp.queue_wait_ms
-            if resp.decision == pb.DECISION_ADMIT:
-                service = service_seconds(a.prompt_tokens, a.max_tokens, service_scale)
-                serving[i] = asyncio.create_task(complete(i, o, resp.granted_max_tokens, service))
+            while True:
+                o.request_id = f"{run_id}-{i}" + (f"-r{o.retries}" if o.retries else "")
+                request = pb.AdmitRequest(
+                    tenant_id=a.tenant.tenant_id, request_id=o.request_id, lane=a.tenant.lane,
+                    prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
+                )  # fmt: skip
+                in_flight += 1
+                t0 = time.perf_counter()
+                try:
+                    resp = await stub.Admit(request, timeout=ADMIT_DEADLINE_S, metadata=meta)
+                except grpc.aio.AioRpcError as exc:
+                    o.error = exc.code().name
+                    return
+                finally:
+                    in_flight -= 1
+                    o.latency_ms = (time.perf_counter() - t0) * 1000
+                o.decision = pb.Decision.Name(resp.decision).removeprefix("DECISION_").lower()
+                o.reason = pb.Reason.Name(resp.reason).removeprefix("REASON_").lower()
+                o.queue_wait_ms = resp.queue_wait_ms
+                if resp.decision == pb.DECISION_ADMIT:
+                    o.served_after_refusal = o.retries > 0
+                    service = service_seconds(a.prompt_tokens, a.max_tokens, service_scale)
+                    serving[i] = asyncio.create_task(
+                        complete(i, o, resp.granted_max_tokens, service)
+                    )
+                    return
+                if retry is None or not resp.retryable:
+                    return
+                ceiling = min(retry.cap_s, retry.base_s * 2**o.retries)
+                wait = max(resp.retry_after_ms / 1000, rng.uniform(0, ceiling))
+                slo = retry.slo_for(resp.lane or a.tenant.lane or "standard")
+                if time.monotonic() - start + wait - a.at_s > slo:
+                    o.gave_up = True  # a retry could no longer be served in time
+                    return
+                o.retries += 1
+                await asyncio.sleep(wait)
 
         async def sample() -> None:
             while True:

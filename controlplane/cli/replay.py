@@ -1,0 +1,151 @@
+"""``burstgate replay TRACE``: a recorded trace against a running control
+plane, at a time scale, with clients that retry (controlplane/loadtest,
+docs/loadtest.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from controlplane.analysis.cli import (
+    FormatOpt,
+    LaneColOpt,
+    OnBadRow,
+    OutputColOpt,
+    PromptColOpt,
+    TenantColOpt,
+    TimeColOpt,
+    TimeUnitOpt,
+    input_options,
+    load_log,
+)
+from controlplane.analysis.presets import LogFormat
+from controlplane.analysis.progress import Phases
+from controlplane.cli.common import fail
+from controlplane.cli.loadtest import (
+    parse_tenants,
+    print_report,
+    progress_bar,
+    start_local,
+    stop_local,
+)
+
+# simulate's default tenants: premium 20 %, standard 50 %, batch 30 %
+DEFAULT_TENANTS = ("acme:premium:2", "agentco:standard:5", "free-tier:batch:3")
+
+
+class Assign(StrEnum):
+    HASH = "hash"
+    COLUMN = "column"
+
+
+def replay(
+    trace: Annotated[
+        Path, typer.Argument(help="Request log: CSV, JSON Lines or Parquet; - = stdin.")
+    ],
+    target: Annotated[
+        str, typer.Option(envvar="BURSTGATE_TARGET", help="host:port of the control plane.")
+    ] = "127.0.0.1:50051",
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="BURSTGATE_API_KEY", help="A sidecar key, when admission auth is on."),
+    ] = None,
+    speed: Annotated[float, typer.Option(help="Time scale: 10 = ten times faster.")] = 1.0,
+    assign: Annotated[
+        Assign, typer.Option(help="Tenants by a hash of the row (--tenant) or the trace's column.")
+    ] = Assign.HASH,
+    tenant: Annotated[
+        list[str] | None,
+        typer.Option(help="TENANT[:LANE[:WEIGHT]], repeat (default: the demo's, 20/50/30 %)."),
+    ] = None,
+    retries: Annotated[
+        bool, typer.Option(help="Retry retryable refusals (backoff, full jitter, within the SLO).")
+    ] = True,
+    limit: Annotated[int | None, typer.Option(min=1, help="Replay the first N requests.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the assignment and the client jitter.")] = 0,
+    service_scale: Annotated[
+        float, typer.Option(min=0, help="Scale of the simulated service time before Complete.")
+    ] = 1.0,
+    local: Annotated[
+        bool, typer.Option(help="Start a demo control plane (temporary SQLite) and stop it after.")
+    ] = False,
+    log_format: FormatOpt = LogFormat.auto,
+    time_unit: TimeUnitOpt = None,
+    time_col: TimeColOpt = None,
+    prompt_col: PromptColOpt = None,
+    output_col: OutputColOpt = None,
+    tenant_col: TenantColOpt = None,
+    lane_col: LaneColOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    html: Annotated[
+        Path | None, typer.Option(help="Also write an HTML report to this file.")
+    ] = None,
+    no_progress: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Replay a recorded trace (Azure, Mooncake, an OpenAI log, a ledger export ...)
+    against a control plane at --speed, each row one Admit at its time with its
+    real lengths; refused clients retry after max(retry_after, backoff with full
+    jitter) while their lane's TTFT SLO can still be met. Reports like
+    `loadtest`, plus how many were served after a refusal."""
+    import asyncio
+
+    from controlplane.loadtest.replay import plan
+    from controlplane.loadtest.report import summarize, to_json
+    from controlplane.loadtest.run import RetryPolicy, check_loopback, run
+    from controlplane.sim.harness import DEFAULT_SLO_S
+
+    options = input_options(
+        log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
+    )
+    with Phases(False) as phases:
+        log = load_log(trace, OnBadRow.skip, options, False, phases)
+    try:
+        phase_list, arrivals = plan(
+            log, speed=speed, tenants=parse_tenants(tenant or list(DEFAULT_TENANTS)),
+            assign=assign.value, limit=limit, seed=seed,
+        )  # fmt: skip
+    except ValueError as exc:
+        fail(str(exc))
+    if html is not None and not html.parent.is_dir():
+        fail(f"--html: directory {html.parent} does not exist")
+    retry = RetryPolicy(dict(DEFAULT_SLO_S), seed=seed) if retries else None
+    server = start_local() if local else None
+    if server is not None:
+        target = server[1]
+    try:
+        try:
+            check_loopback(target)
+        except ValueError as exc:
+            fail(str(exc))
+        end = phase_list[-1].end_s
+        typer.echo(
+            f"replay: {len(arrivals):,} requests over {end:,.1f} s (--speed {speed:g}) "
+            f"against {target}", err=True,
+        )  # fmt: skip
+        bar = progress_bar(end, len(arrivals), not no_progress and sys.stderr.isatty())
+        with bar as tick:
+            result = asyncio.run(
+                run(target, arrivals, api_key=api_key, service_scale=service_scale,
+                    retry=retry, on_tick=tick)
+            )  # fmt: skip
+    finally:
+        if server is not None:
+            stop_local(server[0])
+    profile = {"profile": "replay", "trace": str(trace), "speed": speed, "seed": seed,
+               "assign": assign.value,
+               "retries": retries, "service_scale": service_scale}  # fmt: skip
+    doc = to_json(target, profile, phase_list, result)
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        print_report(doc, summarize(phase_list, result))
+    if html is not None:
+        from controlplane.loadtest.html import render
+
+        html.write_text(render(doc), encoding="utf-8")
+        typer.echo(f"report written to {html}", err=True)

@@ -1,0 +1,81 @@
+"""A recorded trace as a load plan (``burstgate replay``): every row one
+request at its own time, divided by ``speed``, with its real prompt and
+output lengths (the output as the request's ``max_tokens``).
+
+Tenants and lanes (``assign``):
+
+- ``hash`` (default): each row gets one of the ``--tenant`` specs by a hash
+  of its row number, in proportion to their weights, as ``simulate`` assigns
+  its tenants: the same trace gets the same assignment every time;
+- ``column``: the log's tenant column names the tenant (and its lane column,
+  when it has one, the lane); the tenants must exist on the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_right
+from itertools import accumulate
+
+import numpy as np
+
+from controlplane.analysis.logdata import RequestLog
+from controlplane.loadtest.profile import MAX_TOTAL_S, Arrival, Phase, Tenant
+
+US_PER_S = 1_000_000
+
+
+def _bucket(row: int, seed: int) -> float:
+    digest = hashlib.blake2b(f"{seed}:{row}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def plan(
+    log: RequestLog,
+    *,
+    speed: float,
+    tenants: list[Tenant],
+    assign: str = "hash",
+    limit: int | None = None,
+    seed: int = 0,
+) -> tuple[list[Phase], list[Arrival]]:
+    """The replay's one phase ("replay") and its arrivals in time order."""
+    if not speed > 0:
+        raise ValueError(f"--speed: must be > 0, got {speed:g}")
+    if len(log) == 0:
+        raise ValueError("the trace has no requests")
+    if not log.has_tokens:
+        raise ValueError("the trace has no token columns: map them with --prompt-col/--output-col")
+    if assign == "column" and not log.has_tenants:
+        raise ValueError("--assign column: the trace has no tenant column (--tenant-col)")
+    order = np.argsort(log.ts_us, kind="stable")
+    if limit is not None:
+        order = order[:limit]
+    t0 = int(log.ts_us[order[0]])
+    span_s = (int(log.ts_us[order[-1]]) - t0) / US_PER_S / speed
+    if span_s > MAX_TOTAL_S:
+        raise ValueError(
+            f"the replay would last {span_s:,.0f} s at --speed {speed:g} (at most "
+            f"{MAX_TOTAL_S:,.0f} s): raise --speed or use --limit"
+        )
+    bounds = list(accumulate(t.weight for t in tenants))
+    arrivals: list[Arrival] = []
+    for row in order.tolist():
+        if assign == "column":
+            lane = log.lane_names[log.lane_codes[row]] if "lane" in log.columns else ""
+            tenant = Tenant(log.tenant_names[log.tenant_codes[row]], lane)
+        else:
+            pick = _bucket(row, seed) * bounds[-1]
+            tenant = tenants[min(len(tenants) - 1, bisect_right(bounds, pick))]
+        at = (int(log.ts_us[row]) - t0) / US_PER_S / speed
+        arrivals.append(
+            Arrival(
+                at,
+                "replay",
+                tenant,
+                int(log.prompt_tokens[row]),
+                max(1, int(log.output_tokens[row])),
+            )
+        )
+    end = max(span_s, 1e-3)
+    return [Phase("replay", 0.0, end, len(arrivals) / end)], arrivals
