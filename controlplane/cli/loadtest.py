@@ -58,15 +58,23 @@ def loadtest(
     ),
     base: Annotated[float, typer.Option(help="Base rate, requests/s.")] = 20.0,
     peak: Annotated[float, typer.Option(help="Rate in a pulse or burst, requests/s.")] = 80.0,
-    pulse_s: Annotated[float, typer.Option(help="pulse: length of a pulse, s.")] = 30.0,
-    cycle_s: Annotated[float, typer.Option(help="pulse: a pulse every this many s.")] = 90.0,
+    pulse_s: Annotated[
+        float | None, typer.Option(help="pulse: length of a pulse, s [default: 30; --local 10].")
+    ] = None,
+    cycle_s: Annotated[
+        float | None,
+        typer.Option(help="pulse: a pulse every this many s [default: 90; --local 30]."),
+    ] = None,
     recovery_s: Annotated[
         float | None,
         typer.Option(help="Recovery phase after a pulse or burst, s (pulse: its length)."),
     ] = None,
     warmup_s: Annotated[float, typer.Option(help="step: warm-up at the base rate, s.")] = 30.0,
     burst_s: Annotated[float, typer.Option(help="step: the burst at the peak rate, s.")] = 30.0,
-    total_s: Annotated[float, typer.Option(help="pulse, constant: length of the run, s.")] = 300.0,
+    total_s: Annotated[
+        float | None,
+        typer.Option(help="pulse, constant: length of the run, s [default: 300; --local 60]."),
+    ] = None,
     tenant: Annotated[
         list[str] | None,
         typer.Option(
@@ -107,6 +115,12 @@ def loadtest(
     from controlplane.loadtest.report import summarize, to_json
     from controlplane.loadtest.run import check_loopback, run
 
+    # SPEC section 6's pulse (30 s every 90 s, 5 minutes) by default; a
+    # third of it with --local, so that the one-command demo takes a minute.
+    short = local and pulse_s is None and cycle_s is None and total_s is None
+    pulse_s = pulse_s if pulse_s is not None else (10.0 if short else 30.0)
+    cycle_s = cycle_s if cycle_s is not None else (30.0 if short else 90.0)
+    total_s = total_s if total_s is not None else (60.0 if short else 300.0)
     try:
         if profile is ProfileName.PULSE:
             phases = prof.pulse(base, peak, pulse_s, cycle_s, total_s, recovery_s)

@@ -132,10 +132,12 @@ def arrivals(
     for p in phases:
         if p.rate <= 0:
             continue
-        t = p.start_s
+        t, k = p.start_s, 0
         while True:
-            t += (1.0 / p.rate) if uniform else rng.expovariate(p.rate)
-            if t >= p.end_s:
+            k += 1
+            # evenly spaced: k / rate from the start (no summed rounding error)
+            t = p.start_s + k / p.rate if uniform else t + rng.expovariate(p.rate)
+            if t >= p.end_s - 1e-9:
                 break
             tenant = rng.choices(tenants, weights)[0]
             lo, hi = mix.long_prompt if rng.random() < mix.long_prompt_share else mix.prompt

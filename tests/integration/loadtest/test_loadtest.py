@@ -153,3 +153,23 @@ def test_the_command_json_and_html(
     assert "burstgate loadtest: constant" in text and "data:image/png;base64," in text
     embedded = text.split('id="burstgate-data">', 1)[1].split("</script>", 1)[0]
     assert json.loads(embedded.replace("<\\/", "</")) == doc
+
+
+def test_local_starts_and_stops_a_demo_control_plane() -> None:
+    r = CliRunner().invoke(app, [
+        "loadtest", "--local", "--profile", "constant", "--base", "5", "--total-s", "2",
+        "--uniform", "--tenant", "acme:premium", "--service-scale", "0", "--json",
+        "--no-progress",
+    ])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "started a demo control plane on 127.0.0.1:" in r.stderr
+    assert "stopped the demo control plane" in r.stderr
+    doc = json.loads(r.stdout)
+    target = doc["target"]
+    assert target.startswith("127.0.0.1:") and doc["requests"] == 9  # 5/s for 2 s, evenly
+    assert doc["phases"][-1]["admitted"] == 9 and doc["completed"] == 9
+    # it is gone: nothing listens there any more
+    import socket
+
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(target.rsplit(":", 1)[1])), timeout=2)
