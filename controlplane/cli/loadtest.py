@@ -94,7 +94,8 @@ def loadtest(
         int, typer.Option(min=1, help="Most Admit calls open at once.")
     ] = 10_000,
     local: Annotated[
-        bool, typer.Option(help="Start a demo control plane (temporary SQLite) and stop it after.")
+        bool,
+        typer.Option(help="Start a demo control plane and a fake engine; stop them after."),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     html: Annotated[
@@ -113,7 +114,7 @@ def loadtest(
 
     from controlplane.loadtest import profile as prof
     from controlplane.loadtest.report import summarize, to_json
-    from controlplane.loadtest.run import check_loopback, run
+    from controlplane.loadtest.run import check_loopback
 
     # SPEC section 6's pulse (30 s every 90 s, 5 minutes) by default; a
     # third of it with --local, so that the one-command demo takes a minute.
@@ -152,8 +153,8 @@ def loadtest(
         progress = progress_bar(phases[-1].end_s, len(plan), show)
         with progress as tick:
             result = asyncio.run(
-                run(target, plan, api_key=api_key, service_scale=service_scale,
-                    max_in_flight=max_in_flight, on_tick=tick)
+                drive(target, plan, local, api_key=api_key, service_scale=service_scale,
+                      max_in_flight=max_in_flight, on_tick=tick)
             )  # fmt: skip
     finally:
         if server is not None:
@@ -171,6 +172,27 @@ def loadtest(
 
         html.write_text(render(doc), encoding="utf-8")
         typer.echo(f"report written to {html}", err=True)
+
+
+async def drive(target: str, plan: list[Any], with_engine: bool, **kw: Any) -> Any:
+    """``run`` the plan; ``with_engine`` (--local): in front of a fake engine
+    started here (admitted requests are served on it, its state reported)."""
+    from controlplane.fakeengine import FakeEngine
+    from controlplane.loadtest.engine import EngineLink
+    from controlplane.loadtest.run import run
+
+    if not with_engine:
+        return await run(target, plan, **kw)
+    engine = FakeEngine(port=0)
+    await engine.start()
+    typer.echo(f"started a fake engine on {engine.base_url} (its load reported to the "
+               "control plane every 100 ms)", err=True)  # fmt: skip
+    try:
+        async with EngineLink(engine) as link:
+            return await run(target, plan, engine=link, **kw)
+    finally:
+        await engine.stop()
+        typer.echo("stopped the fake engine", err=True)
 
 
 def print_report(doc: dict[str, Any], stats: list[Any]) -> None:

@@ -28,6 +28,7 @@ from controlplane.analysis.presets import LogFormat
 from controlplane.analysis.progress import Phases
 from controlplane.cli.common import fail
 from controlplane.cli.loadtest import (
+    drive,
     parse_tenants,
     print_report,
     progress_bar,
@@ -72,7 +73,8 @@ def replay(
         float, typer.Option(min=0, help="Scale of the simulated service time before Complete.")
     ] = 1.0,
     local: Annotated[
-        bool, typer.Option(help="Start a demo control plane (temporary SQLite) and stop it after.")
+        bool,
+        typer.Option(help="Start a demo control plane and a fake engine; stop them after."),
     ] = False,
     log_format: FormatOpt = LogFormat.auto,
     time_unit: TimeUnitOpt = None,
@@ -96,7 +98,7 @@ def replay(
 
     from controlplane.loadtest.replay import plan
     from controlplane.loadtest.report import summarize, to_json
-    from controlplane.loadtest.run import RetryPolicy, check_loopback, run
+    from controlplane.loadtest.run import RetryPolicy, check_loopback
     from controlplane.sim.harness import DEFAULT_SLO_S
 
     options = input_options(
@@ -130,8 +132,8 @@ def replay(
         bar = progress_bar(end, len(arrivals), not no_progress and sys.stderr.isatty())
         with bar as tick:
             result = asyncio.run(
-                run(target, arrivals, api_key=api_key, service_scale=service_scale,
-                    retry=retry, on_tick=tick)
+                drive(target, arrivals, local, api_key=api_key, service_scale=service_scale,
+                      retry=retry, on_tick=tick)
             )  # fmt: skip
     finally:
         if server is not None:

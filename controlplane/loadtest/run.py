@@ -8,6 +8,12 @@ time, so that reservations are refunded as in production: prefill at
 times ``service_scale``. When the run ends, what is still being "served"
 is completed at once with the tokens generated so far.
 
+With an ``engine`` (``loadtest --local``) an admitted request is served by
+a fake engine over HTTP instead, Completed with the usage it reports, and
+the engine's state is sent as load reports every 100 ms (loadtest/engine.py);
+when the profile ends, what the engine is still serving gets ``DRAIN_S`` to
+finish before it is cancelled (and settled with its prompt alone).
+
 Calls the server holds (the pool gate's queue) are simply calls in flight:
 their count over time is the report's queue depth, and the answer's
 ``queue_wait_ms`` the server-side wait.
@@ -27,6 +33,7 @@ import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from controlplane.loadtest.engine import EngineLink, report_loop
 from controlplane.loadtest.profile import Arrival
 
 PREFILL_TPS = 20_000.0
@@ -34,6 +41,7 @@ DECODE_TPS = 60.0
 TTFT_BASE_S = 0.05
 ADMIT_DEADLINE_S = 30.0
 SAMPLE_S = 0.1
+DRAIN_S = 30.0  # engine mode: how long requests on the engine may finish after the run
 
 
 @dataclass(slots=True)
@@ -78,6 +86,7 @@ class RunResult:
     # Per SAMPLE_S: (t since start, Admit calls in flight, served in flight).
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     complete_errors: int = 0
+    engine_errors: int = 0
 
 
 def check_loopback(target: str) -> None:
@@ -108,6 +117,7 @@ async def run(
     max_in_flight: int = 10_000,
     run_id: str = "",
     retry: RetryPolicy | None = None,
+    engine: EngineLink | None = None,
     on_tick: Callable[[float, int], None] | None = None,
 ) -> RunResult:
     """Send ``plan`` (sorted by time) and return every outcome."""
@@ -118,29 +128,55 @@ async def run(
     in_flight = 0
     result = RunResult(outcomes, 0.0)
     ended = asyncio.Event()
+    drained = asyncio.Event()
     rng = random.Random(retry.seed if retry else 0)
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb_grpc.AdmissionServiceStub(channel)
         start = time.monotonic()
 
+        async def on_engine(o: Outcome, max_tokens: int) -> pb.CompleteRequest:
+            """Serve on the engine; the settlement of what it reports (the
+            prompt alone when the run ends first or the engine fails)."""
+            assert engine is not None
+            a = o.arrival
+            settle = pb.CompleteRequest(prompt_tokens=a.prompt_tokens)
+            serve = asyncio.create_task(engine.serve(a, max_tokens))
+            stop = asyncio.create_task(drained.wait())
+            await asyncio.wait({serve, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not serve.done():
+                serve.cancel()  # the client goes away: the engine aborts it
+            elif serve.exception() is None:
+                got = serve.result()
+                settle = pb.CompleteRequest(
+                    prompt_tokens=got.prompt_tokens, generated_tokens=got.generated_tokens,
+                    cached_prompt_tokens=got.cached_tokens, exec_start_unix_ns=got.start_ns,
+                    exec_end_unix_ns=got.end_ns,
+                )  # fmt: skip
+            else:
+                result.engine_errors += 1
+            return settle
+
         async def complete(i: int, o: Outcome, granted: int, service_s: float) -> None:
             began = time.monotonic()
             generated = o.arrival.max_tokens if granted <= 0 else min(granted, o.arrival.max_tokens)
+            if engine is not None:
+                settle = await on_engine(o, generated)
+            else:
+                try:
+                    await asyncio.wait_for(ended.wait(), timeout=service_s)
+                    # the run ended first: settle what was generated so far
+                    share = min(1.0, (time.monotonic() - began) / service_s) if service_s else 1.0
+                    generated = int(generated * share)
+                except TimeoutError:
+                    pass  # served in full
+                settle = pb.CompleteRequest(
+                    prompt_tokens=o.arrival.prompt_tokens, generated_tokens=generated
+                )
+            settle.tenant_id = o.arrival.tenant.tenant_id
+            settle.request_id = o.request_id
             try:
-                await asyncio.wait_for(ended.wait(), timeout=service_s)
-                # the run ended first: settle what was generated so far
-                share = min(1.0, (time.monotonic() - began) / service_s) if service_s else 1.0
-                generated = int(generated * share)
-            except TimeoutError:
-                pass  # served in full
-            try:
-                await stub.Complete(
-                    pb.CompleteRequest(
-                        tenant_id=o.arrival.tenant.tenant_id, request_id=o.request_id,
-                        prompt_tokens=o.arrival.prompt_tokens, generated_tokens=generated,
-                    ),
-                    timeout=ADMIT_DEADLINE_S, metadata=meta,
-                )  # fmt: skip
+                await stub.Complete(settle, timeout=ADMIT_DEADLINE_S, metadata=meta)
                 o.completed = True
             except grpc.aio.AioRpcError:
                 result.complete_errors += 1
@@ -196,6 +232,7 @@ async def run(
                 await asyncio.sleep(SAMPLE_S)
 
         sampler = asyncio.create_task(sample())
+        reporter = asyncio.create_task(report_loop(engine, stub.ReportLoad)) if engine else None
         admits: list[asyncio.Task[None]] = []
         for i, o in enumerate(outcomes):
             delay = o.arrival.at_s - (time.monotonic() - start)
@@ -209,8 +246,15 @@ async def run(
         if admits:
             await asyncio.wait(admits)
         result.duration_s = time.monotonic() - start
+        if engine is not None and serving:
+            # What the engine is still serving gets DRAIN_S to finish, as a
+            # sidecar's in-flight requests do at a rolling restart.
+            await asyncio.wait(list(serving.values()), timeout=DRAIN_S)
         ended.set()  # settle at once what is still being served
+        drained.set()
         if serving:
             await asyncio.wait(list(serving.values()))
         sampler.cancel()
+        if reporter is not None:
+            reporter.cancel()
     return result

@@ -173,3 +173,49 @@ def test_local_starts_and_stops_a_demo_control_plane() -> None:
 
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", int(target.rsplit(":", 1)[1])), timeout=2)
+
+
+def test_in_front_of_a_fake_engine_the_ledger_holds_what_it_served(
+    sqlite_url: str, make_server: Callable[..., Any]
+) -> None:
+    from controlplane.fakeengine import FakeEngine
+    from controlplane.loadtest.engine import EngineLink
+
+    upgrade(sqlite_url)
+    add_tenants(sqlite_url, TenantConfig("gold", Decimal(100_000), 1_000_000))
+    srv = make_server(sqlite_url, metrics_port=0)
+    phases = prof.constant(20, 1.5)
+    plan = prof.arrivals(phases, [prof.Tenant("gold", "premium")], prof.Mix(), uniform=True)
+
+    async def main() -> tuple[Any, dict[str, float]]:
+        engine = FakeEngine(port=0, speed=50)  # fifty times faster than the modelled GPU
+        await engine.start()
+        try:
+            async with EngineLink(engine) as link:
+                result = await run(srv.target, plan, engine=link, run_id="e1")
+            e = engine.live.engine
+            return result, {"generated": e.generation_tokens_total,
+                            "finished": e.finished_total}  # fmt: skip
+        finally:
+            await engine.stop()
+
+    result, engine_counts = asyncio.run(main())
+    outcomes = result.outcomes
+    assert len(outcomes) == 29 and all(o.decision == "admit" for o in outcomes)
+    assert all(o.completed for o in outcomes) and result.engine_errors == 0
+    rows = ledger_rows(sqlite_url)
+    # settled with the engine's own usage: its lengths are the plan's (the hint header)
+    assert sorted((r.prompt_tokens, r.output_tokens) for r in rows) == sorted(
+        (a.prompt_tokens, a.max_tokens) for a in plan
+    )
+    assert sum(r.output_tokens for r in rows) == engine_counts["generated"]
+    assert engine_counts["finished"] == 29
+    assert all(r.exec_start_ns > 0 and r.end_ns >= r.exec_start_ns for r in rows)
+    # and the control plane heard the engine's load reports
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.plane.metrics_port}/metrics") as resp:
+        text = resp.read().decode()
+    reporting = [
+        s.value for f in text_string_to_metric_families(text) for s in f.samples
+        if s.name == "burstgate_pool_engines_reporting" and s.labels.get("pool") == "default"
+    ]  # fmt: skip
+    assert reporting == [1.0]
