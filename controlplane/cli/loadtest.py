@@ -215,6 +215,13 @@ def print_report(doc: dict[str, Any], stats: list[Any]) -> None:
             rows[-1] |= {"retries": s.retries, "served_after_refusal": s.served_after_refusal,
                          "gave_up": s.gave_up}  # fmt: skip
     table(rows, list(rows[0]))
+    lanes = [{"lane": ln["lane"], "requests": ln["requests"], "admitted": ln["admitted"],
+              "refused": ln["refused"], "p50_ms": ln["latency_ms"]["p50"],
+              "p99_ms": ln["latency_ms"]["p99"], "held": ln["held"],
+              "wait_p99_ms": ln["queue_wait_ms"]["p99"]} for ln in doc["lanes"]]  # fmt: skip
+    if lanes:
+        typer.echo("\nby lane (the whole run)")
+        table(lanes, list(lanes[0]))
     reasons = [{"phase": s.name, "reason": r, "count": n}
                for s in stats if s.name != "all" for r, n in sorted(s.reasons.items())]  # fmt: skip
     errors = [{"phase": s.name, "error": e, "count": n}

@@ -92,6 +92,9 @@ def render(doc: dict[str, Any]) -> str:
         rows.append(cells)
     head = [h for h, _ in COLUMNS] + ["p50 ms", "p95 ms", "p99 ms", "max ms",
                                       "queue wait p99 ms", "errors"]  # fmt: skip
+    lanes = [[ln["lane"], ln["requests"], ln["admitted"], ln["refused"], ln["held"],
+              ln["latency_ms"]["p50"], ln["latency_ms"]["p99"], ln["queue_wait_ms"]["p99"]]
+             for ln in doc.get("lanes", [])]  # fmt: skip
     why = [[ph["phase"], kind, name, n] for ph in doc["phases"] if ph["phase"] != "all"
            for kind, counts in (("refused", ph["reasons"]), ("error", ph["errors"]))
            for name, n in sorted(counts.items())]  # fmt: skip
@@ -105,6 +108,22 @@ seed {p["seed"]}; {doc["completed"]:,} completed (reservations settled).
 Latency: the Admit call as the client saw it (including any time the server held it).</p>
 <h2>By phase</h2>
 {_table(head, rows)}
+<h2>By lane (the whole run)</h2>
+{
+        _table(
+            [
+                "lane",
+                "requests",
+                "admitted",
+                "refused",
+                "held",
+                "p50 ms",
+                "p99 ms",
+                "queue wait p99 ms",
+            ],
+            lanes,
+        )
+    }
 <h2>Refusals and errors by phase</h2>
 {_table(["phase", "outcome", "reason or status", "requests"], why, "why")}
 <h2>Over time</h2>

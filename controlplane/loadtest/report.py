@@ -107,6 +107,21 @@ def summarize(phases: list[Phase], result: RunResult) -> list[PhaseStats]:
     return out
 
 
+def by_lane(phases: list[Phase], result: RunResult) -> list[PhaseStats]:
+    """The whole run per lane asked for ("default" = the tenant's own): a
+    mixed run's latency percentiles are the slowest lane's otherwise."""
+    total = sum(p.end_s - p.start_s for p in phases)
+    lanes: dict[str, list[Outcome]] = {}
+    for o in result.outcomes:
+        lanes.setdefault(o.arrival.tenant.lane or "default", []).append(o)
+    return [stats(lane, total, outcomes) for lane, outcomes in sorted(lanes.items())]
+
+
+def _lane_json(s: PhaseStats) -> dict[str, Any]:
+    d = s.as_json()
+    return {"lane": d.pop("phase"), **d}
+
+
 def series(result: RunResult) -> dict[str, list[float]]:
     """Per second of the run: offered and admitted requests, latency p99 of
     the calls sent in that second, and the most calls held at once."""
@@ -150,5 +165,6 @@ def to_json(
         "completed": sum(o.completed for o in result.outcomes),
         "complete_errors": result.complete_errors,
         "phases": [s.as_json() for s in summarize(phases, result)],
+        "lanes": [_lane_json(s) for s in by_lane(phases, result)],
         "series": series(result),
     }

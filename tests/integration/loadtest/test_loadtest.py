@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from controlplane.cli import app
 from controlplane.domain import TenantConfig
 from controlplane.loadtest import profile as prof
-from controlplane.loadtest.report import SCHEMA, summarize
+from controlplane.loadtest.report import SCHEMA, by_lane, summarize
 from controlplane.loadtest.run import ADMIT_DEADLINE_S, check_loopback, run
 from controlplane.store.db import upgrade
 from tests.integration.ledger.conftest import ledger_rows
@@ -128,6 +128,11 @@ def test_a_run_sends_its_plan_and_agrees_with_the_server(
     assert sum(stats[n].requests for n in ("base", "pulse", "recovery")) == len(plan)
     assert stats["pulse"].requests == sum(a.phase == "pulse" for a in plan)
     assert stats["all"].admitted == decisions["admit"]
+    lanes = {s.name: s for s in by_lane(phases, result)}
+    assert set(lanes) == {"premium", "standard", "batch"}
+    assert sum(s.requests for s in lanes.values()) == len(plan)
+    assert lanes["batch"].requests == sum(a.tenant.lane == "batch" for a in plan)
+    assert sum(s.admitted for s in lanes.values()) == decisions["admit"]
 
 
 def test_the_command_json_and_html(
@@ -149,6 +154,8 @@ def test_the_command_json_and_html(
     assert constant["phase"] == "constant" and constant["admitted"] == 29
     assert total["latency_ms"]["p50"] is not None and total["errors"] == {}
     assert doc["completed"] == 29
+    [lane] = doc["lanes"]
+    assert lane["lane"] == "premium" and lane["requests"] == 29 and "phase" not in lane
     text = page.read_text()
     assert "burstgate loadtest: constant" in text and "data:image/png;base64," in text
     embedded = text.split('id="burstgate-data">', 1)[1].split("</script>", 1)[0]
