@@ -93,6 +93,14 @@ def loadtest(
     max_in_flight: Annotated[
         int, typer.Option(min=1, help="Most Admit calls open at once.")
     ] = 10_000,
+    stream: Annotated[
+        bool,
+        typer.Option(help="Micro-batch the Admits onto one AdmitStream (as a busy sidecar)."),
+    ] = False,
+    batch_window_ms: Annotated[
+        float, typer.Option(min=0.01, help="--stream: how long a batch collects Admits.")
+    ] = 0.5,
+    batch_max: Annotated[int, typer.Option(min=1, help="--stream: most Admits a batch.")] = 100,
     local: Annotated[
         bool,
         typer.Option(help="Start a demo control plane and a fake engine; stop them after."),
@@ -154,14 +162,18 @@ def loadtest(
         with progress as tick:
             result = asyncio.run(
                 drive(target, plan, local, api_key=api_key, service_scale=service_scale,
-                      max_in_flight=max_in_flight, on_tick=tick)
+                      max_in_flight=max_in_flight, on_tick=tick,
+                      batch_window_s=batch_window_ms / 1000 if stream else None,
+                      batch_max=batch_max)
             )  # fmt: skip
     finally:
         if server is not None:
             stop_local(server[0])
     options = {"profile": profile.value, "base": base, "peak": peak, "pulse_s": pulse_s,
                "cycle_s": cycle_s, "total_s": phases[-1].end_s, "seed": seed,
-               "uniform": uniform, "service_scale": service_scale}  # fmt: skip
+               "uniform": uniform, "service_scale": service_scale,
+               "mode": f"stream (window {batch_window_ms:g} ms, max {batch_max})" if stream
+               else "unary"}  # fmt: skip
     doc = to_json(target, options, phases, result)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))

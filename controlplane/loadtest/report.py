@@ -164,6 +164,8 @@ def to_json(
         "requests": len(result.outcomes),
         "completed": sum(o.completed for o in result.outcomes),
         "complete_errors": result.complete_errors,
+        "engine_errors": result.engine_errors,
+        "batches": result.batches,
         "phases": [s.as_json() for s in summarize(phases, result)],
         "lanes": [_lane_json(s) for s in by_lane(phases, result)],
         "series": series(result),

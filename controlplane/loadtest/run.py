@@ -14,6 +14,10 @@ the engine's state is sent as load reports every 100 ms (loadtest/engine.py);
 when the profile ends, what the engine is still serving gets ``DRAIN_S`` to
 finish before it is cancelled (and settled with its prompt alone).
 
+With ``batch_window_s`` the Admits go micro-batched onto one AdmitStream
+(loadtest/stream.py), as a busy sidecar sends them; a batch is answered at
+once (never held), so the gate refuses what it would have held.
+
 Calls the server holds (the pool gate's queue) are simply calls in flight:
 their count over time is the report's queue depth, and the answer's
 ``queue_wait_ms`` the server-side wait.
@@ -35,6 +39,7 @@ from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.loadtest.engine import EngineLink, report_loop
 from controlplane.loadtest.profile import Arrival
+from controlplane.loadtest.stream import Answer, StreamBatcher, answer_of
 
 PREFILL_TPS = 20_000.0
 DECODE_TPS = 60.0
@@ -87,6 +92,7 @@ class RunResult:
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     complete_errors: int = 0
     engine_errors: int = 0
+    batches: int = 0  # AdmitBatches sent (stream mode)
 
 
 def check_loopback(target: str) -> None:
@@ -118,6 +124,8 @@ async def run(
     run_id: str = "",
     retry: RetryPolicy | None = None,
     engine: EngineLink | None = None,
+    batch_window_s: float | None = None,
+    batch_max: int = 100,
     on_tick: Callable[[float, int], None] | None = None,
 ) -> RunResult:
     """Send ``plan`` (sorted by time) and return every outcome."""
@@ -195,15 +203,24 @@ async def run(
                 in_flight += 1
                 t0 = time.perf_counter()
                 try:
-                    resp = await stub.Admit(request, timeout=ADMIT_DEADLINE_S, metadata=meta)
+                    resp = await asyncio.wait_for(decide(request), ADMIT_DEADLINE_S)
                 except grpc.aio.AioRpcError as exc:
                     o.error = exc.code().name
+                    return
+                except TimeoutError:
+                    o.error = "DEADLINE_EXCEEDED"
                     return
                 finally:
                     in_flight -= 1
                     o.latency_ms = (time.perf_counter() - t0) * 1000
-                o.decision = pb.Decision.Name(resp.decision).removeprefix("DECISION_").lower()
-                o.reason = pb.Reason.Name(resp.reason).removeprefix("REASON_").lower()
+                o.decision = (
+                    pb.Decision.Name(pb.Decision.ValueType(resp.decision))
+                    .removeprefix("DECISION_")
+                    .lower()
+                )
+                o.reason = (
+                    pb.Reason.Name(pb.Reason.ValueType(resp.reason)).removeprefix("REASON_").lower()
+                )
                 o.queue_wait_ms = resp.queue_wait_ms
                 if resp.decision == pb.DECISION_ADMIT:
                     o.served_after_refusal = o.retries > 0
@@ -223,6 +240,16 @@ async def run(
                 o.retries += 1
                 await asyncio.sleep(wait)
 
+        async def unary(request: pb.AdmitRequest) -> Answer:
+            return answer_of(await stub.Admit(request, timeout=ADMIT_DEADLINE_S, metadata=meta))
+
+        batcher = (
+            StreamBatcher(stub, meta, batch_window_s, batch_max)
+            if batch_window_s is not None
+            else None
+        )
+        decide = batcher.decide if batcher is not None else unary
+
         async def sample() -> None:
             while True:
                 t = time.monotonic() - start
@@ -231,6 +258,8 @@ async def run(
                     on_tick(t, sum(1 for o in outcomes if o.sent_s > 0))
                 await asyncio.sleep(SAMPLE_S)
 
+        if batcher is not None:
+            await batcher.__aenter__()
         sampler = asyncio.create_task(sample())
         reporter = asyncio.create_task(report_loop(engine, stub.ReportLoad)) if engine else None
         admits: list[asyncio.Task[None]] = []
@@ -257,4 +286,7 @@ async def run(
         sampler.cancel()
         if reporter is not None:
             reporter.cancel()
+        if batcher is not None:
+            await batcher.__aexit__(None, None, None)
+            result.batches = batcher.batches
     return result
