@@ -118,11 +118,7 @@ def loadtest(
     Every admitted request is Completed after a simulated service time, so
     reservations are refunded as in production. Loopback targets only; the
     run stops by itself after its profile."""
-    import asyncio
-
     from controlplane.loadtest import profile as prof
-    from controlplane.loadtest.report import summarize, to_json
-    from controlplane.loadtest.run import check_loopback
 
     # SPEC section 6's pulse (30 s every 90 s, 5 minutes) by default; a
     # third of it with --local, so that the one-command demo takes a minute.
@@ -143,6 +139,40 @@ def loadtest(
                              uniform=uniform)  # fmt: skip
     except ValueError as exc:
         fail(str(exc))
+    options = {"profile": profile.value, "base": base, "peak": peak, "pulse_s": pulse_s,
+               "cycle_s": cycle_s, "total_s": phases[-1].end_s, "seed": seed,
+               "uniform": uniform, "service_scale": service_scale,
+               "mode": f"stream (window {batch_window_ms:g} ms, max {batch_max})" if stream
+               else "unary"}  # fmt: skip
+    execute(
+        target, phases, plan, options, local=local, as_json=as_json, html=html,
+        no_progress=no_progress, headline=f"loadtest: {len(plan):,} requests over "
+        f"{phases[-1].end_s:g} s ({profile.value})",
+        api_key=api_key, service_scale=service_scale, max_in_flight=max_in_flight,
+        batch_window_s=batch_window_ms / 1000 if stream else None, batch_max=batch_max,
+    )  # fmt: skip
+
+
+def execute(
+    target: str,
+    phases: list[Any],
+    plan: list[Any],
+    options: dict[str, Any],
+    *,
+    local: bool,
+    as_json: bool,
+    html: Path | None,
+    no_progress: bool,
+    headline: str,
+    **run_kw: Any,
+) -> None:
+    """What `loadtest` and `replay` share once they have a plan: the local
+    servers, the loopback check, the run with its progress bar, the report."""
+    import asyncio
+
+    from controlplane.loadtest.report import summarize, to_json
+    from controlplane.loadtest.run import check_loopback
+
     if html is not None and not html.parent.is_dir():
         fail(f"--html: directory {html.parent} does not exist")
     server = start_local() if local else None
@@ -153,27 +183,13 @@ def loadtest(
             check_loopback(target)
         except ValueError as exc:
             fail(str(exc))
-        typer.echo(
-            f"loadtest: {len(plan):,} requests over {phases[-1].end_s:g} s "
-            f"({profile.value}) against {target}", err=True,
-        )  # fmt: skip
-        show = not no_progress and sys.stderr.isatty()
-        progress = progress_bar(phases[-1].end_s, len(plan), show)
-        with progress as tick:
-            result = asyncio.run(
-                drive(target, plan, local, api_key=api_key, service_scale=service_scale,
-                      max_in_flight=max_in_flight, on_tick=tick,
-                      batch_window_s=batch_window_ms / 1000 if stream else None,
-                      batch_max=batch_max)
-            )  # fmt: skip
+        typer.echo(f"{headline} against {target}", err=True)
+        end = phases[-1].end_s
+        with progress_bar(end, len(plan), not no_progress and sys.stderr.isatty()) as tick:
+            result = asyncio.run(drive(target, plan, local, on_tick=tick, **run_kw))
     finally:
         if server is not None:
             stop_local(server[0])
-    options = {"profile": profile.value, "base": base, "peak": peak, "pulse_s": pulse_s,
-               "cycle_s": cycle_s, "total_s": phases[-1].end_s, "seed": seed,
-               "uniform": uniform, "service_scale": service_scale,
-               "mode": f"stream (window {batch_window_ms:g} ms, max {batch_max})" if stream
-               else "unary"}  # fmt: skip
     doc = to_json(target, options, phases, result)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))

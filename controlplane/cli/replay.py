@@ -4,8 +4,6 @@ docs/loadtest.md)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -27,14 +25,7 @@ from controlplane.analysis.cli import (
 from controlplane.analysis.presets import LogFormat
 from controlplane.analysis.progress import Phases
 from controlplane.cli.common import fail
-from controlplane.cli.loadtest import (
-    drive,
-    parse_tenants,
-    print_report,
-    progress_bar,
-    start_local,
-    stop_local,
-)
+from controlplane.cli.loadtest import execute, parse_tenants
 
 # simulate's default tenants: premium 20 %, standard 50 %, batch 30 %
 DEFAULT_TENANTS = ("acme:premium:2", "agentco:standard:5", "free-tier:batch:3")
@@ -94,11 +85,8 @@ def replay(
     real lengths; refused clients retry after max(retry_after, backoff with full
     jitter) while their lane's TTFT SLO can still be met. Reports like
     `loadtest`, plus how many were served after a refusal."""
-    import asyncio
-
     from controlplane.loadtest.replay import plan
-    from controlplane.loadtest.report import summarize, to_json
-    from controlplane.loadtest.run import RetryPolicy, check_loopback
+    from controlplane.loadtest.run import RetryPolicy
     from controlplane.sim.harness import DEFAULT_SLO_S
 
     options = input_options(
@@ -113,41 +101,14 @@ def replay(
         )  # fmt: skip
     except ValueError as exc:
         fail(str(exc))
-    if html is not None and not html.parent.is_dir():
-        fail(f"--html: directory {html.parent} does not exist")
     retry = RetryPolicy(dict(DEFAULT_SLO_S), seed=seed) if retries else None
-    server = start_local() if local else None
-    if server is not None:
-        target = server[1]
-    try:
-        try:
-            check_loopback(target)
-        except ValueError as exc:
-            fail(str(exc))
-        end = phase_list[-1].end_s
-        typer.echo(
-            f"replay: {len(arrivals):,} requests over {end:,.1f} s (--speed {speed:g}) "
-            f"against {target}", err=True,
-        )  # fmt: skip
-        bar = progress_bar(end, len(arrivals), not no_progress and sys.stderr.isatty())
-        with bar as tick:
-            result = asyncio.run(
-                drive(target, arrivals, local, api_key=api_key, service_scale=service_scale,
-                      retry=retry, on_tick=tick)
-            )  # fmt: skip
-    finally:
-        if server is not None:
-            stop_local(server[0])
     profile = {"profile": "replay", "trace": str(trace), "speed": speed, "seed": seed,
-               "assign": assign.value,
-               "retries": retries, "service_scale": service_scale}  # fmt: skip
-    doc = to_json(target, profile, phase_list, result)
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2))
-    else:
-        print_report(doc, summarize(phase_list, result))
-    if html is not None:
-        from controlplane.loadtest.html import render
-
-        html.write_text(render(doc), encoding="utf-8")
-        typer.echo(f"report written to {html}", err=True)
+               "assign": assign.value, "retries": retries,
+               "service_scale": service_scale}  # fmt: skip
+    end = phase_list[-1].end_s
+    execute(
+        target, phase_list, arrivals, profile, local=local, as_json=as_json, html=html,
+        no_progress=no_progress, headline=f"replay: {len(arrivals):,} requests over "
+        f"{end:,.1f} s (--speed {speed:g})",
+        api_key=api_key, service_scale=service_scale, retry=retry,
+    )  # fmt: skip
