@@ -21,6 +21,25 @@ from controlplane.cli.render import table
 DEFAULT_TENANTS = ("acme:premium", "agentco:standard", "free-tier:batch")  # the demo's
 
 
+# Options `loadtest` and `replay` share.
+TargetOpt = Annotated[
+    str, typer.Option(envvar="BURSTGATE_TARGET", help="host:port of the control plane.")
+]
+SidecarKeyOpt = Annotated[
+    str | None,
+    typer.Option(envvar="BURSTGATE_API_KEY", help="A sidecar key, when admission auth is on."),
+]
+ServiceScaleOpt = Annotated[
+    float, typer.Option(min=0, help="Scale of the simulated service time before Complete.")
+]
+LocalOpt = Annotated[
+    bool, typer.Option(help="Start a demo control plane and a fake engine; stop them after.")
+]
+ReportJsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON.")]
+HtmlOpt = Annotated[Path | None, typer.Option(help="Also write an HTML report to this file.")]
+NoProgressOpt = Annotated[bool, typer.Option(help="No progress bar.")]
+
+
 class ProfileName(StrEnum):
     PULSE = "pulse"
     STEP = "step"
@@ -46,13 +65,8 @@ def parse_tenants(specs: list[str]) -> list[Any]:
 
 
 def loadtest(
-    target: Annotated[
-        str, typer.Option(envvar="BURSTGATE_TARGET", help="host:port of the control plane.")
-    ] = "127.0.0.1:50051",
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="BURSTGATE_API_KEY", help="A sidecar key, when admission auth is on."),
-    ] = None,
+    target: TargetOpt = "127.0.0.1:50051",
+    api_key: SidecarKeyOpt = None,
     profile: Annotated[ProfileName, typer.Option(help="The shape of the load.")] = (
         ProfileName.PULSE
     ),
@@ -87,9 +101,7 @@ def loadtest(
         bool, typer.Option(help="Evenly spaced arrivals instead of Poisson.")
     ] = False,
     seed: Annotated[int, typer.Option(help="Seed of arrivals, tenants and lengths.")] = 0,
-    service_scale: Annotated[
-        float, typer.Option(min=0, help="Scale of the simulated service time before Complete.")
-    ] = 1.0,
+    service_scale: ServiceScaleOpt = 1.0,
     max_in_flight: Annotated[
         int, typer.Option(min=1, help="Most Admit calls open at once.")
     ] = 10_000,
@@ -101,15 +113,10 @@ def loadtest(
         float, typer.Option(min=0.01, help="--stream: how long a batch collects Admits.")
     ] = 0.5,
     batch_max: Annotated[int, typer.Option(min=1, help="--stream: most Admits a batch.")] = 100,
-    local: Annotated[
-        bool,
-        typer.Option(help="Start a demo control plane and a fake engine; stop them after."),
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    html: Annotated[
-        Path | None, typer.Option(help="Also write an HTML report to this file.")
-    ] = None,
-    no_progress: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    local: LocalOpt = False,
+    as_json: ReportJsonOpt = False,
+    html: HtmlOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     """Open-loop load (pulse, step or constant) against a control plane, then a
     report per phase: decision latency, decisions by outcome and reason,

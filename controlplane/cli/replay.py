@@ -25,7 +25,17 @@ from controlplane.analysis.cli import (
 from controlplane.analysis.presets import LogFormat
 from controlplane.analysis.progress import Phases
 from controlplane.cli.common import fail
-from controlplane.cli.loadtest import execute, parse_tenants
+from controlplane.cli.loadtest import (
+    HtmlOpt,
+    LocalOpt,
+    NoProgressOpt,
+    ReportJsonOpt,
+    ServiceScaleOpt,
+    SidecarKeyOpt,
+    TargetOpt,
+    execute,
+    parse_tenants,
+)
 
 # simulate's default tenants: premium 20 %, standard 50 %, batch 30 %
 DEFAULT_TENANTS = ("acme:premium:2", "agentco:standard:5", "free-tier:batch:3")
@@ -40,13 +50,8 @@ def replay(
     trace: Annotated[
         Path, typer.Argument(help="Request log: CSV, JSON Lines or Parquet; - = stdin.")
     ],
-    target: Annotated[
-        str, typer.Option(envvar="BURSTGATE_TARGET", help="host:port of the control plane.")
-    ] = "127.0.0.1:50051",
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="BURSTGATE_API_KEY", help="A sidecar key, when admission auth is on."),
-    ] = None,
+    target: TargetOpt = "127.0.0.1:50051",
+    api_key: SidecarKeyOpt = None,
     speed: Annotated[float, typer.Option(help="Time scale: 10 = ten times faster.")] = 1.0,
     assign: Annotated[
         Assign, typer.Option(help="Tenants by a hash of the row (--tenant) or the trace's column.")
@@ -60,13 +65,8 @@ def replay(
     ] = True,
     limit: Annotated[int | None, typer.Option(min=1, help="Replay the first N requests.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the assignment and the client jitter.")] = 0,
-    service_scale: Annotated[
-        float, typer.Option(min=0, help="Scale of the simulated service time before Complete.")
-    ] = 1.0,
-    local: Annotated[
-        bool,
-        typer.Option(help="Start a demo control plane and a fake engine; stop them after."),
-    ] = False,
+    service_scale: ServiceScaleOpt = 1.0,
+    local: LocalOpt = False,
     log_format: FormatOpt = LogFormat.auto,
     time_unit: TimeUnitOpt = None,
     time_col: TimeColOpt = None,
@@ -74,11 +74,9 @@ def replay(
     output_col: OutputColOpt = None,
     tenant_col: TenantColOpt = None,
     lane_col: LaneColOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    html: Annotated[
-        Path | None, typer.Option(help="Also write an HTML report to this file.")
-    ] = None,
-    no_progress: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    as_json: ReportJsonOpt = False,
+    html: HtmlOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     """Replay a recorded trace (Azure, Mooncake, an OpenAI log, a ledger export ...)
     against a control plane at --speed, each row one Admit at its time with its
