@@ -105,6 +105,12 @@ def loadtest(
     max_in_flight: Annotated[
         int, typer.Option(min=1, help="Most Admit calls open at once.")
     ] = 10_000,
+    retries: Annotated[
+        bool,
+        typer.Option(
+            help="Clients retry retryable refusals (backoff, full jitter, within the SLO)."
+        ),
+    ] = False,
     stream: Annotated[
         bool,
         typer.Option(help="Micro-batch the Admits onto one AdmitStream (as a busy sidecar)."),
@@ -126,6 +132,8 @@ def loadtest(
     reservations are refunded as in production. Loopback targets only; the
     run stops by itself after its profile."""
     from controlplane.loadtest import profile as prof
+    from controlplane.loadtest.run import RetryPolicy
+    from controlplane.sim.harness import DEFAULT_SLO_S
 
     # SPEC section 6's pulse (30 s every 90 s, 5 minutes) by default; a
     # third of it with --local, so that the one-command demo takes a minute.
@@ -148,7 +156,7 @@ def loadtest(
         fail(str(exc))
     options = {"profile": profile.value, "base": base, "peak": peak, "pulse_s": pulse_s,
                "cycle_s": cycle_s, "total_s": phases[-1].end_s, "seed": seed,
-               "uniform": uniform, "service_scale": service_scale,
+               "uniform": uniform, "service_scale": service_scale, "retries": retries,
                "mode": f"stream (window {batch_window_ms:g} ms, max {batch_max})" if stream
                else "unary"}  # fmt: skip
     execute(
@@ -157,6 +165,7 @@ def loadtest(
         f"{phases[-1].end_s:g} s ({profile.value})",
         api_key=api_key, service_scale=service_scale, max_in_flight=max_in_flight,
         batch_window_s=batch_window_ms / 1000 if stream else None, batch_max=batch_max,
+        retry=RetryPolicy(dict(DEFAULT_SLO_S), seed=seed) if retries else None,
     )  # fmt: skip
 
 

@@ -252,3 +252,17 @@ def test_stream_mode_micro_batches_and_agrees_with_the_server(
     admitted = {o.request_id for o in outcomes if o.decision == "admit"}
     assert {o.request_id for o in outcomes if o.completed} == admitted
     assert {r.request_id for r in ledger_rows(sqlite_url)} == admitted
+
+
+def test_loadtest_retries_when_asked(sqlite_url: str, make_server: Callable[..., Any]) -> None:
+    upgrade(sqlite_url)
+    add_tenants(sqlite_url, TenantConfig("tight", Decimal(2_000), 3_000, max_wait_ms=0))
+    srv = make_server(sqlite_url)
+    args = ["loadtest", "--target", srv.target, "--profile", "constant", "--base", "20",
+            "--total-s", "1", "--tenant", "tight:standard", "--uniform", "--service-scale", "0",
+            "--json", "--no-progress"]  # fmt: skip
+    plain = json.loads(CliRunner().invoke(app, args).stdout)["phases"][-1]
+    assert plain["retries"] == 0 and plain["refused"] > 0  # over its rate: refusals
+    retried = json.loads(CliRunner().invoke(app, [*args, "--retries"]).stdout)["phases"][-1]
+    assert retried["retries"] > 0 and retried["served_after_refusal"] > 0
+    assert retried["admitted"] > plain["admitted"]
