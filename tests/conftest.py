@@ -129,7 +129,20 @@ class ServerThread:
     def stop(self) -> None:
         if self.loop.is_closed():  # stopped already (a test restarting a server)
             return
-        self._run(self.plane.stop(0))
+        try:
+            self._run(self.plane.stop(0))
+        except TimeoutError:
+            # A stop that hangs must not leave a server polling (and logging
+            # into later tests' output): cancel everything on its loop, and
+            # say where it hung.
+            pending = [
+                f"{t.get_name()}: {t.get_stack(limit=3)}" for t in asyncio.all_tasks(self.loop)
+            ]
+            for task in asyncio.all_tasks(self.loop):
+                self.loop.call_soon_threadsafe(task.cancel)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=30)
+            raise AssertionError(f"ControlPlane.stop did not end in 30 s; pending {pending}") from None
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
         self.loop.close()
