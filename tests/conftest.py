@@ -142,7 +142,8 @@ class ServerThread:
                 self.loop.call_soon_threadsafe(task.cancel)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=30)
-            raise AssertionError(f"ControlPlane.stop did not end in 30 s; pending {pending}") from None
+            message = f"ControlPlane.stop did not end in 30 s; pending {pending}"
+            raise AssertionError(message) from None
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
         self.loop.close()
