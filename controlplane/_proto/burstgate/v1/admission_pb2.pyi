@@ -482,6 +482,7 @@ class CompleteRequest(_message.Message):
     EXEC_START_UNIX_NS_FIELD_NUMBER: _builtins.int
     EXEC_END_UNIX_NS_FIELD_NUMBER: _builtins.int
     KV_CACHE_MISS_RATE_REPORTED_FIELD_NUMBER: _builtins.int
+    OFFLINE_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     request_id: _builtins.str
     reservation_id: _builtins.int
@@ -507,6 +508,21 @@ class CompleteRequest(_message.Message):
     """true: kv_cache_miss_rate is this request's own rate even when it is 0.
     false: a 0 means "not reported" and the pool's current window rate is used.
     """
+    @_builtins.property
+    def offline(self) -> Global___OfflineAdmission:
+        """Set by a sidecar that admitted this request itself, under a fail-open
+        policy, while the control plane was unreachable (its buffered
+        Completes are delivered once it is back). When the server holds no
+        reservation for (tenant_id, request_id) and the ledger has no record of
+        it, the request is booked now: its real usage is taken from the
+        tenant's bucket and quotas whatever their level (a bucket may go into
+        debt), and settled at once; the ledger record uses the pricing
+        multiplier in force now and records exec_start/exec_end when given.
+        When a reservation exists this is ignored (a normal Complete). A repeat
+        is a duplicate, as for any Complete. Errors as Complete, plus
+        INVALID_ARGUMENT for offline.lane, offline.model or offline.pool.
+        """
+
     def __init__(
         self,
         *,
@@ -520,14 +536,47 @@ class CompleteRequest(_message.Message):
         exec_start_unix_ns: _builtins.int = ...,
         exec_end_unix_ns: _builtins.int = ...,
         kv_cache_miss_rate_reported: _builtins.bool = ...,
+        offline: Global___OfflineAdmission | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["offline", b"offline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "offline", b"offline", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompleteRequest: _TypeAlias = CompleteRequest  # noqa: Y015
+
+@_typing.final
+class OfflineAdmission(_message.Message):
+    """How a request admitted by a sidecar while the control plane was
+    unreachable ran (see CompleteRequest.offline).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    lane: _builtins.str
+    """as AdmitRequest.lane; empty = the tenant's default"""
+    model: _builtins.str
+    """as AdmitRequest.model"""
+    pool: _builtins.str
+    """as AdmitRequest.pool; empty = resolved as there"""
+    def __init__(
+        self,
+        *,
+        lane: _builtins.str = ...,
+        model: _builtins.str = ...,
+        pool: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane", b"lane", "model", b"model", "pool", b"pool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OfflineAdmission: _TypeAlias = OfflineAdmission  # noqa: Y015
 
 @_typing.final
 class CompleteResponse(_message.Message):
@@ -546,6 +595,7 @@ class CompleteResponse(_message.Message):
     LANE_MULTIPLIER_FIELD_NUMBER: _builtins.int
     KV_CACHE_MISS_RATE_FIELD_NUMBER: _builtins.int
     MISS_RATE_SOURCE_FIELD_NUMBER: _builtins.int
+    OFFLINE_BOOKED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     reserved_tokens: _builtins.int
     actual_tokens: _builtins.int
@@ -569,6 +619,10 @@ class CompleteResponse(_message.Message):
     kv_cache_miss_rate: _builtins.float
     """the rate actual_cost used"""
     miss_rate_source: Global___MissRateSource.ValueType
+    offline_booked: _builtins.bool
+    """This Complete booked a request admitted offline (CompleteRequest.offline):
+    there was no reservation, the usage was taken now.
+    """
     def __init__(
         self,
         *,
@@ -585,10 +639,11 @@ class CompleteResponse(_message.Message):
         lane_multiplier: _builtins.str = ...,
         kv_cache_miss_rate: _builtins.float = ...,
         miss_rate_source: Global___MissRateSource.ValueType = ...,
+        offline_booked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_cost", b"actual_cost", "actual_tokens", b"actual_tokens", "currency", b"currency", "duplicate", b"duplicate", "kv_cache_miss_rate", b"kv_cache_miss_rate", "lane_multiplier", b"lane_multiplier", "miss_rate_source", b"miss_rate_source", "pricing_multiplier", b"pricing_multiplier", "pricing_window", b"pricing_window", "refunded_tokens", b"refunded_tokens", "request_id", b"request_id", "reserved_tokens", b"reserved_tokens", "user_charge", b"user_charge"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_cost", b"actual_cost", "actual_tokens", b"actual_tokens", "currency", b"currency", "duplicate", b"duplicate", "kv_cache_miss_rate", b"kv_cache_miss_rate", "lane_multiplier", b"lane_multiplier", "miss_rate_source", b"miss_rate_source", "offline_booked", b"offline_booked", "pricing_multiplier", b"pricing_multiplier", "pricing_window", b"pricing_window", "refunded_tokens", b"refunded_tokens", "request_id", b"request_id", "reserved_tokens", b"reserved_tokens", "user_charge", b"user_charge"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -614,6 +669,7 @@ class AdmitBatch(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
+    MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     """chosen by the client; echoed in the result and in errors"""
     model: _builtins.str
@@ -628,6 +684,14 @@ class AdmitBatch(_message.Message):
     def prompt_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def max_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def max_wait_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """How long each entry may wait server-side, in ms: 0, 1 (applies to all)
+        or N entries, each 0..3,600,000. Absent or 0: answered at once (the
+        fast path); > 0: see AdmitStream, "Waiting entries". A client sets it
+        to its request's own deadline less a margin for the answer's trip.
+        """
+
     def __init__(
         self,
         *,
@@ -639,10 +703,11 @@ class AdmitBatch(_message.Message):
         max_tokens: _abc.Iterable[_builtins.int] | None = ...,
         model: _builtins.str = ...,
         pool: _builtins.str = ...,
+        max_wait_ms: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "lane", b"lane", "max_tokens", b"max_tokens", "model", b"model", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "lane", b"lane", "max_tokens", b"max_tokens", "max_wait_ms", b"max_wait_ms", "model", b"model", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -673,6 +738,9 @@ class AdmitBatchResult(_message.Message):
     PRESSURE_FIELD_NUMBER: _builtins.int
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    ENTRY_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     pricing_multiplier: _builtins.str
     """decimal text, as AdmitResponse.pricing_multiplier"""
@@ -718,6 +786,23 @@ class AdmitBatchResult(_message.Message):
     def retryable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
         """see AdmitResponse.retryable"""
 
+    @_builtins.property
+    def queued(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """Waiting entries (AdmitBatch.max_wait_ms; empty columns otherwise):
+        in the batch's first result, entry i waits in a queue and its answer
+        comes in a later release result.
+        """
+
+    @_builtins.property
+    def entry(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """In a release result: the batch indexes its columns answer (column k
+        answers entry entry[k] of batch batch_id); empty in a first result.
+        """
+
+    @_builtins.property
+    def queue_wait_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """In a release result: how long each entry waited, ms rounded up."""
+
     def __init__(
         self,
         *,
@@ -738,14 +823,108 @@ class AdmitBatchResult(_message.Message):
         pressure: Global___Pressure | None = ...,
         pricing_multiplier: _builtins.str = ...,
         retryable: _abc.Iterable[_builtins.bool] | None = ...,
+        queued: _abc.Iterable[_builtins.bool] | None = ...,
+        entry: _abc.Iterable[_builtins.int] | None = ...,
+        queue_wait_ms: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "entry", b"entry", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "queued", b"queued", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdmitBatchResult: _TypeAlias = AdmitBatchResult  # noqa: Y015
+
+@_typing.final
+class GetLimitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """1..128 printable chars"""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLimitsRequest: _TypeAlias = GetLimitsRequest  # noqa: Y015
+
+@_typing.final
+class TenantLimits(_message.Message):
+    """A tenant's configured limits and their state now (counts in tokens;
+    -1 = unlimited where noted).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_RATE_FIELD_NUMBER: _builtins.int
+    BURST_TOKENS_FIELD_NUMBER: _builtins.int
+    BUCKET_TOKENS_FIELD_NUMBER: _builtins.int
+    BUCKET_FULL_IN_MS_FIELD_NUMBER: _builtins.int
+    HOURLY_QUOTA_FIELD_NUMBER: _builtins.int
+    HOURLY_REMAINING_FIELD_NUMBER: _builtins.int
+    DAILY_QUOTA_FIELD_NUMBER: _builtins.int
+    DAILY_REMAINING_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    INFLIGHT_REQUESTS_FIELD_NUMBER: _builtins.int
+    HOUR_RESETS_IN_MS_FIELD_NUMBER: _builtins.int
+    DAY_RESETS_IN_MS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    token_rate: _builtins.str
+    """refill, tokens per second, decimal text"""
+    burst_tokens: _builtins.int
+    """the bucket's capacity"""
+    bucket_tokens: _builtins.int
+    """the bucket's level now (< 0: in debt)"""
+    bucket_full_in_ms: _builtins.int
+    """until the bucket is full again, ms rounded up"""
+    hourly_quota: _builtins.int
+    """-1 = unlimited"""
+    hourly_remaining: _builtins.int
+    """-1 = unlimited"""
+    daily_quota: _builtins.int
+    """-1 = unlimited"""
+    daily_remaining: _builtins.int
+    """-1 = unlimited"""
+    max_concurrency: _builtins.int
+    """-1 = unlimited"""
+    inflight_requests: _builtins.int
+    """admitted, not yet settled"""
+    hour_resets_in_ms: _builtins.int
+    """until the next UTC hour"""
+    day_resets_in_ms: _builtins.int
+    """until the next UTC day"""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        token_rate: _builtins.str = ...,
+        burst_tokens: _builtins.int = ...,
+        bucket_tokens: _builtins.int = ...,
+        bucket_full_in_ms: _builtins.int = ...,
+        hourly_quota: _builtins.int = ...,
+        hourly_remaining: _builtins.int = ...,
+        daily_quota: _builtins.int = ...,
+        daily_remaining: _builtins.int = ...,
+        max_concurrency: _builtins.int = ...,
+        inflight_requests: _builtins.int = ...,
+        hour_resets_in_ms: _builtins.int = ...,
+        day_resets_in_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_full_in_ms", b"bucket_full_in_ms", "bucket_tokens", b"bucket_tokens", "burst_tokens", b"burst_tokens", "daily_quota", b"daily_quota", "daily_remaining", b"daily_remaining", "day_resets_in_ms", b"day_resets_in_ms", "hour_resets_in_ms", b"hour_resets_in_ms", "hourly_quota", b"hourly_quota", "hourly_remaining", b"hourly_remaining", "inflight_requests", b"inflight_requests", "max_concurrency", b"max_concurrency", "tenant_id", b"tenant_id", "token_rate", b"token_rate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantLimits: _TypeAlias = TenantLimits  # noqa: Y015
 
 @_typing.final
 class LoadReport(_message.Message):

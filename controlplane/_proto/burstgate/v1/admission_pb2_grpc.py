@@ -54,6 +54,11 @@ class AdmissionServiceStub:
                 request_serializer=burstgate_dot_v1_dot_admission__pb2.LoadReport.SerializeToString,
                 response_deserializer=burstgate_dot_v1_dot_admission__pb2.LoadReportAck.FromString,
                 _registered_method=True)
+        self.GetLimits = channel.unary_unary(
+                '/burstgate.v1.AdmissionService/GetLimits',
+                request_serializer=burstgate_dot_v1_dot_admission__pb2.GetLimitsRequest.SerializeToString,
+                response_deserializer=burstgate_dot_v1_dot_admission__pb2.TenantLimits.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -128,6 +133,23 @@ class AdmissionServiceServicer:
         (tenant_id, request_id) twice in one batch is such an error
         (request_id[i]); an id already decided earlier is replayed
         (duplicate[i] = true), as by Admit.
+
+        Waiting entries (opt-in, AdmitBatch.max_wait_ms > 0): an entry that
+        Admit would hold in its lane's queue (the pool gate, the bucket, the
+        tenant's concurrency) is held the same way, for at most its
+        max_wait_ms (and the lane's and tenant's bounds). The batch's result
+        still comes at once, with queued[i] = true and decision[i] =
+        DECISION_UNSPECIFIED for such an entry; its answer comes later in a
+        *release* result: the same batch_id, `entry` listing the batch indexes
+        it answers (column k answers entry[k]). Every queued entry gets exactly
+        one release (admitted, or refused with QUEUE_TIMEOUT or another
+        reason). A client that half-closes the stream still gets the releases
+        it is owed, then the stream ends; a stream that is cancelled or fails
+        takes its queued entries out of the queues (nothing is admitted for
+        them). Without max_wait_ms nothing changes: every entry is answered at
+        once, as before. Batches that may wait are decided entry by entry
+        through Admit's path (fair order with the unary callers), so they cost
+        more server CPU per entry than the columnar fast path.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,6 +164,17 @@ class AdmissionServiceServicer:
         Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
         out of range, a fraction outside 0..1, a pool not among the policy's
         known_pools when it lists them); nothing is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLimits(self, request, context):
+        """A tenant's limits and where it stands now, for rate-limit response
+        headers (the sidecar's x-ratelimit-*); cache it for a few seconds.
+
+        Errors: INVALID_ARGUMENT (tenant_id), NOT_FOUND (no such tenant),
+        UNAUTHENTICATED, PERMISSION_DENIED (a sidecar key for other tenants).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -169,6 +202,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.ReportLoad,
                     request_deserializer=burstgate_dot_v1_dot_admission__pb2.LoadReport.FromString,
                     response_serializer=burstgate_dot_v1_dot_admission__pb2.LoadReportAck.SerializeToString,
+            ),
+            'GetLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLimits,
+                    request_deserializer=burstgate_dot_v1_dot_admission__pb2.GetLimitsRequest.FromString,
+                    response_serializer=burstgate_dot_v1_dot_admission__pb2.TenantLimits.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -279,6 +317,33 @@ class AdmissionService:
             '/burstgate.v1.AdmissionService/ReportLoad',
             burstgate_dot_v1_dot_admission__pb2.LoadReport.SerializeToString,
             burstgate_dot_v1_dot_admission__pb2.LoadReportAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/burstgate.v1.AdmissionService/GetLimits',
+            burstgate_dot_v1_dot_admission__pb2.GetLimitsRequest.SerializeToString,
+            burstgate_dot_v1_dot_admission__pb2.TenantLimits.FromString,
             options,
             channel_credentials,
             insecure,

@@ -150,6 +150,23 @@ class AdmissionServiceStub:
     (tenant_id, request_id) twice in one batch is such an error
     (request_id[i]); an id already decided earlier is replayed
     (duplicate[i] = true), as by Admit.
+
+    Waiting entries (opt-in, AdmitBatch.max_wait_ms > 0): an entry that
+    Admit would hold in its lane's queue (the pool gate, the bucket, the
+    tenant's concurrency) is held the same way, for at most its
+    max_wait_ms (and the lane's and tenant's bounds). The batch's result
+    still comes at once, with queued[i] = true and decision[i] =
+    DECISION_UNSPECIFIED for such an entry; its answer comes later in a
+    *release* result: the same batch_id, `entry` listing the batch indexes
+    it answers (column k answers entry[k]). Every queued entry gets exactly
+    one release (admitted, or refused with QUEUE_TIMEOUT or another
+    reason). A client that half-closes the stream still gets the releases
+    it is owed, then the stream ends; a stream that is cancelled or fails
+    takes its queued entries out of the queues (nothing is admitted for
+    them). Without max_wait_ms nothing changes: every entry is answered at
+    once, as before. Batches that may wait are decided entry by entry
+    through Admit's path (fair order with the unary callers), so they cost
+    more server CPU per entry than the columnar fast path.
     """
     ReportLoad: _grpc.UnaryUnaryMultiCallable[_admission_pb2.LoadReport, _admission_pb2.LoadReportAck]
     """An engine's load report; stored per pool (latest per engine) and turned
@@ -160,6 +177,13 @@ class AdmissionServiceStub:
     Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
     out of range, a fraction outside 0..1, a pool not among the policy's
     known_pools when it lists them); nothing is stored.
+    """
+    GetLimits: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetLimitsRequest, _admission_pb2.TenantLimits]
+    """A tenant's limits and where it stands now, for rate-limit response
+    headers (the sidecar's x-ratelimit-*); cache it for a few seconds.
+
+    Errors: INVALID_ARGUMENT (tenant_id), NOT_FOUND (no such tenant),
+    UNAUTHENTICATED, PERMISSION_DENIED (a sidecar key for other tenants).
     """
 
 @_typing.type_check_only
@@ -226,6 +250,23 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     (tenant_id, request_id) twice in one batch is such an error
     (request_id[i]); an id already decided earlier is replayed
     (duplicate[i] = true), as by Admit.
+
+    Waiting entries (opt-in, AdmitBatch.max_wait_ms > 0): an entry that
+    Admit would hold in its lane's queue (the pool gate, the bucket, the
+    tenant's concurrency) is held the same way, for at most its
+    max_wait_ms (and the lane's and tenant's bounds). The batch's result
+    still comes at once, with queued[i] = true and decision[i] =
+    DECISION_UNSPECIFIED for such an entry; its answer comes later in a
+    *release* result: the same batch_id, `entry` listing the batch indexes
+    it answers (column k answers entry[k]). Every queued entry gets exactly
+    one release (admitted, or refused with QUEUE_TIMEOUT or another
+    reason). A client that half-closes the stream still gets the releases
+    it is owed, then the stream ends; a stream that is cancelled or fails
+    takes its queued entries out of the queues (nothing is admitted for
+    them). Without max_wait_ms nothing changes: every entry is answered at
+    once, as before. Batches that may wait are decided entry by entry
+    through Admit's path (fair order with the unary callers), so they cost
+    more server CPU per entry than the columnar fast path.
     """
     ReportLoad: _aio.UnaryUnaryMultiCallable[_admission_pb2.LoadReport, _admission_pb2.LoadReportAck]  # type: ignore[assignment]
     """An engine's load report; stored per pool (latest per engine) and turned
@@ -236,6 +277,13 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
     out of range, a fraction outside 0..1, a pool not among the policy's
     known_pools when it lists them); nothing is stored.
+    """
+    GetLimits: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetLimitsRequest, _admission_pb2.TenantLimits]  # type: ignore[assignment]
+    """A tenant's limits and where it stands now, for rate-limit response
+    headers (the sidecar's x-ratelimit-*); cache it for a few seconds.
+
+    Errors: INVALID_ARGUMENT (tenant_id), NOT_FOUND (no such tenant),
+    UNAUTHENTICATED, PERMISSION_DENIED (a sidecar key for other tenants).
     """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -317,6 +365,23 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         (tenant_id, request_id) twice in one batch is such an error
         (request_id[i]); an id already decided earlier is replayed
         (duplicate[i] = true), as by Admit.
+
+        Waiting entries (opt-in, AdmitBatch.max_wait_ms > 0): an entry that
+        Admit would hold in its lane's queue (the pool gate, the bucket, the
+        tenant's concurrency) is held the same way, for at most its
+        max_wait_ms (and the lane's and tenant's bounds). The batch's result
+        still comes at once, with queued[i] = true and decision[i] =
+        DECISION_UNSPECIFIED for such an entry; its answer comes later in a
+        *release* result: the same batch_id, `entry` listing the batch indexes
+        it answers (column k answers entry[k]). Every queued entry gets exactly
+        one release (admitted, or refused with QUEUE_TIMEOUT or another
+        reason). A client that half-closes the stream still gets the releases
+        it is owed, then the stream ends; a stream that is cancelled or fails
+        takes its queued entries out of the queues (nothing is admitted for
+        them). Without max_wait_ms nothing changes: every entry is answered at
+        once, as before. Batches that may wait are decided entry by entry
+        through Admit's path (fair order with the unary callers), so they cost
+        more server CPU per entry than the columnar fast path.
         """
 
     @_abc_1.abstractmethod
@@ -333,6 +398,19 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
         out of range, a fraction outside 0..1, a pool not among the policy's
         known_pools when it lists them); nothing is stored.
+        """
+
+    @_abc_1.abstractmethod
+    def GetLimits(
+        self,
+        request: _admission_pb2.GetLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.TenantLimits, _abc.Awaitable[_admission_pb2.TenantLimits]]:
+        """A tenant's limits and where it stands now, for rate-limit response
+        headers (the sidecar's x-ratelimit-*); cache it for a few seconds.
+
+        Errors: INVALID_ARGUMENT (tenant_id), NOT_FOUND (no such tenant),
+        UNAUTHENTICATED, PERMISSION_DENIED (a sidecar key for other tenants).
         """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
