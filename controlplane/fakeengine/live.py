@@ -63,6 +63,8 @@ class LiveRequest:
 
 # Listeners the metrics module registers: called with the finished request.
 FinishListener = Callable[[LiveRequest], None]
+# ... and with the tokens of every step the engine finishes (its batch).
+StepListener = Callable[[int], None]
 
 
 class LiveEngine:
@@ -87,6 +89,7 @@ class LiveEngine:
         self._aborts: list[LiveRequest] = []
         self._wake = asyncio.Event()
         self.on_finish: list[FinishListener] = []
+        self.on_step: list[StepListener] = []
         self.aborted_total = 0
 
     def model_now(self) -> int:
@@ -143,6 +146,8 @@ class LiveEngine:
             # event loop) delays the next step, as a slow host would.
             await asyncio.sleep(max(0.0, (end - self.model_now()) / self.speed / NS_PER_S))
             engine.finish_step(max(end, self.model_now()))
+            for listener in self.on_step:
+                listener(engine.last_batch_tokens)
             self._deliver()
 
     def _deliver(self) -> None:

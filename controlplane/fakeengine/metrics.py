@@ -23,6 +23,8 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+# vLLM's buckets of vllm:iteration_tokens_total (tokens per engine step).
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 LABELS = ("model_name", "engine")
 
 
@@ -92,7 +94,13 @@ class EngineMetrics:
             "Histogram of e2e request latency in seconds.",
             LABELS, buckets=LATENCY_BUCKETS, registry=r,
         ).labels(**self._labels)  # fmt: skip
+        # Tokens per engine step: what a sidecar's load report calls batch_tokens.
+        self.iteration_tokens = Histogram(
+            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            LABELS, buckets=ITERATION_BUCKETS, registry=r,
+        ).labels(**self._labels)  # fmt: skip
         live.on_finish.append(self._finished)
+        live.on_step.append(self.iteration_tokens.observe)
 
     def prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
         self.prefix_queries.inc(prompt_tokens)

@@ -1,0 +1,54 @@
+"""Which headers cross the proxy, and the ones the sidecar adds."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+
+from multidict import CIMultiDict
+
+# Hop-by-hop (RFC 9110 7.6.1) and what aiohttp sets itself for the new hop.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+})  # fmt: skip
+# Hints and routing meant for the sidecar are still passed on (the fake
+# engine reads x-burstgate-output-tokens); these never are.
+REQUEST_ID = "x-request-id"
+PRICING = "x-burstgate-pricing-multiplier"
+QUEUE_WAIT = "x-burstgate-queue-wait-ms"
+DEGRADED = "x-burstgate-degraded"
+OFFLINE = "x-burstgate-offline"
+MAX_REQUEST_ID = 128
+
+
+def request_id(given: str | None) -> tuple[str, str | None]:
+    """The request's id (the client's x-request-id, else a new one) and an
+    error message when the client's cannot be a burstgate request_id."""
+    if given is None or given == "":
+        return uuid.uuid4().hex, None
+    if len(given) > MAX_REQUEST_ID or not given.isprintable():
+        return uuid.uuid4().hex, (
+            f"header {REQUEST_ID}: expected 1..{MAX_REQUEST_ID} printable characters"
+        )
+    return given, None
+
+
+def upstream_headers(
+    incoming: Mapping[str, str] | Iterable[tuple[str, str]], *, drop: Iterable[str] = (),
+    set_: Mapping[str, str] | None = None,
+) -> CIMultiDict[str]:  # fmt: skip
+    """The client's headers for the engine: hop-by-hop ones dropped, then
+    ``set_`` applied (replacing any of the same name)."""
+    dropped = HOP_BY_HOP | {d.lower() for d in drop}
+    items = incoming.items() if isinstance(incoming, Mapping) else incoming
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in items if k.lower() not in dropped)
+    for k, v in (set_ or {}).items():
+        out[k] = v
+    return out
+
+
+def response_headers(upstream: Mapping[str, str] | Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """The engine's response headers for the client (hop-by-hop dropped)."""
+    items = upstream.items() if isinstance(upstream, Mapping) else upstream
+    return CIMultiDict((k, v) for k, v in items if k.lower() not in HOP_BY_HOP)

@@ -1,0 +1,131 @@
+"""The engine's answer: usage from a whole response, and a streamed one
+(server-sent events) relayed event by event.
+
+A stream is forwarded as it comes, one write per read from the engine.
+Each ``data: {...}`` event is read for two things: the usage (the last
+chunk, with ``choices: []``, when ``stream_options.include_usage`` is set;
+any chunk with a usage counts, so vLLM's continuous usage works too), and the
+output seen so far, in case the stream is cut before the usage comes (a
+client that goes away): then the output is counted with the tokenizer when
+one is configured, else as the number of chunks that carried text (vLLM
+sends one per decoding step, each with at least one token).
+
+When the sidecar forced ``include_usage`` on a client that did not ask for
+it, the usage chunk is dropped and the ``"usage": null`` of the other chunks
+removed, so the client gets the stream it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+def usage_of(obj: Any) -> Usage | None:
+    """The ``usage`` of a response or chunk (None when absent or malformed)."""
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = cached if isinstance(cached, int) and 0 <= cached <= prompt else 0
+    return Usage(max(0, prompt), max(0, completion), cached)
+
+
+def _pieces(chunk: dict[str, Any]) -> list[str]:
+    """The output text of a chunk's choices (chat deltas or completions text)."""
+    out: list[str] = []
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            for key in ("content", "reasoning_content"):
+                if isinstance(delta.get(key), str) and delta[key]:
+                    out.append(delta[key])
+            if delta.get("tool_calls"):
+                out.append(json.dumps(delta["tool_calls"]))
+        elif isinstance(choice.get("text"), str) and choice["text"]:
+            out.append(choice["text"])
+    return out
+
+
+class StreamRelay:
+    """Feed it the engine's bytes; it returns what to send the client."""
+
+    def __init__(self, *, strip_usage: bool, count: Callable[[str], int] | None = None) -> None:
+        self.strip_usage = strip_usage
+        self._count = count
+        self._buffer = b""
+        self.usage: Usage | None = None
+        self.text_chunks = 0
+        self._text: list[str] = []
+        self.done = False  # data: [DONE] seen
+
+    @property
+    def generated_estimate(self) -> int:
+        """Output tokens seen so far (for a stream cut before its usage)."""
+        if self._count is not None:
+            return self._count("".join(self._text))
+        return self.text_chunks
+
+    def feed(self, data: bytes) -> bytes:
+        self._buffer += data
+        out: list[bytes] = []
+        pos = 0
+        for m in _EVENT_END.finditer(self._buffer):
+            event = self._buffer[pos : m.end()]
+            pos = m.end()
+            kept = self._event(event)
+            if kept is not None:
+                out.append(kept)
+        self._buffer = self._buffer[pos:]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """What is left unterminated at the end of the stream, as it came."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    def _event(self, event: bytes) -> bytes | None:
+        if not event.startswith(b"data:"):
+            return event  # comments, other fields: as they are
+        payload = event[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return event
+        try:
+            chunk = json.loads(payload)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return event
+        if not isinstance(chunk, dict):
+            return event
+        pieces = _pieces(chunk)
+        if pieces:
+            self.text_chunks += 1
+            if self._count is not None:
+                self._text.extend(pieces)
+        usage = usage_of(chunk)
+        if usage is not None:
+            self.usage = usage
+        if not self.strip_usage or "usage" not in chunk:
+            return event
+        if usage is not None and not chunk.get("choices"):
+            return None  # the usage chunk the client did not ask for
+        del chunk["usage"]
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,310 @@
+"""The sidecar in front of a real fake engine, over real HTTP, with a
+plain stand-in for the admission SDK (tests/sidecar_support.py): what is
+admitted, forwarded, rewritten, relayed and settled. The end-to-end tests
+with the control plane are in test_end_to_end.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane.fakeengine import FakeEngine
+from controlplane.sidecar import Sidecar, load
+from tests.sidecar_support import Call, FakeAdmission, FakeAdmitter, refused
+
+MODEL = "fake-llama"
+
+
+@dataclass
+class Rig:
+    engine: FakeEngine
+    sidecar: Sidecar
+    admitter: FakeAdmitter
+    http: aiohttp.ClientSession
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sidecar.port}"
+
+    async def post(self, path: str, body: dict[str, Any], **headers: str) -> aiohttp.ClientResponse:
+        h = {"authorization": "Bearer sk-acme", **headers}
+        return await self.http.post(self.url + path, json=body, headers=h)
+
+    async def engine_metrics(self) -> dict[str, float]:
+        async with self.http.get(f"http://127.0.0.1:{self.engine.port}/metrics") as r:
+            text = await r.text()
+        return {s.name + (f"{{{s.labels.get('finished_reason')}}}"
+                          if "finished_reason" in s.labels else ""): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+
+    async def settled(self, n: int = 1) -> list[Call]:
+        deadline = time.monotonic() + 10
+        while len(self.admitter.completes) < n:
+            assert time.monotonic() < deadline, f"{len(self.admitter.completes)} of {n} settled"
+            await asyncio.sleep(0.01)
+        return self.admitter.completes
+
+
+@asynccontextmanager
+async def rig(admitter: FakeAdmitter | None = None, *, speed: float = 50.0,
+              **cfg: Any) -> AsyncIterator[Rig]:  # fmt: skip
+    engine = FakeEngine(speed=speed, port=0)
+    await engine.start()
+    admitter = admitter or FakeAdmitter()
+    settings = load(**{
+        "upstream": f"http://127.0.0.1:{engine.port}", "control_plane": "127.0.0.1:1",
+        "port": 0, "api_keys": {"sk-acme": "acme"}, "tenant_lanes": {"acme": "standard"},
+        "metrics": {"interval_s": 0.05, "max_num_seqs": 256}, **cfg,
+    })  # fmt: skip
+    sidecar = Sidecar(settings, admitter)
+    await sidecar.start()
+    http = aiohttp.ClientSession()
+    try:
+        yield Rig(engine, sidecar, admitter, http)
+    finally:
+        await http.close()
+        await sidecar.stop()
+        await engine.stop()
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 60))
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there, engine"}]}
+
+
+def test_an_admitted_request_is_forwarded_and_settled_with_the_engines_usage() -> None:
+    async def main() -> None:
+        async with rig() as r:
+            before = time.time_ns()
+            resp = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 7},
+                                **{"x-request-id": "req-1", "x-burstgate-prompt-tokens": "40"})
+            body = await resp.json()
+            assert resp.status == 200 and body["usage"]["completion_tokens"] == 7
+            assert resp.headers["x-request-id"] == "req-1"
+            assert resp.headers["x-burstgate-pricing-multiplier"] == "1.000000"
+            assert resp.headers["x-ratelimit-limit-tokens"] == "1000"  # limits were at hand
+            (admit,) = r.admitter.admits
+            assert (admit.tenant_id, admit.request_id) == ("acme", "req-1")
+            assert admit.kw["lane"] == "standard" and admit.kw["pool"] == "default"
+            assert admit.kw["model"] == MODEL and admit.kw["max_tokens"] == 7
+            assert admit.kw["prompt_tokens"] == 3 + 4 + 5  # priming, message, 19 bytes
+            assert admit.kw["deadline_s"] == 2.25 + 0.25  # the lane's max wait + the call
+            (done,) = await r.settled()
+            assert done.request_id == "req-1"
+            assert done.kw["prompt_tokens"] == 40 and done.kw["generated_tokens"] == 7
+            assert done.kw["cached_prompt_tokens"] == 0
+            start, end = done.kw["exec_start_unix_ns"], done.kw["exec_end_unix_ns"]
+            assert before <= start <= end <= time.time_ns()
+
+    run(main)
+
+
+def test_a_stream_gets_usage_forced_and_stripped_again() -> None:
+    async def main() -> None:
+        async with rig() as r:
+            resp = await r.post("/v1/chat/completions",
+                                {**CHAT, "max_tokens": 5, "stream": True})  # fmt: skip
+            assert resp.status == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            events = [e for e in (await resp.read()).split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]"
+            chunks = [json.loads(e[6:]) for e in events[:-1]]
+            assert all("usage" not in c and c["choices"] for c in chunks)
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            assert len(text.split()) == 5
+            (done,) = await r.settled()
+            assert done.kw["generated_tokens"] == 5 and done.kw["prompt_tokens"] > 0
+            asked = await r.post("/v1/completions", {"model": MODEL, "prompt": "hi", "stream": True,
+                                 "max_tokens": 3, "stream_options": {"include_usage": True}})
+            tail = [e for e in (await asked.read()).split(b"\n\n") if e][-2]
+            assert json.loads(tail[6:])["usage"]["completion_tokens"] == 3  # the client's own
+            await r.settled(2)
+
+    run(main)
+
+
+def test_a_refusal_never_reaches_the_engine() -> None:
+    async def main() -> None:
+        admitter = FakeAdmitter(decide=lambda c: refused("token_rate", 1500, bucket_remaining=12))
+        async with rig(admitter) as r:
+            resp = await r.post("/v1/chat/completions", CHAT, **{"x-request-id": "r-9"})
+            assert resp.status == 429
+            err = (await resp.json())["error"]
+            assert err["code"] == "rate_limit_exceeded" and "r-9" in err["message"]
+            h = resp.headers
+            assert h["retry-after"] == "2" and h["retry-after-ms"] == "1500"
+            assert h["x-ratelimit-remaining-tokens"] == "12" and h["x-request-id"] == "r-9"
+            assert h["x-burstgate-pricing-multiplier"] == "1.000000"
+            assert (await r.engine_metrics())["vllm:prompt_tokens_total"] == 0
+            assert r.admitter.completes == []
+
+    run(main)
+
+
+def test_degradation_caps_max_tokens_and_a_fallback_the_engine_lacks_passes_its_404() -> None:
+    async def main() -> None:
+        capped = FakeAdmission(degraded=True, max_tokens_cap=4, granted_max_tokens=4)
+        async with rig(FakeAdmitter(decide=lambda c: capped)) as r:
+            resp = await r.post("/v1/completions", {"model": MODEL, "prompt": "p",
+                                                    "max_tokens": 50})  # fmt: skip
+            assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 4
+            assert resp.headers["x-burstgate-degraded"] == "max_tokens=4"
+        fallback = FakeAdmission(degraded=True, fallback_model="tiny", granted_max_tokens=9)
+        async with rig(FakeAdmitter(decide=lambda c: fallback)) as r:
+            direct = await r.http.post(f"http://127.0.0.1:{r.engine.port}/v1/completions",
+                                       json={"model": "tiny", "prompt": "p", "max_tokens": 9})
+            resp = await r.post("/v1/completions", {"model": MODEL, "prompt": "p",
+                                                    "max_tokens": 9})  # fmt: skip
+            assert resp.status == direct.status == 404
+            assert await resp.json() == await direct.json()  # the engine's error, unchanged
+            assert resp.headers["x-burstgate-degraded"] == "model=tiny"
+            (done,) = await r.settled()
+            assert done.kw["generated_tokens"] == 0 and done.kw["prompt_tokens"] == 1  # estimate
+
+    run(main)
+
+
+def test_a_client_that_goes_away_mid_stream_is_settled_and_the_engine_request_aborted() -> None:
+    async def main() -> None:
+        async with rig(speed=1.0) as r:  # real time: ~20 ms a token
+            resp = await r.post("/v1/chat/completions",
+                                {**CHAT, "max_tokens": 2000, "stream": True})  # fmt: skip
+            seen = 0
+            async for _ in resp.content.iter_any():
+                seen += 1
+                if seen >= 5:
+                    break
+            resp.close()  # the client goes away
+            (done,) = await r.settled()
+            assert 1 <= done.kw["generated_tokens"] < 2000
+            deadline = time.monotonic() + 10
+            while (await r.engine_metrics()).get("vllm:request_success_total{abort}") != 1:
+                assert time.monotonic() < deadline, "the engine did not abort the request"
+                await asyncio.sleep(0.05)
+            m = await r.engine_metrics()
+            assert m["vllm:num_requests_running"] == 0
+            assert m["vllm:generation_tokens_total"] < 2000
+
+    run(main)
+
+
+def test_an_engine_that_is_down_gives_502_and_a_settlement_of_nothing_generated() -> None:
+    async def main() -> None:
+        async with rig() as r:
+            await r.engine.stop()
+            resp = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 5})
+            assert resp.status == 502 and (await resp.json())["error"]["code"] == (
+                "upstream_unavailable")
+            (done,) = await r.settled()
+            assert done.kw["generated_tokens"] == 0 and done.kw["prompt_tokens"] == 12
+            health = await r.http.get(r.url + "/health")
+            assert health.status == 503 and (await health.json())["status"] == "engine_unavailable"
+
+    run(main)
+
+
+def test_who_the_request_is_for_and_bad_requests() -> None:
+    async def main() -> None:
+        async with rig(default_tenant=None) as r:
+            nobody = await r.http.post(r.url + "/v1/chat/completions", json=CHAT)
+            assert nobody.status == 401
+            assert (await nobody.json())["error"]["code"] == "invalid_api_key"
+            by_header = await r.http.post(
+                r.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 1},
+                headers={"x-burstgate-tenant": "agentco", "x-burstgate-lane": "batch"})
+            assert by_header.status == 200
+            assert r.admitter.admits[-1].tenant_id == "agentco"
+            assert r.admitter.admits[-1].kw["lane"] == "batch"
+            assert r.admitter.admits[-1].kw["deadline_s"] == 11.25 + 0.25
+            # the key wins over the header; a header picks the lane
+            keyed = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 1},
+                                 **{"x-burstgate-tenant": "agentco", "x-burstgate-lane": "premium"})
+            assert keyed.status == 200 and r.admitter.admits[-1].tenant_id == "acme"
+            assert r.admitter.admits[-1].kw["lane"] == "premium"
+            n = len(r.admitter.admits)
+            bad = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": "ten"})
+            assert bad.status == 400 and (await bad.json())["error"]["param"] == "max_tokens"
+            not_json = await r.http.post(r.url + "/v1/completions", data=b"{",
+                                         headers={"authorization": "Bearer sk-acme"})
+            assert not_json.status == 400
+            long_id = await r.post("/v1/chat/completions", CHAT, **{"x-request-id": "x" * 129})
+            assert long_id.status == 400 and "x-request-id" in (await long_id.json())["error"][
+                "message"]
+            assert len(r.admitter.admits) == n  # none of these was admitted
+            generated = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 1})
+            assert len(generated.headers["x-request-id"]) == 32
+
+    run(main)
+
+
+def test_other_paths_pass_through_and_its_own_endpoints() -> None:
+    async def main() -> None:
+        async with rig() as r:
+            models = await r.http.get(r.url + "/v1/models?x=1")
+            assert models.status == 200 and (await models.json())["data"][0]["id"] == MODEL
+            missing = await r.http.get(r.url + "/v1/nothing")
+            assert missing.status == 404  # the engine's answer
+            health = await r.http.get(r.url + "/health")
+            assert health.status == 200 and (await health.json())["status"] == "ok"
+            await (await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 2})).read()
+            await r.settled()
+            text = await (await r.http.get(r.url + "/metrics")).text()
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for f in text_string_to_metric_families(text) for s in f.samples}
+            prefix = "burstgate_sidecar_"
+            assert samples[(prefix + "requests_total", (("outcome", "admitted"),))] == 1
+            assert samples[(prefix + "passthrough_requests_total", ())] == 2
+            assert samples[(prefix + "settlements_total", (("result", "delivered"),))] == 1
+            assert samples[(prefix + "upstream_responses_total", (("status", "2xx"),))] == 1
+
+    run(main)
+
+
+def test_the_engines_metrics_become_load_reports() -> None:
+    async def main() -> None:
+        async with rig(speed=1.0) as r:
+            stream = await r.post("/v1/chat/completions",
+                                  {**CHAT, "max_tokens": 60, "stream": True})  # fmt: skip
+            deadline = time.monotonic() + 10
+            while not any(p.requests_running == 1 and p.batch_tokens > 0
+                          for p in r.admitter.reports):  # fmt: skip
+                assert time.monotonic() < deadline, r.admitter.reports[-3:]
+                await asyncio.sleep(0.02)
+            await stream.read()
+            report = r.admitter.reports[-1]
+            assert report.pool == "default" and report.engine_id == f"127.0.0.1:{r.engine.port}"
+            assert report.max_num_seqs == 256 and report.max_batch_tokens == 8192
+            assert report.queue_depth == 0 and report.HasField("kv_cache_usage")
+
+    run(main)
+
+
+def test_shutdown_drains_a_stream_in_flight() -> None:
+    async def main() -> None:
+        async with rig(speed=1.0) as r:
+            resp = await r.post("/v1/chat/completions",
+                                {**CHAT, "max_tokens": 30, "stream": True})  # fmt: skip
+            await resp.content.readline()  # it has started
+            stopping = asyncio.create_task(r.sidecar.stop())
+            body = await resp.read()
+            assert body.endswith(b"data: [DONE]\n\n")
+            await stopping
+            (done,) = r.admitter.completes
+            assert done.kw["generated_tokens"] == 30
+            try:
+                await r.http.get(r.url + "/health")
+                raise AssertionError("a stopped sidecar answered")
+            except aiohttp.ClientConnectionError:
+                pass
+
+    run(main)

@@ -1,0 +1,94 @@
+"""The streamed answer: relayed event by event, its usage read, the usage
+the client did not ask for removed, and a cut stream's output counted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from controlplane.sidecar.sse import StreamRelay, Usage, usage_of
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+         "prompt_tokens_details": {"cached_tokens": 8}}  # fmt: skip
+
+
+def event(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def chunk(text: str | None, *, usage: Any = "absent", finish: str | None = None) -> bytes:
+    delta = {"content": text} if text is not None else {}
+    c: dict[str, Any] = {"id": "x", "object": "chat.completion.chunk",
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if usage != "absent":
+        c["usage"] = usage
+    return event(c)
+
+
+def stream(usage_null: bool) -> list[bytes]:
+    u: Any = None if usage_null else "absent"
+    return [
+        chunk("", usage=u), chunk(" the", usage=u), chunk(" gate", usage=u),
+        chunk(" holds", usage=u), chunk(None, usage=u, finish="length"),
+        event({"id": "x", "choices": [], "usage": USAGE}), b"data: [DONE]\n\n",
+    ]  # fmt: skip
+
+
+def test_a_client_that_asked_for_usage_gets_the_stream_unchanged() -> None:
+    events = stream(usage_null=True)
+    relay = StreamRelay(strip_usage=False)
+    whole = b"".join(events)
+    out = b"".join(relay.feed(whole[i : i + 7]) for i in range(0, len(whole), 7))  # any cuts
+    assert out + relay.flush() == whole
+    assert relay.usage == Usage(12, 3, 8) and relay.done and relay.text_chunks == 3
+
+
+def test_the_forced_usage_is_removed_for_a_client_that_did_not_ask() -> None:
+    relay = StreamRelay(strip_usage=True)
+    out = b"".join(relay.feed(e) for e in stream(usage_null=True))
+    datas = [line for line in out.split(b"\n\n") if line]
+    assert datas[-1] == b"data: [DONE]"
+    chunks = [json.loads(d[6:]) for d in datas[:-1]]
+    assert len(chunks) == 5  # the usage chunk is gone
+    assert all("usage" not in c for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == " the gate holds"
+    assert relay.usage == Usage(12, 3, 8)  # read all the same
+
+
+def test_chunks_without_a_usage_key_pass_as_they_are() -> None:
+    relay = StreamRelay(strip_usage=True)
+    events = stream(usage_null=False)  # vLLM leaves the key out of the other chunks
+    out = b"".join(relay.feed(e) for e in events)
+    assert out == b"".join(e for e in events if b'"choices": []' not in e)
+
+
+def test_a_cut_stream_counts_what_it_carried() -> None:
+    relay = StreamRelay(strip_usage=True)
+    for e in stream(usage_null=False)[:3]:
+        relay.feed(e)
+    assert relay.usage is None and relay.generated_estimate == 2  # two chunks with text
+    words = StreamRelay(strip_usage=True, count=lambda text: len(text.split()))
+    words.feed(chunk(" the gate") + chunk(" holds"))
+    assert words.generated_estimate == 3
+
+
+def test_completions_text_crlf_events_and_continuous_usage() -> None:
+    relay = StreamRelay(strip_usage=False)
+    running = {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    first = b"data: " + json.dumps({"choices": [{"index": 0, "text": "a"}],
+                                    "usage": running}).encode() + b"\r\n\r\n"  # fmt: skip
+    assert relay.feed(first + b": keep-alive comment\n\n") == first + b": keep-alive comment\n\n"
+    assert relay.usage == Usage(4, 1, 0) and relay.text_chunks == 1
+    assert relay.feed(b"data: not json\n\n") == b"data: not json\n\n"
+    assert relay.feed(b"data: {\"choices\"") == b""  # held until the event ends
+    assert relay.flush() == b'data: {"choices"'
+
+
+def test_usage_of_is_strict_about_its_shape() -> None:
+    assert usage_of({"usage": USAGE}) == Usage(12, 3, 8)
+    assert usage_of({"usage": None}) is None
+    assert usage_of({"usage": {"prompt_tokens": "1", "completion_tokens": 2}}) is None
+    bad_cached = {"prompt_tokens": 5, "completion_tokens": 2,
+                  "prompt_tokens_details": {"cached_tokens": 9}}  # fmt: skip
+    assert usage_of({"usage": bad_cached}) == Usage(5, 2, 0)
+    assert usage_of([1]) is None
