@@ -1,0 +1,416 @@
+"""Micro-batching of concurrent Admits onto one AdmitStream.
+
+Admits arriving within ``window_s`` of the first one (flushed early at
+``batch_max``) go as one AdmitBatch per (model, pool): those two are
+batch-wide in the protocol. Each entry's ``max_wait_ms`` is its own deadline
+less a margin for the answer's trip (a tenth of the time left, 5 to 100 ms,
+as the server's own margin for unary Admit), so a request the server holds
+in its queue (``queued[i]`` in the batch's first result) is answered by a
+later *release* result before the caller's deadline; the caller just awaits.
+
+The window is a timer on the event loop: on an idle loop it is rounded up to
+the loop's timer resolution (1 ms with epoll); under load, when the loop
+wakes for other I/O anyway, it is about ``window_s``. ``window_s=0`` sends
+what arrived in one loop iteration.
+
+Failures (see breaker.py for "unreachable"):
+
+- stream broken (UNAVAILABLE, CANCELLED, ended with answers owed): the
+  breaker trips, every entry still unanswered on it gets its lane's
+  FailPolicy, none is lost; the server takes the queued entries of a failed
+  stream out of its queues. The next batch after the breaker closes opens a
+  new stream (the breaker's probe backoff is the reopen backoff).
+- stream ended by an error that is the server's answer (INVALID_ARGUMENT,
+  PERMISSION_DENIED, UNAUTHENTICATED, ...): the server is up, so the
+  unanswered entries are asked again one by one with unary Admit, and each
+  caller gets its own answer or error; the (field, value) the error named
+  (``batch 7: lane[3]: ...``) goes unary for a while (suspects.py), so one
+  caller's unknown lane does not keep breaking the stream for everyone, and
+  the stream is reopened only after a backoff (unary meanwhile).
+- no answer by a caller's deadline: the lane's FailPolicy, or, for an entry
+  the server said it holds in its queue, a local ``queue_timeout`` refusal.
+  If the server's admission arrives after the caller was refused, the
+  reservation is released at once (``on_release``: a Complete of 0 tokens)
+  instead of holding tokens until the reservation TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker
+from controlplane.sdk.counters import Counters
+from controlplane.sdk.entries import Entry, Key, Waiter
+from controlplane.sdk.model import (
+    Admission,
+    FailPolicy,
+    admission_of_response,
+    gate_timeout_admission,
+    offline_admission,
+)
+from controlplane.sdk.session import Session
+from controlplane.sdk.suspects import Suspects
+
+log = logging.getLogger("burstgate.sdk")
+
+REOPEN_MIN_S, REOPEN_MAX_S = 0.05, 2.0  # after a stream error the server answered
+
+
+def wait_ms(remaining_s: float) -> int:
+    """AdmitBatch.max_wait_ms for an entry with ``remaining_s`` to its
+    deadline: less a margin for the answer's trip, a tenth of the time left,
+    at least 5 and at most 100 ms (0 = answer at once)."""
+    us = int(remaining_s * 1_000_000)  # whole microseconds: no float rounding at ms edges
+    margin = min(100_000, max(5_000, us // 10))
+    return max(0, (us - margin) // 1000)
+
+
+class Batcher:
+    def __init__(
+        self, stub: Any, metadata: tuple[tuple[str, str], ...] | None, breaker: Breaker,
+        counters: Counters, policy_of: Callable[[str], FailPolicy],
+        on_release: Callable[[Entry], None], *, window_s: float, batch_max: int,
+        connect_timeout_s: float = 1.0,
+    ) -> None:  # fmt: skip
+        self._stub, self._meta, self._breaker = stub, metadata, breaker
+        self._counters, self._policy_of, self._on_release = counters, policy_of, on_release
+        self._window_s, self._batch_max = window_s, batch_max
+        self._connect_timeout_s = connect_timeout_s
+        self._loop = asyncio.get_running_loop()
+        self._inflight: dict[Key, Entry] = {}
+        self._pending: list[Entry] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._outbox: deque[list[Entry]] = deque()
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._stream: Session | None = None
+        self._batch_ids = 0
+        self._reopen_at, self._reopen_failures = 0.0, 0
+        self._suspects = Suspects()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    # ---------------------------------------------------------------- callers
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    async def admit(self, e: Entry, deadline_s: float) -> Admission:
+        fut: asyncio.Future[Admission] = self._loop.create_future()
+        waiter = Waiter(fut)
+        joined = self._inflight.get(e.key)
+        if joined is not None:
+            self._counters.joined += 1
+            e = joined
+        elif not self._breaker.up:
+            return self._offline(e)  # known down: fail fast
+        else:
+            self._inflight[e.key] = e
+            self._enqueue(e)
+        waiter.timer = self._loop.call_later(deadline_s, self._expire, e, fut)
+        e.waiters.append(waiter)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            waiter.timer.cancel()  # the caller went away: a late admission is released
+            raise
+
+    def _offline(self, e: Entry) -> Admission:
+        a = offline_admission(
+            e.request_id, self._policy_of(e.lane), e.max_tokens, self._breaker.retry_hint_ms() or 50
+        )
+        if a.admitted:
+            self._counters.offline_admits += 1
+        else:
+            self._counters.offline_refusals += 1
+        return a
+
+    def _expire(self, e: Entry, fut: asyncio.Future[Admission]) -> None:
+        """A caller's deadline passed without the server's answer."""
+        if fut.done():
+            return
+        if e.queued:
+            self._counters.gate_timeouts += 1
+            waited = int((self._loop.time() - e.queued_at) * 1000)
+            a = gate_timeout_admission(e.request_id, waited)
+        else:
+            if e.streamed and not e.settled:
+                # A batch's first result comes at once: this stream went silent.
+                self._breaker.trip("no AdmitStream answer within a deadline")
+                st = self._stream
+                if st is not None:
+                    st.call.cancel()
+            a = self._offline(e)
+        fut.set_result(a)
+        if a.admitted:
+            e.told_admitted = True
+        if not e.sent and not e.live():
+            self._forget(e)  # never left this process: nothing to wait for
+
+    def _forget(self, e: Entry) -> None:
+        if self._inflight.get(e.key) is e:
+            del self._inflight[e.key]
+
+    def _settle(self, e: Entry, a: Admission) -> None:
+        """The server's answer for ``e``."""
+        e.settled = True
+        self._forget(e)
+        e.tell(a)
+        if a.admitted and not e.told_admitted:
+            self._counters.late_releases += 1
+            self._on_release(e)
+
+    def _settle_offline(self, e: Entry) -> None:
+        """No answer will come (the stream broke): the lane's FailPolicy."""
+        e.settled = True
+        self._forget(e)
+        if e.live():
+            e.tell(self._offline(e))
+
+    # ----------------------------------------------------------------- window
+
+    def _enqueue(self, e: Entry) -> None:
+        self._pending.append(e)
+        if len(self._pending) >= self._batch_max:
+            self._flush()
+        elif self._flush_handle is None:
+            self._flush_handle = (
+                self._loop.call_later(self._window_s, self._flush)
+                if self._window_s > 0
+                else self._loop.call_soon(self._flush)
+            )
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._pending:
+            self._outbox.append(self._pending)
+            self._pending = []
+            self._wake.set()
+            if self._writer is None:
+                self._writer = self._loop.create_task(self._write_loop())
+
+    # ----------------------------------------------------------------- writer
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outbox:
+                try:
+                    await self._send(self._outbox.popleft())
+                except Exception:  # a bug here must not strand every later caller
+                    log.exception("AdmitStream writer failed")
+
+    def _live(self, entries: list[Entry]) -> list[Entry]:
+        live = []
+        for e in entries:
+            if e.live():
+                live.append(e)
+            else:
+                self._forget(e)
+        return live
+
+    async def _send(self, entries: list[Entry]) -> None:
+        entries = self._live(entries)
+        if not entries:
+            return
+        if not self._breaker.up:
+            for e in entries:
+                self._settle_offline(e)
+            return
+        now = self._loop.time()
+        unary = [e for e in entries if self._suspects(e, now)]
+        if unary:
+            entries = [e for e in entries if not self._suspects(e, now)]
+        st = await self._open(entries) if entries else None
+        if st is None and entries:
+            if self._breaker.up:  # reopen backoff after a server error: unary meanwhile
+                unary += entries
+            else:
+                for e in self._live(entries):
+                    self._settle_offline(e)
+            entries = []
+        for e in unary:
+            self.spawn(self._unary(e))
+        groups: dict[tuple[str, str], list[Entry]] = {}
+        for e in self._live(entries):
+            groups.setdefault((e.model, e.pool), []).append(e)
+        for (model, pool), group in groups.items():
+            assert st is not None
+            await self._write(st, group, model, pool)
+
+    async def _write(self, st: Session, group: list[Entry], model: str, pool: str) -> None:
+        self._batch_ids += 1
+        bid = self._batch_ids
+        now = self._loop.time()
+        lanes = [e.lane for e in group]
+        batch = pb.AdmitBatch(
+            batch_id=bid, tenant_id=[e.tenant_id for e in group],
+            request_id=[e.request_id for e in group],
+            lane=lanes if any(lanes) else (), prompt_tokens=[e.prompt_tokens for e in group],
+            max_tokens=[e.max_tokens for e in group], model=model, pool=pool,
+            max_wait_ms=[wait_ms(e.deadline - now) for e in group],
+        )  # fmt: skip
+        for e in group:
+            e.sent = e.streamed = True
+        if st.ended:  # the stream failed while this batch was being built
+            self._on_lost(group, st.error, {bid: group})
+            return
+        st.batches[bid] = group
+        self._counters.batches += 1
+        self._counters.streamed += len(group)
+        try:
+            await st.call.write(batch)
+        except Exception as exc:  # the reader sees the stream's end and answers the batch
+            log.debug("AdmitStream write failed: %r", exc)
+
+    # ----------------------------------------------------------------- stream
+
+    async def _open(self, entries: list[Entry]) -> Session | None:
+        st = self._stream
+        if st is not None and not st.ended:
+            return st
+        now = self._loop.time()
+        if now < self._reopen_at:
+            return None
+        budget = min(self._connect_timeout_s, max(e.deadline for e in entries) - now)
+        if budget <= 0 or not await self._breaker.connect(budget):
+            self._breaker.trip("no connection within the connect check")
+            return None
+        st = self._stream
+        if st is not None and not st.ended:
+            return st
+        st = Session(self._stub.AdmitStream(metadata=self._meta))
+        st.reader = self._loop.create_task(self._read(st))
+        self._stream = st
+        self._counters.stream_opens += 1
+        return st
+
+    async def _read(self, st: Session) -> None:
+        err: BaseException | None = None
+        try:
+            async for res in st.call:
+                self._on_result(st, res)
+        except grpc.aio.AioRpcError as exc:
+            err = exc
+        except asyncio.CancelledError as exc:  # the call was cancelled (or this task)
+            err = exc
+            raise
+        except Exception as exc:  # any end is an end of this stream
+            log.warning("AdmitStream reader failed: %r", exc)
+            err = exc
+        finally:
+            if self._stream is st:
+                self._stream = None
+            left = st.end(err)
+            lost = [e for group in left.values() for e in group if not e.settled]
+            if lost or err is not None:
+                self._on_lost(lost, err, left)
+
+    def _on_result(self, st: Session, res: pb.AdmitBatchResult) -> None:
+        if not res.entry:
+            self._reopen_failures = 0  # a first result: this stream works
+        self._counters.queued += st.dispatch(res, self._settle, self._loop.time())
+
+    def _on_lost(
+        self, lost: list[Entry], err: BaseException | None,
+        batches: dict[int, list[Entry]] | None = None,
+    ) -> None:  # fmt: skip
+        """Entries a stream left unanswered, and why (None: it just ended);
+        ``batches``: the unanswered batches, for the error's field[index]."""
+        if self._closing and isinstance(err, grpc.aio.AioRpcError):
+            err = None if err.code() == grpc.StatusCode.CANCELLED else err
+        code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
+        if err is not None or lost:
+            self._counters.stream_failures += 1
+        if code is None or code in TRANSPORT_CODES:
+            if (err is not None or lost) and not self._closing:
+                self._breaker.trip(f"AdmitStream ended ({code.name if code else err!r})")
+            for e in lost:
+                self._settle_offline(e)
+            return
+        assert isinstance(err, grpc.aio.AioRpcError)
+        log.warning("AdmitStream ended by the server: %s %s", code.name, err.details())
+        suspect = self._suspects.mark(batches or {}, err.details() or "", self._loop.time())
+        if suspect is not None:
+            log.warning("%s %r goes by unary Admit for a while", *suspect)
+        self._reopen_failures += 1
+        ceiling = min(REOPEN_MAX_S, REOPEN_MIN_S * 2**self._reopen_failures)
+        self._reopen_at = self._loop.time() + random.uniform(REOPEN_MIN_S, ceiling)
+        for e in lost:
+            self.spawn(self._unary(e))
+
+    # ------------------------------------------------------------------ unary
+
+    async def _unary(self, e: Entry) -> None:
+        left = e.deadline - self._loop.time()
+        if not e.live():
+            self._forget(e)
+            return
+        if left <= 0 or not self._breaker.up:
+            self._settle_offline(e)
+            return
+        e.sent = True
+        self._counters.unary_admits += 1
+        req = pb.AdmitRequest(
+            tenant_id=e.tenant_id, request_id=e.request_id, lane=e.lane,
+            prompt_tokens=e.prompt_tokens, max_tokens=e.max_tokens, model=e.model, pool=e.pool,
+        )  # fmt: skip
+        try:
+            resp = await self._stub.Admit(req, timeout=left, metadata=self._meta)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                e.settled = True
+                self._forget(e)
+                e.fail(ValueError(exc.details()))
+            elif code in TRANSPORT_CODES or code in (
+                grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN
+            ):  # fmt: skip
+                self._breaker.failed(code, "Admit")
+                self._settle_offline(e)
+            else:  # UNAUTHENTICATED, PERMISSION_DENIED, ...: the caller's to see
+                e.settled = True
+                self._forget(e)
+                e.fail(exc)
+            return
+        self._settle(e, admission_of_response(resp))
+
+    def spawn(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ close
+
+    async def aclose(self) -> None:
+        """Send what is pending, wait for every caller's answer (each is
+        bounded by its deadline), then end the stream."""
+        self._closing = True
+        self._flush()
+        waiting = [w.future for e in list(self._inflight.values()) for w in e.waiters]
+        if waiting:
+            await asyncio.wait(waiting)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        st, self._stream = self._stream, None
+        if st is not None:
+            st.call.cancel()
+            if st.reader is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await st.reader
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
