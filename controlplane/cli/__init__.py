@@ -17,6 +17,7 @@ from controlplane.cli import (
     margin,
     replay,
     serve,
+    sidecar,
     simulate,
 )
 from controlplane.cli.config import config_app
@@ -62,6 +63,7 @@ app.command("simulate")(simulate.simulate)
 app.command("fake-engine")(fakeengine.fake_engine)
 app.command("loadtest")(loadtest.loadtest)
 app.command("replay")(replay.replay)
+app.command("sidecar")(sidecar.sidecar)
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(config_app, name="config")
 # `burstgate tenant ...`: through the admin API or on the database (cli/tenant.py).
