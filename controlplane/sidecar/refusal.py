@@ -75,7 +75,7 @@ def ratelimit_headers(a: AdmissionLike | None, limits: LimitsLike | None) -> dic
     admission's remaining figures (either may be missing)."""
     h: dict[str, str] = {}
     if limits is None:
-        if a is not None and not a.offline:
+        if a is not None and not a.offline and (a.admitted or a.reason == "token_rate"):
             h["x-ratelimit-remaining-tokens"] = str(max(0, _remaining(a.bucket_remaining, a)))
         return h
     if limits.max_concurrency > 0:
@@ -84,11 +84,12 @@ def ratelimit_headers(a: AdmissionLike | None, limits: LimitsLike | None) -> dic
         h["x-ratelimit-remaining-requests"] = str(free)
         wait = a.retry_after_ms if a is not None and a.reason == "concurrency" else 0
         h["x-ratelimit-reset-requests"] = format_reset(wait)
-    fresh = a is not None and not a.offline
+    # The admission's bucket level is the freshest, where it is the bucket's:
+    # after an admission, or a token_rate refusal (other refusals carry 0).
+    fresh = a is not None and not a.offline and (a.admitted or a.reason == "token_rate")
     level = a.bucket_remaining if fresh and a is not None else limits.bucket_tokens
     h["x-ratelimit-limit-tokens"] = str(limits.burst_tokens)
-    h["x-ratelimit-remaining-tokens"] = str(max(0, _remaining(level, a if fresh else None,
-                                                              limits)))  # fmt: skip
+    h["x-ratelimit-remaining-tokens"] = str(max(0, _remaining(level, a, limits)))
     if a is not None and a.reason == "hourly_quota":
         reset = limits.hour_resets_in_ms
     elif a is not None and a.reason == "daily_quota":

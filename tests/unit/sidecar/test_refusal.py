@@ -44,8 +44,9 @@ def test_a_rate_refusal_is_a_429_with_retry_and_ratelimit_headers() -> None:
 
 def test_concurrency_is_the_requests_limit() -> None:
     limits = FakeLimits(inflight_requests=8)
-    status, err, h = answer(refused("concurrency", 250), limits)
+    status, err, h = answer(refused("concurrency", 250, bucket_remaining=0), limits)
     assert status == 429 and err["type"] == "requests" and err["code"] == "rate_limit_exceeded"
+    assert h["x-ratelimit-remaining-tokens"] == "400"  # not the bucket's refusal: GetLimits' level
     assert h["x-ratelimit-remaining-requests"] == "0" and h["x-ratelimit-reset-requests"] == "250ms"
     unlimited = answer(refused("concurrency", 250), FakeLimits(max_concurrency=-1))[2]
     assert not any("requests" in k for k in unlimited)
@@ -100,6 +101,7 @@ def test_ratelimit_headers_without_limits_or_offline() -> None:
         "x-ratelimit-remaining-tokens": "0"  # a bucket in debt has nothing left
     }
     assert ratelimit_headers(FakeAdmission(offline=True), None) == {}
+    assert ratelimit_headers(refused("queue_timeout", bucket_remaining=0), None) == {}
     offline = ratelimit_headers(FakeAdmission(offline=True), FakeLimits())
     assert offline["x-ratelimit-remaining-tokens"] == "400"  # GetLimits' level
     assert offline["x-ratelimit-reset-tokens"] == "6s"
