@@ -73,6 +73,12 @@ class Proxy:
         self.stream_count = stream_count  # the tokenizer, when configured
         self.tasks: set[asyncio.Task[None]] = set()  # settlements under way
         self.draining = False
+        self.limits = LimitsCache(admitter)
+        m = metrics
+        self._admitted, self._offline = m.requests.labels("admitted"), m.requests.labels("offline")
+        self._bad_request = m.requests.labels("bad_request")
+        self._delivered = m.settlements.labels("delivered")
+        self._status = {n: m.upstream.labels(f"{n}xx") for n in range(1, 6)}
 
     # --- who, what ---------------------------------------------------------
 
@@ -106,7 +112,7 @@ class Proxy:
             return self._bad(bad_id, None, ours)
         tenant = self._tenant(request)
         if tenant is None:
-            self.metrics.requests.labels("bad_request").inc()
+            self._bad_request.inc()
             return json_error(401, "No tenant: send an API key the sidecar knows (Authorization: "
                               "Bearer ...) or a tenant header.", "invalid_request_error",
                               "invalid_api_key", headers=ours)  # fmt: skip
@@ -129,9 +135,8 @@ class Proxy:
         ours.update(self._admission_headers(a))
         if not a.admitted:
             return await self._refuse(a, tenant, rid, ours)
-        self.metrics.requests.labels("offline" if a.offline else "admitted").inc()
-        limits = asyncio.ensure_future(self.admitter.limits(tenant))
-        limits.add_done_callback(_consume)
+        (self._offline if a.offline else self._admitted).inc()
+        limits = self.limits.get(tenant)
         body = forwarded_body(req, granted_max_tokens=a.granted_max_tokens,
                               fallback_model=a.fallback_model,
                               default_max=self.cfg.default_max_tokens)  # fmt: skip
@@ -143,7 +148,7 @@ class Proxy:
             self.metrics.inflight.dec()
 
     def _bad(self, message: str, param: str | None, ours: dict[str, str]) -> web.Response:
-        self.metrics.requests.labels("bad_request").inc()
+        self._bad_request.inc()
         return json_error(400, message, "invalid_request_error", None, param=param, headers=ours)
 
     @staticmethod
@@ -169,9 +174,7 @@ class Proxy:
         self.metrics.refusals.labels(a.reason or "unknown").inc()
         limits: LimitsLike | None = None
         if outcome == "refused":
-            with contextlib.suppress(TimeoutError):
-                limits = await asyncio.wait_for(self.admitter.limits(tenant),
-                                                self.cfg.limits_timeout_s)  # fmt: skip
+            limits = await self.limits.fetch(tenant, self.cfg.limits_timeout_s)
         resp = refusal(a, tenant=tenant, request_id=rid, limits=limits,
                        unavailable_retry_after_ms=self.cfg.unavailable_retry_after_s * 1000)
         resp.headers.update(ours)
@@ -181,7 +184,7 @@ class Proxy:
 
     async def _forward(
         self, request: web.Request, req: CompletionRequest, body: bytes, ticket: Ticket,
-        a: AdmissionLike, ours: dict[str, str], limits: asyncio.Future[LimitsLike | None],
+        a: AdmissionLike, ours: dict[str, str], limits: LimitsLike | None,
     ) -> web.StreamResponse:  # fmt: skip
         set_ = {H.REQUEST_ID: ticket.request_id, "accept-encoding": "identity",
                 "content-type": "application/json"}  # fmt: skip
@@ -193,11 +196,10 @@ class Proxy:
         ticket.exec_start_ns = time.time_ns()
         try:
             async with self.session.post(url, data=body, headers=up_headers) as resp:
-                self.metrics.upstream.labels(f"{resp.status // 100}xx").inc()
+                self._status.get(resp.status // 100, self._status[5]).inc()
                 headers = H.response_headers(resp.headers)
                 headers.update(ours)
-                if limits.done() and not limits.cancelled() and limits.exception() is None:
-                    headers.update(ratelimit_headers(a, limits.result()))
+                headers.update(ratelimit_headers(a, limits))
                 if self.draining:
                     headers["connection"] = "close"
                 streamed = resp.headers.get("content-type", "").startswith("text/event-stream")
@@ -276,7 +278,7 @@ class Proxy:
             self.metrics.settlements.labels("failed").inc()
             log.exception("Complete failed for %s/%s", ticket.tenant, ticket.request_id)
             return
-        self.metrics.settlements.labels("delivered" if c.delivered else "buffered").inc()
+        (self._delivered if c.delivered else self.metrics.settlements.labels("buffered")).inc()
 
 
 def _json_usage(data: bytes) -> Usage | None:
@@ -288,6 +290,44 @@ def _json_usage(data: bytes) -> Usage | None:
         return None
 
 
-def _consume(fut: asyncio.Future[LimitsLike | None]) -> None:
-    if not fut.cancelled():
-        fut.exception()  # a failed limits() call is only a missing header
+class LimitsCache:
+    """The tenants' limits for the rate-limit headers. An admitted answer
+    takes the last one known, refreshed in the background at most every
+    ``ttl_s`` (it never waits for GetLimits; a tenant's first answer goes
+    without them); a refusal waits for a fresh one, briefly."""
+
+    MAX_TENANTS = 10_000  # tenants may come from a header: bounded
+
+    def __init__(self, admitter: Admitter, ttl_s: float = 2.0) -> None:
+        self.admitter, self.ttl_s = admitter, ttl_s
+        self._known: dict[str, tuple[float, LimitsLike | None]] = {}
+        self._refreshing: dict[str, asyncio.Task[LimitsLike | None]] = {}
+
+    def get(self, tenant: str) -> LimitsLike | None:
+        known = self._known.get(tenant)
+        if (known is None or time.monotonic() - known[0] > self.ttl_s) and (
+            tenant not in self._refreshing
+        ):
+            self._refresh(tenant)
+        return known[1] if known is not None else None
+
+    async def fetch(self, tenant: str, timeout_s: float) -> LimitsLike | None:
+        task = self._refreshing.get(tenant) or self._refresh(tenant)
+        with contextlib.suppress(Exception):  # timed out, or failed: what is known
+            return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        known = self._known.get(tenant)
+        return known[1] if known is not None else None
+
+    def _refresh(self, tenant: str) -> asyncio.Task[LimitsLike | None]:
+        task = asyncio.get_running_loop().create_task(self.admitter.limits(tenant))
+        self._refreshing[tenant] = task
+        task.add_done_callback(lambda t: self._done(tenant, t))
+        return task
+
+    def _done(self, tenant: str, task: asyncio.Task[LimitsLike | None]) -> None:
+        self._refreshing.pop(tenant, None)
+        if task.cancelled() or task.exception() is not None:
+            return  # a failed GetLimits is only missing headers
+        if len(self._known) >= self.MAX_TENANTS:
+            self._known.clear()
+        self._known[tenant] = (time.monotonic(), task.result())

@@ -92,7 +92,10 @@ def test_an_admitted_request_is_forwarded_and_settled_with_the_engines_usage() -
             assert resp.status == 200 and body["usage"]["completion_tokens"] == 7
             assert resp.headers["x-request-id"] == "req-1"
             assert resp.headers["x-burstgate-pricing-multiplier"] == "1.000000"
-            assert resp.headers["x-ratelimit-limit-tokens"] == "1000"  # limits were at hand
+            # the tenant's first answer: the admission's figure only (GetLimits is
+            # asked in the background, never waited for by an admitted request)
+            assert resp.headers["x-ratelimit-remaining-tokens"] == "1000"
+            assert "x-ratelimit-limit-tokens" not in resp.headers
             (admit,) = r.admitter.admits
             assert (admit.tenant_id, admit.request_id) == ("acme", "req-1")
             assert admit.kw["lane"] == "standard" and admit.kw["pool"] == "default"
@@ -105,6 +108,9 @@ def test_an_admitted_request_is_forwarded_and_settled_with_the_engines_usage() -
             assert done.kw["cached_prompt_tokens"] == 0
             start, end = done.kw["exec_start_unix_ns"], done.kw["exec_end_unix_ns"]
             assert before <= start <= end <= time.time_ns()
+            later = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 1})
+            assert later.headers["x-ratelimit-limit-tokens"] == "1000"  # known by now
+            assert later.headers["x-ratelimit-limit-requests"] == "8"
 
     run(main)
 
