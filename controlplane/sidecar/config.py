@@ -77,9 +77,13 @@ class MetricsSettings(_Strict):
     # engine kind's preset (scrape.py lists the presets and the fields).
     names: dict[str, str | list[str]] = {}
     engine_id: str | None = Field(default=None, min_length=1, max_length=128)  # default: host:port
-    # The engine's --max-num-batched-tokens and --max-num-seqs (not on /metrics).
+    # The engine's --max-num-batched-tokens and --max-num-seqs (not on /metrics;
+    # the defaults are vLLM's for online serving). With max_num_seqs the pool
+    # gate lets releases into the engine's free slots; without it, every
+    # release between two reports counts as one that will wait, and the gate
+    # lets about two per engine per report interval through.
     max_batch_tokens: int = Field(default=8192, gt=0, le=10**12)
-    max_num_seqs: int | None = Field(default=None, gt=0, le=10**12)
+    max_num_seqs: int | None = Field(default=256, gt=0, le=10**12)
     queue_capacity: int = Field(default=0, ge=0, le=10**12)  # 0 = unbounded (vLLM)
 
     @field_validator("names")

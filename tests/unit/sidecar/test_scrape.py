@@ -86,8 +86,9 @@ vllm:num_requests_waiting{engine="1"} 5
 vllm:kv_cache_usage_perc{engine="0"} 0.2
 vllm:kv_cache_usage_perc{engine="1"} 0.6
 """
-    got = reader().report(page)
+    got = reader(max_num_seqs=None).report(page)
     assert got is not None and got.queue_depth == 7
+    assert not got.HasField("max_num_seqs")  # unknown: not sent
     assert got.kv_cache_usage == pytest.approx(0.4)
     assert not got.HasField("requests_running")
 
