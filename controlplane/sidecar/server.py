@@ -72,6 +72,7 @@ class Sidecar:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
                                           sock_read=self.cfg.upstream_timeout_s),
             auto_decompress=False,  # passed-through bodies go as they came
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies (and saves ~10 %)
         )  # fmt: skip
         self.proxy = Proxy(self.cfg, self.admitter, self._session, self.counter, self.metrics,
                            stream_count=self._stream_count)  # fmt: skip
