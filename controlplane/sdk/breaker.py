@@ -1,12 +1,12 @@
 """Is the control plane reachable? A circuit breaker over one gRPC channel.
 
-*Unreachable* means the channel fails: a call ends UNAVAILABLE or
-DEADLINE_EXCEEDED (an Admit is answered before its deadline when the server
-works: QUEUE_TIMEOUT comes a margin early, and a batch's first result comes
-at once), an AdmitStream breaks or leaves a batch unanswered past an
-entry's deadline (a server or network that went silent: the connection
-may look READY for the keepalive's 15 s), or the short connect check before
-opening a stream fails.
+*Unreachable* means the channel fails: a call ends UNAVAILABLE, or
+DEADLINE_EXCEEDED while the channel is not connected; an AdmitStream breaks
+or leaves a batch without its first result past an entry's deadline (that
+result comes at once from a working server, so this is a server or network
+gone silent, whose connection may look READY for the keepalive's 15 s); or
+the short connect check before opening a stream fails. A unary call that is
+merely slow on a connected channel fails alone (its Complete is buffered).
 
 When it trips, the breaker remembers "down" and every call fails fast (the
 FailPolicy, a buffered Complete) without touching the network, so a down
@@ -94,10 +94,17 @@ class Breaker:
         log.warning("burstgate control plane unreachable (%s); failing fast until it is back", why)
         self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
+    def connected(self) -> bool:
+        return bool(self._channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY)
+
     def failed(self, code: grpc.StatusCode, why: str) -> None:
-        """A call ended with ``code``: trip when that says the control plane
-        did not answer (UNAVAILABLE, DEADLINE_EXCEEDED)."""
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        """A unary call ended with ``code``: trip when that says the channel
+        failed (UNAVAILABLE; DEADLINE_EXCEEDED while not connected). A slow
+        answer on a connected channel (a metered Complete waiting for a slow
+        ledger write) is that call's failure alone."""
+        if code == grpc.StatusCode.UNAVAILABLE or (
+            code == grpc.StatusCode.DEADLINE_EXCEEDED and not self.connected()
+        ):
             self.trip(f"{why}: {code.name}")
 
     def retry_hint_ms(self) -> int:

@@ -111,6 +111,8 @@ class CompletionSpool:
         if self._file is not None:
             with contextlib.suppress(OSError):  # logged by the file; it stays in memory
                 await self._file.add(req)
+        else:
+            await asyncio.sleep(0)  # as every fail-fast path: never an await that never yields
         self.kick()
         return True
 

@@ -12,12 +12,12 @@ import pytest
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.sdk import AdmissionClient, AsyncAdmissionClient
-from tests.integration.sdk.conftest import Plane, tenant
+from tests.integration.sdk.conftest import SLOW_OK, Plane, tenant
 
 
 def test_admit_complete_round_trip(plane: Plane) -> None:
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target) as c:
+        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
             a = await c.admit("acme", "r1", prompt_tokens=100, max_tokens=50, lane="premium")
             assert a.admitted and not a.offline and a.reason == ""
             assert a.reservation_id > 0 and a.granted_max_tokens == 50
@@ -36,7 +36,7 @@ def test_concurrent_admits_coalesce_into_few_batches(plane: Plane) -> None:
     n = 2000
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, batch_max=256) as c:
+        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, batch_max=256) as c:
             got = await asyncio.gather(
                 *(c.admit("acme", f"r{i}", prompt_tokens=10, max_tokens=10) for i in range(n))
             )
@@ -53,7 +53,7 @@ def test_concurrent_admits_coalesce_into_few_batches(plane: Plane) -> None:
 
 def test_the_same_request_in_flight_twice_is_asked_once(plane: Plane) -> None:
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target) as c:
+        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
             a, b = await asyncio.gather(
                 c.admit("acme", "same", prompt_tokens=10, max_tokens=10),
                 c.admit("acme", "same", prompt_tokens=10, max_tokens=10),
@@ -66,7 +66,7 @@ def test_the_same_request_in_flight_twice_is_asked_once(plane: Plane) -> None:
 
 def test_refusals_are_answers(plane: Plane) -> None:
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target) as c:
+        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
             unknown = await c.admit("nobody", "r", prompt_tokens=1, max_tokens=1)
             assert not unknown.admitted and unknown.reason == "unknown_tenant"
             assert not unknown.retryable and not unknown.offline
@@ -78,7 +78,7 @@ def test_quota_exhausted_is_flagged(plane_factory: Any) -> None:
     p: Plane = plane_factory(tenant("q", hourly_quota=100))
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target) as c:
+        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK) as c:
             assert (await c.admit("q", "a", prompt_tokens=60, max_tokens=0)).admitted
             b = await c.admit("q", "b", prompt_tokens=60, max_tokens=0)
             assert b.reason == "hourly_quota" and b.quota_exhausted and b.retry_after_ms > 0
@@ -90,7 +90,7 @@ def test_sync_client_from_many_threads(plane: Plane) -> None:
     threads, per_thread = 16, 50
     results: list[Any] = []
     lock = threading.Lock()
-    with AdmissionClient(plane.target) as c:
+    with AdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
 
         def work(t: int) -> None:
             for i in range(per_thread):
@@ -111,7 +111,7 @@ def test_sync_client_from_many_threads(plane: Plane) -> None:
 
 
 def test_bad_arguments_raise_value_error_naming_them(plane: Plane) -> None:
-    with AdmissionClient(plane.target) as c:
+    with AdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
         with pytest.raises(ValueError, match=r"^prompt_tokens: must be >= 0"):
             c.admit("acme", "r", prompt_tokens=-1, max_tokens=1)
         with pytest.raises(ValueError, match=r"^deadline_s: must be > 0"):
@@ -130,7 +130,7 @@ def test_an_unknown_lane_fails_its_caller_alone(plane: Plane) -> None:
     the lane goes unary for a while so it does not break the next stream."""
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, batch_window_s=0.01) as c:
+        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, batch_window_s=0.01) as c:
             got = await asyncio.gather(
                 *(
                     c.admit("acme", f"r{i}", prompt_tokens=1, max_tokens=1,
@@ -154,7 +154,7 @@ def test_an_unknown_lane_fails_its_caller_alone(plane: Plane) -> None:
 
 def test_report_load(plane: Plane) -> None:
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target) as c:
+        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
             report = pb.LoadReport(pool="p", engine_id="e1", max_batch_tokens=8192, queue_depth=3)
             ack = await c.report_load(report)
             assert ack is not None and ack.pool == "p" and ack.engines_reporting == 1
@@ -168,7 +168,7 @@ def test_auth_errors_reach_the_caller(plane_factory: Any) -> None:
     p: Plane = plane_factory(admission_auth=True)
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, api_key="bg_wrong") as c:
+        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK, api_key="bg_wrong") as c:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.admit("acme", "r", prompt_tokens=1, max_tokens=1)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
