@@ -78,6 +78,12 @@ class LedgerUnavailable(DomainError):
     Mapped to gRPC UNAVAILABLE."""
 
 
+class Overloaded(DomainError):
+    """The server holds its maximum of something (open reservations) and
+    cannot take this call now; nothing was changed, retry later. Mapped to
+    gRPC UNAVAILABLE."""
+
+
 class DatabaseUnavailable(DomainError):
     """The database did not answer an operator call in time, or refused the
     connection. The message is generic on purpose (the caller may hold no

@@ -3,67 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.domain import AdmitDecision, Degradation, Pressure
-from controlplane.domain.errors import DomainError
+from controlplane.domain import AdmitDecision
 from controlplane.domain.money import format_multiplier
-from controlplane.domain.units import NS_PER_MS, NS_PER_S
+from controlplane.domain.scope import KeyScope
+from controlplane.domain.units import NS_PER_S
 from controlplane.domain.validate import check_exec_times
+from controlplane.rpc.admitstream import admit_stream
 from controlplane.rpc.auth import admission_scope
-from controlplane.rpc.errors import abort, error_status, unary_errors
+from controlplane.rpc.convert import MISS_RATE_SOURCE, ceil_ms, degradation_pb, pressure_pb
+from controlplane.rpc.errors import unary_errors
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 
 if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
-
-
-def ceil_ms(ns: int) -> int:
-    """Nanoseconds as whole milliseconds, rounded up, as the batch's
-    retry_after_ms column is (controlplane/service/decider.py): a client
-    that waits the answer's retry_after_ms is never early."""
-    return -(-ns // NS_PER_MS)
-
-
-# The service's stale policy names (domain Policy.stale_policy; "" = fresh)
-# and the ledger's miss-rate sources, as their wire enums.
-STALE_POLICY = {
-    "": pb.STALE_POLICY_UNSPECIFIED,
-    "fail_open": pb.STALE_POLICY_FAIL_OPEN,
-    "fail_closed": pb.STALE_POLICY_FAIL_CLOSED,
-}
-MISS_RATE_SOURCE = {
-    "request": pb.MISS_RATE_SOURCE_REQUEST,
-    "window": pb.MISS_RATE_SOURCE_WINDOW,
-    "none": pb.MISS_RATE_SOURCE_NONE,
-}
-
-
-def _pressure_pb(p: Pressure | None) -> pb.Pressure | None:
-    if p is None:
-        return None
-    return pb.Pressure(
-        score=p.score,
-        freshness=pb.PoolFreshness.ValueType(p.freshness),
-        stale_policy=STALE_POLICY[p.stale_policy],
-        shed=p.shed,
-    )
-
-
-def _degradation_pb(g: Degradation | None) -> pb.Degradation | None:
-    if g is None:
-        return None
-    return pb.Degradation(
-        active=True,
-        max_tokens_cap=g.max_tokens_cap,
-        page_after_tokens=g.page_after_tokens,
-        fallback_model=g.fallback_model,
-    )
 
 
 def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
@@ -86,9 +45,9 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
         pricing_multiplier=format_multiplier(d.pricing_multiplier),
         retryable=d.retryable,
         queue_wait_ms=ceil_ms(d.queue_wait_ns),
-        degradation=_degradation_pb(d.degradation),
+        degradation=degradation_pb(d.degradation),
         shadow_reason=pb.Reason.ValueType(d.shadow_reason),
-        pressure=_pressure_pb(d.pressure),
+        pressure=pressure_pb(d.pressure),
     )
 
 
@@ -138,10 +97,6 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", request.tenant_id)
-            pool = self._svc.reservation_pool(request.tenant_id, request.request_id)
-            scope.check_pool("pool", pool, "the reservation's pool")
-        # With metering the reply waits until the ledger record is
-        # durable; without it the settlement is in memory only.
         svc = self._svc
         check_exec_times(
             request.exec_start_unix_ns,
@@ -149,6 +104,12 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             svc.clock(),
             int(svc.settings.reservation_ttl_s * NS_PER_S),
         )
+        booked = request.HasField("offline") and await self._book_offline(request, scope)
+        if scope is not None:
+            pool = self._svc.reservation_pool(request.tenant_id, request.request_id)
+            scope.check_pool("pool", pool, "the reservation's pool")
+        # With metering the reply waits until the ledger record is
+        # durable; without it the settlement is in memory only.
         metering = self.metering
         if metering is None:
             s = self._svc.complete(
@@ -167,6 +128,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                 actual_tokens=s.actual_tokens,
                 refunded_tokens=s.refunded_tokens,
                 duplicate=s.duplicate,
+                offline_booked=booked,
             )
         r = await metering.complete(
             request.tenant_id,
@@ -189,6 +151,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             actual_tokens=s.actual_tokens,
             refunded_tokens=s.refunded_tokens,
             duplicate=r.duplicate,
+            offline_booked=booked,
         )
         if r.record is not None:
             from controlplane.domain.money import format_fixed, format_nanos
@@ -204,6 +167,23 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             resp.miss_rate_source = MISS_RATE_SOURCE[rec.miss_rate_source]
         return resp
 
+    async def _book_offline(self, request: pb.CompleteRequest, scope: KeyScope | None) -> bool:
+        """A request a sidecar admitted while this server was unreachable:
+        book it (AdmissionService.book_offline) unless the ledger already
+        has it (billed by an earlier delivery whose answer was lost)."""
+        off, svc = request.offline, self._svc
+        args = (
+            request.tenant_id, request.request_id, off.lane, off.model, off.pool,
+            request.prompt_tokens, request.generated_tokens, request.cached_prompt_tokens,
+            request.kv_cache_miss_rate, request.reservation_id,
+        )  # fmt: skip
+        if self.metering is not None:
+            svc.offline.check(*args)  # (bad input never reaches the ledger's lookup)
+            key = (request.tenant_id, request.request_id)
+            if svc.record(*key) is None and await self.metering.find(key) is not None:
+                return False
+        return svc.offline.book(*args, now=svc.clock(), scope=scope)
+
     async def AdmitStream(
         self,
         request_iterator: AsyncIterator[pb.AdmitBatch],
@@ -213,50 +193,11 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         # field[index] after a "batch N: " prefix (README, "Errors");
         # batches answered before it stand. So does an entry outside a
         # scoped key's tenants or pools, with PERMISSION_DENIED: nothing of
-        # that batch is decided.
-        scope = admission_scope.get()
-        async for batch in request_iterator:
-            try:
-                # list() once: indexing a protobuf repeated field per element
-                # costs several times a list index.
-                tenant_ids = list(batch.tenant_id)
-                if scope is not None:
-                    scope.check_tenants("tenant_id", tenant_ids)
-                r = self._svc.admit_batch(
-                    tenant_ids,
-                    list(batch.request_id),
-                    list(batch.lane),
-                    list(batch.prompt_tokens),
-                    list(batch.max_tokens),
-                    batch.model,
-                    batch.pool,
-                    scope=scope,
-                )
-            except DomainError as exc:
-                status = error_status(
-                    exc, prefix=f"batch {batch.batch_id}: ", batch_id=str(batch.batch_id)
-                )
-                await abort(context, status)
-            yield pb.AdmitBatchResult(
-                batch_id=batch.batch_id,
-                # the columns hold the enum numbers already
-                decision=cast("list[pb.Decision.ValueType]", r.decision),
-                reason=cast("list[pb.Reason.ValueType]", r.reason),
-                retry_after_ms=r.retry_after_ms,
-                reserved_tokens=r.reserved_tokens,
-                reservation_id=r.reservation_id,
-                granted_max_tokens=r.granted_max_tokens,
-                bucket_remaining=r.bucket_remaining,
-                hourly_remaining=r.hourly_remaining,
-                daily_remaining=r.daily_remaining,
-                duplicate=r.duplicate,
-                pricing_multiplier=format_multiplier(r.pricing_multiplier),
-                retryable=r.retryable or [],
-                shadow_reason=cast("list[pb.Reason.ValueType]", r.shadow_reason),
-                degraded=r.degraded,
-                degradation=_degradation_pb(r.degradation),
-                pressure=_pressure_pb(r.pressure),
-            )
+        # that batch is decided. Entries that may wait: admitstream.py.
+        async for res in admit_stream(
+            self._svc, self._waiting, admission_scope.get(), request_iterator, context
+        ):
+            yield res
 
     @unary_errors
     async def ReportLoad(
@@ -282,6 +223,30 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         load, evict_below = self._svc.eviction_advice(request.pool)
         return pb.LoadReportAck(
             pool=request.pool, engines_reporting=n, load=load, evict_below_reuse_per_s=evict_below
+        )
+
+    @unary_errors
+    async def GetLimits(
+        self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TenantLimits:
+        scope = admission_scope.get()
+        if scope is not None:
+            scope.check_tenant("tenant_id", request.tenant_id)
+        t = self._svc.tenant_limits(request.tenant_id)
+        return pb.TenantLimits(
+            tenant_id=t.tenant_id,
+            token_rate=format(t.token_rate.normalize(), "f"),
+            burst_tokens=t.burst_tokens,
+            bucket_tokens=t.bucket_tokens,
+            bucket_full_in_ms=t.bucket_full_in_ms,
+            hourly_quota=t.hourly_quota,
+            hourly_remaining=t.hourly_remaining,
+            daily_quota=t.daily_quota,
+            daily_remaining=t.daily_remaining,
+            max_concurrency=t.max_concurrency,
+            inflight_requests=t.inflight_requests,
+            hour_resets_in_ms=t.hour_resets_in_ms,
+            day_resets_in_ms=t.day_resets_in_ms,
         )
 
 

@@ -34,6 +34,7 @@ from controlplane.domain.errors import (
     InvalidArgument,
     LedgerUnavailable,
     NotFound,
+    Overloaded,
     PermissionDenied,
     Unauthenticated,
 )
@@ -58,6 +59,8 @@ _CODES: dict[type[DomainError], tuple[grpc.StatusCode, str]] = {
     LedgerUnavailable: (grpc.StatusCode.UNAVAILABLE, "LEDGER_UNAVAILABLE"),
     # Operator RPCs: the database did not answer in time (controlplane/rpc/dbcall.py).
     DatabaseUnavailable: (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE"),
+    # The cap on open reservations binds (a Complete of a request admitted offline).
+    Overloaded: (grpc.StatusCode.UNAVAILABLE, "OVERLOADED"),
 }
 INTERNAL = (grpc.StatusCode.INTERNAL, "INTERNAL")
 INTERNAL_MESSAGE = "internal error; see server log"

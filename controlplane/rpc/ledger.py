@@ -34,8 +34,8 @@ from controlplane.ledger.export import (
 )
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.usage import usage
-from controlplane.rpc.admission import MISS_RATE_SOURCE
 from controlplane.rpc.auth import current_actor
+from controlplane.rpc.convert import MISS_RATE_SOURCE
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.errors import abort, error_status, internal_status, unary_errors
 

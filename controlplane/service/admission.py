@@ -60,13 +60,17 @@ from controlplane.domain.errors import AlreadyExists, excerpt
 from controlplane.domain.policy import Policy
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
+from controlplane.domain.validate import check_id
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult, Outcomes
 from controlplane.service.decider import Decider, early_reason
 from controlplane.service.dispatcher import Dispatcher
-from controlplane.service.edge import check_admit, check_batch
+from controlplane.service.edge import check_admit, check_batch, check_max_wait
 from controlplane.service.gate import PoolGate
 from controlplane.service.keyscope import check_scope
+from controlplane.service.limits import TenantLimits
+from controlplane.service.limits import describe as describe_limits
+from controlplane.service.offline import Booking
 from controlplane.service.pressure import (
     PressureGate,
     eviction_advice,
@@ -128,6 +132,10 @@ class AdmissionService:
             self._tenants, self._decider, self._outcomes, self.stats, self._gate
         )
         self._settler = Settler(self._table, self._log, settings.complete_max_overrun_ratio)
+        self._offline = Booking(
+            self._tenants, self._log, self._dispatcher, self._decider, self._outcomes, self.stats,
+            settings.complete_max_overrun_ratio,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ config
 
@@ -182,6 +190,13 @@ class AdmissionService:
         """The tenant's bucket, quotas and in-flight counts, refilled to now."""
         return self._tenants.state(tenant_id, self.clock())
 
+    def tenant_limits(self, tenant_id: str) -> TenantLimits:
+        """The tenant's limits and their state now (GetLimits); NotFound
+        for a tenant that is not configured."""
+        check_id("tenant_id", tenant_id)
+        now = self.clock()
+        return describe_limits(tenant_id, self._tenants.state(tenant_id, now), now)
+
     def inflight_tokens(self) -> int:
         """All tenants' reserved, unsettled tokens (the global watermark's measure)."""
         return int(self._table.total_inflight_tokens())
@@ -217,6 +232,7 @@ class AdmissionService:
         *,
         wait: bool = True,
         deadline_ns: int | None = None,
+        wait_bound_ns: int | None = None,
         scope: KeyScope | None = None,
     ) -> AdmitDecision | Waiter:
         """Decide, or queue the request when only waiting stands between it
@@ -224,7 +240,9 @@ class AdmissionService:
         ``on_done`` callback (or ``result`` when already decided).
 
         ``deadline_ns`` is the caller's own deadline (the gRPC deadline), on
-        the service clock; the wait also ends at the lane's bound (with the
+        the service clock, the answer due a margin before it;
+        ``wait_bound_ns`` the caller's own bound on the wait, no margin
+        (AdmitBatch.max_wait_ms); the wait also ends at the lane's bound (with the
         pool gate, (1 - gate_release_headroom) x the lane's TTFT SLO, else
         its wait target) and the tenant's max wait, whichever is earliest.
         ``pool`` "" = the tenant's, else the lane's configured pool, else
@@ -257,7 +275,9 @@ class AdmissionService:
         pool = tenants.pool_for(entry, lane, pool)  # after placement: the final lane's pool
         if scope is not None:
             check_scope(scope, tenant_id, entry, pool, "this request's")
-        max_wait = dispatcher.max_wait_ns(entry, lane, now, deadline_ns) if wait else 0
+        max_wait = (
+            dispatcher.max_wait_ns(entry, lane, now, deadline_ns, wait_bound_ns) if wait else 0
+        )
         if max_wait > 0 and dispatcher.competes(entry.slot):
             # Join the backlog so the fair order decides who goes first; the
             # dispatch right after admits it at once if it can.
@@ -356,6 +376,73 @@ class AdmissionService:
             pool, self.clock(), self._log, self.stats, scope,
         )  # fmt: skip
 
+    def admit_batch_waiting(
+        self,
+        tenant_ids: Sequence[str],
+        request_ids: Sequence[str],
+        lanes: Sequence[str],
+        prompt_tokens: Sequence[int],
+        max_tokens: Sequence[int],
+        max_wait_ms: Sequence[int],
+        model: str = "",
+        pool: str = "",
+        *,
+        scope: KeyScope | None = None,
+    ) -> list[AdmitDecision | Waiter]:
+        """A batch whose entries may wait (AdmitBatch.max_wait_ms): each entry
+        goes through :meth:`admit_or_wait` with its own deadline (now + its
+        max wait; 0 = answered now), so it takes its place in the fair order
+        as a unary Admit does. Validated in full first, as
+        :meth:`admit_batch`; an entry already waiting for another call, or
+        outside ``scope``, fails the batch before anything is decided. A
+        returned ``Waiter`` is resolved through its ``on_done`` later (or is
+        already ``done``)."""
+        lane_of = check_batch(
+            self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
+            prompt_tokens, max_tokens, model, pool,
+        )  # fmt: skip
+        n = len(tenant_ids)
+        waits = check_max_wait(max_wait_ms, n)
+        self._tenants.check_pool(pool)
+        lane_of = lane_of or [""] * n
+        queued = self._dispatcher.queues.by_key
+        for i in range(n):
+            if (tenant_ids[i], request_ids[i]) in queued:
+                raise AlreadyExists(
+                    f"request_id[{i}]: {excerpt(request_ids[i])} is already waiting in a queue"
+                )
+            if scope is not None:
+                self._check_entry_scope(
+                    scope, i, tenant_ids[i], lane_of[i], prompt_tokens[i], max_tokens[i], pool
+                )
+        out: list[AdmitDecision | Waiter] = []
+        for i in range(n):
+            out.append(self.admit_or_wait(
+                tenant_ids[i], request_ids[i], lane_of[i], prompt_tokens[i], max_tokens[i],
+                model, pool, wait=waits[i] > 0, wait_bound_ns=waits[i] * NS_PER_MS, scope=scope,
+            ))  # fmt: skip
+        return out
+
+    def _check_entry_scope(
+        self, scope: KeyScope, i: int, tenant_id: str, lane: str, prompt: int, max_tokens: int,
+        pool: str,
+    ) -> None:  # fmt: skip
+        """Entry ``i``'s fresh decision would stay in ``scope`` (the pool it
+        would go to, after placement, as :meth:`admit_or_wait` resolves it)."""
+        tenants = self._tenants
+        entry = tenants.resolve(tenant_id)
+        if entry is None or early_reason(entry):
+            return  # refused before any pool is chosen
+        lane = tenants.place(entry, tenants.lane_for(f"lane[{i}]", lane, entry), prompt, max_tokens)
+        check_scope(
+            scope,
+            tenant_id,
+            entry,
+            tenants.pool_for(entry, lane, pool),
+            f"entry {i}'s",
+            f"tenant_id[{i}]",
+        )
+
     # ---------------------------------------------------------------- complete
 
     def complete(
@@ -383,6 +470,12 @@ class AdmissionService:
             return prepared
         actual = prompt_tokens + generated_tokens
         return self.apply_complete((tenant_id, request_id), prepared, actual)
+
+    @property
+    def offline(self) -> Booking:
+        """Booking the requests a sidecar admitted while this server was
+        unreachable, from their Complete (CompleteRequest.offline)."""
+        return self._offline
 
     def prepare_complete(
         self,

@@ -173,6 +173,28 @@ class Decider:
             self._next_reservation += 1
         return rec
 
+    def book(
+        self, entry: Tenant, lane: str, prompt: int, generated: int, model: str, pool: str,
+        now: int,
+    ) -> Record | None:
+        """The open record of a request a sidecar admitted while this server
+        was unreachable (CompleteRequest.offline): it ran already, so it is
+        charged whatever the bucket's level, quotas and concurrency (as shadow
+        mode charges), priced now. None when the memory cap on open
+        reservations binds (the fast path charged nothing)."""
+        reason, reserved, _, bucket, hour, day = self._table.charge(
+            entry.slot, now, prompt, generated
+        )
+        if reason == _OPEN_RESERVATIONS:
+            return None
+        v = self._pressure.verdict(lane, pool, now)
+        rec = self.conclude(
+            _OK, reserved, 0, bucket, hour, day, prompt, False, v, lane, entry.slot, pool, model,
+            now, now, self._next_reservation, None,
+        )  # fmt: skip
+        self._next_reservation += 1
+        return rec
+
     def gate_refusal(
         self, v: Verdict, lane: str, slot: int, pool: str, now: int, arrived: int
     ) -> Record:

@@ -104,10 +104,14 @@ class Dispatcher:
             q.total and (q.per_tenant.get(slot) or self._watermark_blocked or self._shed_blocked)
         )
 
-    def max_wait_ns(self, entry: Tenant, lane: str, now: int, deadline_ns: int | None) -> int:
+    def max_wait_ns(
+        self, entry: Tenant, lane: str, now: int, deadline_ns: int | None,
+        bound_ns: int | None = None,
+    ) -> int:  # fmt: skip
         """How long a request may wait: the lane's wait target, the tenant's
-        max wait and the caller's own deadline (less a margin), whichever is
-        earliest."""
+        max wait, the caller's own deadline (less a margin) and its own bound
+        on the wait (``bound_ns``, no margin: AdmitBatch.max_wait_ms),
+        whichever is earliest."""
         wait = self._tenants.lanes[lane].wait_target_ms * NS_PER_MS
         if self._gate.enabled:
             # held by the gate, a request may wait as long as its lane's SLO
@@ -123,6 +127,8 @@ class Dispatcher:
             left = deadline_ns - now
             margin = min(max(left // 10, DEADLINE_MARGIN_MIN_NS), DEADLINE_MARGIN_MAX_NS)
             wait = min(wait, left - margin)
+        if bound_ns is not None:
+            wait = min(wait, bound_ns)
         return wait
 
     def enqueue(

@@ -111,3 +111,21 @@ def check_batch(
                 )
             seen.add(k)
     return lane_of
+
+
+MAX_WAIT_MS = 3_600_000  # AdmitBatch.max_wait_ms: an hour at most
+
+
+def check_max_wait(max_wait_ms: Sequence[int], n: int) -> list[int]:
+    """AdmitBatch.max_wait_ms: 0, 1 or ``n`` entries, each 0..MAX_WAIT_MS;
+    returns one entry per request."""
+    if len(max_wait_ms) not in (0, 1, n):
+        raise InvalidArgument(
+            "max_wait_ms", f"must have 0, 1 or {n} entries, got {len(max_wait_ms)}"
+        )
+    for i, ms in enumerate(max_wait_ms):
+        if not 0 <= ms <= MAX_WAIT_MS:
+            raise InvalidArgument(f"max_wait_ms[{i}]", f"must be in [0, {MAX_WAIT_MS}], got {ms}")
+    if len(max_wait_ms) == n:
+        return list(max_wait_ms)
+    return [max_wait_ms[0] if max_wait_ms else 0] * n

@@ -16,11 +16,37 @@ from fastpath import Reason, TokenBucketTable
 OVERRUN_SLACK_TOKENS = 1024
 
 
+def check_usage(
+    tenant_id: str,
+    request_id: str,
+    prompt_tokens: int,
+    generated_tokens: int,
+    cached_prompt_tokens: int,
+    kv_cache_miss_rate: float,
+) -> None:
+    """A Complete's own fields, before anything is looked up."""
+    check_id("tenant_id", tenant_id)
+    check_id("request_id", request_id)
+    check_tokens("prompt_tokens", prompt_tokens)
+    check_tokens("generated_tokens", generated_tokens)
+    check_tokens("cached_prompt_tokens", cached_prompt_tokens)
+    if cached_prompt_tokens > prompt_tokens:
+        raise InvalidArgument(
+            "cached_prompt_tokens",
+            f"{cached_prompt_tokens} exceeds prompt_tokens {prompt_tokens}",
+        )
+    check_fraction("kv_cache_miss_rate", kv_cache_miss_rate)
+
+
 class Settler:
     def __init__(self, table: TokenBucketTable, log: RequestLog, max_overrun_ratio: float) -> None:
         self._table = table
         self._log = log
         self._ratio = max_overrun_ratio
+
+    @property
+    def max_overrun_ratio(self) -> float:
+        return self._ratio
 
     def prepare(
         self,
@@ -35,17 +61,10 @@ class Settler:
         """Validate a Complete against memory without changing anything:
         the settlement (``duplicate=True``) when already settled, else the
         open record to settle."""
-        check_id("tenant_id", tenant_id)
-        check_id("request_id", request_id)
-        check_tokens("prompt_tokens", prompt_tokens)
-        check_tokens("generated_tokens", generated_tokens)
-        check_tokens("cached_prompt_tokens", cached_prompt_tokens)
-        if cached_prompt_tokens > prompt_tokens:
-            raise InvalidArgument(
-                "cached_prompt_tokens",
-                f"{cached_prompt_tokens} exceeds prompt_tokens {prompt_tokens}",
-            )
-        check_fraction("kv_cache_miss_rate", kv_cache_miss_rate)
+        check_usage(
+            tenant_id, request_id, prompt_tokens, generated_tokens, cached_prompt_tokens,
+            kv_cache_miss_rate,
+        )  # fmt: skip
         rec = self._log.get((tenant_id, request_id))
         if rec is None:
             raise NotFound(

@@ -153,6 +153,7 @@ class AdmissionStats:
         self.queue_wait_buckets: dict[str, list[int]] = {}
         self.queue_wait_sum_ns: Counter[str] = Counter()
         self.cancelled_total = 0
+        self.offline_booked_total = 0
         self.expired_total = 0
 
     # ------------------------------------------------------- the hot path

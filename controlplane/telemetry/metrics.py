@@ -117,6 +117,12 @@ class AdmissionCollector(Collector):
             "Waiting Admit calls whose caller went away",
             value=svc.stats.cancelled_total,
         )
+        yield CounterMetricFamily(
+            "burstgate_offline_booked",
+            "Requests a sidecar admitted while this server was unreachable (fail-open), "
+            "booked by their Complete",
+            value=svc.stats.offline_booked_total,
+        )
         target = GaugeMetricFamily(
             "burstgate_lane_wait_target_seconds",
             "The lane's configured queue-wait target (wait_target_ms), for comparing "

@@ -38,6 +38,7 @@ ADMISSION = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"]
 ADMISSION_BASE: dict[str, Message] = {
     "Admit": pb.AdmitRequest(tenant_id="acme", request_id="r", prompt_tokens=1),
     "Complete": pb.CompleteRequest(tenant_id="acme", request_id="r", prompt_tokens=1),
+    "GetLimits": pb.GetLimitsRequest(tenant_id="acme"),
     "ReportLoad": pb.LoadReport(pool="p", engine_id="e", max_batch_tokens=1),
     "AdmitStream": pb.AdmitBatch(
         tenant_id=["acme"], request_id=["r"], prompt_tokens=[1], max_tokens=[1]
@@ -159,7 +160,8 @@ def _request(case: Case, value: str) -> Message:
         request.CopyFrom(base)
         # the long value replaces the base's own (a repeated column keeps one entry)
         name = case.field.split("[")[0]
-        request.ClearField(name)
+        if name in request.DESCRIPTOR.fields_by_name:  # (not a nested message's own field)
+            request.ClearField(name)
     case.set_value(request, value)
     return request
 

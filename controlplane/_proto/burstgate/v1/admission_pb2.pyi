@@ -520,7 +520,9 @@ class CompleteRequest(_message.Message):
         multiplier in force now and records exec_start/exec_end when given.
         When a reservation exists this is ignored (a normal Complete). A repeat
         is a duplicate, as for any Complete. Errors as Complete, plus
-        INVALID_ARGUMENT for offline.lane, offline.model or offline.pool.
+        INVALID_ARGUMENT naming `lane`, `model` or `pool` (offline's), NOT_FOUND
+        for a tenant that is not configured, and UNAVAILABLE (reason
+        OVERLOADED) while the server holds its maximum of open reservations.
         """
 
     def __init__(

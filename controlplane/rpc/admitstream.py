@@ -1,0 +1,285 @@
+"""AdmitStream: batches in, results out, and (for batches whose entries may
+wait, AdmitBatch.max_wait_ms) *release* results for the entries a queue
+held, sent as they are released.
+
+Two tasks per stream: the reader decides each batch as it arrives and puts
+its result on the stream's outbox; the handler's generator writes the outbox
+out. A held entry's Waiter calls back into the stream's ``Releases`` when it
+is resolved; the first release since the last write puts a marker on the
+outbox, and the writer sends every release ready by then, one result per
+batch. So the first result of a batch always precedes its releases (it is
+put on the outbox before the Waiter can be resolved: deciding is
+synchronous), and releases that land in one dispatch go out together.
+
+A stream that ends early (cancelled, failed, a bad batch) takes its
+still-queued entries out of the queues; the half-closed stream of a client
+that sent its last batch stays open until every queued entry is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import cast
+
+import grpc
+import structlog
+
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.domain import AdmitDecision, Decision
+from controlplane.domain.errors import DomainError
+from controlplane.domain.money import format_multiplier
+from controlplane.domain.scope import KeyScope
+from controlplane.rpc.convert import (
+    ceil_ms,
+    degradation_msg,
+    degradation_pb,
+    pressure_msg,
+    pressure_pb,
+)
+from controlplane.rpc.errors import abort, error_status, internal_status
+from controlplane.service import AdmissionService
+from controlplane.service.answers import BatchResult
+from controlplane.service.queueing import Waiter
+from controlplane.service.waiting import WaitingRoom
+
+log = structlog.get_logger("burstgate.rpc")
+
+_READ_DONE = object()  # the client half-closed (or the reader stopped)
+_RELEASES = object()  # releases are ready to be written
+
+
+class _Fail:
+    """The reader met a bad batch (or a bug): end the stream with ``status``;
+    or the request iterator itself ended the call (``aborted``: a malformed
+    message, refused by the guard), to be raised again by the writer."""
+
+    def __init__(
+        self, status: grpc.Status | None, aborted: grpc.aio.AbortError | None = None
+    ) -> None:
+        self.status, self.aborted = status, aborted
+
+
+Outbox = asyncio.Queue[object]
+
+
+class Releases:
+    """The queued entries of one stream and the answers ready to be sent."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+        self.held: dict[int, Waiter] = {}  # id(waiter) -> waiter, while it waits
+        # batch_id -> [(entry index, decision)], answers not yet written
+        self.ready: dict[int, list[tuple[int, AdmitDecision]]] = {}
+
+    def hold(self, batch_id: int, index: int, waiter: Waiter) -> None:
+        self.held[id(waiter)] = waiter
+        waiter.on_done = self._on_done(batch_id, index, id(waiter))
+
+    def _on_done(self, batch_id: int, index: int, key: int) -> Callable[[AdmitDecision], None]:
+        def done(decision: AdmitDecision) -> None:
+            if self.held.pop(key, None) is None:
+                return  # the stream ended meanwhile (its waiters were cancelled)
+            if not self.ready:
+                self._outbox.put_nowait(_RELEASES)
+            self.ready.setdefault(batch_id, []).append((index, decision))
+
+        return done
+
+    def take(self) -> list[pb.AdmitBatchResult]:
+        out = [release_result(b, answers) for b, answers in self.ready.items()]
+        self.ready = {}
+        return out
+
+    @property
+    def owed(self) -> bool:
+        """Entries still waiting, or answered and not yet written."""
+        return bool(self.held or self.ready)
+
+
+def batch_result(batch_id: int, r: BatchResult) -> pb.AdmitBatchResult:
+    return pb.AdmitBatchResult(
+        batch_id=batch_id,
+        # the columns hold the enum numbers already
+        decision=cast("list[pb.Decision.ValueType]", r.decision),
+        reason=cast("list[pb.Reason.ValueType]", r.reason),
+        retry_after_ms=r.retry_after_ms,
+        reserved_tokens=r.reserved_tokens,
+        reservation_id=r.reservation_id,
+        granted_max_tokens=r.granted_max_tokens,
+        bucket_remaining=r.bucket_remaining,
+        hourly_remaining=r.hourly_remaining,
+        daily_remaining=r.daily_remaining,
+        duplicate=r.duplicate,
+        pricing_multiplier=format_multiplier(r.pricing_multiplier),
+        retryable=r.retryable or [],
+        shadow_reason=cast("list[pb.Reason.ValueType]", r.shadow_reason),
+        degraded=r.degraded,
+        degradation=degradation_pb(r.degradation),
+        pressure=pressure_pb(r.pressure),
+    )
+
+
+def _append(res: pb.AdmitBatchResult, decisions: list[AdmitDecision | None]) -> None:
+    """One column entry per decision; None (an entry still queued) gets a
+    placeholder: DECISION_UNSPECIFIED and zeros."""
+    for d in decisions:
+        if d is None:
+            _append_queued(res)
+            continue
+        res.decision.append(pb.Decision.ValueType(d.decision))
+        res.reason.append(pb.Reason.ValueType(d.reason))
+        res.retry_after_ms.append(ceil_ms(d.retry_after_ns))
+        res.reserved_tokens.append(d.reserved_tokens)
+        res.reservation_id.append(d.reservation_id)
+        res.granted_max_tokens.append(d.granted_max_tokens)
+        res.bucket_remaining.append(d.bucket_remaining)
+        res.hourly_remaining.append(d.hourly_remaining)
+        res.daily_remaining.append(d.daily_remaining)
+        res.duplicate.append(d.duplicate)
+        res.shadow_reason.append(pb.Reason.ValueType(d.shadow_reason))
+        res.degraded.append(d.degradation is not None)
+        res.retryable.append(d.retryable)
+
+
+_COLUMNS = (
+    "decision", "reason", "retry_after_ms", "reserved_tokens", "reservation_id",
+    "granted_max_tokens", "bucket_remaining", "hourly_remaining", "daily_remaining",
+    "duplicate", "shadow_reason", "degraded", "retryable",
+)  # fmt: skip
+
+
+def _append_queued(res: pb.AdmitBatchResult) -> None:
+    for name in _COLUMNS:
+        getattr(res, name).append(0)
+
+
+def _batch_wide(res: pb.AdmitBatchResult, decisions: list[AdmitDecision]) -> None:
+    """The batch-wide fields: the first admitted entry's pool's (else the
+    first entry's) multiplier and pressure; the degradation of the first
+    degraded entry."""
+    first = next((d for d in decisions if d.decision == Decision.ADMIT), None)
+    first = first or (decisions[0] if decisions else None)
+    if first is None:
+        return
+    res.pricing_multiplier = format_multiplier(first.pricing_multiplier)
+    g = next((d.degradation for d in decisions if d.degradation is not None), None)
+    if g is not None:
+        res.degradation.CopyFrom(degradation_msg(g))
+    if first.pressure is not None:
+        res.pressure.CopyFrom(pressure_msg(first.pressure))
+
+
+def waiting_result(
+    batch_id: int, outs: list[AdmitDecision | Waiter], releases: Releases
+) -> pb.AdmitBatchResult:
+    """The first result of a batch that may wait: decided entries answered,
+    held ones marked ``queued`` and handed to ``releases``."""
+    decided: list[AdmitDecision | None] = []
+    for i, out in enumerate(outs):
+        if isinstance(out, Waiter) and out.done and isinstance(out.result, AdmitDecision):
+            out = out.result  # decided at once after all
+        if isinstance(out, Waiter):
+            releases.hold(batch_id, i, out)
+            decided.append(None)
+        else:
+            decided.append(out)
+    res = pb.AdmitBatchResult(batch_id=batch_id, queued=[d is None for d in decided])
+    _append(res, decided)
+    _batch_wide(res, [d for d in decided if d is not None])
+    return res
+
+
+def release_result(batch_id: int, answers: list[tuple[int, AdmitDecision]]) -> pb.AdmitBatchResult:
+    res = pb.AdmitBatchResult(batch_id=batch_id, entry=[i for i, _ in answers])
+    decisions = [d for _, d in answers]
+    _append(res, list(decisions))
+    _batch_wide(res, decisions)
+    res.queue_wait_ms.extend(ceil_ms(d.queue_wait_ns) for d in decisions)
+    return res
+
+
+async def admit_stream(
+    svc: AdmissionService,
+    waiting: WaitingRoom,
+    scope: KeyScope | None,
+    request_iterator: AsyncIterator[pb.AdmitBatch],
+    context: grpc.aio.ServicerContext,
+) -> AsyncIterator[pb.AdmitBatchResult]:
+    outbox: Outbox = asyncio.Queue()
+    releases = Releases(outbox)
+
+    async def read() -> None:
+        try:
+            async for batch in request_iterator:
+                try:
+                    outbox.put_nowait(_decide(svc, waiting, scope, batch, releases))
+                except DomainError as exc:
+                    status = error_status(
+                        exc, prefix=f"batch {batch.batch_id}: ", batch_id=str(batch.batch_id)
+                    )
+                    outbox.put_nowait(_Fail(status))
+                    return
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AbortError as exc:
+            outbox.put_nowait(_Fail(None, exc))
+        except Exception:
+            log.exception("unhandled error", method="AdmitStream")
+            outbox.put_nowait(_Fail(internal_status()))
+        finally:
+            outbox.put_nowait(_READ_DONE)
+
+    reader = asyncio.create_task(read())
+    try:
+        reading = True
+        while reading or releases.owed:
+            item = await outbox.get()
+            if item is _READ_DONE:
+                reading = False
+            elif item is _RELEASES:
+                for res in releases.take():
+                    yield res
+            elif isinstance(item, _Fail):
+                if item.aborted is not None:
+                    raise item.aborted
+                assert item.status is not None
+                await abort(context, item.status)
+            else:
+                yield cast("pb.AdmitBatchResult", item)
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+        for w in list(releases.held.values()):
+            svc.cancel(w)  # nobody will hear its answer: out of the queue
+        releases.held.clear()
+        waiting.reschedule()
+
+
+def _decide(
+    svc: AdmissionService,
+    waiting: WaitingRoom,
+    scope: KeyScope | None,
+    batch: pb.AdmitBatch,
+    releases: Releases,
+) -> pb.AdmitBatchResult:
+    # list() once: indexing a protobuf repeated field per element costs
+    # several times a list index.
+    tenant_ids = list(batch.tenant_id)
+    if scope is not None:
+        scope.check_tenants("tenant_id", tenant_ids)
+    if not batch.max_wait_ms:
+        r = svc.admit_batch(
+            tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
+            list(batch.max_tokens), batch.model, batch.pool, scope=scope,
+        )  # fmt: skip
+        return batch_result(batch.batch_id, r)
+    outs = svc.admit_batch_waiting(
+        tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
+        list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
+    )  # fmt: skip
+    res = waiting_result(batch.batch_id, outs, releases)
+    waiting.reschedule()
+    return res
