@@ -58,7 +58,7 @@ from controlplane.sdk.model import (
     buffered_completion,
     completion_of_response,
 )
-from controlplane.sdk.spool import CompletionSpool
+from controlplane.sdk.spool import CompletionSpool, offline_refused
 from controlplane.sdk.spoolfile import SpoolFile
 
 API_KEY_ENV = "BURSTGATE_API_KEY"
@@ -237,9 +237,9 @@ class AsyncAdmissionClient:
                 ):
                     _attach_offline(req, adm)  # the server forgot it: book what ran
                     continue
-                if code not in TRANSPORT_CODES:
+                if not (code in TRANSPORT_CODES or offline_refused(exc, req)):
                     raise
-                self._breaker.failed(code, "Complete")
+                self._breaker.failed(exc, "Complete")
                 break
         # Unreachable: buffer it, with what the server needs to book it if
         # it no longer holds the reservation when it gets it.
@@ -284,7 +284,7 @@ class AsyncAdmissionClient:
                 raise ValueError(exc.details()) from None
             if code not in TRANSPORT_CODES:
                 raise
-            self._breaker.failed(code, "ReportLoad")
+            self._breaker.failed(exc, "ReportLoad")
             self.counters.report_load_failures += 1
             return None
         return ack

@@ -52,7 +52,7 @@ from typing import Any
 import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker
+from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker, unreachable
 from controlplane.sdk.counters import Counters
 from controlplane.sdk.entries import Entry, Key, Waiter
 from controlplane.sdk.model import (
@@ -348,17 +348,18 @@ class Batcher:
         ``batches``: the unanswered batches, for the error's field[index]."""
         if self._closing and isinstance(err, grpc.aio.AioRpcError):
             err = None if err.code() == grpc.StatusCode.CANCELLED else err
-        code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
-        if err is not None or lost:
-            self._counters.stream_failures += 1
-        if code is None or code in TRANSPORT_CODES:
-            if (err is not None or lost) and not self._closing:
-                self._breaker.trip(f"AdmitStream ended ({code.name if code else err!r})")
+        if err is None and not lost:
+            return  # ended with nothing owed (our close)
+        self._counters.stream_failures += 1
+        if unreachable(err):
+            if not self._closing:
+                why = err.code().name if isinstance(err, grpc.aio.AioRpcError) else repr(err)
+                self._breaker.trip(f"AdmitStream ended ({why})")
             for e in lost:
                 self._settle_offline(e)
             return
         assert isinstance(err, grpc.aio.AioRpcError)
-        log.warning("AdmitStream ended by the server: %s %s", code.name, err.details())
+        log.warning("AdmitStream ended by the server: %s %s", err.code().name, err.details())
         suspect = self._suspects.mark(batches or {}, err.details() or "", self._loop.time())
         if suspect is not None:
             log.warning("%s %r goes by unary Admit for a while", *suspect)
@@ -395,7 +396,7 @@ class Batcher:
             elif code in TRANSPORT_CODES or code in (
                 grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN
             ):  # fmt: skip
-                self._breaker.failed(code, "Admit")
+                self._breaker.failed(exc, "Admit")
                 self._settle_offline(e)
             else:  # UNAUTHENTICATED, PERMISSION_DENIED, ...: the caller's to see
                 e.settled = True

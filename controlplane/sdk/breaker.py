@@ -54,10 +54,27 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_MS),
 ]
 
-# Status codes that say the call did not reach a deciding server.
+# Status codes that say the call did not reach a deciding server...
 TRANSPORT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
+# ...unless the server itself answered so: burstgate's errors carry
+# google.rpc.Status details (UNAVAILABLE with reason LEDGER_UNAVAILABLE or
+# OVERLOADED: reachable, but not able to do this now), the transport's never.
+STATUS_DETAILS = "grpc-status-details-bin"
+
+
+def server_answered(exc: grpc.aio.AioRpcError) -> bool:
+    md = exc.trailing_metadata()
+    return md is not None and any(key == STATUS_DETAILS for key, _ in md)
+
+
+def unreachable(exc: BaseException | None) -> bool:
+    """A failed call (or stream end) that says the control plane was not
+    reached (None, or not a gRPC status: a stream that just ended)."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return True
+    return exc.code() in TRANSPORT_CODES and not server_answered(exc)
 
 
 class Breaker:
@@ -97,11 +114,15 @@ class Breaker:
     def connected(self) -> bool:
         return bool(self._channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY)
 
-    def failed(self, code: grpc.StatusCode, why: str) -> None:
-        """A unary call ended with ``code``: trip when that says the channel
-        failed (UNAVAILABLE; DEADLINE_EXCEEDED while not connected). A slow
-        answer on a connected channel (a metered Complete waiting for a slow
-        ledger write) is that call's failure alone."""
+    def failed(self, exc: grpc.aio.AioRpcError, why: str) -> None:
+        """A unary call failed: trip when that says the channel failed
+        (UNAVAILABLE from the transport; DEADLINE_EXCEEDED while not
+        connected). A slow answer on a connected channel (a metered Complete
+        waiting for a slow ledger write), or the server's own UNAVAILABLE, is
+        that call's failure alone."""
+        code = exc.code()
+        if not unreachable(exc):
+            return
         if code == grpc.StatusCode.UNAVAILABLE or (
             code == grpc.StatusCode.DEADLINE_EXCEEDED and not self.connected()
         ):

@@ -69,7 +69,7 @@ class LimitsCache:
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code in TRANSPORT_CODES:
-                self._breaker.failed(code, "GetLimits")
+                self._breaker.failed(exc, "GetLimits")
                 self._counters.limits_failures += 1
                 return None
             if code in _NONE_CODES:
