@@ -31,6 +31,7 @@ raises its ``grpc.aio.AioRpcError``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import OrderedDict
@@ -57,7 +58,7 @@ from controlplane.sdk.model import (
     buffered_completion,
     completion_of_response,
 )
-from controlplane.sdk.spool import CompletionSpool
+from controlplane.sdk.spool import CompletionSpool, offline_refused
 from controlplane.sdk.spoolfile import SpoolFile
 
 API_KEY_ENV = "BURSTGATE_API_KEY"
@@ -93,9 +94,14 @@ class AsyncAdmissionClient:
         fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
         spool_path: str | Path | None = None, spool_max: int = 100_000,
         limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
+        complete_deadline_s: float = 2.0,
     ) -> None:  # fmt: skip
-        """Create inside a running event loop (the channel is bound to it)."""
+        """Create inside a running event loop (the channel is bound to it).
+        ``complete_deadline_s``: Complete is off the request's critical path
+        and, with metering, answered once its ledger record is durable, so
+        it gets longer than ``deadline_s``; a Complete past it is buffered."""
         self.deadline_s = check_deadline("deadline_s", deadline_s)
+        self.complete_deadline_s = check_deadline("complete_deadline_s", complete_deadline_s)
         if not (batch_window_s >= 0 and batch_window_s < 1):
             raise ValueError(f"batch_window_s: must be >= 0 and < 1 s, got {batch_window_s}")
         if isinstance(batch_max, bool) or not 1 <= batch_max <= MAX_BATCH:
@@ -209,7 +215,10 @@ class AsyncAdmissionClient:
             req.kv_cache_miss_rate = kv_cache_miss_rate
             req.kv_cache_miss_rate_reported = True
         self.counters.completes += 1
-        return await self._complete_request(req, self._admitted.pop((tenant_id, request_id), None))
+        key = (tenant_id, request_id)
+        done = await self._complete_request(req, self._admitted.get(key))
+        self._admitted.pop(key, None)  # kept when the Complete raised: the caller may retry
+        return done
 
     async def _complete_request(self, req: pb.CompleteRequest, adm: Admitted | None) -> Completion:
         if adm is not None and adm.offline:
@@ -228,9 +237,9 @@ class AsyncAdmissionClient:
                 ):
                     _attach_offline(req, adm)  # the server forgot it: book what ran
                     continue
-                if code not in TRANSPORT_CODES:
+                if not (code in TRANSPORT_CODES or offline_refused(exc, req)):
                     raise
-                self._breaker.failed(code, "Complete")
+                self._breaker.failed(exc, "Complete")
                 break
         # Unreachable: buffer it, with what the server needs to book it if
         # it no longer holds the reservation when it gets it.
@@ -243,7 +252,7 @@ class AsyncAdmissionClient:
 
     async def _send_complete(self, req: pb.CompleteRequest) -> pb.CompleteResponse:
         resp: pb.CompleteResponse = await self._stub.Complete(
-            req, timeout=self.deadline_s, metadata=self._meta
+            req, timeout=self.complete_deadline_s, metadata=self._meta
         )
         return resp
 
@@ -263,6 +272,7 @@ class AsyncAdmissionClient:
         replaces this one: nothing is buffered)."""
         if not self._breaker.up:
             self.counters.report_load_failures += 1
+            await asyncio.sleep(0)  # fail fast, but yield (see Batcher.admit)
             return None
         try:
             ack: pb.LoadReportAck = await self._stub.ReportLoad(
@@ -274,7 +284,7 @@ class AsyncAdmissionClient:
                 raise ValueError(exc.details()) from None
             if code not in TRANSPORT_CODES:
                 raise
-            self._breaker.failed(code, "ReportLoad")
+            self._breaker.failed(exc, "ReportLoad")
             self.counters.report_load_failures += 1
             return None
         return ack
@@ -285,6 +295,7 @@ class AsyncAdmissionClient:
 
 def _attach_offline(req: pb.CompleteRequest, adm: Admitted) -> None:
     req.offline.CopyFrom(pb.OfflineAdmission(lane=adm.lane, model=adm.model, pool=adm.pool))
-    if adm.offline and not req.exec_start_unix_ns:
-        # When it ran, not when the server books it (possibly much later).
+    if not req.exec_start_unix_ns:
+        # When it ran (from its admission here), not when the server books
+        # it: possibly much later, and after the end the SDK recorded.
         req.exec_start_unix_ns = min(adm.at_ns, req.exec_end_unix_ns or adm.at_ns)

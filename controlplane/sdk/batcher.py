@@ -8,10 +8,15 @@ as the server's own margin for unary Admit), so a request the server holds
 in its queue (``queued[i]`` in the batch's first result) is answered by a
 later *release* result before the caller's deadline; the caller just awaits.
 
-The window is a timer on the event loop: on an idle loop it is rounded up to
-the loop's timer resolution (1 ms with epoll); under load, when the loop
-wakes for other I/O anyway, it is about ``window_s``. ``window_s=0`` sends
-what arrived in one loop iteration.
+Self-clocking, as Nagle's algorithm for TCP: an Admit that finds no batch
+awaiting its first result (and none waiting to be written) is sent at the
+end of the current loop iteration, with whatever else arrived in it, so a
+lone caller pays no window. While a batch is in flight, arrivals are held
+for at most ``window_s`` (or until ``batch_max``), and sent early when that
+batch's first result comes back: under load the batches grow to what
+arrives in one round trip, bounded by the window. The window is a loop
+timer: rounded up to the loop's timer resolution (1 ms for epoll and
+libuv) when nothing else wakes the loop. ``window_s=0`` never holds.
 
 Failures (see breaker.py for "unreachable"):
 
@@ -47,7 +52,7 @@ from typing import Any
 import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker
+from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker, unreachable
 from controlplane.sdk.counters import Counters
 from controlplane.sdk.entries import Entry, Key, Waiter
 from controlplane.sdk.model import (
@@ -112,7 +117,10 @@ class Batcher:
             self._counters.joined += 1
             e = joined
         elif not self._breaker.up:
-            return self._offline(e)  # known down: fail fast
+            # Known down: fail fast, but yield once, so a caller that loops
+            # on admit cannot starve the loop (and the probe that ends this).
+            await asyncio.sleep(0)
+            return self._offline(e)
         else:
             self._inflight[e.key] = e
             self._enqueue(e)
@@ -185,9 +193,15 @@ class Batcher:
         elif self._flush_handle is None:
             self._flush_handle = (
                 self._loop.call_later(self._window_s, self._flush)
-                if self._window_s > 0
+                if self._window_s > 0 and not self._idle()
                 else self._loop.call_soon(self._flush)
             )
+
+    def _idle(self) -> bool:
+        """No batch awaits its first result and none waits to be written:
+        holding an entry for the window would only add latency."""
+        st = self._stream
+        return not self._outbox and (st is None or st.ended or st.unacked == 0)
 
     def _flush(self) -> None:
         if self._flush_handle is not None:
@@ -268,6 +282,7 @@ class Batcher:
             self._on_lost(group, st.error, {bid: group})
             return
         st.batches[bid] = group
+        st.unacked += 1
         self._counters.batches += 1
         self._counters.streamed += len(group)
         try:
@@ -322,6 +337,8 @@ class Batcher:
         if not res.entry:
             self._reopen_failures = 0  # a first result: this stream works
         self._counters.queued += st.dispatch(res, self._settle, self._loop.time())
+        if self._pending and self._idle() and isinstance(self._flush_handle, asyncio.TimerHandle):
+            self._flush()  # the last batch is answered: send what waits now (as Nagle's)
 
     def _on_lost(
         self, lost: list[Entry], err: BaseException | None,
@@ -331,17 +348,18 @@ class Batcher:
         ``batches``: the unanswered batches, for the error's field[index]."""
         if self._closing and isinstance(err, grpc.aio.AioRpcError):
             err = None if err.code() == grpc.StatusCode.CANCELLED else err
-        code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
-        if err is not None or lost:
-            self._counters.stream_failures += 1
-        if code is None or code in TRANSPORT_CODES:
-            if (err is not None or lost) and not self._closing:
-                self._breaker.trip(f"AdmitStream ended ({code.name if code else err!r})")
+        if err is None and not lost:
+            return  # ended with nothing owed (our close)
+        self._counters.stream_failures += 1
+        if unreachable(err):
+            if not self._closing:
+                why = err.code().name if isinstance(err, grpc.aio.AioRpcError) else repr(err)
+                self._breaker.trip(f"AdmitStream ended ({why})")
             for e in lost:
                 self._settle_offline(e)
             return
         assert isinstance(err, grpc.aio.AioRpcError)
-        log.warning("AdmitStream ended by the server: %s %s", code.name, err.details())
+        log.warning("AdmitStream ended by the server: %s %s", err.code().name, err.details())
         suspect = self._suspects.mark(batches or {}, err.details() or "", self._loop.time())
         if suspect is not None:
             log.warning("%s %r goes by unary Admit for a while", *suspect)
@@ -378,7 +396,7 @@ class Batcher:
             elif code in TRANSPORT_CODES or code in (
                 grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN
             ):  # fmt: skip
-                self._breaker.failed(code, "Admit")
+                self._breaker.failed(exc, "Admit")
                 self._settle_offline(e)
             else:  # UNAUTHENTICATED, PERMISSION_DENIED, ...: the caller's to see
                 e.settled = True

@@ -1,12 +1,12 @@
 """Is the control plane reachable? A circuit breaker over one gRPC channel.
 
-*Unreachable* means the channel fails: a call ends UNAVAILABLE or
-DEADLINE_EXCEEDED (an Admit is answered before its deadline when the server
-works: QUEUE_TIMEOUT comes a margin early, and a batch's first result comes
-at once), an AdmitStream breaks or leaves a batch unanswered past an
-entry's deadline (a server or network that went silent: the connection
-may look READY for the keepalive's 15 s), or the short connect check before
-opening a stream fails.
+*Unreachable* means the channel fails: a call ends UNAVAILABLE, or
+DEADLINE_EXCEEDED while the channel is not connected; an AdmitStream breaks
+or leaves a batch without its first result past an entry's deadline (that
+result comes at once from a working server, so this is a server or network
+gone silent, whose connection may look READY for the keepalive's 15 s); or
+the short connect check before opening a stream fails. A unary call that is
+merely slow on a connected channel fails alone (its Complete is buffered).
 
 When it trips, the breaker remembers "down" and every call fails fast (the
 FailPolicy, a buffered Complete) without touching the network, so a down
@@ -54,10 +54,27 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_MS),
 ]
 
-# Status codes that say the call did not reach a deciding server.
+# Status codes that say the call did not reach a deciding server...
 TRANSPORT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
+# ...unless the server itself answered so: burstgate's errors carry
+# google.rpc.Status details (UNAVAILABLE with reason LEDGER_UNAVAILABLE or
+# OVERLOADED: reachable, but not able to do this now), the transport's never.
+STATUS_DETAILS = "grpc-status-details-bin"
+
+
+def server_answered(exc: grpc.aio.AioRpcError) -> bool:
+    md = exc.trailing_metadata()
+    return md is not None and any(key == STATUS_DETAILS for key, _ in md)
+
+
+def unreachable(exc: BaseException | None) -> bool:
+    """A failed call (or stream end) that says the control plane was not
+    reached (None, or not a gRPC status: a stream that just ended)."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return True
+    return exc.code() in TRANSPORT_CODES and not server_answered(exc)
 
 
 class Breaker:
@@ -94,10 +111,21 @@ class Breaker:
         log.warning("burstgate control plane unreachable (%s); failing fast until it is back", why)
         self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
-    def failed(self, code: grpc.StatusCode, why: str) -> None:
-        """A call ended with ``code``: trip when that says the control plane
-        did not answer (UNAVAILABLE, DEADLINE_EXCEEDED)."""
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    def connected(self) -> bool:
+        return bool(self._channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY)
+
+    def failed(self, exc: grpc.aio.AioRpcError, why: str) -> None:
+        """A unary call failed: trip when that says the channel failed
+        (UNAVAILABLE from the transport; DEADLINE_EXCEEDED while not
+        connected). A slow answer on a connected channel (a metered Complete
+        waiting for a slow ledger write), or the server's own UNAVAILABLE, is
+        that call's failure alone."""
+        code = exc.code()
+        if not unreachable(exc):
+            return
+        if code == grpc.StatusCode.UNAVAILABLE or (
+            code == grpc.StatusCode.DEADLINE_EXCEEDED and not self.connected()
+        ):
             self.trip(f"{why}: {code.name}")
 
     def retry_hint_ms(self) -> int:

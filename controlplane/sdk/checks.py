@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from controlplane.domain import MAX_ID_LEN, MAX_MODEL_LEN, MAX_TOKENS_PER_FIELD
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.validate import (
     MAX_LANE_NAME,
@@ -47,10 +48,31 @@ def check_deadline(name: str, value: float) -> float:
     return float(value)
 
 
+def _fine_id(value: object, max_len: int) -> bool:
+    return type(value) is str and 0 < len(value) <= max_len and value.isprintable()
+
+
+def _fine_name(value: object, max_len: int) -> bool:
+    return type(value) is str and len(value) <= max_len and (not value or value.isprintable())
+
+
+def _fine_tokens(value: object) -> bool:
+    return type(value) is int and 0 <= value <= MAX_TOKENS_PER_FIELD
+
+
 def check_admit_args(
     tenant_id: str, request_id: str, prompt_tokens: int, max_tokens: int,
     lane: str, model: str, pool: str,
 ) -> None:  # fmt: skip
+    # The common case in one expression; the precise check (and its message)
+    # only when something is off.
+    if (
+        _fine_tokens(prompt_tokens) and _fine_tokens(max_tokens)
+        and _fine_id(tenant_id, MAX_ID_LEN) and _fine_id(request_id, MAX_ID_LEN)
+        and _fine_name(lane, MAX_LANE_NAME) and _fine_name(model, MAX_MODEL_LEN)
+        and _fine_name(pool, MAX_POOL_LEN)
+    ):  # fmt: skip
+        return
     try:
         check_id("tenant_id", _str("tenant_id", tenant_id))
         check_id("request_id", _str("request_id", request_id))

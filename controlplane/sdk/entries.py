@@ -50,7 +50,10 @@ class Entry:
 
     def live(self) -> bool:
         """Some caller still waits for this entry's answer."""
-        return any(not w.future.done() for w in self.waiters)
+        for w in self.waiters:  # noqa: SIM110 - on the hot path: no generator
+            if not w.future.done():
+                return True
+        return False
 
     def tell(self, admission: Admission) -> None:
         """Answer every caller still waiting."""

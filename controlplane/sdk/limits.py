@@ -42,6 +42,7 @@ class LimitsCache:
             return hit[1]
         if not self._breaker.up:
             self._counters.limits_failures += 1
+            await asyncio.sleep(0)  # fail fast, but yield (see Batcher.admit)
             return None
         call = self._calls.get(tenant_id)
         if call is None:
@@ -68,7 +69,7 @@ class LimitsCache:
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code in TRANSPORT_CODES:
-                self._breaker.failed(code, "GetLimits")
+                self._breaker.failed(exc, "GetLimits")
                 self._counters.limits_failures += 1
                 return None
             if code in _NONE_CODES:

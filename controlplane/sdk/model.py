@@ -8,6 +8,7 @@ control plane is unreachable (FailPolicy).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -138,28 +139,42 @@ def admission_of_response(resp: pb.AdmitResponse) -> Admission:
     )  # fmt: skip
 
 
-def _col(column: object, k: int, default: int | bool) -> int | bool:
-    """Column ``k`` of a result, ``default`` when the server left the column
-    empty (retryable, queued, queue_wait_ms are empty when they do not apply)."""
-    seq = column  # a protobuf repeated field
-    return seq[k] if k < len(seq) else default  # type: ignore[index,arg-type]
+def _column(column: Sequence[int], n: int, default: int) -> list[int]:
+    """A result's column as a list of ``n``, ``default`` where the server
+    left it short (retryable, queued, queue_wait_ms are empty where they do
+    not apply). One conversion per result: indexing a protobuf repeated
+    field per element costs several times a list index."""
+    out = list(column)
+    return out if len(out) >= n else out + [default] * (n - len(out))
 
 
-def admission_of_column(res: pb.AdmitBatchResult, k: int, request_id: str) -> Admission:
-    """Column ``k`` of an AdmitBatchResult (a first result or a release);
-    the batch-wide degradation instructions apply when ``degraded[k]``."""
-    degraded = bool(_col(res.degraded, k, False))
-    return _admission(
-        request_id, int(res.decision[k]), int(res.reason[k]),
-        retry_after_ms=int(_col(res.retry_after_ms, k, 0)),
-        retryable=bool(_col(res.retryable, k, False)),
-        granted=int(_col(res.granted_max_tokens, k, 0)),
-        reservation_id=int(_col(res.reservation_id, k, 0)),
-        degradation=res.degradation if degraded and res.HasField("degradation") else None,
-        multiplier=res.pricing_multiplier, bucket=int(_col(res.bucket_remaining, k, 0)),
-        hourly=int(_col(res.hourly_remaining, k, -1)), daily=int(_col(res.daily_remaining, k, -1)),
-        queue_wait_ms=int(_col(res.queue_wait_ms, k, 0)),
-    )  # fmt: skip
+def admissions_of_result(
+    res: pb.AdmitBatchResult, columns: Sequence[int], request_ids: Sequence[str]
+) -> list[Admission]:
+    """Columns ``columns`` of an AdmitBatchResult (a first result or a
+    release), for the requests ``request_ids`` (one per column listed). The
+    batch-wide degradation instructions apply where ``degraded[k]``."""
+    n = len(res.decision)
+    decision, reason = list(res.decision), _column(res.reason, n, 0)
+    retry, retryable = _column(res.retry_after_ms, n, 0), _column(res.retryable, n, 0)
+    granted, rid = _column(res.granted_max_tokens, n, 0), _column(res.reservation_id, n, 0)
+    bucket = _column(res.bucket_remaining, n, 0)
+    hourly, daily = _column(res.hourly_remaining, n, -1), _column(res.daily_remaining, n, -1)
+    degraded, waited = _column(res.degraded, n, 0), _column(res.queue_wait_ms, n, 0)
+    g = res.degradation if res.HasField("degradation") and res.degradation.active else None
+    cap, fallback = (g.max_tokens_cap, g.fallback_model) if g is not None else (0, "")
+    multiplier, admit = res.pricing_multiplier, pb.DECISION_ADMIT
+    out = []
+    for k, request_id in zip(columns, request_ids, strict=True):
+        name = REASON_NAMES.get(reason[k]) or ("" if not reason[k] else f"reason_{reason[k]}")
+        d = g is not None and bool(degraded[k])
+        a = Admission(
+            request_id, decision[k] == admit, name, retry[k], bool(retryable[k]), granted[k],
+            rid[k], d, cap if d else 0, fallback if d else "", multiplier, bucket[k],
+            hourly[k], daily[k], waited[k], False, name in QUOTA_REASONS,
+        )  # fmt: skip
+        out.append(a)
+    return out
 
 
 def offline_admission(

@@ -19,7 +19,7 @@ from typing import Any
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.sdk.entries import Entry
-from controlplane.sdk.model import Admission, admission_of_column
+from controlplane.sdk.model import Admission, admissions_of_result
 
 log = logging.getLogger("burstgate.sdk")
 
@@ -29,6 +29,7 @@ class Session:
     call: Any  # grpc.aio.StreamStreamCall
     batches: dict[int, list[Entry]] = field(default_factory=dict)
     owed: dict[int, int] = field(default_factory=dict)  # batch_id -> releases owed
+    unacked: int = 0  # batches written whose first result has not come
     ended: bool = False
     error: BaseException | None = None  # why it ended (None: it just ended)
     reader: asyncio.Task[None] | None = None
@@ -44,20 +45,25 @@ class Session:
             log.warning("AdmitStream result for unknown batch %d ignored", bid)
             return 0
         queued_now = 0
-        if not res.entry:  # the batch's first result
-            queued = res.queued
+        if not res.entry:  # the batch's first result: column k answers entry k
+            self.unacked = max(0, self.unacked - 1)
+            queued = list(res.queued)
+            columns = []
             for k, e in enumerate(group):
                 if k < len(queued) and queued[k]:
                     e.queued, e.queued_at = True, now
                     queued_now += 1
                 else:
-                    settle(e, admission_of_column(res, k, e.request_id))
+                    columns.append(k)
+            entries = columns
             owed = queued_now
         else:  # a release: column k answers entry[k]
-            for k, i in enumerate(res.entry):
-                if i < len(group):
-                    settle(group[i], admission_of_column(res, k, group[i].request_id))
+            pairs = [(k, i) for k, i in enumerate(res.entry) if i < len(group)]
+            columns, entries = [k for k, _ in pairs], [i for _, i in pairs]
             owed = self.owed.get(bid, 0) - len(res.entry)
+        answers = admissions_of_result(res, columns, [group[i].request_id for i in entries])
+        for i, a in zip(entries, answers, strict=True):
+            settle(group[i], a)
         if owed > 0:
             self.owed[bid] = owed
         else:
@@ -71,4 +77,5 @@ class Session:
         self.ended, self.error = True, err
         left, self.batches = self.batches, {}
         self.owed.clear()
+        self.unacked = 0
         return left

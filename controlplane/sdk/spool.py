@@ -23,7 +23,9 @@ ends the round (the breaker trips; the next round starts when it closes, or
 after a backoff with full jitter when the failure was not the channel's).
 Answers that retrying cannot change (NOT_FOUND, FAILED_PRECONDITION,
 INVALID_ARGUMENT) remove the Complete with an error line in the log and
-``completes_undeliverable`` counted; anything else is retried.
+``completes_undeliverable`` counted (see OFFLINE_RETRIES for the one
+exception); anything else is retried. An UNAVAILABLE the server itself sent
+(LEDGER_UNAVAILABLE, OVERLOADED) is retried without tripping the breaker.
 """
 
 from __future__ import annotations
@@ -54,7 +56,19 @@ FINAL_CODES = frozenset(
     }
 )
 
+# A Complete carrying ``offline`` that the server answers FAILED_PRECONDITION
+# ("the request was refused"): the server still remembers a refusal of this
+# id (a late answer the caller never saw, when its lane failed open), which
+# it does for at most its rejection-replay time (1 s by default); after that
+# it books the request. So it is retried, this many times, before it is
+# given up like any final answer.
+OFFLINE_RETRIES = 5
+
 Send = Callable[[pb.CompleteRequest], Awaitable[pb.CompleteResponse]]
+
+
+def offline_refused(exc: grpc.aio.AioRpcError, req: pb.CompleteRequest) -> bool:
+    return exc.code() == grpc.StatusCode.FAILED_PRECONDITION and req.HasField("offline")
 
 
 class CompletionSpool:
@@ -66,6 +80,7 @@ class CompletionSpool:
         self._max, self._file = max_items, file
         self._rng = rng or random.Random()
         self._items: dict[Key, pb.CompleteRequest] = {}
+        self._refusals: dict[Key, int] = {}  # offline_refused answers so far
         self._wake = asyncio.Event()
         self._emptied = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -111,6 +126,8 @@ class CompletionSpool:
         if self._file is not None:
             with contextlib.suppress(OSError):  # logged by the file; it stays in memory
                 await self._file.add(req)
+        else:
+            await asyncio.sleep(0)  # as every fail-fast path: never an await that never yields
         self.kick()
         return True
 
@@ -168,8 +185,11 @@ class CompletionSpool:
             await self._send(req)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-            if code not in FINAL_CODES:
-                self._breaker.failed(code, "Complete (spooled)")
+            refused = offline_refused(exc, req)
+            if refused:
+                self._refusals[key] = self._refusals.get(key, 0) + 1
+            if code not in FINAL_CODES or (refused and self._refusals[key] <= OFFLINE_RETRIES):
+                self._breaker.failed(exc, "Complete (spooled)")
                 log.info("completion spool: delivery failed (%s), will retry", code.name)
                 return False
             self._counters.completes_undeliverable += 1
@@ -183,6 +203,7 @@ class CompletionSpool:
         return True
 
     def _remove(self, key: Key) -> None:
+        self._refusals.pop(key, None)
         if self._items.pop(key, None) is not None and self._file is not None:
             self._file.done(key)
         if not self._items:

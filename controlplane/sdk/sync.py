@@ -116,7 +116,7 @@ class AdmissionClient:
             exec_start_unix_ns=exec_start_unix_ns, exec_end_unix_ns=exec_end_unix_ns,
             kv_cache_miss_rate=kv_cache_miss_rate,
         )  # fmt: skip
-        return self._run(coro, self._client.deadline_s + SLACK_S)
+        return self._run(coro, self._client.complete_deadline_s + SLACK_S)
 
     def report_load(self, report: pb.LoadReport) -> pb.LoadReportAck | None:
         return self._run(self._client.report_load(report), self._client.deadline_s + SLACK_S)

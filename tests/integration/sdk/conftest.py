@@ -4,8 +4,9 @@ TCP proxy in front of it that a test can cut to make it unreachable."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -94,3 +95,20 @@ def plane_factory(migrated_url: str, tmp_path: Path) -> Iterator[Any]:
 def plane(plane_factory: Any) -> Plane:
     p: Plane = plane_factory()
     return p
+
+
+async def until(predicate: Callable[[], Any], what: str, timeout_s: float = 20.0) -> None:
+    """Await ``predicate()`` turning true (state another task changes),
+    bounded generously; an AssertionError says what was waited for."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+# The deadline of clients whose test is not about deadlines: these machines
+# are shared and slow, and a missed 250 ms default would turn into the
+# FailPolicy's answer, which such a test does not expect.
+SLOW_OK = 10.0

@@ -17,8 +17,8 @@ from controlplane.sdk.entries import Entry, Waiter
 from controlplane.sdk.model import (
     REASON_NAMES,
     Admission,
-    admission_of_column,
     admission_of_response,
+    admissions_of_result,
     offline_admission,
 )
 from controlplane.sdk.session import Session
@@ -63,7 +63,7 @@ def test_batch_columns_with_degradation_only_where_degraded() -> None:
         degradation=pb.Degradation(active=True, max_tokens_cap=5, fallback_model="small"),
         pricing_multiplier="1.000000",
     )  # fmt: skip
-    a0, a1 = (admission_of_column(res, k, f"r{k}") for k in range(2))
+    a0, a1 = admissions_of_result(res, [0, 1], ["r0", "r1"])
     assert a0.admitted and not a0.degraded and a0.max_tokens_cap == 0 and a0.fallback_model == ""
     assert a1.degraded and a1.max_tokens_cap == 5 and a1.fallback_model == "small"
     assert (a0.reservation_id, a1.granted_max_tokens) == (11, 5)

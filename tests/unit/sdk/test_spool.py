@@ -30,9 +30,9 @@ class FakeBreaker:
     def on_up(self, fn: Callable[[], None]) -> None:
         self.listeners.append(fn)
 
-    def failed(self, code: grpc.StatusCode, why: str) -> None:
-        self.failures.append(code)
-        if code == grpc.StatusCode.UNAVAILABLE:
+    def failed(self, exc: grpc.aio.AioRpcError, why: str) -> None:
+        self.failures.append(exc.code())
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
             self.up = False
 
     def close(self) -> None:
