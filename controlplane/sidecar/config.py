@@ -116,10 +116,12 @@ class SidecarConfig(_Strict):
     control_plane_api_key: str | None = None  # None: $BURSTGATE_API_KEY
     spool_path: Path | None = None  # buffered Completes on disk while it is unreachable
 
-    # Who and where. The API key map wins over the header, which is only
-    # for a trusted gateway in front (set tenant_header: null to ignore it).
+    # Who and where. The API key map wins over the tenant header, which is
+    # off by default: whoever can send it picks the tenant that is billed,
+    # so it is for a trusted gateway in front that sets it (and strips the
+    # clients' own), e.g. tenant_header: x-burstgate-tenant.
     api_keys: dict[str, str] = {}
-    tenant_header: str | None = "x-burstgate-tenant"
+    tenant_header: str | None = None
     default_tenant: str | None = None  # neither key nor header: this tenant, else 401
     lane_header: str | None = "x-burstgate-lane"
     tenant_lanes: dict[str, str] = {}  # tenant -> its default lane (else the server's)

@@ -221,7 +221,7 @@ def test_an_engine_that_is_down_gives_502_and_a_settlement_of_nothing_generated(
 
 def test_who_the_request_is_for_and_bad_requests() -> None:
     async def main() -> None:
-        async with rig(default_tenant=None) as r:
+        async with rig(default_tenant=None, tenant_header="x-burstgate-tenant") as r:
             nobody = await r.http.post(r.url + "/v1/chat/completions", json=CHAT)
             assert nobody.status == 401
             assert (await nobody.json())["error"]["code"] == "invalid_api_key"
@@ -312,5 +312,15 @@ def test_shutdown_drains_a_stream_in_flight() -> None:
                 raise AssertionError("a stopped sidecar answered")
             except aiohttp.ClientConnectionError:
                 pass
+
+    run(main)
+
+
+def test_the_tenant_header_is_ignored_unless_configured() -> None:
+    async def main() -> None:
+        async with rig(default_tenant=None) as r:
+            claimed = await r.http.post(r.url + "/v1/chat/completions", json=CHAT,
+                                        headers={"x-burstgate-tenant": "acme"})  # fmt: skip
+            assert claimed.status == 401 and r.admitter.admits == []
 
     run(main)

@@ -24,7 +24,8 @@ def test_flags_alone_and_the_defaults() -> None:
     assert cfg.lane("premium").max_wait_ms == 750
     assert cfg.lane("standard").fail_policy is FailPolicyName.CLOSED
     assert cfg.lane("no-such-lane") == cfg.default_lane
-    assert cfg.tenant_header == "x-burstgate-tenant" and cfg.pool == "default"
+    assert cfg.tenant_header is None and cfg.pool == "default"  # off unless configured
+    assert cfg.lane_header == "x-burstgate-lane"
 
 
 def test_the_file_then_the_flags_over_it(tmp_path: Path) -> None:
