@@ -1,8 +1,12 @@
 """The latency the HTTP sidecar adds (issue 15): the same requests sent
 straight to a fake engine and through the sidecar in front of it, in the
-same run, open loop at ``--rate`` requests/s, alternating between the two
-paths every ``--slice`` seconds (so the engine sees the same rate
-throughout, and each path gets half of the measured time).
+same run, twice:
+
+1. one at a time (closed loop, ``--sequential`` requests, alternating
+   paths): what a request pays with no queueing anywhere;
+2. open loop at ``--rate`` requests/s, alternating between the two paths
+   every ``--slice`` seconds (so the engine sees the same rate throughout,
+   and each path gets half of the measured time).
 
     .venv/bin/python bench/bench_sidecar.py [--rate 500] [--seconds 60] [--admitter sdk|stub]
 
@@ -16,8 +20,9 @@ see the proxy's own share. The load generator is this process (uvloop,
 aiohttp, keep-alive connections). Each request: a short chat prompt, 8
 output tokens, not streamed (``--stream`` streams them). The first
 ``--warmup`` seconds are not counted. Added latency = through the sidecar
-minus straight, per percentile; CPU = the sidecar process's user + system
-time over the run.
+minus straight, per percentile. CPU per request = the sidecar process's
+user + system time over the open-loop run divided by the requests it
+served (its load reports included).
 """
 
 from __future__ import annotations
@@ -87,6 +92,35 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(len(s) * p / 100))] if s else float("nan")
 
 
+async def sequential(direct: str, sidecar: str, n: int, stream: bool) -> dict[str, list[float]]:
+    """``n`` requests one at a time, alternating paths (after 200 to warm up)."""
+    body: dict[str, Any] = {"model": "fake-llama", "max_tokens": 8, "stream": stream,
+                            "messages": [{"role": "user", "content": "a short prompt"}]}
+    lat: dict[str, list[float]] = {"direct": [], "sidecar": []}
+    async with aiohttp.ClientSession() as http:
+        for i in range(n + 200):
+            name, url = ("sidecar", sidecar) if i % 2 else ("direct", direct)
+            t0 = time.perf_counter()
+            async with http.post(url, json=body, headers={"authorization": "Bearer sk-bench"}) as r:
+                await r.read()
+                assert r.status == 200, r.status
+            if i >= 200:
+                lat[name].append((time.perf_counter() - t0) * 1000)
+    return lat
+
+
+def table(lat: dict[str, list[float]]) -> None:
+    print("| path | requests | p50 ms | p90 ms | p99 ms | max ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in ("direct", "sidecar"):
+        v = lat[name]
+        print(f"| {name} | {len(v):,} | {pct(v, 50):.2f} | {pct(v, 90):.2f} | {pct(v, 99):.2f} "
+              f"| {max(v):.2f} |")  # fmt: skip
+    d, s = lat["direct"], lat["sidecar"]
+    print(f"| **added** | | {pct(s, 50) - pct(d, 50):.2f} | {pct(s, 90) - pct(d, 90):.2f} | "
+          f"{pct(s, 99) - pct(d, 99):.2f} | |")  # fmt: skip
+
+
 async def send(
     direct: str, sidecar: str, *, rate: float, seconds: float, warmup: float, stream: bool,
     slice_s: float,
@@ -138,6 +172,7 @@ def main() -> None:
     ap.add_argument("--slice", type=float, default=1.0, help="s to one path, then the other")
     ap.add_argument("--admitter", choices=["sdk", "stub"], default="sdk")
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--sequential", type=int, default=2000, help="closed-loop requests")
     args = ap.parse_args()
     procs: list[subprocess.Popen[bytes]] = []
     tmp = tempfile.TemporaryDirectory()
@@ -165,11 +200,13 @@ def main() -> None:
         wait_port(sp, sidecar, "sidecar")
         import uvloop
 
+        direct, through = (f"{upstream}/v1/chat/completions",
+                           f"http://127.0.0.1:{sp}/v1/chat/completions")  # fmt: skip
+        one_by_one = uvloop.run(sequential(direct, through, args.sequential, args.stream))
         cpu0 = cpu_s(sidecar.pid)
         lat, errors = uvloop.run(send(
-            f"{upstream}/v1/chat/completions", f"http://127.0.0.1:{sp}/v1/chat/completions",
-            rate=args.rate, seconds=args.seconds, warmup=args.warmup, stream=args.stream,
-            slice_s=args.slice,
+            direct, through, rate=args.rate, seconds=args.seconds, warmup=args.warmup,
+            stream=args.stream, slice_s=args.slice,
         ))  # fmt: skip
         cpu = cpu_s(sidecar.pid) - cpu0
     finally:
@@ -178,21 +215,16 @@ def main() -> None:
             p.wait(timeout=60)
         tmp.cleanup()
     kind = "streamed" if args.stream else "not streamed"
-    print(f"{args.rate:g} req/s, paths alternating every {args.slice:g} s, {args.seconds:g} s "
-          f"measured (+{args.warmup:g} s warm-up), admitter {args.admitter}, {kind}, "
-          f"{os.cpu_count()} CPUs, errors {errors}\n")
-    print("| path | requests | p50 ms | p90 ms | p99 ms | max ms |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name in ("direct", "sidecar"):
-        v = lat[name]
-        print(f"| {name} | {len(v):,} | {pct(v, 50):.2f} | {pct(v, 90):.2f} | {pct(v, 99):.2f} "
-              f"| {max(v):.2f} |")  # fmt: skip
-    d, s = lat["direct"], lat["sidecar"]
-    print(f"| **added** | | {pct(s, 50) - pct(d, 50):.2f} | {pct(s, 90) - pct(d, 90):.2f} | "
-          f"{pct(s, 99) - pct(d, 99):.2f} | |")  # fmt: skip
-    total = args.seconds + args.warmup
-    print(f"\nsidecar process CPU: {cpu:.1f} s over {total:.0f} s, busy half of it "
-          f"({cpu / total * 200:.0f} % of a core while it serves)")
+    print(f"admitter {args.admitter}, {kind}, {os.cpu_count()} CPUs, load average at the end "
+          f"{Path('/proc/loadavg').read_text().split()[0]}\n")
+    print(f"One at a time ({args.sequential:,} requests, alternating):\n")
+    table(one_by_one)
+    print(f"\nOpen loop, {args.rate:g} req/s, paths alternating every {args.slice:g} s, "
+          f"{args.seconds:g} s measured (+{args.warmup:g} s warm-up), errors {errors}:\n")
+    table(lat)
+    served = len(lat["sidecar"]) + errors
+    print(f"\nsidecar process CPU: {cpu:.1f} s, {cpu / max(1, served) * 1000:.2f} ms per request "
+          f"it served ({served:,})")
 
 
 if __name__ == "__main__":
