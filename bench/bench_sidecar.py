@@ -115,7 +115,7 @@ def table(lat: dict[str, list[float]]) -> None:
     for name in ("direct", "sidecar"):
         v = lat[name]
         print(f"| {name} | {len(v):,} | {pct(v, 50):.2f} | {pct(v, 90):.2f} | {pct(v, 99):.2f} "
-              f"| {max(v):.2f} |")  # fmt: skip
+              f"| {max(v, default=float('nan')):.2f} |")  # fmt: skip
     d, s = lat["direct"], lat["sidecar"]
     print(f"| **added** | | {pct(s, 50) - pct(d, 50):.2f} | {pct(s, 90) - pct(d, 90):.2f} | "
           f"{pct(s, 99) - pct(d, 99):.2f} | |")  # fmt: skip
@@ -202,7 +202,9 @@ def main() -> None:
 
         direct, through = (f"{upstream}/v1/chat/completions",
                            f"http://127.0.0.1:{sp}/v1/chat/completions")  # fmt: skip
-        one_by_one = uvloop.run(sequential(direct, through, args.sequential, args.stream))
+        one_by_one: dict[str, list[float]] = {"direct": [], "sidecar": []}
+        if args.sequential:
+            one_by_one = uvloop.run(sequential(direct, through, args.sequential, args.stream))
         cpu0 = cpu_s(sidecar.pid)
         lat, errors = uvloop.run(send(
             direct, through, rate=args.rate, seconds=args.seconds, warmup=args.warmup,
@@ -217,8 +219,9 @@ def main() -> None:
     kind = "streamed" if args.stream else "not streamed"
     print(f"admitter {args.admitter}, {kind}, {os.cpu_count()} CPUs, load average at the end "
           f"{Path('/proc/loadavg').read_text().split()[0]}\n")
-    print(f"One at a time ({args.sequential:,} requests, alternating):\n")
-    table(one_by_one)
+    if args.sequential:
+        print(f"One at a time ({args.sequential:,} requests, alternating):\n")
+        table(one_by_one)
     print(f"\nOpen loop, {args.rate:g} req/s, paths alternating every {args.slice:g} s, "
           f"{args.seconds:g} s measured (+{args.warmup:g} s warm-up), errors {errors}:\n")
     table(lat)
