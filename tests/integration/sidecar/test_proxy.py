@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.fakeengine import FakeEngine
@@ -322,5 +323,56 @@ def test_the_tenant_header_is_ignored_unless_configured() -> None:
             claimed = await r.http.post(r.url + "/v1/chat/completions", json=CHAT,
                                         headers={"x-burstgate-tenant": "acme"})  # fmt: skip
             assert claimed.status == 401 and r.admitter.admits == []
+
+    run(main)
+
+
+def test_an_engine_stream_that_breaks_is_settled_with_what_it_carried() -> None:
+    """An engine that dies mid-stream: the client's stream breaks too (it
+    must not look complete), and the request is settled with the chunks
+    that came."""
+
+    async def broken(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for word in (" the", " gate", " holds"):
+            chunk = {"choices": [{"index": 0, "delta": {"content": word}}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()  # no terminating chunk, no [DONE]
+        return resp
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", broken)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        admitter = FakeAdmitter()
+        sidecar = Sidecar(load(upstream=f"http://127.0.0.1:{port}", control_plane="x:1", port=0,
+                               default_tenant="acme", metrics={"enabled": False}), admitter)
+        await sidecar.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                resp = await http.post(f"http://127.0.0.1:{sidecar.port}/v1/chat/completions",
+                                       json={**CHAT, "stream": True, "max_tokens": 50})
+                assert resp.status == 200
+                try:
+                    body = await resp.read()
+                    raise AssertionError(f"the broken stream looked complete: {body!r}")
+                except aiohttp.ClientPayloadError:
+                    pass
+            deadline = time.monotonic() + 10
+            while not admitter.completes:
+                assert time.monotonic() < deadline, "not settled"
+                await asyncio.sleep(0.01)
+            (done,) = admitter.completes
+            assert done.kw["generated_tokens"] == 3 and done.kw["prompt_tokens"] == 12
+        finally:
+            await sidecar.stop()
+            await runner.cleanup()
 
     run(main)
