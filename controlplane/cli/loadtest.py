@@ -119,6 +119,20 @@ def loadtest(
         float, typer.Option(min=0.01, help="--stream: how long a batch collects Admits.")
     ] = 0.5,
     batch_max: Annotated[int, typer.Option(min=1, help="--stream: most Admits a batch.")] = 100,
+    via_sidecar: Annotated[
+        bool,
+        typer.Option(help="Send the load as OpenAI HTTP requests through a sidecar: with "
+                     "--local one started in front of the fake engine, else --sidecar-url."),
+    ] = False,
+    sidecar_url: Annotated[
+        str, typer.Option(help="--via-sidecar: the sidecar (with tenant_header set).")
+    ] = "http://127.0.0.1:8080",
+    model: Annotated[str, typer.Option(help="--via-sidecar: the model asked for.")] = (
+        "fake-llama"
+    ),
+    engine_speed: Annotated[
+        float, typer.Option(min=0.001, help="--local: the fake engine's speed (model/wall).")
+    ] = 1.0,
     local: LocalOpt = False,
     as_json: ReportJsonOpt = False,
     html: HtmlOpt = None,
@@ -130,7 +144,10 @@ def loadtest(
 
     Every admitted request is Completed after a simulated service time, so
     reservations are refunded as in production. Loopback targets only; the
-    run stops by itself after its profile."""
+    run stops by itself after its profile.
+
+    --via-sidecar sends HTTP through a burstgate sidecar instead (latency =
+    time to the answer's headers; docs/sidecar.md)."""
     from controlplane.loadtest import profile as prof
     from controlplane.loadtest.run import RetryPolicy
     from controlplane.sim.harness import DEFAULT_SLO_S
@@ -154,11 +171,15 @@ def loadtest(
                              uniform=uniform)  # fmt: skip
     except ValueError as exc:
         fail(str(exc))
+    if via_sidecar and (stream or retries):
+        fail("--via-sidecar: the sidecar admits; --stream and --retries are for gRPC load")
     options = {"profile": profile.value, "base": base, "peak": peak, "pulse_s": pulse_s,
                "cycle_s": cycle_s, "total_s": phases[-1].end_s, "seed": seed,
                "uniform": uniform, "service_scale": service_scale, "retries": retries,
-               "mode": f"stream (window {batch_window_ms:g} ms, max {batch_max})" if stream
+               "mode": "http via sidecar" if via_sidecar
+               else f"stream (window {batch_window_ms:g} ms, max {batch_max})" if stream
                else "unary"}  # fmt: skip
+    sidecar = {"url": sidecar_url, "model": model} if via_sidecar else None
     execute(
         target, phases, plan, options, local=local, as_json=as_json, html=html,
         no_progress=no_progress, headline=f"loadtest: {len(plan):,} requests over "
@@ -166,6 +187,7 @@ def loadtest(
         api_key=api_key, service_scale=service_scale, max_in_flight=max_in_flight,
         batch_window_s=batch_window_ms / 1000 if stream else None, batch_max=batch_max,
         retry=RetryPolicy(dict(DEFAULT_SLO_S), seed=seed) if retries else None,
+        sidecar=sidecar, engine_speed=engine_speed,
     )  # fmt: skip
 
 
@@ -195,8 +217,13 @@ def execute(
     if server is not None:
         target = server[1]
     try:
+        remote_sidecar = run_kw.get("sidecar") is not None and not local
         try:
-            check_loopback(target)
+            if remote_sidecar:  # the sidecar has its own control plane
+                check_sidecar_url(run_kw["sidecar"]["url"])
+                target = run_kw["sidecar"]["url"]
+            else:
+                check_loopback(target)
         except ValueError as exc:
             fail(str(exc))
         typer.echo(f"{headline} against {target}", err=True)
@@ -218,16 +245,35 @@ def execute(
         typer.echo(f"report written to {html}", err=True)
 
 
+def check_sidecar_url(url: str) -> None:
+    """The sidecar is on this machine too (ValueError naming the option)."""
+    from urllib.parse import urlsplit
+
+    from controlplane.loadtest.run import check_loopback
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--sidecar-url: expected http://host:port, got {url!r}")
+    try:
+        check_loopback(parts.hostname)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("--target", "--sidecar-url")) from None
+
+
 async def drive(target: str, plan: list[Any], with_engine: bool, **kw: Any) -> Any:
     """``run`` the plan; ``with_engine`` (--local): in front of a fake engine
-    started here (admitted requests are served on it, its state reported)."""
+    started here (admitted requests are served on it, its state reported).
+    ``sidecar`` (--via-sidecar): HTTP load through a sidecar instead."""
     from controlplane.fakeengine import FakeEngine
     from controlplane.loadtest.engine import EngineLink
     from controlplane.loadtest.run import run
 
+    sidecar, speed = kw.pop("sidecar", None), kw.pop("engine_speed", 1.0)
+    if sidecar is not None:
+        return await drive_sidecar(target, plan, with_engine, sidecar, speed, **kw)
     if not with_engine:
         return await run(target, plan, **kw)
-    engine = FakeEngine(port=0)
+    engine = FakeEngine(port=0, speed=speed)
     await engine.start()
     typer.echo(f"started a fake engine on {engine.base_url} (its load reported to the "
                "control plane every 100 ms)", err=True)  # fmt: skip
@@ -237,6 +283,43 @@ async def drive(target: str, plan: list[Any], with_engine: bool, **kw: Any) -> A
     finally:
         await engine.stop()
         typer.echo("stopped the fake engine", err=True)
+
+
+async def drive_sidecar(
+    target: str, plan: list[Any], with_engine: bool, sidecar: dict[str, str], speed: float,
+    **kw: Any,
+) -> Any:  # fmt: skip
+    """HTTP load through a sidecar: the one at ``sidecar["url"]``, or (--local)
+    one started here in front of a fake engine, admitting with the control
+    plane at ``target`` (tenants from the x-burstgate-tenant header)."""
+    from controlplane.fakeengine import FakeEngine
+    from controlplane.loadtest.http import TENANT_HEADER, run_http
+    from controlplane.sidecar import Sidecar, load
+    from controlplane.sidecar.sdkclient import sdk_client
+
+    http_kw = {k: kw[k] for k in ("run_id", "max_in_flight", "on_tick") if k in kw}
+    if not with_engine:
+        return await run_http(sidecar["url"], plan, model=sidecar["model"], **http_kw)
+    engine = FakeEngine(port=0, speed=speed)
+    await engine.start()
+    p = engine.live.params
+    cfg = load(upstream=f"http://127.0.0.1:{engine.port}", control_plane=target, port=0,
+               control_plane_api_key=kw.get("api_key"), tenant_header=TENANT_HEADER,
+               metrics={"interval_s": 0.1, "max_num_seqs": p.max_num_seqs,
+                        "max_batch_tokens": p.max_num_batched_tokens})  # fmt: skip
+    admitter = sdk_client(cfg)
+    server = Sidecar(cfg, admitter)
+    await server.start()
+    typer.echo(f"started a fake engine on {engine.base_url} and a sidecar in front of it on "
+               f"{server.base_url}", err=True)  # fmt: skip
+    try:
+        return await run_http(f"http://127.0.0.1:{server.port}", plan, model=engine.cfg.model,
+                              **http_kw)  # fmt: skip
+    finally:
+        await server.stop()
+        await admitter.aclose()
+        await engine.stop()
+        typer.echo("stopped the sidecar and the fake engine", err=True)
 
 
 def print_report(doc: dict[str, Any], stats: list[Any]) -> None:

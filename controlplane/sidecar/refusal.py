@@ -30,6 +30,7 @@ from aiohttp import web
 
 from controlplane.sidecar.admitter import AdmissionLike, LimitsLike
 
+REASON = "x-burstgate-reason"
 _TOKENS = ("token_rate", "global_watermark")
 _STATUS = {"max_tokens": 400, "unknown_tenant": 401, "tenant_disabled": 403}
 _CODE = {"max_tokens": "request_too_large", "unknown_tenant": "invalid_api_key",
@@ -114,16 +115,18 @@ def refusal(
     a: AdmissionLike, *, tenant: str, request_id: str, limits: LimitsLike | None,
     unavailable_retry_after_ms: int,
 ) -> web.Response:  # fmt: skip
-    """The response for an Admission that was not admitted."""
+    """The response for an Admission that was not admitted (its reason also
+    in ``x-burstgate-reason``, for clients and load generators)."""
     reason = a.reason or "unknown"
     if reason == "unavailable":
         wait = a.retry_after_ms or unavailable_retry_after_ms
-        headers = {**retry_headers(wait), "x-should-retry": "true"}
+        headers = {**retry_headers(wait), "x-should-retry": "true", REASON: reason}
         message = ("burstgate's control plane is unreachable and this lane fails closed; "
                    f"retry later (request {request_id})")  # fmt: skip
         return json_error(503, message, "server_error", "service_unavailable", headers=headers)
     headers = ratelimit_headers(a, limits)
     headers.update(retry_headers(a.retry_after_ms))
+    headers[REASON] = reason
     if a.quota_exhausted:
         headers["x-should-retry"] = "false"
         window = "hourly" if reason == "hourly_quota" else "daily"

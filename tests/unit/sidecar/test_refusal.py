@@ -34,6 +34,7 @@ def test_a_rate_refusal_is_a_429_with_retry_and_ratelimit_headers() -> None:
     assert err["code"] == "rate_limit_exceeded" and err["type"] == "tokens"
     assert "r1" in err["message"] and "token_rate" in err["message"] and err["param"] is None
     assert h["retry-after"] == "2" and h["retry-after-ms"] == "1200"  # seconds rounded up
+    assert h["x-burstgate-reason"] == "token_rate"
     assert h["x-should-retry"] == "true"
     assert h["x-ratelimit-limit-tokens"] == "1000"
     assert h["x-ratelimit-remaining-tokens"] == "40"  # the admission's, fresher than GetLimits
@@ -93,6 +94,7 @@ def test_fail_closed_while_unreachable_is_a_503() -> None:
     status, err, h = answer(a)
     assert status == 503 and err["code"] == "service_unavailable" and err["type"] == "server_error"
     assert h["retry-after"] == "1" and h["retry-after-ms"] == "1000" and "x-ratelimit" not in h
+    assert h["x-burstgate-reason"] == "unavailable"
     assert answer(refused("unavailable", 2500))[2]["retry-after"] == "3"
 
 
