@@ -289,37 +289,18 @@ async def drive_sidecar(
     target: str, plan: list[Any], with_engine: bool, sidecar: dict[str, str], speed: float,
     **kw: Any,
 ) -> Any:  # fmt: skip
-    """HTTP load through a sidecar: the one at ``sidecar["url"]``, or (--local)
-    one started here in front of a fake engine, admitting with the control
-    plane at ``target`` (tenants from the x-burstgate-tenant header)."""
-    from controlplane.fakeengine import FakeEngine
-    from controlplane.loadtest.http import TENANT_HEADER, run_http
-    from controlplane.sidecar import Sidecar, load
-    from controlplane.sidecar.sdkclient import sdk_client
+    """HTTP load through the sidecar at ``sidecar["url"]``, or (--local) one
+    started here in front of a fake engine, admitting with ``target``."""
+    from controlplane.loadtest.http import run_http, through_local_sidecar
 
     http_kw = {k: kw[k] for k in ("run_id", "max_in_flight", "on_tick") if k in kw}
     if not with_engine:
         return await run_http(sidecar["url"], plan, model=sidecar["model"], **http_kw)
-    engine = FakeEngine(port=0, speed=speed)
-    await engine.start()
-    p = engine.live.params
-    cfg = load(upstream=f"http://127.0.0.1:{engine.port}", control_plane=target, port=0,
-               control_plane_api_key=kw.get("api_key"), tenant_header=TENANT_HEADER,
-               metrics={"interval_s": 0.1, "max_num_seqs": p.max_num_seqs,
-                        "max_batch_tokens": p.max_num_batched_tokens})  # fmt: skip
-    admitter = sdk_client(cfg)
-    server = Sidecar(cfg, admitter)
-    await server.start()
-    typer.echo(f"started a fake engine on {engine.base_url} and a sidecar in front of it on "
-               f"{server.base_url}", err=True)  # fmt: skip
-    try:
-        return await run_http(f"http://127.0.0.1:{server.port}", plan, model=engine.cfg.model,
-                              **http_kw)  # fmt: skip
-    finally:
-        await server.stop()
-        await admitter.aclose()
-        await engine.stop()
-        typer.echo("stopped the sidecar and the fake engine", err=True)
+    def say(line: str) -> None:
+        typer.echo(line, err=True)
+
+    return await through_local_sidecar(target, plan, speed=speed, api_key=kw.get("api_key"),
+                                       say=say, **http_kw)  # fmt: skip
 
 
 def print_report(doc: dict[str, Any], stats: list[Any]) -> None:

@@ -25,12 +25,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
+from controlplane.fakeengine import FakeEngine
 from controlplane.fakeengine.app import OUTPUT_TOKENS_HEADER, PROMPT_TOKENS_HEADER
 from controlplane.loadtest.profile import Arrival
 from controlplane.loadtest.run import SAMPLE_S, Outcome, RunResult
+from controlplane.sidecar import Sidecar, load
+from controlplane.sidecar.sdkclient import sdk_client
 
 TENANT_HEADER = "x-burstgate-tenant"
 LANE_HEADER = "x-burstgate-lane"
@@ -133,3 +137,33 @@ async def run_http(
         sampler.cancel()
         await session.close()
     return result
+
+
+async def through_local_sidecar(
+    target: str, plan: list[Arrival], *, speed: float, api_key: str | None,
+    say: Callable[[str], None], **http_kw: Any,
+) -> RunResult:  # fmt: skip
+    """``loadtest --local --via-sidecar``: a fake engine at ``speed`` and a
+    sidecar in front of it (admitting with the control plane at ``target``,
+    tenants from the tenant header, the engine's load reported), started
+    here for the run and stopped after it."""
+    engine = FakeEngine(port=0, speed=speed)
+    await engine.start()
+    p = engine.live.params
+    cfg = load(upstream=f"http://127.0.0.1:{engine.port}", control_plane=target, port=0,
+               control_plane_api_key=api_key, tenant_header=TENANT_HEADER,
+               metrics={"interval_s": 0.1, "max_num_seqs": p.max_num_seqs,
+                        "max_batch_tokens": p.max_num_batched_tokens})  # fmt: skip
+    admitter = sdk_client(cfg)
+    server = Sidecar(cfg, admitter)
+    await server.start()
+    say(f"started a fake engine on {engine.base_url} and a sidecar in front of it on "
+        f"{server.base_url}")  # fmt: skip
+    try:
+        return await run_http(f"http://127.0.0.1:{server.port}", plan, model=engine.cfg.model,
+                              **http_kw)  # fmt: skip
+    finally:
+        await server.stop()
+        await admitter.aclose()
+        await engine.stop()
+        say("stopped the sidecar and the fake engine")
