@@ -9,7 +9,10 @@ warm-up, each with a fresh request id, through:
 
 * ``sdk``: one ``controlplane.sdk.AsyncAdmissionClient`` (its defaults: a
   300 µs window, batches of up to 256, the SDK's 250 ms deadline, so each
-  entry may wait in the server's queue: ``max_wait_ms`` is sent);
+  entry may wait in the server's queue: ``max_wait_ms`` is sent, and the
+  server decides the batch entry by entry on Admit's path);
+* ``sdk-nowait``: the same with ``wait_in_gate=False`` (no ``max_wait_ms``:
+  the server's columnar fast path);
 * ``unary``: one grpc.aio channel, one ``Admit`` call per decision
   (``timeout`` 250 ms), the same keepalive options.
 
@@ -45,6 +48,7 @@ import _harness as h
 import _loadgen as lg
 
 TENANT = "bench-sdk"
+MODES = ("sdk", "sdk-nowait", "unary")
 DEADLINE_S = 0.25
 
 
@@ -166,8 +170,9 @@ async def run_mode(
     from controlplane.sdk import AsyncAdmissionClient
 
     batches = 0
-    if mode == "sdk":
-        async with AsyncAdmissionClient(target, deadline_s=DEADLINE_S) as c:
+    if mode.startswith("sdk"):
+        wait = mode == "sdk"
+        async with AsyncAdmissionClient(target, deadline_s=DEADLINE_S, wait_in_gate=wait) as c:
 
             async def decide(rid: str) -> bool:
                 a = await c.admit(TENANT, rid, prompt_tokens=100, max_tokens=50)
@@ -259,10 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _, port, pid = conn.recv()
             target = f"127.0.0.1:{port}"
             for n in callers:
-                for mode in ("sdk", "unary"):
+                for mode in MODES:
                     h.quiesce([pid])
                     r = run_client(run_mode(mode, target, n, warmup, seconds, pid), args.loop)
-                    print(f"  {mode:5} N={n:5}: {r.per_s:9,.0f}/s p50 {r.p50_ms:.2f} ms "
+                    print(f"  {mode:10} N={n:5}: {r.per_s:9,.0f}/s p50 {r.p50_ms:.2f} ms "
                           f"p99 {r.p99_ms:.2f} ms", file=sys.stderr)  # fmt: skip
                     results.append(r)
         finally:

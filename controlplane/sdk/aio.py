@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -94,12 +93,15 @@ class AsyncAdmissionClient:
         fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
         spool_path: str | Path | None = None, spool_max: int = 100_000,
         limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
-        complete_deadline_s: float = 2.0,
+        complete_deadline_s: float = 2.0, wait_in_gate: bool = True,
     ) -> None:  # fmt: skip
         """Create inside a running event loop (the channel is bound to it).
         ``complete_deadline_s``: Complete is off the request's critical path
         and, with metering, answered once its ledger record is durable, so
-        it gets longer than ``deadline_s``; a Complete past it is buffered."""
+        it gets longer than ``deadline_s``; a Complete past it is buffered.
+        ``wait_in_gate=False``: Admits are never held in burstgate's queue
+        (refused at once instead; the server's cheaper path), for callers
+        that back off themselves."""
         self.deadline_s = check_deadline("deadline_s", deadline_s)
         self.complete_deadline_s = check_deadline("complete_deadline_s", complete_deadline_s)
         if not (batch_window_s >= 0 and batch_window_s < 1):
@@ -119,8 +121,9 @@ class AsyncAdmissionClient:
             self._stub, self._meta, self._breaker, self.counters, self.policy_of,
             self._release, window_s=batch_window_s, batch_max=batch_max,
             connect_timeout_s=check_deadline("connect_timeout_s", connect_timeout_s),
+            wait_in_gate=wait_in_gate,
         )  # fmt: skip
-        self._admitted: OrderedDict[Key, Admitted] = OrderedDict()
+        self._admitted: dict[Key, Admitted] = {}
         self._admitted_max = max(spool_max, 10_000)
         file = SpoolFile(spool_path) if spool_path is not None else None
         self._spool = CompletionSpool(
@@ -180,10 +183,11 @@ class AsyncAdmissionClient:
         self.counters.admits += 1
         if a.admitted:
             key = (tenant_id, request_id)
-            self._admitted[key] = Admitted(lane, model, pool, a.offline, time.time_ns())
-            self._admitted.move_to_end(key)
-            while len(self._admitted) > self._admitted_max:
-                self._admitted.popitem(last=False)
+            admitted = self._admitted
+            admitted.pop(key, None)  # (re)inserted last: a dict keeps insertion order
+            admitted[key] = Admitted(lane, model, pool, a.offline, time.time_ns())
+            if len(admitted) > self._admitted_max:  # never completed: forget the oldest
+                del admitted[next(iter(admitted))]
         return a
 
     def _release(self, e: Entry) -> None:

@@ -13,7 +13,7 @@ from controlplane.sdk import FailPolicy
 from controlplane.sdk.aio import fail_policies
 from controlplane.sdk.batcher import wait_ms
 from controlplane.sdk.checks import check_admit_args, check_complete_args
-from controlplane.sdk.entries import Entry, Waiter
+from controlplane.sdk.entries import Entry
 from controlplane.sdk.model import (
     REASON_NAMES,
     Admission,
@@ -196,11 +196,11 @@ def test_entry_tells_every_waiter_once() -> None:
     async def run() -> None:
         loop = asyncio.get_running_loop()
         e = entry(0)
-        e.waiters = [Waiter(loop.create_future()), Waiter(loop.create_future())]
-        e.waiters[0].future.cancel()  # that caller left
+        e.waiters = [loop.create_future(), loop.create_future()]
+        e.waiters[0].cancel()  # that caller left
         a = offline_admission("r0", FailPolicy.OPEN, 1, 1)
         e.tell(a)
-        assert e.waiters[1].future.result() is a and e.told_admitted
+        assert e.waiters[1].result() is a and e.told_admitted
         assert not e.live()
 
     asyncio.run(run())
