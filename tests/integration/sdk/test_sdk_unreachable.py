@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.sdk import AsyncAdmissionClient, FailPolicy
 from tests.integration.sdk.conftest import SLOW_OK, Plane, until
 
@@ -87,7 +88,10 @@ def test_nothing_listening_at_start() -> None:
         async with AsyncAdmissionClient(f"127.0.0.1:{port}", fail_policy=POLICY) as c:
             a = await c.admit("acme", "r", prompt_tokens=1, max_tokens=1, lane="batch")
             assert a.admitted and a.offline and not c.up
+            report = pb.LoadReport(pool="p", engine_id="e", max_batch_tokens=1)
+            assert await c.report_load(report) is None
             assert await c.limits("acme") is None
+            assert c.counters.report_load_failures == 1 and c.counters.limits_failures == 1
             done = await c.complete("acme", "r", prompt_tokens=1, generated_tokens=1)
             assert not done.delivered and c.pending_completions == 1
 
