@@ -32,6 +32,7 @@ raises its ``grpc.aio.AioRpcError``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ from controlplane.sdk.limits import LimitsCache
 from controlplane.sdk.model import (
     Admission,
     Completion,
+    ControlPlaneUnavailable,
     FailPolicy,
     Limits,
     buffered_completion,
@@ -59,6 +61,8 @@ from controlplane.sdk.model import (
 )
 from controlplane.sdk.spool import CompletionSpool, offline_refused
 from controlplane.sdk.spoolfile import SpoolFile
+
+log = logging.getLogger("burstgate.sdk")
 
 API_KEY_ENV = "BURSTGATE_API_KEY"
 MAX_BATCH = 10_000  # the server's default most entries per AdmitBatch
@@ -194,7 +198,13 @@ class AsyncAdmissionClient:
         """The server admitted ``e`` after its caller was refused (or left):
         settle it with no usage rather than hold its tokens until the TTL."""
         req = pb.CompleteRequest(tenant_id=e.tenant_id, request_id=e.request_id)
-        self._batcher.spawn(self._complete_request(req, None))
+        self._batcher.spawn(self._settle_unused(req))
+
+    async def _settle_unused(self, req: pb.CompleteRequest) -> None:
+        try:
+            await self._complete_request(req, None)
+        except (grpc.aio.AioRpcError, ValueError, ControlPlaneUnavailable) as exc:
+            log.warning("releasing the late admission of %r failed: %s", req.request_id, exc)
 
     # ------------------------------------------------------------- Complete
 

@@ -35,11 +35,7 @@ Failures (see breaker.py for "unreachable"):
   (``batch 7: lane[3]: ...``) goes unary for a while (suspects.py), so one
   caller's unknown lane does not keep breaking the stream for everyone, and
   the stream is reopened only after a backoff (unary meanwhile).
-- no answer by a caller's deadline: the lane's FailPolicy, or, for an entry
-  the server said it holds in its queue, a local ``queue_timeout`` refusal.
-  If the server's admission arrives after the caller was refused, the
-  reservation is released at once (``on_release``: a Complete of 0 tokens)
-  instead of holding tokens until the reservation TTL.
+- no answer by a caller's deadline, and late answers: answers.py.
 """
 
 from __future__ import annotations
@@ -55,17 +51,11 @@ from typing import Any
 import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.sdk.answers import Answers
 from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker, unreachable
 from controlplane.sdk.counters import Counters
-from controlplane.sdk.deadlines import Deadlines
-from controlplane.sdk.entries import Entry, Key
-from controlplane.sdk.model import (
-    Admission,
-    FailPolicy,
-    admission_of_response,
-    gate_timeout_admission,
-    offline_admission,
-)
+from controlplane.sdk.entries import Entry
+from controlplane.sdk.model import Admission, FailPolicy, admission_of_response
 from controlplane.sdk.session import Session
 from controlplane.sdk.suspects import Suspects
 
@@ -91,12 +81,11 @@ class Batcher:
         connect_timeout_s: float = 1.0, wait_in_gate: bool = True,
     ) -> None:  # fmt: skip
         self._stub, self._meta, self._breaker = stub, metadata, breaker
-        self._counters, self._policy_of, self._on_release = counters, policy_of, on_release
+        self._counters = counters
         self._window_s, self._batch_max = window_s, batch_max
         self._connect_timeout_s = connect_timeout_s
         self._wait_in_gate = wait_in_gate
         self._loop = asyncio.get_running_loop()
-        self._inflight: dict[Key, Entry] = {}
         self._pending: list[Entry] = []
         self._flush_handle: asyncio.Handle | None = None
         self._outbox: deque[list[Entry]] = deque()
@@ -107,7 +96,9 @@ class Batcher:
         self._reopen_at, self._reopen_failures = 0.0, 0
         self._suspects = Suspects()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._deadlines = Deadlines(self._loop, self._expire)
+        self._answers = Answers(
+            self._loop, breaker, counters, policy_of, on_release, on_silent=self._silent
+        )
         self._closing = False
 
     # ---------------------------------------------------------------- callers
@@ -117,7 +108,8 @@ class Batcher:
 
     async def admit(self, e: Entry, deadline_s: float) -> Admission:
         fut: asyncio.Future[Admission] = self._loop.create_future()
-        joined = self._inflight.get(e.key)
+        answers = self._answers
+        joined = answers.inflight.get(e.key)
         if joined is not None:
             self._counters.joined += 1
             e = joined
@@ -125,67 +117,21 @@ class Batcher:
             # Known down: fail fast, but yield once, so a caller that loops
             # on admit cannot starve the loop (and the probe that ends this).
             await asyncio.sleep(0)
-            return self._offline(e)
+            return answers.offline(e)
         else:
-            self._inflight[e.key] = e
+            answers.inflight[e.key] = e
             self._enqueue(e)
-        self._deadlines.add(self._loop.time() + deadline_s, e, fut)
-        e.waiters.append(fut)
+        answers.wait(e, fut, self._loop.time() + deadline_s)
         # (a caller cancelled meanwhile cancels ``fut``: it no longer counts
         # as waiting, and a late admission of ``e`` is released)
         return await fut
 
-    def _offline(self, e: Entry) -> Admission:
-        a = offline_admission(
-            e.request_id, self._policy_of(e.lane), e.max_tokens, self._breaker.retry_hint_ms() or 50
-        )
-        if a.admitted:
-            self._counters.offline_admits += 1
-        else:
-            self._counters.offline_refusals += 1
-        return a
-
-    def _expire(self, e: Entry, fut: asyncio.Future[Admission]) -> None:
-        """A caller's deadline passed without the server's answer."""
-        if fut.done():
-            return
-        if e.queued:
-            self._counters.gate_timeouts += 1
-            waited = int((self._loop.time() - e.queued_at) * 1000)
-            a = gate_timeout_admission(e.request_id, waited)
-        else:
-            if e.streamed and not e.settled:
-                # A batch's first result comes at once: this stream went silent.
-                self._breaker.trip("no AdmitStream answer within a deadline")
-                st = self._stream
-                if st is not None:
-                    st.call.cancel()
-            a = self._offline(e)
-        fut.set_result(a)
-        if a.admitted:
-            e.told_admitted = True
-        if not e.sent and not e.live():
-            self._forget(e)  # never left this process: nothing to wait for
-
-    def _forget(self, e: Entry) -> None:
-        if self._inflight.get(e.key) is e:
-            del self._inflight[e.key]
-
-    def _settle(self, e: Entry, a: Admission) -> None:
-        """The server's answer for ``e``."""
-        e.settled = True
-        self._forget(e)
-        e.tell(a)
-        if a.admitted and not e.told_admitted:
-            self._counters.late_releases += 1
-            self._on_release(e)
-
-    def _settle_offline(self, e: Entry) -> None:
-        """No answer will come (the stream broke): the lane's FailPolicy."""
-        e.settled = True
-        self._forget(e)
-        if e.live():
-            e.tell(self._offline(e))
+    def _silent(self) -> None:
+        """A batch's first result comes at once: this stream went silent."""
+        self._breaker.trip("no AdmitStream answer within a deadline")
+        st = self._stream
+        if st is not None:
+            st.call.cancel()
 
     # ----------------------------------------------------------------- window
 
@@ -235,7 +181,7 @@ class Batcher:
             if e.live():
                 live.append(e)
             else:
-                self._forget(e)
+                self._answers.forget(e)
         return live
 
     async def _send(self, entries: list[Entry]) -> None:
@@ -244,7 +190,7 @@ class Batcher:
             return
         if not self._breaker.up:
             for e in entries:
-                self._settle_offline(e)
+                self._answers.settle_offline(e)
             return
         now = self._loop.time()
         unary = [e for e in entries if self._suspects(e, now)]
@@ -256,7 +202,7 @@ class Batcher:
                 unary += entries
             else:
                 for e in self._live(entries):
-                    self._settle_offline(e)
+                    self._answers.settle_offline(e)
             entries = []
         for e in unary:
             self.spawn(self._unary(e))
@@ -339,7 +285,7 @@ class Batcher:
     def _on_result(self, st: Session, res: pb.AdmitBatchResult) -> None:
         if not res.entry:
             self._reopen_failures = 0  # a first result: this stream works
-        self._counters.queued += st.dispatch(res, self._settle, self._loop.time())
+        self._counters.queued += st.dispatch(res, self._answers.settle, self._loop.time())
         if self._pending and self._idle() and isinstance(self._flush_handle, asyncio.TimerHandle):
             self._flush()  # the last batch is answered: send what waits now (as Nagle's)
 
@@ -359,7 +305,7 @@ class Batcher:
                 why = err.code().name if isinstance(err, grpc.aio.AioRpcError) else repr(err)
                 self._breaker.trip(f"AdmitStream ended ({why})")
             for e in lost:
-                self._settle_offline(e)
+                self._answers.settle_offline(e)
             return
         assert isinstance(err, grpc.aio.AioRpcError)
         log.warning("AdmitStream ended by the server: %s %s", err.code().name, err.details())
@@ -377,10 +323,10 @@ class Batcher:
     async def _unary(self, e: Entry) -> None:
         left = e.deadline - self._loop.time()
         if not e.live():
-            self._forget(e)
+            self._answers.forget(e)
             return
         if left <= 0 or not self._breaker.up:
-            self._settle_offline(e)
+            self._answers.settle_offline(e)
             return
         e.sent = True
         self._counters.unary_admits += 1
@@ -394,19 +340,19 @@ class Batcher:
             code = exc.code()
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 e.settled = True
-                self._forget(e)
+                self._answers.forget(e)
                 e.fail(ValueError(exc.details()))
             elif code in TRANSPORT_CODES or code in (
                 grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN
             ):  # fmt: skip
                 self._breaker.failed(exc, "Admit")
-                self._settle_offline(e)
+                self._answers.settle_offline(e)
             else:  # UNAUTHENTICATED, PERMISSION_DENIED, ...: the caller's to see
                 e.settled = True
-                self._forget(e)
+                self._answers.forget(e)
                 e.fail(exc)
             return
-        self._settle(e, admission_of_response(resp))
+        self._answers.settle(e, admission_of_response(resp))
 
     def spawn(self, coro: Any) -> None:
         task = self._loop.create_task(coro)
@@ -420,7 +366,7 @@ class Batcher:
         bounded by its deadline), then end the stream."""
         self._closing = True
         self._flush()
-        waiting = [w for e in list(self._inflight.values()) for w in e.waiters]
+        waiting = self._answers.waiting()
         if waiting:
             await asyncio.wait(waiting)
         if self._tasks:
@@ -431,7 +377,7 @@ class Batcher:
             if st.reader is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await st.reader
-        self._deadlines.close()
+        self._answers.close()
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
