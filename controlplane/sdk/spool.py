@@ -210,6 +210,12 @@ class CompletionSpool:
             self._emptied.set()
 
     async def aclose(self) -> None:
+        if self._items:
+            where = (
+                f"kept in {self._file.path}" if self._file is not None else "LOST (no spool_path)"
+            )
+            log.error("completion spool: %d Completes undelivered at close, %s",
+                      len(self._items), where)  # fmt: skip
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
