@@ -26,6 +26,7 @@ module's docstring and in docs/sdk.md:
 """
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.client.admin import TlsFiles
 from controlplane.sdk.aio import AsyncAdmissionClient
 from controlplane.sdk.backoff import Backoff
 from controlplane.sdk.counters import Counters
@@ -48,5 +49,6 @@ __all__ = [
     "Counters",
     "FailPolicy",
     "Limits",
+    "TlsFiles",
     "pb",
 ]

@@ -44,6 +44,7 @@ import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from controlplane.client.admin import TlsFiles
 from controlplane.sdk.batcher import Batcher
 from controlplane.sdk.breaker import CHANNEL_OPTIONS, TRANSPORT_CODES, Breaker
 from controlplane.sdk.checks import check_admit_args, check_complete_args, check_deadline
@@ -76,6 +77,22 @@ class Admitted(NamedTuple):
     at_ns: int  # wall clock when admitted
 
 
+def make_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
+    """The client's channel: plaintext, or TLS / mTLS with ``tls``'s PEM files
+    (as controlplane.client.admin's), with the SDK's channel options."""
+    if tls is None or (tls.ca is None and tls.cert is None):
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
+        private_key=tls.key.read_bytes() if tls.key else None,
+        certificate_chain=tls.cert.read_bytes() if tls.cert else None,
+    )
+    options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.aio.secure_channel(target, creds, options=options)
+
+
 def fail_policies(value: FailPolicy | Mapping[str, FailPolicy]) -> dict[str, FailPolicy]:
     """The per-lane policies; key "" is the default (fail closed unless given)."""
     raw = {"": value} if isinstance(value, str) else dict(value)
@@ -98,6 +115,7 @@ class AsyncAdmissionClient:
         spool_path: str | Path | None = None, spool_max: int = 100_000,
         limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
         complete_deadline_s: float = 2.0, wait_in_gate: bool = True,
+        tls: TlsFiles | None = None,
     ) -> None:  # fmt: skip
         """Create inside a running event loop (the channel is bound to it).
         ``complete_deadline_s``: Complete is off the request's critical path
@@ -105,7 +123,8 @@ class AsyncAdmissionClient:
         it gets longer than ``deadline_s``; a Complete past it is buffered.
         ``wait_in_gate=False``: Admits are never held in burstgate's queue
         (refused at once instead; the server's cheaper path), for callers
-        that back off themselves."""
+        that back off themselves. ``tls``: the CA (and for mTLS the client's
+        certificate and key) when the control plane serves TLS; None: plaintext."""
         self.deadline_s = check_deadline("deadline_s", deadline_s)
         self.complete_deadline_s = check_deadline("complete_deadline_s", complete_deadline_s)
         if not (batch_window_s >= 0 and batch_window_s < 1):
@@ -118,7 +137,7 @@ class AsyncAdmissionClient:
         key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
         self._meta = (("authorization", f"Bearer {key}"),) if key else None
         self.counters = Counters()
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = make_channel(target, tls)
         self._stub = pb_grpc.AdmissionServiceStub(self._channel)
         self._breaker = Breaker(self._channel, self.counters)
         self._batcher = Batcher(

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.client.admin import TlsFiles
 from controlplane.sdk.aio import AsyncAdmissionClient
 from controlplane.sdk.counters import Counters
 from controlplane.sdk.model import Admission, Completion, FailPolicy, Limits
@@ -35,6 +36,7 @@ class AdmissionClient:
         spool_path: str | Path | None = None, spool_max: int = 100_000,
         limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
         complete_deadline_s: float = 2.0, wait_in_gate: bool = True,
+        tls: TlsFiles | None = None,
     ) -> None:  # fmt: skip
         """As :class:`AsyncAdmissionClient`."""
         kw: dict[str, Any] = {
@@ -42,7 +44,7 @@ class AdmissionClient:
             "batch_max": batch_max, "fail_policy": fail_policy, "spool_path": spool_path,
             "spool_max": spool_max, "limits_ttl_s": limits_ttl_s,
             "connect_timeout_s": connect_timeout_s, "complete_deadline_s": complete_deadline_s,
-            "wait_in_gate": wait_in_gate,
+            "wait_in_gate": wait_in_gate, "tls": tls,
         }  # fmt: skip
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
