@@ -9,8 +9,9 @@ the release of an admission that came after its caller was refused.
 - A caller's deadline (deadlines.py) with no answer yet: ``queue_timeout``
   if the server said it holds the request in its queue (the server is
   reachable, so FailPolicy does not apply), else the lane's FailPolicy; and
-  an entry of a batch whose first result (which comes at once) is missing
-  means the stream went silent: ``on_silent``.
+  ``on_silent(entry)`` for an entry sent on the stream whose batch's first
+  result (which comes at once) is missing: the batcher checks whether the
+  stream went silent.
 - No answer will come (a broken stream): the lane's FailPolicy
   (:meth:`Answers.settle_offline`), for every caller still waiting.
 """
@@ -36,7 +37,7 @@ class Answers:
     def __init__(
         self, loop: asyncio.AbstractEventLoop, breaker: Breaker, counters: Counters,
         policy_of: Callable[[str], FailPolicy], on_release: Callable[[Entry], None],
-        on_silent: Callable[[], None],
+        on_silent: Callable[[Entry], None],
     ) -> None:  # fmt: skip
         self._loop, self._breaker, self._counters = loop, breaker, counters
         self._policy_of, self._on_release, self._on_silent = policy_of, on_release, on_silent
@@ -67,7 +68,7 @@ class Answers:
             a = gate_timeout_admission(e.request_id, waited)
         else:
             if e.streamed and not e.settled:
-                self._on_silent()
+                self._on_silent(e)
             a = self.offline(e)
         fut.set_result(a)
         if a.admitted:

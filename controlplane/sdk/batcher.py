@@ -126,12 +126,19 @@ class Batcher:
         # as waiting, and a late admission of ``e`` is released)
         return await fut
 
-    def _silent(self) -> None:
-        """A batch's first result comes at once: this stream went silent."""
-        self._breaker.trip("no AdmitStream answer within a deadline")
+    def _silent(self, e: Entry) -> None:
+        """``e``'s deadline passed and its batch's first result (which a
+        working server sends at once) has not come. If nothing at all came
+        on the stream since ``e`` was sent, the server or the network went
+        silent (its connection may look fine for the keepalive's 15 s):
+        unreachable, and the stream is dropped. If results kept coming, it
+        is only slow (overloaded): that caller alone gets the FailPolicy."""
         st = self._stream
-        if st is not None:
-            st.call.cancel()
+        if st is None or st.ended or st.last_read >= e.sent_at:
+            return
+        self._breaker.trip("no AdmitStream answer within a deadline")
+        st.aborted = True
+        st.call.cancel()
 
     # ----------------------------------------------------------------- window
 
@@ -227,6 +234,7 @@ class Batcher:
         )  # fmt: skip
         for e in group:
             e.sent = e.streamed = True
+            e.sent_at = now
         if st.ended:  # the stream failed while this batch was being built
             self._on_lost(group, st.error, {bid: group})
             return
@@ -279,10 +287,15 @@ class Batcher:
                 self._stream = None
             left = st.end(err)
             lost = [e for group in left.values() for e in group if not e.settled]
-            if lost or err is not None:
+            if st.aborted:  # dropped as silent: the breaker tripped already
+                self._counters.stream_failures += 1
+                for e in lost:
+                    self._answers.settle_offline(e)
+            elif lost or err is not None:
                 self._on_lost(lost, err, left)
 
     def _on_result(self, st: Session, res: pb.AdmitBatchResult) -> None:
+        st.last_read = self._loop.time()
         if not res.entry:
             self._reopen_failures = 0  # a first result: this stream works
         self._counters.queued += st.dispatch(res, self._answers.settle, self._loop.time())

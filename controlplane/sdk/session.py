@@ -30,6 +30,8 @@ class Session:
     batches: dict[int, list[Entry]] = field(default_factory=dict)
     owed: dict[int, int] = field(default_factory=dict)  # batch_id -> releases owed
     unacked: int = 0  # batches written whose first result has not come
+    last_read: float = 0.0  # loop time of the last result read
+    aborted: bool = False  # cancelled by the SDK (it went silent): already tripped
     ended: bool = False
     error: BaseException | None = None  # why it ended (None: it just ended)
     reader: asyncio.Task[None] | None = None
