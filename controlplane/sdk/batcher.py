@@ -62,6 +62,7 @@ from controlplane.sdk.suspects import Suspects
 log = logging.getLogger("burstgate.sdk")
 
 REOPEN_MIN_S, REOPEN_MAX_S = 0.05, 2.0  # after a stream error the server answered
+SILENCE_S = 1.0  # a stream owing a first result that reads nothing this long is silent
 
 
 def wait_ms(remaining_s: float) -> int:
@@ -128,15 +129,16 @@ class Batcher:
 
     def _silent(self, e: Entry) -> None:
         """``e``'s deadline passed and its batch's first result (which a
-        working server sends at once) has not come. If nothing at all came
-        on the stream since ``e`` was sent, the server or the network went
-        silent (its connection may look fine for the keepalive's 15 s):
-        unreachable, and the stream is dropped. If results kept coming, it
-        is only slow (overloaded): that caller alone gets the FailPolicy."""
+        working server sends at once) has not come. If the stream has read
+        nothing for ``SILENCE_S`` while owing a first result, the server or
+        the network went silent (the connection may look fine for the
+        keepalive's 15 s): unreachable, and the stream is dropped. A stream
+        that keeps answering, late (an overloaded server, or this loop
+        too busy to read), is not: that caller alone got the FailPolicy."""
         st = self._stream
-        if st is None or st.ended or st.last_read >= e.sent_at:
+        if st is None or st.ended or st.silence(self._loop.time()) < SILENCE_S:
             return
-        self._breaker.trip("no AdmitStream answer within a deadline")
+        self._breaker.trip(f"no AdmitStream answer for {SILENCE_S:g} s")
         st.aborted = True
         st.call.cancel()
 
@@ -234,12 +236,12 @@ class Batcher:
         )  # fmt: skip
         for e in group:
             e.sent = e.streamed = True
-            e.sent_at = now
         if st.ended:  # the stream failed while this batch was being built
             self._on_lost(group, st.error, {bid: group})
             return
         st.batches[bid] = group
         st.unacked += 1
+        st.sent_at.append(now)
         self._counters.batches += 1
         self._counters.streamed += len(group)
         try:

@@ -33,7 +33,6 @@ class Entry:
     waiters: list[asyncio.Future[Admission]] = field(default_factory=list)  # its callers
     sent: bool = False  # in an AdmitBatch (or a unary Admit) on the wire
     streamed: bool = False  # in an AdmitBatch: its first result comes at once
-    sent_at: float = 0.0  # loop time its batch was written
     queued: bool = False  # the server holds it in a queue; a release answers it
     queued_at: float = 0.0
     settled: bool = False  # the server answered, or its stream failed

@@ -4,6 +4,7 @@ suspects, and a stream's bookkeeping of first results and releases."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import pytest
@@ -204,3 +205,15 @@ def test_entry_tells_every_waiter_once() -> None:
         assert not e.live()
 
     asyncio.run(run())
+
+
+def test_session_silence_counts_while_a_first_result_is_owed_and_nothing_is_read() -> None:
+    st = Session(call=None)
+    assert st.silence(5.0) == 0.0  # owes nothing
+    st.batches = {1: [entry(0)], 2: [entry(1)]}
+    st.unacked, st.sent_at = 2, deque([1.0, 1.5])
+    assert st.silence(3.0) == 2.0  # since the oldest owed batch was sent
+    first = pb.AdmitBatchResult(batch_id=1, decision=[ADMIT], reason=[NONE])
+    st.last_read = 3.0
+    st.dispatch(first, lambda e, a: None, 3.0)
+    assert st.silence(3.25) == 0.25  # batch 2 still owed; something was read at 3.0
