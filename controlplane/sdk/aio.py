@@ -215,15 +215,18 @@ class AsyncAdmissionClient:
 
     def _release(self, e: Entry) -> None:
         """The server admitted ``e`` after its caller was refused (or left):
-        settle it with no usage rather than hold its tokens until the TTL."""
+        settle it with no usage rather than hold its tokens until the TTL.
+        Through the spool, in the background: late admissions come in
+        numbers when the control plane is overloaded, and a Complete each,
+        at once, would only add to that."""
         req = pb.CompleteRequest(tenant_id=e.tenant_id, request_id=e.request_id)
         self._batcher.spawn(self._settle_unused(req))
 
     async def _settle_unused(self, req: pb.CompleteRequest) -> None:
         try:
-            await self._complete_request(req, None)
-        except (grpc.aio.AioRpcError, ValueError, ControlPlaneUnavailable) as exc:
-            log.warning("releasing the late admission of %r failed: %s", req.request_id, exc)
+            await self._spool.put(req)
+        except ControlPlaneUnavailable as exc:
+            log.warning("the late admission of %r is held until its TTL: %s", req.request_id, exc)
 
     # ------------------------------------------------------------- Complete
 
@@ -281,6 +284,8 @@ class AsyncAdmissionClient:
         if not req.exec_end_unix_ns:
             req.exec_end_unix_ns = max(time.time_ns(), req.exec_start_unix_ns)
         added = await self._spool.put(req)
+        if added:
+            self.counters.completes_buffered += 1
         return buffered_completion(req.request_id, duplicate=not added)
 
     async def _send_complete(self, req: pb.CompleteRequest) -> pb.CompleteResponse:
