@@ -5,7 +5,8 @@ the release of an admission that came after its caller was refused.
 - The server's answer (:meth:`Answers.settle`) goes to every caller still
   waiting. If it admits and no caller was told "admitted" (each was refused
   locally at its deadline, or left), ``on_release`` settles the reservation
-  at once rather than leave the tenant's tokens held until the TTL.
+  (a 0-token Complete, in the background) rather than leave the tenant's
+  tokens held until the TTL.
 - A caller's deadline (deadlines.py) with no answer yet: ``queue_timeout``
   if the server said it holds the request in its queue (the server is
   reachable, so FailPolicy does not apply), else the lane's FailPolicy; and
