@@ -23,11 +23,10 @@ libuv) when nothing else wakes the loop. ``window_s=0`` never holds.
 
 Failures (see breaker.py for "unreachable"):
 
-- stream broken (UNAVAILABLE, CANCELLED, ended with answers owed): the
-  breaker trips, every entry still unanswered on it gets its lane's
-  FailPolicy, none is lost; the server takes the queued entries of a failed
-  stream out of its queues. The next batch after the breaker closes opens a
-  new stream (the breaker's probe backoff is the reopen backoff).
+- stream broken (UNAVAILABLE, CANCELLED, ended with answers owed) or silent:
+  the breaker trips, every entry still unanswered on it gets its lane's
+  FailPolicy (none is lost; the server dequeues a failed stream's entries);
+  the next batch after the breaker closes opens a new stream.
 - stream ended by an error that is the server's answer (INVALID_ARGUMENT,
   PERMISSION_DENIED, UNAUTHENTICATED, ...): the server is up, so the
   unanswered entries are asked again one by one with unary Admit, and each
@@ -156,8 +155,7 @@ class Batcher:
             )
 
     def _idle(self) -> bool:
-        """No batch awaits its first result and none waits to be written:
-        holding an entry for the window would only add latency."""
+        """Nothing in flight or to be written: a window would only add latency."""
         st = self._stream
         return not self._outbox and (st is None or st.ended or st.unacked == 0)
 
@@ -259,7 +257,9 @@ class Batcher:
         if now < self._reopen_at:
             return None
         budget = min(self._connect_timeout_s, max(e.deadline for e in entries) - now)
-        if budget <= 0 or not await self._breaker.connect(budget):
+        if budget <= 0:
+            return None  # their deadlines passed (a busy loop): no time to connect
+        if not await self._breaker.connect(budget):
             self._breaker.trip("no connection within the connect check")
             return None
         st = self._stream
