@@ -300,7 +300,8 @@ class AsyncAdmissionClient:
 
     async def flush(self, timeout_s: float | None = None) -> int:
         """Deliver the buffered Completes now; wait until done or
-        ``timeout_s``. Returns how many were handled meanwhile."""
+        ``timeout_s`` (None: until done, which is never while the control
+        plane stays down). Returns how many were handled meanwhile."""
         return await self._spool.flush(timeout_s)
 
     # ------------------------------------------------- ReportLoad, GetLimits

@@ -142,5 +142,6 @@ class AdmissionClient:
         return self._run(self._client.limits(tenant_id), self._client.deadline_s + SLACK_S)
 
     def flush(self, timeout_s: float | None = None) -> int:
+        """As :meth:`AsyncAdmissionClient.flush` (None blocks until delivered)."""
         wait = None if timeout_s is None else timeout_s + SLACK_S
         return self._run(self._client.flush(timeout_s), wait)
