@@ -133,7 +133,11 @@ class AsyncAdmissionClient:
             raise ValueError(f"batch_max: must be between 1 and {MAX_BATCH}, got {batch_max}")
         if isinstance(spool_max, bool) or spool_max < 1:
             raise ValueError(f"spool_max: must be >= 1, got {spool_max}")
+        connect_timeout_s = check_deadline("connect_timeout_s", connect_timeout_s)
+        if not limits_ttl_s >= 0:
+            raise ValueError(f"limits_ttl_s: must be >= 0, got {limits_ttl_s}")
         self._policies = fail_policies(fail_policy)
+        # (everything checked before the channel exists: a bad argument leaks nothing)
         key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
         self._meta = (("authorization", f"Bearer {key}"),) if key else None
         self.counters = Counters()
@@ -143,8 +147,7 @@ class AsyncAdmissionClient:
         self._batcher = Batcher(
             self._stub, self._meta, self._breaker, self.counters, self.policy_of,
             self._release, window_s=batch_window_s, batch_max=batch_max,
-            connect_timeout_s=check_deadline("connect_timeout_s", connect_timeout_s),
-            wait_in_gate=wait_in_gate,
+            connect_timeout_s=connect_timeout_s, wait_in_gate=wait_in_gate,
         )  # fmt: skip
         self._admitted: dict[Key, Admitted] = {}
         self._admitted_max = max(spool_max, 10_000)
