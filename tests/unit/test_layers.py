@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     # 2. adapters: gRPC servicers, clients, telemetry, generated protobuf
     "controlplane.rpc": 2,
     "controlplane.client": 2,
+    "controlplane.sdk": 2,  # the client SDK (sidecars): on the generated protobuf and the client
     "controlplane.telemetry": 2,
     "controlplane._proto": 2,
     # 3. use cases

@@ -56,6 +56,8 @@ class TcpProxy:
                     time.sleep(0.02)
                     continue
                 ready, _, _ = select.select(socks, [], [], 0.5)
+                if self._hung.is_set():  # hung while waiting: what came stays unread
+                    continue
                 for s in ready:
                     data = s.recv(65536)
                     if not data:

@@ -1,0 +1,343 @@
+"""The asyncio client: :class:`AsyncAdmissionClient`.
+
+One gRPC channel (keepalive as ``controlplane.client.KEEPALIVE_OPTIONS``,
+reconnect backoff capped, see breaker.py), one AdmitStream for the
+micro-batched Admits (batcher.py), unary calls for the rest, a circuit
+breaker that makes an unreachable control plane cheap, and the completion
+spool (spool.py).
+
+Deadlines: ``deadline_s`` (default 0.25 s) bounds a whole call, including
+the time an Admit waits in burstgate's queue; an Admit asks the server to
+hold it at most that long less a margin (batcher.wait_ms).
+
+Offline admissions: a request admitted under fail-open is remembered
+(lane, model, pool, when) until its ``complete``, which then carries
+CompleteRequest.offline so the server books it. Every admitted request is
+remembered the same way (bounded, oldest forgotten first): a Complete that
+has to be buffered carries ``offline`` too, and a direct one the server
+answers NOT_FOUND (its reservation was lost to a control-plane restart, or
+expired) is sent once more with it. The server ignores ``offline`` where it
+still holds the reservation and books the usage where it does not (with
+metering, never twice: it checks the ledger), so a request that ran is
+billed even when the control plane forgot it.
+
+Errors: bad arguments raise ValueError naming the argument (also the
+server's INVALID_ARGUMENT, as its message says: "lane: unknown lane ...").
+An unreachable control plane never raises from ``admit`` (FailPolicy) or
+``complete`` (buffered), except a full spool (ControlPlaneUnavailable). Any
+other failed call (UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, ...)
+raises its ``grpc.aio.AioRpcError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import NamedTuple
+
+import grpc
+
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from controlplane.client.admin import TlsFiles
+from controlplane.sdk.batcher import Batcher
+from controlplane.sdk.breaker import CHANNEL_OPTIONS, TRANSPORT_CODES, Breaker
+from controlplane.sdk.checks import check_admit_args, check_complete_args, check_deadline
+from controlplane.sdk.counters import Counters
+from controlplane.sdk.entries import Entry, Key
+from controlplane.sdk.limits import LimitsCache
+from controlplane.sdk.model import (
+    Admission,
+    Completion,
+    ControlPlaneUnavailable,
+    FailPolicy,
+    Limits,
+    buffered_completion,
+    completion_of_response,
+)
+from controlplane.sdk.spool import CompletionSpool, offline_refused
+from controlplane.sdk.spoolfile import SpoolFile
+
+log = logging.getLogger("burstgate.sdk")
+
+API_KEY_ENV = "BURSTGATE_API_KEY"
+MAX_BATCH = 10_000  # the server's default most entries per AdmitBatch
+
+
+class Admitted(NamedTuple):
+    lane: str
+    model: str
+    pool: str
+    offline: bool
+    at_ns: int  # wall clock when admitted
+
+
+def make_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
+    """The client's channel: plaintext, or TLS / mTLS with ``tls``'s PEM files
+    (as controlplane.client.admin's), with the SDK's channel options."""
+    if tls is None or (tls.ca is None and tls.cert is None):
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
+        private_key=tls.key.read_bytes() if tls.key else None,
+        certificate_chain=tls.cert.read_bytes() if tls.cert else None,
+    )
+    options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.aio.secure_channel(target, creds, options=options)
+
+
+def fail_policies(value: FailPolicy | Mapping[str, FailPolicy]) -> dict[str, FailPolicy]:
+    """The per-lane policies; key "" is the default (fail closed unless given)."""
+    raw = {"": value} if isinstance(value, str) else dict(value)
+    out = {"": FailPolicy.CLOSED}
+    for lane, policy in raw.items():
+        try:
+            out[lane] = FailPolicy(policy)
+        except ValueError:
+            raise ValueError(
+                f"fail_policy: {policy!r} for lane {lane!r} is not one of open, closed"
+            ) from None
+    return out
+
+
+class AsyncAdmissionClient:
+    def __init__(
+        self, target: str, *, api_key: str | None = None, deadline_s: float = 0.25,
+        batch_window_s: float = 0.0003, batch_max: int = 256,
+        fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
+        spool_path: str | Path | None = None, spool_max: int = 100_000,
+        limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
+        complete_deadline_s: float = 2.0, wait_in_gate: bool = True,
+        tls: TlsFiles | None = None,
+    ) -> None:  # fmt: skip
+        """Create inside a running event loop (the channel is bound to it).
+        ``complete_deadline_s``: Complete is off the request's critical path
+        and, with metering, answered once its ledger record is durable, so
+        it gets longer than ``deadline_s``; a Complete past it is buffered.
+        ``wait_in_gate=False``: Admits are never held in burstgate's queue
+        (refused at once instead; the server's cheaper path), for callers
+        that back off themselves. ``tls``: the CA (and for mTLS the client's
+        certificate and key) when the control plane serves TLS; None: plaintext."""
+        self.deadline_s = check_deadline("deadline_s", deadline_s)
+        self.complete_deadline_s = check_deadline("complete_deadline_s", complete_deadline_s)
+        if not (batch_window_s >= 0 and batch_window_s < 1):
+            raise ValueError(f"batch_window_s: must be >= 0 and < 1 s, got {batch_window_s}")
+        if isinstance(batch_max, bool) or not 1 <= batch_max <= MAX_BATCH:
+            raise ValueError(f"batch_max: must be between 1 and {MAX_BATCH}, got {batch_max}")
+        if isinstance(spool_max, bool) or spool_max < 1:
+            raise ValueError(f"spool_max: must be >= 1, got {spool_max}")
+        connect_timeout_s = check_deadline("connect_timeout_s", connect_timeout_s)
+        if not limits_ttl_s >= 0:
+            raise ValueError(f"limits_ttl_s: must be >= 0, got {limits_ttl_s}")
+        self._policies = fail_policies(fail_policy)
+        # (everything checked before the channel exists: a bad argument leaks nothing)
+        key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
+        self._meta = (("authorization", f"Bearer {key}"),) if key else None
+        self.counters = Counters()
+        self._channel = make_channel(target, tls)
+        self._stub = pb_grpc.AdmissionServiceStub(self._channel)
+        self._breaker = Breaker(self._channel, self.counters)
+        self._batcher = Batcher(
+            self._stub, self._meta, self._breaker, self.counters, self.policy_of,
+            self._release, window_s=batch_window_s, batch_max=batch_max,
+            connect_timeout_s=connect_timeout_s, wait_in_gate=wait_in_gate,
+        )  # fmt: skip
+        self._admitted: dict[Key, Admitted] = {}
+        self._admitted_max = max(spool_max, 10_000)
+        file = SpoolFile(spool_path) if spool_path is not None else None
+        self._spool = CompletionSpool(
+            self._send_complete, self._breaker, self.counters, max_items=spool_max, file=file
+        )
+        self._spool.load()
+        self._limits = LimitsCache(
+            self._stub, self._meta, self._breaker, self.counters, ttl_s=limits_ttl_s
+        )
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncAdmissionClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        await self.aclose()
+
+    async def aclose(self, flush_timeout_s: float = 1.0) -> None:
+        """Answer the Admits in flight, try to deliver the buffered Completes
+        for up to ``flush_timeout_s`` (what is left stays in the spool file,
+        when there is one), and close the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._batcher.aclose()
+        if self._spool.pending and self._breaker.up:
+            await self._spool.flush(flush_timeout_s)
+        await self._spool.aclose()
+        await self._breaker.aclose()
+        await self._channel.close()
+
+    @property
+    def up(self) -> bool:
+        """Whether the control plane is considered reachable now."""
+        return self._breaker.up
+
+    def policy_of(self, lane: str) -> FailPolicy:
+        return self._policies.get(lane, self._policies[""])
+
+    # ---------------------------------------------------------------- Admit
+
+    async def admit(
+        self, tenant_id: str, request_id: str, *, prompt_tokens: int, max_tokens: int,
+        lane: str = "", model: str = "", pool: str = "", deadline_s: float | None = None,
+    ) -> Admission:  # fmt: skip
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        check_admit_args(tenant_id, request_id, prompt_tokens, max_tokens, lane, model, pool)
+        d = self.deadline_s if deadline_s is None else check_deadline("deadline_s", deadline_s)
+        loop_time = self._batcher.now()
+        e = Entry(tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
+                  loop_time + d)  # fmt: skip
+        a = await self._batcher.admit(e, d)
+        self.counters.admits += 1
+        if a.admitted:
+            key = (tenant_id, request_id)
+            admitted = self._admitted
+            admitted.pop(key, None)  # (re)inserted last: a dict keeps insertion order
+            admitted[key] = Admitted(lane, model, pool, a.offline, time.time_ns())
+            if len(admitted) > self._admitted_max:  # never completed: forget the oldest
+                del admitted[next(iter(admitted))]
+        return a
+
+    def _release(self, e: Entry) -> None:
+        """The server admitted ``e`` after its caller was refused (or left):
+        settle it with no usage rather than hold its tokens until the TTL.
+        Through the spool, in the background: late admissions come in
+        numbers when the control plane is overloaded, and a Complete each,
+        at once, would only add to that."""
+        req = pb.CompleteRequest(tenant_id=e.tenant_id, request_id=e.request_id)
+        self._batcher.spawn(self._settle_unused(req))
+
+    async def _settle_unused(self, req: pb.CompleteRequest) -> None:
+        try:
+            await self._spool.put(req)
+        except ControlPlaneUnavailable as exc:
+            log.warning("the late admission of %r is held until its TTL: %s", req.request_id, exc)
+
+    # ------------------------------------------------------------- Complete
+
+    async def complete(
+        self, tenant_id: str, request_id: str, *, prompt_tokens: int, generated_tokens: int,
+        cached_prompt_tokens: int = 0, exec_start_unix_ns: int = 0, exec_end_unix_ns: int = 0,
+        kv_cache_miss_rate: float | None = None,
+    ) -> Completion:  # fmt: skip
+        """Settle with the real usage. ``kv_cache_miss_rate``: this request's
+        own rate, when the engine measured it (None: the pool's window rate)."""
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        check_complete_args(tenant_id, request_id, prompt_tokens, generated_tokens,
+                            cached_prompt_tokens, exec_start_unix_ns, exec_end_unix_ns,
+                            kv_cache_miss_rate)  # fmt: skip
+        req = pb.CompleteRequest(
+            tenant_id=tenant_id, request_id=request_id, prompt_tokens=prompt_tokens,
+            generated_tokens=generated_tokens, cached_prompt_tokens=cached_prompt_tokens,
+            exec_start_unix_ns=exec_start_unix_ns, exec_end_unix_ns=exec_end_unix_ns,
+        )  # fmt: skip
+        if kv_cache_miss_rate is not None:
+            req.kv_cache_miss_rate = kv_cache_miss_rate
+            req.kv_cache_miss_rate_reported = True
+        self.counters.completes += 1
+        key = (tenant_id, request_id)
+        done = await self._complete_request(req, self._admitted.get(key))
+        self._admitted.pop(key, None)  # kept when the Complete raised: the caller may retry
+        return done
+
+    async def _complete_request(self, req: pb.CompleteRequest, adm: Admitted | None) -> Completion:
+        if adm is not None and adm.offline:
+            _attach_offline(req, adm)
+        while self._breaker.up:
+            try:
+                return completion_of_response(await self._send_complete(req))
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise ValueError(exc.details()) from None
+                if (
+                    code == grpc.StatusCode.NOT_FOUND
+                    and adm is not None
+                    and not req.HasField("offline")
+                ):
+                    _attach_offline(req, adm)  # the server forgot it: book what ran
+                    continue
+                if not (code in TRANSPORT_CODES or offline_refused(exc, req)):
+                    raise
+                self._breaker.failed(exc, "Complete")
+                break
+        # Unreachable: buffer it, with what the server needs to book it if
+        # it no longer holds the reservation when it gets it.
+        if adm is not None:
+            _attach_offline(req, adm)
+        if not req.exec_end_unix_ns:
+            req.exec_end_unix_ns = max(time.time_ns(), req.exec_start_unix_ns)
+        added = await self._spool.put(req)
+        if added:
+            self.counters.completes_buffered += 1
+        return buffered_completion(req.request_id, duplicate=not added)
+
+    async def _send_complete(self, req: pb.CompleteRequest) -> pb.CompleteResponse:
+        resp: pb.CompleteResponse = await self._stub.Complete(
+            req, timeout=self.complete_deadline_s, metadata=self._meta
+        )
+        return resp
+
+    @property
+    def pending_completions(self) -> int:
+        return self._spool.pending
+
+    async def flush(self, timeout_s: float | None = None) -> int:
+        """Deliver the buffered Completes now; wait until done or
+        ``timeout_s`` (None: until done, which is never while the control
+        plane stays down). Returns how many were handled meanwhile."""
+        return await self._spool.flush(timeout_s)
+
+    # ------------------------------------------------- ReportLoad, GetLimits
+
+    async def report_load(self, report: pb.LoadReport) -> pb.LoadReportAck | None:
+        """None when the control plane is unreachable (the next report
+        replaces this one: nothing is buffered)."""
+        if not self._breaker.up:
+            self.counters.report_load_failures += 1
+            await asyncio.sleep(0)  # fail fast, but yield (see Batcher.admit)
+            return None
+        try:
+            ack: pb.LoadReportAck = await self._stub.ReportLoad(
+                report, timeout=self.deadline_s, metadata=self._meta
+            )
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ValueError(exc.details()) from None
+            if code not in TRANSPORT_CODES:
+                raise
+            self._breaker.failed(exc, "ReportLoad")
+            self.counters.report_load_failures += 1
+            return None
+        return ack
+
+    async def limits(self, tenant_id: str) -> Limits | None:
+        return await self._limits.get(tenant_id, self.deadline_s)
+
+
+def _attach_offline(req: pb.CompleteRequest, adm: Admitted) -> None:
+    req.offline.CopyFrom(pb.OfflineAdmission(lane=adm.lane, model=adm.model, pool=adm.pool))
+    if not req.exec_start_unix_ns:
+        # When it ran (from its admission here), not when the server books
+        # it: possibly much later, and after the end the SDK recorded.
+        req.exec_start_unix_ns = min(adm.at_ns, req.exec_end_unix_ns or adm.at_ns)
