@@ -1,15 +1,21 @@
 """The client SDK's micro-batching vs unary Admit calls, side by side.
 
-    .venv/bin/python bench/bench_sdk.py            # ~1 minute
-    .venv/bin/python bench/bench_sdk.py --quick    # smoke run, ~15 s
+    .venv/bin/python bench/bench_sdk.py            # ~2 minutes
+    .venv/bin/python bench/bench_sdk.py --quick    # smoke run, ~40 s
 
-N concurrent callers (asyncio tasks, closed loop: each sends its next Admit
-as soon as the last is answered) ask for decisions for ``--seconds`` after a
-warm-up, each with a fresh request id, through:
+Two kinds of load, each for ``--seconds`` after a warm-up, every Admit
+with a fresh request id: open loop at ``--rates`` Admits per second (evenly
+spaced, sent whatever the answers; the latency a sidecar's requests see at
+that rate), and closed loop with ``--callers`` N concurrent callers (each
+sends its next Admit as soon as the last is answered; the most decisions
+per second, latency then grows with N). Through:
 
 * ``sdk``: one ``controlplane.sdk.AsyncAdmissionClient`` (its defaults: a
   300 µs window, batches of up to 256, the SDK's 250 ms deadline, so each
-  entry may wait in the server's queue: ``max_wait_ms`` is sent);
+  entry may wait in the server's queue: ``max_wait_ms`` is sent, and the
+  server decides the batch entry by entry on Admit's path);
+* ``sdk-nowait``: the same with ``wait_in_gate=False`` (no ``max_wait_ms``:
+  the server's columnar fast path);
 * ``unary``: one grpc.aio channel, one ``Admit`` call per decision
   (``timeout`` 250 ms), the same keepalive options.
 
@@ -45,6 +51,7 @@ import _harness as h
 import _loadgen as lg
 
 TENANT = "bench-sdk"
+MODES = ("sdk", "sdk-nowait", "unary")
 DEADLINE_S = 0.25
 
 
@@ -97,7 +104,7 @@ def prepare_db(url: str) -> None:
 @dataclass
 class Result:
     mode: str
-    callers: int
+    load: str  # "N=64" (closed loop) or "5,000/s" (open loop)
     decisions: int
     seconds: float
     p50_ms: float
@@ -155,9 +162,55 @@ async def closed_loop(
     return lat, admitted, wall, c1 - c0, s1 - s0
 
 
+async def open_loop(
+    decide: Callable[[str], Coroutine[Any, Any, bool]], rate: float, warmup_s: float,
+    seconds: float, server_pid: int,
+) -> tuple[list[float], int, float, float, float]:  # fmt: skip
+    """Send ``rate`` Admits per second, evenly spaced, whatever the answers
+    (open loop); latency from each call's start. Returns as closed_loop."""
+    loop = asyncio.get_running_loop()
+    lat: list[float] = []
+    admitted = 0
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(rid: str, measured: bool) -> None:
+        nonlocal admitted
+        t0 = time.perf_counter()
+        ok = await decide(rid)
+        if measured:
+            lat.append((time.perf_counter() - t0) * 1000)
+            admitted += ok
+
+    start = loop.time()
+    end_warmup, end = start + warmup_s, start + warmup_s + seconds
+    sent, c0, s0, w0 = 0, 0.0, 0.0, 0.0
+    measuring = False
+    while True:
+        now = loop.time()
+        if not measuring and now >= end_warmup:
+            measuring = True
+            c0, s0, w0 = time.process_time(), lg.proc_cpu_s(server_pid), time.perf_counter()
+        if now >= end:
+            break
+        due = int((now - start) * rate)  # arrivals due by now: a 1 ms tick sends them
+        while sent < due:
+            sent += 1
+            task = loop.create_task(one(f"o{sent}", measuring))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.sleep(0.001)
+    wall = time.perf_counter() - w0
+    c1, s1 = time.process_time(), lg.proc_cpu_s(server_pid)
+    if tasks:
+        await asyncio.wait(tasks)
+    return lat, admitted, wall, c1 - c0, s1 - s0
+
+
 async def run_mode(
-    mode: str, target: str, callers: int, warmup_s: float, seconds: float, server_pid: int
-) -> Result:
+    mode: str, target: str, load: tuple[str, float], warmup_s: float, seconds: float,
+    server_pid: int,
+) -> Result:  # fmt: skip
+    """``load``: ("closed", N callers) or ("open", rate per second)."""
     import grpc
 
     from controlplane._proto.burstgate.v1 import admission_pb2 as pb
@@ -165,18 +218,26 @@ async def run_mode(
     from controlplane.client import KEEPALIVE_OPTIONS
     from controlplane.sdk import AsyncAdmissionClient
 
+    kind, amount = load
+
+    async def drive(decide: Callable[[str], Coroutine[Any, Any, bool]]) -> Any:
+        if kind == "closed":
+            return await closed_loop(decide, int(amount), warmup_s, seconds, server_pid)
+        return await open_loop(decide, amount, warmup_s, seconds, server_pid)
+
     batches = 0
-    if mode == "sdk":
-        async with AsyncAdmissionClient(target, deadline_s=DEADLINE_S) as c:
+    if mode.startswith("sdk"):
+        wait = mode == "sdk"
+        async with AsyncAdmissionClient(target, deadline_s=DEADLINE_S, wait_in_gate=wait) as c:
 
             async def decide(rid: str) -> bool:
                 a = await c.admit(TENANT, rid, prompt_tokens=100, max_tokens=50)
                 return a.admitted and not a.offline
 
-            out = await closed_loop(decide, callers, warmup_s, seconds, server_pid)
+            out = await drive(decide)
             batches = c.counters.batches
             if c.counters.offline_admits + c.counters.offline_refusals:
-                print(f"  ! {mode} N={callers}: offline answers {c.counters}", file=sys.stderr)
+                print(f"  ! {mode} {load}: offline answers {c.counters}", file=sys.stderr)
     else:
         async with grpc.aio.insecure_channel(target, options=KEEPALIVE_OPTIONS) as channel:
             stub = pb_grpc.AdmissionServiceStub(channel)
@@ -190,12 +251,13 @@ async def run_mode(
                     return False  # counted as not admitted (a deadline passed)
                 return bool(resp.decision == pb.DECISION_ADMIT)
 
-            out = await closed_loop(decide, callers, warmup_s, seconds, server_pid)
+            out = await drive(decide)
     lat, admitted, wall, client_s, server_s = out
     lat.sort()
     n = len(lat)
+    label = f"N={int(amount)}" if kind == "closed" else f"{amount:,.0f}/s"
     return Result(
-        mode, callers, n, wall, pct(lat, 0.5), pct(lat, 0.99),
+        mode, label, n, wall, pct(lat, 0.5), pct(lat, 0.99),
         client_s / n * 1e6 if n else float("nan"), server_s / n * 1e6 if n else float("nan"),
         admitted / n if n else 0.0, batches,
     )  # fmt: skip
@@ -219,17 +281,17 @@ def report(results: list[Result], argv: Sequence[str] | None, loop_kind: str) ->
         f"`{' '.join(h.command_line(__file__, argv))}`",
         "",
         *h.machine(),
-        f"- client loop: {loop_kind}; closed loop, fresh request ids, deadline "
-        f"{DEADLINE_S * 1000:.0f} ms",
+        f"- client loop: {loop_kind}; load: open loop at a rate (Admits/s) or closed loop "
+        f"with N callers; fresh request ids; deadline {DEADLINE_S * 1000:.0f} ms",
         "",
-        "| N callers | mode | decisions/s | p50 ms | p99 ms | client µs/dec | server µs/dec "
+        "| load | mode | decisions/s | p50 ms | p99 ms | client µs/dec | server µs/dec "
         "| batches (mean size) | admitted |",
         "|---:|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in results:
         size = f"{r.batches} ({r.decisions / r.batches:.0f})" if r.batches else "-"
         out.append(
-            f"| {r.callers} | {r.mode} | {r.per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} "
+            f"| {r.load} | {r.mode} | {r.per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} "
             f"| {r.client_us:.1f} | {r.server_us:.1f} | {size} | {r.admitted * 100:.0f} % |"
         )
     return "\n".join(out)
@@ -239,13 +301,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seconds", type=float, default=None)
-    ap.add_argument("--callers", type=str, default=None, help="comma-separated N values")
+    ap.add_argument("--callers", type=str, default=None, help="closed loop: N values, a,b,c")
+    ap.add_argument("--rates", type=str, default=None, help="open loop: Admits/s, a,b,c")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = ap.parse_args(argv)
     seconds = args.seconds or (1.5 if args.quick else 4.0)
     warmup = 0.5 if args.quick else 1.0
-    default_callers = "1,64,1024" if args.quick else "1,16,64,256,1024"
-    callers = [int(x) for x in (args.callers or default_callers).split(",")]
+    callers = [int(x) for x in (args.callers or "1,64,1024").split(",")]
+    rates = [float(x) for x in (args.rates or "1000,5000").split(",")]
+    loads = [("open", r) for r in rates] + [("closed", float(n)) for n in callers]
     ctx = mp.get_context("spawn")
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="bench-sdk-") as tmp:
@@ -258,11 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise TimeoutError("the server did not start within 60 s")
             _, port, pid = conn.recv()
             target = f"127.0.0.1:{port}"
-            for n in callers:
-                for mode in ("sdk", "unary"):
+            for load in loads:
+                for mode in MODES:
                     h.quiesce([pid])
-                    r = run_client(run_mode(mode, target, n, warmup, seconds, pid), args.loop)
-                    print(f"  {mode:5} N={n:5}: {r.per_s:9,.0f}/s p50 {r.p50_ms:.2f} ms "
+                    r = run_client(run_mode(mode, target, load, warmup, seconds, pid), args.loop)
+                    print(f"  {mode:10} {r.load:>8}: {r.per_s:9,.0f}/s p50 {r.p50_ms:.2f} ms "
                           f"p99 {r.p99_ms:.2f} ms", file=sys.stderr)  # fmt: skip
                     results.append(r)
         finally:

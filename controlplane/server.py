@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 from prometheus_client import start_http_server
 
+from controlplane.aiotime import within
 from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
@@ -158,7 +159,7 @@ class ControlPlane:
         fut.add_done_callback(self._db_calls.discard)
         fut.add_done_callback(_swallow)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.settings.operator_db_timeout_s)
+            return await within(asyncio.shield(fut), self.settings.operator_db_timeout_s)
         except TimeoutError:
             raise TimeoutError(
                 f"no answer from the database within {self.settings.operator_db_timeout_s} s"

@@ -37,6 +37,7 @@ from typing import Any
 import structlog
 from sqlalchemy.engine import make_url
 
+from controlplane.aiotime import within
 from controlplane.domain import Settlement
 from controlplane.domain.catalog import PriceCatalog, actual_cost, user_charge, zero_price
 from controlplane.domain.errors import LedgerUnavailable, NotFound, excerpt
@@ -337,7 +338,7 @@ class Metering:
         try:
             # Bounded like a ledger write: a hung database answers "retry
             # later", not after the outage.
-            return await asyncio.wait_for(
+            return await within(
                 asyncio.to_thread(self.store.fetch, key), self.writer.db_timeout_s
             )
         except Exception as exc:
@@ -362,7 +363,7 @@ class Metering:
         last_catalog = last_flush = 0.0
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), 0.25)
+                await within(self._stopping.wait(), 0.25)
             if self._stopping.is_set():
                 return
             mono = time.monotonic()

@@ -43,6 +43,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
+from controlplane.aiotime import within
 from controlplane.domain.errors import LedgerUnavailable
 from controlplane.domain.ledger_records import Key, LedgerRecord
 from controlplane.ledger.spool import CorruptSegment, Spool, SpoolFull
@@ -275,7 +276,7 @@ class LedgerWriter:
         if self.db_ok:
             job = loop.run_in_executor(self._db_pool, self.store.insert, records)
             try:
-                conflicts = await asyncio.wait_for(asyncio.shield(job), self.hang_deadline())
+                conflicts = await within(asyncio.shield(job), self.hang_deadline())
             except Exception as exc:
                 # A timed-out write may still commit later: the spool replay
                 # is idempotent, so the record ends up stored once either way.
@@ -364,13 +365,13 @@ class LedgerWriter:
         segments = await self._in_spool_thread(self.spool.seal)
         replayed = 0
         for seg in segments:
-            replayed += await asyncio.wait_for(
+            replayed += await within(
                 loop.run_in_executor(self._db_pool, self._replay_segment, seg),
                 max(self.db_timeout_s * 4, 30.0),
             )
         if not segments:
             # Nothing spooled: probe the database before trusting it again.
-            await asyncio.wait_for(
+            await within(
                 loop.run_in_executor(self._db_pool, self.store.ping), self.db_timeout_s
             )
         self.stats.replayed += replayed

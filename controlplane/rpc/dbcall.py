@@ -29,6 +29,7 @@ import structlog
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from controlplane.aiotime import within
 from controlplane.domain.errors import DatabaseUnavailable, DomainError
 
 log = structlog.get_logger("burstgate.db")
@@ -57,7 +58,7 @@ class DbCaller:
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
         try:
-            return await asyncio.wait_for(asyncio.shield(job), self.timeout_s)
+            return await within(asyncio.shield(job), self.timeout_s)
         except DomainError:
             raise
         except TimeoutError:

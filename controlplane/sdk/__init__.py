@@ -16,12 +16,17 @@ module's docstring and in docs/sdk.md:
 
 - aio.py: the asyncio client; sync.py: the synchronous one
 - batcher.py: Admits micro-batched onto one AdmitStream, the gate's releases
+  (session.py: one stream; answers.py, deadlines.py: who gets which answer, when;
+  suspects.py: values that broke a stream go unary)
 - breaker.py: unreachable = the channel fails; fail fast while down
 - spool.py, spoolfile.py: buffered Completes, bounded, on disk, exactly once
 - backoff.py: exponential backoff with full jitter for refused callers
 - model.py: the answer types; limits.py: GetLimits, cached
+- ``pb``: the burstgate.v1 admission messages (LoadReport for report_load)
 """
 
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.client.admin import TlsFiles
 from controlplane.sdk.aio import AsyncAdmissionClient
 from controlplane.sdk.backoff import Backoff
 from controlplane.sdk.counters import Counters
@@ -44,4 +49,6 @@ __all__ = [
     "Counters",
     "FailPolicy",
     "Limits",
+    "TlsFiles",
+    "pb",
 ]

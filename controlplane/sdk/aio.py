@@ -32,9 +32,9 @@ raises its ``grpc.aio.AioRpcError``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +44,7 @@ import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from controlplane.client.admin import TlsFiles
 from controlplane.sdk.batcher import Batcher
 from controlplane.sdk.breaker import CHANNEL_OPTIONS, TRANSPORT_CODES, Breaker
 from controlplane.sdk.checks import check_admit_args, check_complete_args, check_deadline
@@ -53,6 +54,7 @@ from controlplane.sdk.limits import LimitsCache
 from controlplane.sdk.model import (
     Admission,
     Completion,
+    ControlPlaneUnavailable,
     FailPolicy,
     Limits,
     buffered_completion,
@@ -60,6 +62,8 @@ from controlplane.sdk.model import (
 )
 from controlplane.sdk.spool import CompletionSpool, offline_refused
 from controlplane.sdk.spoolfile import SpoolFile
+
+log = logging.getLogger("burstgate.sdk")
 
 API_KEY_ENV = "BURSTGATE_API_KEY"
 MAX_BATCH = 10_000  # the server's default most entries per AdmitBatch
@@ -71,6 +75,22 @@ class Admitted(NamedTuple):
     pool: str
     offline: bool
     at_ns: int  # wall clock when admitted
+
+
+def make_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
+    """The client's channel: plaintext, or TLS / mTLS with ``tls``'s PEM files
+    (as controlplane.client.admin's), with the SDK's channel options."""
+    if tls is None or (tls.ca is None and tls.cert is None):
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
+        private_key=tls.key.read_bytes() if tls.key else None,
+        certificate_chain=tls.cert.read_bytes() if tls.cert else None,
+    )
+    options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.aio.secure_channel(target, creds, options=options)
 
 
 def fail_policies(value: FailPolicy | Mapping[str, FailPolicy]) -> dict[str, FailPolicy]:
@@ -94,12 +114,17 @@ class AsyncAdmissionClient:
         fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
         spool_path: str | Path | None = None, spool_max: int = 100_000,
         limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
-        complete_deadline_s: float = 2.0,
+        complete_deadline_s: float = 2.0, wait_in_gate: bool = True,
+        tls: TlsFiles | None = None,
     ) -> None:  # fmt: skip
         """Create inside a running event loop (the channel is bound to it).
         ``complete_deadline_s``: Complete is off the request's critical path
         and, with metering, answered once its ledger record is durable, so
-        it gets longer than ``deadline_s``; a Complete past it is buffered."""
+        it gets longer than ``deadline_s``; a Complete past it is buffered.
+        ``wait_in_gate=False``: Admits are never held in burstgate's queue
+        (refused at once instead; the server's cheaper path), for callers
+        that back off themselves. ``tls``: the CA (and for mTLS the client's
+        certificate and key) when the control plane serves TLS; None: plaintext."""
         self.deadline_s = check_deadline("deadline_s", deadline_s)
         self.complete_deadline_s = check_deadline("complete_deadline_s", complete_deadline_s)
         if not (batch_window_s >= 0 and batch_window_s < 1):
@@ -108,19 +133,23 @@ class AsyncAdmissionClient:
             raise ValueError(f"batch_max: must be between 1 and {MAX_BATCH}, got {batch_max}")
         if isinstance(spool_max, bool) or spool_max < 1:
             raise ValueError(f"spool_max: must be >= 1, got {spool_max}")
+        connect_timeout_s = check_deadline("connect_timeout_s", connect_timeout_s)
+        if not limits_ttl_s >= 0:
+            raise ValueError(f"limits_ttl_s: must be >= 0, got {limits_ttl_s}")
         self._policies = fail_policies(fail_policy)
+        # (everything checked before the channel exists: a bad argument leaks nothing)
         key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
         self._meta = (("authorization", f"Bearer {key}"),) if key else None
         self.counters = Counters()
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = make_channel(target, tls)
         self._stub = pb_grpc.AdmissionServiceStub(self._channel)
         self._breaker = Breaker(self._channel, self.counters)
         self._batcher = Batcher(
             self._stub, self._meta, self._breaker, self.counters, self.policy_of,
             self._release, window_s=batch_window_s, batch_max=batch_max,
-            connect_timeout_s=check_deadline("connect_timeout_s", connect_timeout_s),
+            connect_timeout_s=connect_timeout_s, wait_in_gate=wait_in_gate,
         )  # fmt: skip
-        self._admitted: OrderedDict[Key, Admitted] = OrderedDict()
+        self._admitted: dict[Key, Admitted] = {}
         self._admitted_max = max(spool_max, 10_000)
         file = SpoolFile(spool_path) if spool_path is not None else None
         self._spool = CompletionSpool(
@@ -180,17 +209,27 @@ class AsyncAdmissionClient:
         self.counters.admits += 1
         if a.admitted:
             key = (tenant_id, request_id)
-            self._admitted[key] = Admitted(lane, model, pool, a.offline, time.time_ns())
-            self._admitted.move_to_end(key)
-            while len(self._admitted) > self._admitted_max:
-                self._admitted.popitem(last=False)
+            admitted = self._admitted
+            admitted.pop(key, None)  # (re)inserted last: a dict keeps insertion order
+            admitted[key] = Admitted(lane, model, pool, a.offline, time.time_ns())
+            if len(admitted) > self._admitted_max:  # never completed: forget the oldest
+                del admitted[next(iter(admitted))]
         return a
 
     def _release(self, e: Entry) -> None:
         """The server admitted ``e`` after its caller was refused (or left):
-        settle it with no usage rather than hold its tokens until the TTL."""
+        settle it with no usage rather than hold its tokens until the TTL.
+        Through the spool, in the background: late admissions come in
+        numbers when the control plane is overloaded, and a Complete each,
+        at once, would only add to that."""
         req = pb.CompleteRequest(tenant_id=e.tenant_id, request_id=e.request_id)
-        self._batcher.spawn(self._complete_request(req, None))
+        self._batcher.spawn(self._settle_unused(req))
+
+    async def _settle_unused(self, req: pb.CompleteRequest) -> None:
+        try:
+            await self._spool.put(req)
+        except ControlPlaneUnavailable as exc:
+            log.warning("the late admission of %r is held until its TTL: %s", req.request_id, exc)
 
     # ------------------------------------------------------------- Complete
 
@@ -248,6 +287,8 @@ class AsyncAdmissionClient:
         if not req.exec_end_unix_ns:
             req.exec_end_unix_ns = max(time.time_ns(), req.exec_start_unix_ns)
         added = await self._spool.put(req)
+        if added:
+            self.counters.completes_buffered += 1
         return buffered_completion(req.request_id, duplicate=not added)
 
     async def _send_complete(self, req: pb.CompleteRequest) -> pb.CompleteResponse:
@@ -262,7 +303,8 @@ class AsyncAdmissionClient:
 
     async def flush(self, timeout_s: float | None = None) -> int:
         """Deliver the buffered Completes now; wait until done or
-        ``timeout_s``. Returns how many were handled meanwhile."""
+        ``timeout_s`` (None: until done, which is never while the control
+        plane stays down). Returns how many were handled meanwhile."""
         return await self._spool.flush(timeout_s)
 
     # ------------------------------------------------- ReportLoad, GetLimits

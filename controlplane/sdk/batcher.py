@@ -7,6 +7,9 @@ less a margin for the answer's trip (a tenth of the time left, 5 to 100 ms,
 as the server's own margin for unary Admit), so a request the server holds
 in its queue (``queued[i]`` in the batch's first result) is answered by a
 later *release* result before the caller's deadline; the caller just awaits.
+With ``wait_in_gate=False`` no ``max_wait_ms`` is sent: the server answers
+every entry at once on its columnar fast path (several times cheaper per
+decision, bench/bench_sdk.py), refusing what its queue would have held.
 
 Self-clocking, as Nagle's algorithm for TCP: an Admit that finds no batch
 awaiting its first result (and none waiting to be written) is sent at the
@@ -20,11 +23,10 @@ libuv) when nothing else wakes the loop. ``window_s=0`` never holds.
 
 Failures (see breaker.py for "unreachable"):
 
-- stream broken (UNAVAILABLE, CANCELLED, ended with answers owed): the
-  breaker trips, every entry still unanswered on it gets its lane's
-  FailPolicy, none is lost; the server takes the queued entries of a failed
-  stream out of its queues. The next batch after the breaker closes opens a
-  new stream (the breaker's probe backoff is the reopen backoff).
+- stream broken (UNAVAILABLE, CANCELLED, ended with answers owed) or silent:
+  the breaker trips, every entry still unanswered on it gets its lane's
+  FailPolicy (none is lost; the server dequeues a failed stream's entries);
+  the next batch after the breaker closes opens a new stream.
 - stream ended by an error that is the server's answer (INVALID_ARGUMENT,
   PERMISSION_DENIED, UNAUTHENTICATED, ...): the server is up, so the
   unanswered entries are asked again one by one with unary Admit, and each
@@ -32,11 +34,7 @@ Failures (see breaker.py for "unreachable"):
   (``batch 7: lane[3]: ...``) goes unary for a while (suspects.py), so one
   caller's unknown lane does not keep breaking the stream for everyone, and
   the stream is reopened only after a backoff (unary meanwhile).
-- no answer by a caller's deadline: the lane's FailPolicy, or, for an entry
-  the server said it holds in its queue, a local ``queue_timeout`` refusal.
-  If the server's admission arrives after the caller was refused, the
-  reservation is released at once (``on_release``: a Complete of 0 tokens)
-  instead of holding tokens until the reservation TTL.
+- no answer by a caller's deadline, and late answers: answers.py.
 """
 
 from __future__ import annotations
@@ -52,22 +50,18 @@ from typing import Any
 import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.sdk.answers import Answers
 from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker, unreachable
 from controlplane.sdk.counters import Counters
-from controlplane.sdk.entries import Entry, Key, Waiter
-from controlplane.sdk.model import (
-    Admission,
-    FailPolicy,
-    admission_of_response,
-    gate_timeout_admission,
-    offline_admission,
-)
+from controlplane.sdk.entries import Entry
+from controlplane.sdk.model import Admission, FailPolicy, admission_of_response
 from controlplane.sdk.session import Session
 from controlplane.sdk.suspects import Suspects
 
 log = logging.getLogger("burstgate.sdk")
 
 REOPEN_MIN_S, REOPEN_MAX_S = 0.05, 2.0  # after a stream error the server answered
+SILENCE_S = 1.0  # a stream owing a first result that reads nothing this long is silent
 
 
 def wait_ms(remaining_s: float) -> int:
@@ -84,14 +78,14 @@ class Batcher:
         self, stub: Any, metadata: tuple[tuple[str, str], ...] | None, breaker: Breaker,
         counters: Counters, policy_of: Callable[[str], FailPolicy],
         on_release: Callable[[Entry], None], *, window_s: float, batch_max: int,
-        connect_timeout_s: float = 1.0,
+        connect_timeout_s: float = 1.0, wait_in_gate: bool = True,
     ) -> None:  # fmt: skip
         self._stub, self._meta, self._breaker = stub, metadata, breaker
-        self._counters, self._policy_of, self._on_release = counters, policy_of, on_release
+        self._counters = counters
         self._window_s, self._batch_max = window_s, batch_max
         self._connect_timeout_s = connect_timeout_s
+        self._wait_in_gate = wait_in_gate
         self._loop = asyncio.get_running_loop()
-        self._inflight: dict[Key, Entry] = {}
         self._pending: list[Entry] = []
         self._flush_handle: asyncio.Handle | None = None
         self._outbox: deque[list[Entry]] = deque()
@@ -102,6 +96,9 @@ class Batcher:
         self._reopen_at, self._reopen_failures = 0.0, 0
         self._suspects = Suspects()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._answers = Answers(
+            self._loop, breaker, counters, policy_of, on_release, on_silent=self._silent
+        )
         self._closing = False
 
     # ---------------------------------------------------------------- callers
@@ -111,8 +108,8 @@ class Batcher:
 
     async def admit(self, e: Entry, deadline_s: float) -> Admission:
         fut: asyncio.Future[Admission] = self._loop.create_future()
-        waiter = Waiter(fut)
-        joined = self._inflight.get(e.key)
+        answers = self._answers
+        joined = answers.inflight.get(e.key)
         if joined is not None:
             self._counters.joined += 1
             e = joined
@@ -120,69 +117,29 @@ class Batcher:
             # Known down: fail fast, but yield once, so a caller that loops
             # on admit cannot starve the loop (and the probe that ends this).
             await asyncio.sleep(0)
-            return self._offline(e)
+            return answers.offline(e)
         else:
-            self._inflight[e.key] = e
+            answers.inflight[e.key] = e
             self._enqueue(e)
-        waiter.timer = self._loop.call_later(deadline_s, self._expire, e, fut)
-        e.waiters.append(waiter)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            waiter.timer.cancel()  # the caller went away: a late admission is released
-            raise
+        answers.wait(e, fut, self._loop.time() + deadline_s)
+        # (a caller cancelled meanwhile cancels ``fut``: it no longer counts
+        # as waiting, and a late admission of ``e`` is released)
+        return await fut
 
-    def _offline(self, e: Entry) -> Admission:
-        a = offline_admission(
-            e.request_id, self._policy_of(e.lane), e.max_tokens, self._breaker.retry_hint_ms() or 50
-        )
-        if a.admitted:
-            self._counters.offline_admits += 1
-        else:
-            self._counters.offline_refusals += 1
-        return a
-
-    def _expire(self, e: Entry, fut: asyncio.Future[Admission]) -> None:
-        """A caller's deadline passed without the server's answer."""
-        if fut.done():
+    def _silent(self, e: Entry) -> None:
+        """``e``'s deadline passed and its batch's first result (which a
+        working server sends at once) has not come. If the stream has read
+        nothing for ``SILENCE_S`` while owing a first result, the server or
+        the network went silent (the connection may look fine for the
+        keepalive's 15 s): unreachable, and the stream is dropped. A stream
+        that keeps answering, late (an overloaded server, or this loop
+        too busy to read), is not: that caller alone got the FailPolicy."""
+        st = self._stream
+        if st is None or st.ended or st.silence(self._loop.time()) < SILENCE_S:
             return
-        if e.queued:
-            self._counters.gate_timeouts += 1
-            waited = int((self._loop.time() - e.queued_at) * 1000)
-            a = gate_timeout_admission(e.request_id, waited)
-        else:
-            if e.streamed and not e.settled:
-                # A batch's first result comes at once: this stream went silent.
-                self._breaker.trip("no AdmitStream answer within a deadline")
-                st = self._stream
-                if st is not None:
-                    st.call.cancel()
-            a = self._offline(e)
-        fut.set_result(a)
-        if a.admitted:
-            e.told_admitted = True
-        if not e.sent and not e.live():
-            self._forget(e)  # never left this process: nothing to wait for
-
-    def _forget(self, e: Entry) -> None:
-        if self._inflight.get(e.key) is e:
-            del self._inflight[e.key]
-
-    def _settle(self, e: Entry, a: Admission) -> None:
-        """The server's answer for ``e``."""
-        e.settled = True
-        self._forget(e)
-        e.tell(a)
-        if a.admitted and not e.told_admitted:
-            self._counters.late_releases += 1
-            self._on_release(e)
-
-    def _settle_offline(self, e: Entry) -> None:
-        """No answer will come (the stream broke): the lane's FailPolicy."""
-        e.settled = True
-        self._forget(e)
-        if e.live():
-            e.tell(self._offline(e))
+        self._breaker.trip(f"no AdmitStream answer for {SILENCE_S:g} s")
+        st.aborted = True
+        st.call.cancel()
 
     # ----------------------------------------------------------------- window
 
@@ -198,8 +155,7 @@ class Batcher:
             )
 
     def _idle(self) -> bool:
-        """No batch awaits its first result and none waits to be written:
-        holding an entry for the window would only add latency."""
+        """Nothing in flight or to be written: a window would only add latency."""
         st = self._stream
         return not self._outbox and (st is None or st.ended or st.unacked == 0)
 
@@ -232,7 +188,7 @@ class Batcher:
             if e.live():
                 live.append(e)
             else:
-                self._forget(e)
+                self._answers.forget(e)
         return live
 
     async def _send(self, entries: list[Entry]) -> None:
@@ -241,7 +197,7 @@ class Batcher:
             return
         if not self._breaker.up:
             for e in entries:
-                self._settle_offline(e)
+                self._answers.settle_offline(e)
             return
         now = self._loop.time()
         unary = [e for e in entries if self._suspects(e, now)]
@@ -253,7 +209,7 @@ class Batcher:
                 unary += entries
             else:
                 for e in self._live(entries):
-                    self._settle_offline(e)
+                    self._answers.settle_offline(e)
             entries = []
         for e in unary:
             self.spawn(self._unary(e))
@@ -274,7 +230,7 @@ class Batcher:
             request_id=[e.request_id for e in group],
             lane=lanes if any(lanes) else (), prompt_tokens=[e.prompt_tokens for e in group],
             max_tokens=[e.max_tokens for e in group], model=model, pool=pool,
-            max_wait_ms=[wait_ms(e.deadline - now) for e in group],
+            max_wait_ms=[wait_ms(e.deadline - now) for e in group] if self._wait_in_gate else (),
         )  # fmt: skip
         for e in group:
             e.sent = e.streamed = True
@@ -283,6 +239,7 @@ class Batcher:
             return
         st.batches[bid] = group
         st.unacked += 1
+        st.sent_at.append(now)
         self._counters.batches += 1
         self._counters.streamed += len(group)
         try:
@@ -300,7 +257,9 @@ class Batcher:
         if now < self._reopen_at:
             return None
         budget = min(self._connect_timeout_s, max(e.deadline for e in entries) - now)
-        if budget <= 0 or not await self._breaker.connect(budget):
+        if budget <= 0:
+            return None  # their deadlines passed (a busy loop): no time to connect
+        if not await self._breaker.connect(budget):
             self._breaker.trip("no connection within the connect check")
             return None
         st = self._stream
@@ -330,13 +289,18 @@ class Batcher:
                 self._stream = None
             left = st.end(err)
             lost = [e for group in left.values() for e in group if not e.settled]
-            if lost or err is not None:
+            if st.aborted:  # dropped as silent: the breaker tripped already
+                self._counters.stream_failures += 1
+                for e in lost:
+                    self._answers.settle_offline(e)
+            elif lost or err is not None:
                 self._on_lost(lost, err, left)
 
     def _on_result(self, st: Session, res: pb.AdmitBatchResult) -> None:
+        st.last_read = self._loop.time()
         if not res.entry:
             self._reopen_failures = 0  # a first result: this stream works
-        self._counters.queued += st.dispatch(res, self._settle, self._loop.time())
+        self._counters.queued += st.dispatch(res, self._answers.settle, self._loop.time())
         if self._pending and self._idle() and isinstance(self._flush_handle, asyncio.TimerHandle):
             self._flush()  # the last batch is answered: send what waits now (as Nagle's)
 
@@ -356,7 +320,7 @@ class Batcher:
                 why = err.code().name if isinstance(err, grpc.aio.AioRpcError) else repr(err)
                 self._breaker.trip(f"AdmitStream ended ({why})")
             for e in lost:
-                self._settle_offline(e)
+                self._answers.settle_offline(e)
             return
         assert isinstance(err, grpc.aio.AioRpcError)
         log.warning("AdmitStream ended by the server: %s %s", err.code().name, err.details())
@@ -374,10 +338,10 @@ class Batcher:
     async def _unary(self, e: Entry) -> None:
         left = e.deadline - self._loop.time()
         if not e.live():
-            self._forget(e)
+            self._answers.forget(e)
             return
         if left <= 0 or not self._breaker.up:
-            self._settle_offline(e)
+            self._answers.settle_offline(e)
             return
         e.sent = True
         self._counters.unary_admits += 1
@@ -391,19 +355,19 @@ class Batcher:
             code = exc.code()
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 e.settled = True
-                self._forget(e)
+                self._answers.forget(e)
                 e.fail(ValueError(exc.details()))
             elif code in TRANSPORT_CODES or code in (
                 grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN
             ):  # fmt: skip
                 self._breaker.failed(exc, "Admit")
-                self._settle_offline(e)
+                self._answers.settle_offline(e)
             else:  # UNAUTHENTICATED, PERMISSION_DENIED, ...: the caller's to see
                 e.settled = True
-                self._forget(e)
+                self._answers.forget(e)
                 e.fail(exc)
             return
-        self._settle(e, admission_of_response(resp))
+        self._answers.settle(e, admission_of_response(resp))
 
     def spawn(self, coro: Any) -> None:
         task = self._loop.create_task(coro)
@@ -417,7 +381,7 @@ class Batcher:
         bounded by its deadline), then end the stream."""
         self._closing = True
         self._flush()
-        waiting = [w.future for e in list(self._inflight.values()) for w in e.waiters]
+        waiting = self._answers.waiting()
         if waiting:
             await asyncio.wait(waiting)
         if self._tasks:
@@ -428,6 +392,7 @@ class Batcher:
             if st.reader is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await st.reader
+        self._answers.close()
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,11 +1,11 @@
 """Is the control plane reachable? A circuit breaker over one gRPC channel.
 
 *Unreachable* means the channel fails: a call ends UNAVAILABLE, or
-DEADLINE_EXCEEDED while the channel is not connected; an AdmitStream breaks
-or leaves a batch without its first result past an entry's deadline (that
-result comes at once from a working server, so this is a server or network
-gone silent, whose connection may look READY for the keepalive's 15 s); or
-the short connect check before opening a stream fails. A unary call that is
+DEADLINE_EXCEEDED while the channel is not connected; an AdmitStream breaks,
+or reads nothing for a second while it owes a first result (which comes at
+once from a working server: a server or network gone silent, whose
+connection may look READY for the keepalive's 15 s); or the short connect
+check before opening a stream fails. A unary call that is
 merely slow on a connected channel fails alone (its Complete is buffered).
 
 When it trips, the breaker remembers "down" and every call fails fast (the

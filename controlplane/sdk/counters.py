@@ -27,7 +27,7 @@ class Counters:
     # Complete
     completes: int = 0  # complete() calls
     completes_buffered: int = 0  # buffered while unreachable
-    completes_delivered_late: int = 0  # buffered ones delivered
+    completes_delivered_late: int = 0  # buffered ones delivered (and late releases' Completes)
     completes_spool_full: int = 0  # refused (ControlPlaneUnavailable): the spool was full
     completes_undeliverable: int = 0  # buffered ones the server refused for good (logged)
     # ReportLoad, GetLimits

@@ -1,10 +1,10 @@
-"""One Admit in flight (:class:`Entry`) and its callers (:class:`Waiter`).
+"""One Admit in flight (:class:`Entry`) and its callers (their futures).
 
 An entry is keyed by (tenant_id, request_id): a second ``admit`` of the same
 request while the first is in flight *joins* it (one entry, two waiters)
 instead of sending the id twice, which the server would refuse inside one
 AdmitBatch (``request_id[i]``) and, while the first waits in a queue, answer
-with ALREADY_EXISTS. Each waiter has its own deadline timer; the entry lives
+with ALREADY_EXISTS. Each caller has its own deadline (deadlines.py); the entry lives
 until the server answers it (or its stream fails), even when every waiter
 has already been answered locally, so that a late server admission can be
 recognised and released.
@@ -21,12 +21,6 @@ Key = tuple[str, str]
 
 
 @dataclass(slots=True, eq=False)
-class Waiter:
-    future: asyncio.Future[Admission]
-    timer: asyncio.TimerHandle | None = None
-
-
-@dataclass(slots=True, eq=False)
 class Entry:
     tenant_id: str
     request_id: str
@@ -36,7 +30,7 @@ class Entry:
     model: str
     pool: str
     deadline: float  # loop.time() by which the first caller wants its answer
-    waiters: list[Waiter] = field(default_factory=list)
+    waiters: list[asyncio.Future[Admission]] = field(default_factory=list)  # its callers
     sent: bool = False  # in an AdmitBatch (or a unary Admit) on the wire
     streamed: bool = False  # in an AdmitBatch: its first result comes at once
     queued: bool = False  # the server holds it in a queue; a release answers it
@@ -51,23 +45,19 @@ class Entry:
     def live(self) -> bool:
         """Some caller still waits for this entry's answer."""
         for w in self.waiters:  # noqa: SIM110 - on the hot path: no generator
-            if not w.future.done():
+            if not w.done():
                 return True
         return False
 
     def tell(self, admission: Admission) -> None:
         """Answer every caller still waiting."""
         for w in self.waiters:
-            if not w.future.done():
-                if w.timer is not None:
-                    w.timer.cancel()
-                w.future.set_result(admission)
+            if not w.done():
+                w.set_result(admission)
                 if admission.admitted:
                     self.told_admitted = True
 
     def fail(self, exc: BaseException) -> None:
         for w in self.waiters:
-            if not w.future.done():
-                if w.timer is not None:
-                    w.timer.cancel()
-                w.future.set_exception(exc)
+            if not w.done():
+                w.set_exception(exc)

@@ -18,6 +18,7 @@ from controlplane.sdk.model import Limits, limits_of
 # Answers that mean "no limits to show" rather than a caller's mistake: the
 # tenant does not exist, or the server predates GetLimits.
 _NONE_CODES = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED})
+MAX_CACHED = 10_000  # tenants; beyond it the expired entries are dropped
 
 
 class LimitsCache:
@@ -60,7 +61,6 @@ class LimitsCache:
         return await asyncio.shield(call)
 
     async def _fetch(self, tenant_id: str, timeout_s: float) -> Limits | None:
-        loop = asyncio.get_running_loop()
         try:
             msg = await self._stub.GetLimits(
                 pb.GetLimitsRequest(tenant_id=tenant_id), timeout=timeout_s,
@@ -73,11 +73,17 @@ class LimitsCache:
                 self._counters.limits_failures += 1
                 return None
             if code in _NONE_CODES:
-                self._cache[tenant_id] = (loop.time() + self._ttl_s, None)
+                self._remember(tenant_id, None)
                 return None
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise ValueError(exc.details()) from None
             raise
         limits = limits_of(msg)
-        self._cache[tenant_id] = (loop.time() + self._ttl_s, limits)
+        self._remember(tenant_id, limits)
         return limits
+
+    def _remember(self, tenant_id: str, limits: Limits | None) -> None:
+        now = asyncio.get_running_loop().time()
+        if len(self._cache) >= MAX_CACHED:  # many tenants: drop the expired ones
+            self._cache = {t: v for t, v in self._cache.items() if v[0] > now}
+        self._cache[tenant_id] = (now + self._ttl_s, limits)

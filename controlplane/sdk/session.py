@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,9 @@ class Session:
     batches: dict[int, list[Entry]] = field(default_factory=dict)
     owed: dict[int, int] = field(default_factory=dict)  # batch_id -> releases owed
     unacked: int = 0  # batches written whose first result has not come
+    sent_at: deque[float] = field(default_factory=deque)  # of those batches, oldest first
+    last_read: float = 0.0  # loop time of the last result read
+    aborted: bool = False  # cancelled by the SDK (it went silent): already tripped
     ended: bool = False
     error: BaseException | None = None  # why it ended (None: it just ended)
     reader: asyncio.Task[None] | None = None
@@ -47,6 +51,8 @@ class Session:
         queued_now = 0
         if not res.entry:  # the batch's first result: column k answers entry k
             self.unacked = max(0, self.unacked - 1)
+            if self.sent_at:
+                self.sent_at.popleft()
             queued = list(res.queued)
             columns = []
             for k, e in enumerate(group):
@@ -71,6 +77,13 @@ class Session:
             self.owed.pop(bid, None)
         return queued_now
 
+    def silence(self, now: float) -> float:
+        """How long the stream has owed a first result without reading
+        anything (0 when it owes none)."""
+        if not self.sent_at:
+            return 0.0
+        return now - max(self.last_read, self.sent_at[0])
+
     def end(self, err: BaseException | None) -> dict[int, list[Entry]]:
         """Mark the stream ended; return the batches it left (partly)
         unanswered, by batch_id."""
@@ -78,4 +91,5 @@ class Session:
         left, self.batches = self.batches, {}
         self.owed.clear()
         self.unacked = 0
+        self.sent_at.clear()
         return left

@@ -122,7 +122,6 @@ class CompletionSpool:
             )
         self._items[key] = req
         self._emptied.clear()
-        self._counters.completes_buffered += 1
         if self._file is not None:
             with contextlib.suppress(OSError):  # logged by the file; it stays in memory
                 await self._file.add(req)
@@ -198,7 +197,7 @@ class CompletionSpool:
                 "(%s: %s); removed", key[0], key[1], code.name, exc.details(),
             )  # fmt: skip
         else:
-            self._counters.completes_delivered_late += 1
+            self._counters.completes_delivered_late += 1  # (late releases too)
         self._remove(key)
         return True
 
@@ -210,6 +209,12 @@ class CompletionSpool:
             self._emptied.set()
 
     async def aclose(self) -> None:
+        if self._items:
+            where = (
+                f"kept in {self._file.path}" if self._file is not None else "LOST (no spool_path)"
+            )
+            log.error("completion spool: %d Completes undelivered at close, %s",
+                      len(self._items), where)  # fmt: skip
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -13,22 +13,39 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.client.admin import TlsFiles
 from controlplane.sdk.aio import AsyncAdmissionClient
 from controlplane.sdk.counters import Counters
-from controlplane.sdk.model import Admission, Completion, Limits
+from controlplane.sdk.model import Admission, Completion, FailPolicy, Limits
 
 T = TypeVar("T")
 SLACK_S = 5.0  # beyond a call's own deadline: the loop thread is wedged
 
 
 class AdmissionClient:
-    def __init__(self, target: str, **kw: Any) -> None:
-        """The keyword arguments of :class:`AsyncAdmissionClient`."""
+    def __init__(
+        self, target: str, *, api_key: str | None = None, deadline_s: float = 0.25,
+        batch_window_s: float = 0.0003, batch_max: int = 256,
+        fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
+        spool_path: str | Path | None = None, spool_max: int = 100_000,
+        limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
+        complete_deadline_s: float = 2.0, wait_in_gate: bool = True,
+        tls: TlsFiles | None = None,
+    ) -> None:  # fmt: skip
+        """As :class:`AsyncAdmissionClient`."""
+        kw: dict[str, Any] = {
+            "api_key": api_key, "deadline_s": deadline_s, "batch_window_s": batch_window_s,
+            "batch_max": batch_max, "fail_policy": fail_policy, "spool_path": spool_path,
+            "spool_max": spool_max, "limits_ttl_s": limits_ttl_s,
+            "connect_timeout_s": connect_timeout_s, "complete_deadline_s": complete_deadline_s,
+            "wait_in_gate": wait_in_gate, "tls": tls,
+        }  # fmt: skip
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="burstgate-sdk", daemon=True
@@ -125,5 +142,6 @@ class AdmissionClient:
         return self._run(self._client.limits(tenant_id), self._client.deadline_s + SLACK_S)
 
     def flush(self, timeout_s: float | None = None) -> int:
+        """As :meth:`AsyncAdmissionClient.flush` (None blocks until delivered)."""
         wait = None if timeout_s is None else timeout_s + SLACK_S
         return self._run(self._client.flush(timeout_s), wait)

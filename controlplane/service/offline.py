@@ -4,8 +4,8 @@ unreachable (a fail-open lane), from its Complete (CompleteRequest.offline).
 The request ran already: it is admitted now by force, charged its real usage
 whatever the bucket's level, quotas and concurrency (as shadow mode charges),
 so that the Complete which follows settles and bills it like any other. A
-request known here (reserved, settled or refused) is left to the Complete's
-usual path, which makes a repeated delivery a duplicate; the server's caller
+request known here (reserved or settled) is left to the Complete's usual
+path, which makes a repeated delivery a duplicate; the server's caller
 first asks the ledger, which remembers longer than memory does."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Booking:
         (CompleteRequest.offline): when nothing is known of it, admit it now
         by force, charged its real usage, so the Complete that follows
         settles and bills it. False (nothing done) when the request is known
-        here (a reservation, a settlement or a refusal: the Complete goes its
+        here (a reservation or a settlement: the Complete goes its
         usual way) or waits in a queue. The caller checked that the ledger
         has no record of it. Raises InvalidArgument naming ``lane``, ``model`` or ``pool`` (of
         ``offline``, named as the edge's string checks name them),
@@ -93,8 +93,11 @@ class Booking:
             cached_prompt_tokens, kv_cache_miss_rate,
         )  # fmt: skip
         key = (tenant_id, request_id)
-        if self._log.replay(key, now) is not None or self._log.get(key) is not None:
-            return False
+        known = self._log.get(key)
+        if known is not None and known[R.STATE] != R.REJECTED:
+            return False  # reserved or settled here: the Complete's usual path
+        # (a remembered refusal is replaced: its answer never reached the
+        # sidecar, which let the request run under its fail-open policy)
         if reservation_id or key in self._dispatcher.queues.by_key:
             return False  # (an admission offline has no reservation id)
         entry = self._tenants.get(tenant_id)

@@ -55,6 +55,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy.engine import URL, make_url
 
+from controlplane.aiotime import within
 from controlplane.settings import sqlalchemy_url
 
 T = TypeVar("T")
@@ -356,7 +357,7 @@ def _in_daemon_thread(fn: Callable[[], T]) -> asyncio.Future[tuple[bool, Any]]:
 
 async def _bounded(fut: asyncio.Future[tuple[bool, Any]], wait_s: float, what: str) -> Any:
     try:
-        ok, value = await asyncio.wait_for(asyncio.shield(fut), wait_s)
+        ok, value = await within(asyncio.shield(fut), wait_s)
     except TimeoutError:
         raise TimeoutError(f"{what}: no answer from the database within {wait_s:g} s") from None
     if not ok:
@@ -415,7 +416,7 @@ class ReplicaGuard:
         pending = self._pending
         if pending is not None and not pending.done():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(pending), RELEASE_WAIT_S)
+                await within(asyncio.shield(pending), RELEASE_WAIT_S)
             if not pending.done():
                 log.warning("replica lock left to the process's exit (database not answering)")
                 self.held = False

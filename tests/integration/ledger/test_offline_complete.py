@@ -60,6 +60,10 @@ def test_offline_books_past_an_empty_bucket(served: Served) -> None:
                       max_tokens=[10])  # fmt: skip
     (res,) = c.admit_stream(iter([b]))
     assert res.decision[0] == pb.DECISION_REJECT and res.reason[0] == pb.REASON_TOKEN_RATE
+    # the refusal's answer may never have reached a sidecar, which then let
+    # the request run under its fail-open policy: its offline Complete books it
+    ran = complete(c, "beta", "next", prompt_tokens=10, generated_tokens=4, offline=offline())
+    assert ran.offline_booked and ran.actual_tokens == 14
 
 
 def test_offline_is_ignored_when_the_request_was_admitted_online(served: Served) -> None:

@@ -106,3 +106,16 @@ def test_a_late_release_is_settled_not_leaked(plane_factory: Any) -> None:
                         "the late admission to be settled")  # fmt: skip
 
     asyncio.run(run())
+
+
+def test_without_waiting_in_the_gate_the_refusal_comes_at_once(plane_factory: Any) -> None:
+    p = gated(plane_factory)
+
+    async def run() -> None:
+        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK, wait_in_gate=False) as c:
+            await hold_slot(c)
+            a = await c.admit("g", "next", prompt_tokens=1, max_tokens=1, lane="batch")
+            assert not a.admitted and a.reason == "concurrency" and a.retryable
+            assert c.counters.queued == 0 and not a.offline
+
+    asyncio.run(run())

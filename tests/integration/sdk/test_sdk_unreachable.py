@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.sdk import AsyncAdmissionClient, FailPolicy
 from tests.integration.sdk.conftest import SLOW_OK, Plane, until
 
@@ -49,9 +50,10 @@ def test_cut_per_lane_policy_fail_fast_and_back(plane: Plane) -> None:
 
 def test_silence_costs_a_deadline_then_fails_fast(plane: Plane) -> None:
     """A control plane that stops answering (the connection stays up, as
-    for a hung host) is recognised by the unanswered batch: the first
-    callers get the FailPolicy at their deadline, the stream is dropped, and
-    later callers are answered at once."""
+    for a hung host): callers get their lane's FailPolicy at their deadline;
+    once the stream has read nothing for a second while owing an answer,
+    the breaker trips, the stream is dropped, and later callers are
+    answered at once."""
     assert plane.proxy is not None
     proxy = plane.proxy
 
@@ -66,11 +68,13 @@ def test_silence_costs_a_deadline_then_fails_fast(plane: Plane) -> None:
             )  # fmt: skip
             assert all(a.offline for a in got)
             assert [a.admitted for a in got] == [False, True] * 3
-            assert not c.up
+            # past the second of silence: this caller's deadline trips the breaker
+            late = await c.admit("acme", "late", prompt_tokens=1, max_tokens=1, deadline_s=1.5)
+            assert late.offline and not c.up
             await until(lambda: c.counters.stream_failures == 1, "the silent stream dropped")
             sent = c.counters.streamed
-            late = await c.admit("acme", "late", prompt_tokens=1, max_tokens=1)
-            assert late.offline and c.counters.streamed == sent
+            fast = await c.admit("acme", "fast", prompt_tokens=1, max_tokens=1)
+            assert fast.offline and c.counters.streamed == sent  # not sent: known down
             proxy.restore()
             await until(lambda: c.up, "the breaker to close")
             assert (await c.admit("acme", "back", prompt_tokens=1, max_tokens=1)).admitted
@@ -87,7 +91,10 @@ def test_nothing_listening_at_start() -> None:
         async with AsyncAdmissionClient(f"127.0.0.1:{port}", fail_policy=POLICY) as c:
             a = await c.admit("acme", "r", prompt_tokens=1, max_tokens=1, lane="batch")
             assert a.admitted and a.offline and not c.up
+            report = pb.LoadReport(pool="p", engine_id="e", max_batch_tokens=1)
+            assert await c.report_load(report) is None
             assert await c.limits("acme") is None
+            assert c.counters.report_load_failures == 1 and c.counters.limits_failures == 1
             done = await c.complete("acme", "r", prompt_tokens=1, generated_tokens=1)
             assert not done.delivered and c.pending_completions == 1
 

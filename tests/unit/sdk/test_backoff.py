@@ -156,3 +156,17 @@ def test_admit_gives_each_attempt_only_the_time_left() -> None:
     got = asyncio.run(b.admit(client, "acme", "r1", prompt_tokens=1, max_tokens=1))  # type: ignore[arg-type]
     assert not got.retryable
     assert client.calls[0][1] <= 0.1  # not the client's 0.25 s
+
+
+class ScriptedSyncClient(ScriptedClient):
+    def admit(self, tenant_id: str, request_id: str, **kw: float) -> Admission:  # type: ignore[override]
+        self.calls.append((request_id, kw["deadline_s"]))
+        return self.answers.pop(0)
+
+
+def test_admit_sync_for_the_synchronous_client() -> None:
+    admitted = dataclasses.replace(REFUSED, admitted=True, reason="", retryable=False)
+    client = ScriptedSyncClient([refusal(1), admitted])
+    b = Backoff(base_s=0.001, cap_s=0.002, deadline_s=5, rng=random.Random(1))
+    got = b.admit_sync(client, "acme", "r1", prompt_tokens=1, max_tokens=1)  # type: ignore[arg-type]
+    assert got.admitted and [c[0] for c in client.calls] == ["r1", "r1"]

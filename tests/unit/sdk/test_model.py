@@ -4,6 +4,7 @@ suspects, and a stream's bookkeeping of first results and releases."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from controlplane.sdk import FailPolicy
 from controlplane.sdk.aio import fail_policies
 from controlplane.sdk.batcher import wait_ms
 from controlplane.sdk.checks import check_admit_args, check_complete_args
-from controlplane.sdk.entries import Entry, Waiter
+from controlplane.sdk.entries import Entry
 from controlplane.sdk.model import (
     REASON_NAMES,
     Admission,
@@ -196,11 +197,23 @@ def test_entry_tells_every_waiter_once() -> None:
     async def run() -> None:
         loop = asyncio.get_running_loop()
         e = entry(0)
-        e.waiters = [Waiter(loop.create_future()), Waiter(loop.create_future())]
-        e.waiters[0].future.cancel()  # that caller left
+        e.waiters = [loop.create_future(), loop.create_future()]
+        e.waiters[0].cancel()  # that caller left
         a = offline_admission("r0", FailPolicy.OPEN, 1, 1)
         e.tell(a)
-        assert e.waiters[1].future.result() is a and e.told_admitted
+        assert e.waiters[1].result() is a and e.told_admitted
         assert not e.live()
 
     asyncio.run(run())
+
+
+def test_session_silence_counts_while_a_first_result_is_owed_and_nothing_is_read() -> None:
+    st = Session(call=None)
+    assert st.silence(5.0) == 0.0  # owes nothing
+    st.batches = {1: [entry(0)], 2: [entry(1)]}
+    st.unacked, st.sent_at = 2, deque([1.0, 1.5])
+    assert st.silence(3.0) == 2.0  # since the oldest owed batch was sent
+    first = pb.AdmitBatchResult(batch_id=1, decision=[ADMIT], reason=[NONE])
+    st.last_read = 3.0
+    st.dispatch(first, lambda e, a: None, 3.0)
+    assert st.silence(3.25) == 0.25  # batch 2 still owed; something was read at 3.0
