@@ -98,8 +98,11 @@ class Releases:
         return bool(self.held or self.ready)
 
 
-def batch_result(batch_id: int, r: BatchResult) -> pb.AdmitBatchResult:
-    return pb.AdmitBatchResult(
+def batch_result(
+    batch_id: int, r: BatchResult, fallback: Callable[[str], str], tenant_ids: list[str]
+) -> pb.AdmitBatchResult:
+    """``fallback``: a tenant's fallback model, for the degraded entries."""
+    res = pb.AdmitBatchResult(
         batch_id=batch_id,
         # the columns hold the enum numbers already
         decision=cast("list[pb.Decision.ValueType]", r.decision),
@@ -119,6 +122,11 @@ def batch_result(batch_id: int, r: BatchResult) -> pb.AdmitBatchResult:
         degradation=degradation_pb(r.degradation),
         pressure=pressure_pb(r.pressure),
     )
+    if r.degradation is not None and any(r.degraded):
+        res.fallback_model.extend(
+            fallback(t) if d else "" for t, d in zip(tenant_ids, r.degraded, strict=True)
+        )
+    return res
 
 
 def _append(res: pb.AdmitBatchResult, decisions: list[AdmitDecision | None]) -> None:
@@ -141,6 +149,11 @@ def _append(res: pb.AdmitBatchResult, decisions: list[AdmitDecision | None]) -> 
         res.shadow_reason.append(pb.Reason.ValueType(d.shadow_reason))
         res.degraded.append(d.degradation is not None)
         res.retryable.append(d.retryable)
+    if any(d is not None and d.degradation is not None for d in decisions):
+        res.fallback_model.extend(
+            d.degradation.fallback_model if d is not None and d.degradation is not None else ""
+            for d in decisions
+        )
 
 
 _COLUMNS = (
@@ -275,7 +288,7 @@ def _decide(
             tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
             list(batch.max_tokens), batch.model, batch.pool, scope=scope,
         )  # fmt: skip
-        return batch_result(batch.batch_id, r)
+        return batch_result(batch.batch_id, r, svc.fallback_model, tenant_ids)
     outs = svc.admit_batch_waiting(
         tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
         list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,

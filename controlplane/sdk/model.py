@@ -163,6 +163,9 @@ def admissions_of_result(
     degraded, waited = _column(res.degraded, n, 0), _column(res.queue_wait_ms, n, 0)
     g = res.degradation if res.HasField("degradation") and res.degradation.active else None
     cap, fallback = (g.max_tokens_cap, g.fallback_model) if g is not None else (0, "")
+    # each degraded entry's own tenant's fallback model (servers before the
+    # column: the batch-wide one, the first entry's tenant's)
+    fallbacks = list(res.fallback_model) if len(res.fallback_model) == n else [fallback] * n
     multiplier, admit = res.pricing_multiplier, pb.DECISION_ADMIT
     out = []
     for k, request_id in zip(columns, request_ids, strict=True):
@@ -170,7 +173,7 @@ def admissions_of_result(
         d = g is not None and bool(degraded[k])
         a = Admission(
             request_id, decision[k] == admit, name, retry[k], bool(retryable[k]), granted[k],
-            rid[k], d, cap if d else 0, fallback if d else "", multiplier, bucket[k],
+            rid[k], d, cap if d else 0, fallbacks[k] if d else "", multiplier, bucket[k],
             hourly[k], daily[k], waited[k], False, name in QUOTA_REASONS,
         )  # fmt: skip
         out.append(a)

@@ -197,6 +197,10 @@ class AdmissionService:
         now = self.clock()
         return describe_limits(tenant_id, self._tenants.state(tenant_id, now), now)
 
+    def fallback_model(self, tenant_id: str) -> str:
+        """The model a degraded request of ``tenant_id`` is routed to ("" = none)."""
+        return self._tenants.fallback_model(tenant_id)
+
     def inflight_tokens(self) -> int:
         """All tenants' reserved, unsettled tokens (the global watermark's measure)."""
         return int(self._table.total_inflight_tokens())

@@ -208,3 +208,34 @@ def test_an_id_already_waiting_for_another_call_fails_the_batch(gated: Any) -> N
         # nothing of batch 2 was decided or queued
         assert gated.on_loop(lambda: gated.plane.service.waiting) == 1
         s1.call.cancel()
+
+
+def test_degraded_entries_carry_their_own_tenants_fallback_model(
+    migrated_url: str, make_server: Callable[..., Any]
+) -> None:
+    from controlplane.sdk.model import admissions_of_result
+
+    add_tenants(
+        migrated_url,
+        *(TenantConfig(tenant_id=t, token_rate=Decimal(1000), burst_tokens=10**6,
+                       fallback_model=f"small-{t}") for t in ("acme", "beta")),
+        TenantConfig(tenant_id="gamma", token_rate=Decimal(1000), burst_tokens=10**6),
+    )  # fmt: skip
+    srv = make_server(migrated_url, policy=Policy(degrade_gpu_util=0.9, degrade_max_tokens=8))
+    with AdmissionClient(srv.target, timeout=10) as c:
+        c.report_load(pb.LoadReport(pool="default", engine_id="g", max_batch_tokens=8192,
+                                    gpu_utilization=0.97, requests_running=0,
+                                    max_num_seqs=256))  # fmt: skip
+        for waits in ([], [1_000]):  # the columnar fast path, then entries that may wait
+            tag = f"w{len(waits)}"
+            b = pb.AdmitBatch(batch_id=1, tenant_id=["acme", "beta", "gamma", "acme"],
+                              request_id=[f"{tag}-{i}" for i in range(4)],
+                              lane=["standard", "standard", "standard", "premium"],
+                              prompt_tokens=[10] * 4, max_tokens=[100] * 4,
+                              max_wait_ms=waits)  # fmt: skip
+            (res,) = c.admit_stream(iter([b]))
+            assert list(res.degraded) == [True, True, True, False]  # premium is not degradable
+            assert list(res.fallback_model) == ["small-acme", "small-beta", "", ""]
+            got = admissions_of_result(res, range(4), list(b.request_id))
+            assert [a.fallback_model for a in got] == ["small-acme", "small-beta", "", ""]
+            assert [a.granted_max_tokens for a in got] == [8, 8, 8, 100]

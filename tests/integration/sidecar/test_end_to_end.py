@@ -163,10 +163,10 @@ def test_a_request_held_past_its_lanes_max_wait_is_refused(pg_plane: Any, make_s
 
 def test_degradation_caps_max_tokens(pg_plane: Any, make_stack: Any) -> None:
     # The pool's GPUs are busy (a report of another engine of the pool):
-    # degradable lanes get max_tokens capped at 8. (The tenant's fallback
-    # model is only in unary Admit answers; the SDK batches onto
-    # AdmitStream, so the sidecar's model rewrite is tested with a stand-in
-    # in test_proxy.py.)
+    # degradable lanes get max_tokens capped at 8. (The fake engine serves
+    # one model name, so the fallback model's rewrite is tested with a
+    # stand-in in test_proxy.py; the per-entry fallback column over gRPC in
+    # tests/integration/test_stream_waiting_grpc.py.)
     busy = Policy(degrade_gpu_util=0.9, degrade_max_tokens=8)
     plane = pg_plane(policy=busy)
     stack = make_stack(plane, metrics={"enabled": False})

@@ -743,6 +743,7 @@ class AdmitBatchResult(_message.Message):
     QUEUED_FIELD_NUMBER: _builtins.int
     ENTRY_FIELD_NUMBER: _builtins.int
     QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
+    FALLBACK_MODEL_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     pricing_multiplier: _builtins.str
     """decimal text, as AdmitResponse.pricing_multiplier"""
@@ -805,6 +806,13 @@ class AdmitBatchResult(_message.Message):
     def queue_wait_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """In a release result: how long each entry waited, ms rounded up."""
 
+    @_builtins.property
+    def fallback_model(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Entry i's fallback model when degraded[i] (its tenant's, which
+        `degradation.fallback_model` holds only for the first entry's tenant);
+        "" otherwise. Empty when no entry is degraded.
+        """
+
     def __init__(
         self,
         *,
@@ -828,10 +836,11 @@ class AdmitBatchResult(_message.Message):
         queued: _abc.Iterable[_builtins.bool] | None = ...,
         entry: _abc.Iterable[_builtins.int] | None = ...,
         queue_wait_ms: _abc.Iterable[_builtins.int] | None = ...,
+        fallback_model: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "entry", b"entry", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "queued", b"queued", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "entry", b"entry", "fallback_model", b"fallback_model", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "queued", b"queued", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
