@@ -73,13 +73,14 @@ class Plane:
         return f"127.0.0.1:{self.port}"
 
 
-@pytest.fixture
-def plane_factory(migrated_url: str, tmp_path: Path) -> Iterator[Any]:
+def planes_on(url: str, tmp_path: Path) -> Iterator[Callable[..., Plane]]:
+    """A plane fixture's body: ``make(*tenants, **settings)`` starts a
+    control plane on ``url`` (default tenants acme and beta); all stop after."""
     planes: list[Plane] = []
 
     def make(*tenants: TenantConfig, **overrides: Any) -> Plane:
-        add_tenants(migrated_url, *(tenants or (tenant("acme"), tenant("beta"))))
-        p = Plane(migrated_url, overrides, tmp_path / f"ledger-spool-{len(planes)}")
+        add_tenants(url, *(tenants or (tenant("acme"), tenant("beta"))))
+        p = Plane(url, overrides, tmp_path / f"ledger-spool-{len(planes)}")
         p.start()
         planes.append(p)
         return p
@@ -89,6 +90,11 @@ def plane_factory(migrated_url: str, tmp_path: Path) -> Iterator[Any]:
         p.stop()
         if p.proxy is not None:
             p.proxy.close()
+
+
+@pytest.fixture
+def plane_factory(migrated_url: str, tmp_path: Path) -> Iterator[Callable[..., Plane]]:
+    yield from planes_on(migrated_url, tmp_path)
 
 
 @pytest.fixture

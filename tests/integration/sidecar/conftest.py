@@ -17,15 +17,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.domain import TenantConfig
 from controlplane.fakeengine import FakeEngine
 from controlplane.fakeengine.app import EngineConfig
 from controlplane.sidecar import Sidecar, load
 from controlplane.sidecar.sdkclient import sdk_client
 from controlplane.store.db import upgrade
 from tests.integration.ledger.conftest import ledger_rows
-from tests.integration.sdk.conftest import Plane, tenant
-from tests.support import add_tenants, wait_until
+from tests.integration.sdk.conftest import Plane, planes_on
+from tests.support import wait_until
 
 MODEL = "fake-llama"
 KEYS = {"sk-acme": "acme", "sk-beta": "beta"}
@@ -109,20 +108,7 @@ def pg_plane(pg_url: str, tmp_path: Path) -> Iterator[Callable[..., Plane]]:
     """``make(*tenants, **settings)``: a control plane on a fresh PostgreSQL
     database (default tenants acme and beta, no rate pressure)."""
     upgrade(pg_url)
-    planes: list[Plane] = []
-
-    def make(*tenants: TenantConfig, **overrides: Any) -> Plane:
-        add_tenants(pg_url, *(tenants or (tenant("acme"), tenant("beta"))))
-        p = Plane(pg_url, overrides, tmp_path / f"ledger-spool-{len(planes)}")
-        p.start()
-        planes.append(p)
-        return p
-
-    yield make
-    for p in planes:
-        p.stop()
-        if p.proxy is not None:
-            p.proxy.close()
+    yield from planes_on(pg_url, tmp_path)
 
 
 @pytest.fixture
