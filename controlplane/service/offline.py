@@ -20,7 +20,7 @@ from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import MAX_POOL_LEN
 from controlplane.service.keyscope import check_scope
 from controlplane.service.records import RequestLog
-from controlplane.service.settlement import check_usage
+from controlplane.service.settlement import OVERRUN_SLACK_TOKENS, check_usage
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import TenantDirectory
 
@@ -53,7 +53,7 @@ class Booking:
         kv_cache_miss_rate: float = 0.0,
         reservation_id: int = 0,
     ) -> None:
-        """The input checks of :meth:`book_offline`, alone (nothing is read)."""
+        """The input checks of :meth:`book`, alone (nothing is read)."""
         check_usage(
             tenant_id, request_id, prompt_tokens, generated_tokens, cached_prompt_tokens,
             kv_cache_miss_rate,
@@ -84,10 +84,11 @@ class Booking:
         settles and bills it. False (nothing done) when the request is known
         here (a reservation or a settlement: the Complete goes its
         usual way) or waits in a queue. The caller checked that the ledger
-        has no record of it. Raises InvalidArgument naming ``lane``, ``model`` or ``pool`` (of
-        ``offline``, named as the edge's string checks name them),
-        NotFound for an unknown tenant, PermissionDenied outside ``scope``,
-        Unavailable when the cap on open reservations binds."""
+        has no record of it. Raises InvalidArgument naming the field (of
+        ``offline``: ``lane``, ``model``, ``pool``, as the edge's string
+        checks name them), NotFound for an unknown tenant, PermissionDenied
+        outside ``scope``, Overloaded when the cap on open reservations
+        binds."""
         self.check(
             tenant_id, request_id, lane, model, pool, prompt_tokens, generated_tokens,
             cached_prompt_tokens, kv_cache_miss_rate,
@@ -104,7 +105,7 @@ class Booking:
         if entry is None or entry.deleted:
             raise NotFound("tenant_id", f"unknown tenant {excerpt(tenant_id)}")
         per_request = entry.config.max_tokens_per_request
-        if per_request and generated_tokens > per_request * self._ratio:
+        if per_request and generated_tokens > per_request * self._ratio + OVERRUN_SLACK_TOKENS:
             # booked at the tenant's cap, the Complete would be refused as an
             # overrun after the booking: refuse before it
             raise InvalidArgument(
