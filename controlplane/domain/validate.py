@@ -35,6 +35,7 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 MAX_TEXT = 256  # display_name, fallback_model
 MAX_LANE_NAME = 32
+MAX_POOL_LEN = 128  # engine pool names (AdmitRequest.pool, LoadReport.pool)
 # Tenant limits where None means unlimited and a value must be > 0.
 POSITIVE_LIMITS = (
     "hourly_quota",

@@ -43,9 +43,8 @@ from google.protobuf.message import Message
 
 from controlplane.domain import MAX_ID_LEN, MAX_MODEL_LEN
 from controlplane.domain.errors import InvalidArgument
-from controlplane.domain.validate import MAX_LANE_NAME, MAX_TEXT
+from controlplane.domain.validate import MAX_LANE_NAME, MAX_POOL_LEN, MAX_TEXT
 from controlplane.rpc.errors import abort, error_status, rich_status
-from controlplane.service.edge import MAX_POOL_LEN
 
 log = structlog.get_logger("burstgate.rpc")
 

@@ -15,13 +15,12 @@ from controlplane.domain import MAX_ID_LEN, MAX_MODEL_LEN, MAX_TOKENS_PER_FIELD
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.validate import (
     MAX_LANE_NAME,
+    MAX_POOL_LEN,
     check_fraction,
     check_id,
     check_optional_name,
     check_tokens,
 )
-
-MAX_POOL_LEN = 128  # as the server's edge (controlplane/service/edge.py)
 
 
 def _value_error(exc: InvalidArgument) -> ValueError:

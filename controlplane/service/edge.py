@@ -12,14 +12,13 @@ from controlplane.domain import MAX_ID_LEN, MAX_TOKENS_PER_FIELD
 from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.validate import (
     MAX_LANE_NAME,
+    MAX_POOL_LEN,
     check_id,
     check_optional_name,
     check_tokens,
 )
 from controlplane.service.records import Key
 from controlplane.service.tenants import TenantDirectory
-
-MAX_POOL_LEN = 128
 
 
 def check_admit(

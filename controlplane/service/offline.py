@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from controlplane.domain.errors import InvalidArgument, NotFound, Overloaded, excerpt
 from controlplane.domain.scope import KeyScope
-from controlplane.domain.validate import check_optional_name
+from controlplane.domain.validate import MAX_POOL_LEN, check_optional_name
 from controlplane.service import records as R
 from controlplane.service.answers import Outcomes
 from controlplane.service.decider import Decider
 from controlplane.service.dispatcher import Dispatcher
-from controlplane.service.edge import MAX_POOL_LEN
 from controlplane.service.keyscope import check_scope
 from controlplane.service.records import RequestLog
 from controlplane.service.settlement import OVERRUN_SLACK_TOKENS, check_usage
