@@ -16,8 +16,14 @@ demo: install
 
 ## Install the test extras and run lint, type checks and the whole suite
 ## against SQLite and PostgreSQL (starting the local PostgreSQL if stopped).
+## pytest-xdist runs it on one worker per core (at most 4): most tests wait on
+## servers, processes and the database, so two workers on two cores halve the
+## wall time. --dist loadfile keeps a module on one worker, so a module-scoped
+## fixture that starts a process (an engine, a gateway) starts once.
+## PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= auto
 test: install-test pg-up lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 # The editable install compiles the Cython extension in place; re-run when
 # the .pyx/.pxd or the dependencies change.
