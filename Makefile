@@ -36,7 +36,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml $(wildcard fastpath/*.pyx fastp
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[test,bench,parquet,otel,tokenizer]'
+	$(BIN)/pip install -q -e '.[test,bench,parquet,otel,tokenizer,litellm]'
 	touch $@
 
 # The API contract tests (tests/integration/test_proto_contract.py, the

@@ -63,6 +63,12 @@ def pg_admin_dsn() -> str:
 
 @pytest.fixture
 def pg_url(pg_admin_dsn: str) -> Iterator[str]:
+    yield from fresh_pg_database(pg_admin_dsn)
+
+
+def fresh_pg_database(pg_admin_dsn: str) -> Iterator[str]:
+    """A fixture's body: a new, empty PostgreSQL database's URL, dropped
+    after (also for fixtures of a wider scope than ``pg_url``'s)."""
     name = f"burstgate_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -111,11 +112,26 @@ def _remaining(level: int, a: AdmissionLike | None, limits: LimitsLike | None = 
     return min([level, *(q for q in quotas if q >= 0)])
 
 
-def refusal(
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What a client is answered for an Admission that was not admitted:
+    OpenAI's error (``status``, ``message``, ``kind`` = ``type``, ``code``,
+    ``param``) and the headers. The LiteLLM hook raises the same answer as
+    LiteLLM's own exceptions (controlplane/integrations/litellm/refusal.py)."""
+
+    status: int
+    message: str
+    kind: str
+    code: str
+    param: str | None
+    headers: dict[str, str]
+
+
+def refusal_of(
     a: AdmissionLike, *, tenant: str, request_id: str, limits: LimitsLike | None,
     unavailable_retry_after_ms: int,
-) -> web.Response:  # fmt: skip
-    """The response for an Admission that was not admitted (its reason also
+) -> Refusal:  # fmt: skip
+    """The answer for an Admission that was not admitted (its reason also
     in ``x-burstgate-reason``, for clients and load generators)."""
     reason = a.reason or "unknown"
     if reason == "unavailable":
@@ -123,7 +139,7 @@ def refusal(
         headers = {**retry_headers(wait), "x-should-retry": "true", REASON: reason}
         message = ("burstgate's control plane is unreachable and this lane fails closed; "
                    f"retry later (request {request_id})")  # fmt: skip
-        return json_error(503, message, "server_error", "service_unavailable", headers=headers)
+        return Refusal(503, message, "server_error", "service_unavailable", None, headers)
     headers = ratelimit_headers(a, limits)
     headers.update(retry_headers(a.retry_after_ms))
     headers[REASON] = reason
@@ -132,8 +148,7 @@ def refusal(
         window = "hourly" if reason == "hourly_quota" else "daily"
         message = (f"You exceeded your {window} token quota (tenant {tenant}); it resets "
                    f"in {format_reset(a.retry_after_ms)}. Request {request_id}.")  # fmt: skip
-        return json_error(429, message, "insufficient_quota", "insufficient_quota",
-                          headers=headers)  # fmt: skip
+        return Refusal(429, message, "insufficient_quota", "insufficient_quota", None, headers)
     if reason in _STATUS:
         headers["x-should-retry"] = "false"
         message = {
@@ -143,10 +158,20 @@ def refusal(
             "tenant_disabled": f"Tenant {tenant} is disabled.",
         }[reason] + f" Request {request_id}."  # fmt: skip
         param = "max_tokens" if reason == "max_tokens" else None
-        return json_error(_STATUS[reason], message, "invalid_request_error", _CODE[reason],
-                          param=param, headers=headers)  # fmt: skip
+        return Refusal(_STATUS[reason], message, "invalid_request_error", _CODE[reason], param,
+                       headers)  # fmt: skip
     headers["x-should-retry"] = "true" if a.retryable else "false"
     kind = "tokens" if reason in _TOKENS else "requests"
     after = f" Please try again in {format_reset(a.retry_after_ms)}." if a.retry_after_ms else ""
     message = f"Rate limit reached for tenant {tenant} ({reason}).{after} Request {request_id}."
-    return json_error(429, message, kind, "rate_limit_exceeded", headers=headers)
+    return Refusal(429, message, kind, "rate_limit_exceeded", None, headers)
+
+
+def refusal(
+    a: AdmissionLike, *, tenant: str, request_id: str, limits: LimitsLike | None,
+    unavailable_retry_after_ms: int,
+) -> web.Response:  # fmt: skip
+    """The response for an Admission that was not admitted."""
+    r = refusal_of(a, tenant=tenant, request_id=request_id, limits=limits,
+                   unavailable_retry_after_ms=unavailable_retry_after_ms)  # fmt: skip
+    return json_error(r.status, r.message, r.kind, r.code, param=r.param, headers=r.headers)

@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "controlplane.fakeengine": 1,  # a modelled engine over HTTP, on the sim's engine model
     "controlplane.loadtest": 1,  # load generator against a running control plane
     "controlplane.sidecar": 1,  # the HTTP sidecar in front of an engine, on the SDK
+    "controlplane.integrations": 1,  # gateway plug-ins (LiteLLM's proxy), on the SDK
     # 2. adapters: gRPC servicers, clients, telemetry, generated protobuf
     "controlplane.rpc": 2,
     "controlplane.client": 2,
