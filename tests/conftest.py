@@ -61,8 +61,8 @@ def pg_admin_dsn() -> str:
     return PG_ADMIN_DSN
 
 
-@pytest.fixture
-def pg_url(pg_admin_dsn: str) -> Iterator[str]:
+def temp_pg_database(pg_admin_dsn: str) -> Iterator[str]:
+    """A fixture body: a new, empty PostgreSQL database's URL, dropped after."""
     name = f"burstgate_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -70,6 +70,11 @@ def pg_url(pg_admin_dsn: str) -> Iterator[str]:
     yield url
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url(pg_admin_dsn: str) -> Iterator[str]:
+    yield from temp_pg_database(pg_admin_dsn)
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""Drop-in integrations with the gateways people already run (issue 17)."""
