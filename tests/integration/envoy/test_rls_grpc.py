@@ -141,3 +141,26 @@ def test_a_caller_without_a_sidecar_key_is_unauthenticated(
     with pytest.raises(grpc.RpcError) as err:
         rls_call.ShouldRateLimit(req, timeout=10)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_bad_mapping_file_fails_the_start(sqlite_url: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from controlplane.server import ControlPlane
+    from controlplane.settings import Settings
+    from controlplane.startup.errors import StartupError
+    from controlplane.store.db import upgrade
+
+    upgrade(sqlite_url)
+    bad = tmp_path / "envoy.yaml"
+    bad.write_text("defaults: {estimate_tokens: 0}\n")
+    settings = Settings(database_url=sqlite_url, port=0, metrics_port=-1, envoy_rls_config=bad,
+                        ledger_spool_dir=tmp_path / "spool")  # fmt: skip
+
+    async def start() -> None:
+        await ControlPlane(settings).start()
+
+    with pytest.raises(StartupError) as err:
+        asyncio.run(start())
+    assert err.value.code == 2
+    assert "defaults.estimate_tokens" in err.value.line
