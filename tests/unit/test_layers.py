@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "controlplane.sidecar": 1,  # the HTTP sidecar in front of an engine, on the SDK
     # 2. adapters: gRPC servicers, clients, telemetry, generated protobuf
     "controlplane.rpc": 2,
+    "controlplane.integrations": 2,  # gateways' APIs served or called (Envoy's RLS)
     "controlplane.client": 2,
     "controlplane.sdk": 2,  # the client SDK (sidecars): on the generated protobuf and the client
     "controlplane.telemetry": 2,
