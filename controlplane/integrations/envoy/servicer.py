@@ -45,6 +45,7 @@ from controlplane.integrations.envoy.settle import settle
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.errors import unary_errors
 from controlplane.service import AdmissionService
+from controlplane.service import records as R
 from controlplane.service.limits import TenantLimits
 from controlplane.service.waiting import WaitingRoom
 from fastpath import Reason
@@ -127,6 +128,14 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
         if scope is not None:
             scope.check_tenant("tenant_id", ask.tenant)
         rid = ask.request_id or uuid.uuid4().hex
+        known = self._svc.record(ask.tenant, rid) if ask.request_id else None
+        if known is not None and known[R.STATE] == R.SETTLED:
+            # Envoy makes one request-path call per request: a settled id
+            # again is a new request under an old id (a replay would admit it
+            # free of charge), not a repeated call.
+            raise InvalidArgument(
+                "request_id", f"{rid[:64]!r} belongs to a request already settled"
+            )
         max_wait_ms = self.config.current.max_wait_ms
         if max_wait_ms and ask.request_id:
             remaining, bound = context.time_remaining(), max_wait_ms / 1000

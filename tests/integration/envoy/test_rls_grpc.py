@@ -90,6 +90,10 @@ def test_reserve_repeat_settle_repeat(gateway: Gateway, rls_call: rls_grpc.RateL
     assert call(rls_call, gateway.key, done).overall_code == OK  # duplicate
     rows = ledger_rows(gateway.url, f"request_id = '{rid}'")
     assert [(r.reserved_tokens, r.prompt_tokens, r.output_tokens) for r in rows] == [(1024, 30, 70)]
+    # a settled id on the request path again: a new request under an old id
+    reused = call(rls_call, gateway.key, shape("request-path", "acme", rid))
+    assert reused.overall_code == OVER
+    assert "already settled" in headers(reused)["x-burstgate-error"]
 
 
 def test_usage_without_a_reservation_is_charged_once(
