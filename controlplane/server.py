@@ -137,6 +137,7 @@ class ControlPlane:
         # Metering (controlplane/ledger): every Complete is recorded in
         # the dual ledger; pricing windows set the multiplier Admit returns.
         self.metering: Metering | None = None
+        self.envoy_rls: Any = None  # controlplane/integrations/envoy, when configured
         self._ledger_health_tasks: set[asyncio.Task[None]] = set()
         if settings.ledger_enabled:
             from controlplane.ledger.metering import Metering
@@ -245,6 +246,7 @@ class ControlPlane:
         # fails the start before the database is read.
         interceptors = self._interceptors()
         credentials = self._credentials()
+        envoy_rls = self._envoy_rls()
         await self.load_config()
         await asyncio.to_thread(self.key_cache.refresh)
         self.live.sample()
@@ -267,6 +269,7 @@ class ControlPlane:
                 ledger=self.metering,
                 options=keepalive_options(self.settings),
                 db=self.db_calls,
+                envoy_rls=envoy_rls,
             )
         except OSError:  # taken since the CLI's probe (or TLS refused by grpc core)
             raise port_error("gRPC", self.settings.host, self.settings.port, None) from None
@@ -292,6 +295,8 @@ class ControlPlane:
         await self._health.set("", serving)
         await self._health.set(ADMISSION_SERVICE, serving)
         await self._health.set(ADMIN_SERVICE, serving)
+        if envoy_rls is not None:
+            await self._health.set(envoy_rls.service_name, serving)
         if self.metering is not None:
             self._ledger_health(self.metering.healthy)
         self._tasks = [
@@ -307,6 +312,26 @@ class ControlPlane:
             database=self.engine.url.render_as_string(hide_password=True),
         )
         return self.port
+
+    def _envoy_rls(self) -> Any:
+        """Envoy's rate-limit service when configured (docs/envoy.md); a
+        mapping file that cannot be read or validated fails the start."""
+        path = self.settings.envoy_rls_config
+        if path is None:
+            return None
+        from controlplane.domain.errors import InvalidArgument
+        from controlplane.integrations.envoy.config import LiveConfig
+        from controlplane.integrations.envoy.servicer import RateLimitServicer
+
+        try:
+            live = LiveConfig(path)
+        except InvalidArgument as exc:
+            raise StartupError(
+                Exit.SETTINGS, "envoy_rls_config_invalid", f"BURSTGATE_ENVOY_RLS_CONFIG: {exc}",
+                "fix the file (docs/envoy.md, \"Descriptor mapping\")",
+            ) from exc  # fmt: skip
+        self.envoy_rls = RateLimitServicer(self.service, live, self.waiting, metering=self.metering)
+        return self.envoy_rls
 
     async def _abort_start(self) -> None:
         """Undo a start that failed part-way (best effort: the error that
@@ -359,6 +384,8 @@ class ControlPlane:
             self.key_refresh_failures += 1
             log.warning("key refresh failed; serving last keys", error=str(exc))
         await self._save_key_use()
+        if self.envoy_rls is not None:
+            self.envoy_rls.config.poll()  # a changed mapping file (kept if bad)
         try:
             await self.replica.poll()  # lost and taken by another serve: health NOT_SERVING
         except Exception as exc:  # database down or slow: asked again at the next poll

@@ -134,6 +134,11 @@ class Settings(BaseSettings):
     otlp_endpoint: str = "http://127.0.0.1:4317"
     tracing_service_name: str = "burstgate"
 
+    # Envoy's rate-limit service (envoy.service.ratelimit.v3.RateLimitService)
+    # on the same port, with this descriptor mapping file (docs/envoy.md);
+    # unset = not served. The file is re-read when it changes.
+    envoy_rls_config: Path | None = None
+
     # --- Metering: dual ledger, pricing windows, margin warnings (docs/ledger.md) ---
     # Record every Complete in the ledger and acknowledge it only once durable.
     # Off: Complete settles in memory only (no ledger, no money figures).

@@ -74,12 +74,15 @@ def create_server(
     ledger: Metering | None = None,
     options: Sequence[tuple[str, Any]] = (),
     db: DbCaller | None = None,
+    envoy_rls: Any = None,
 ) -> tuple[grpc.aio.Server, int, health_aio.HealthServicer]:
     """Build (not start) a gRPC server with the admission, health and
     reflection services (and the admin service when ``admin`` is given);
     bind ``address`` (port 0 = a free port), with TLS when ``credentials``.
     ``options``: more grpc channel options (the keepalive policy); ``db``:
-    the bounded database caller of the operator services."""
+    the bounded database caller of the operator services; ``envoy_rls``:
+    Envoy's rate-limit service (controlplane/integrations/envoy), served
+    beside the admission service under the same auth."""
     server = grpc.aio.server(
         interceptors=list(interceptors),
         options=[
@@ -109,6 +112,11 @@ def create_server(
             LedgerServicer(ledger, clock=ledger.clock, db=db), operator
         )
         names.append(LEDGER_SERVICE)
+    if envoy_rls is not None:
+        from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+
+        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(envoy_rls, edge)
+        names.append(envoy_rls.service_name)
     enable_reflection(names, edge)
     try:
         if credentials is not None:

@@ -54,6 +54,10 @@ log = structlog.get_logger("burstgate.access")
 
 ADMIN_SERVICE = "burstgate.v1.AdminService"
 ADMISSION_SERVICE = "burstgate.v1.AdmissionService"
+# Envoy's rate-limit service (controlplane/integrations/envoy) decides
+# requests as Admit does: the same sidecar keys and scopes.
+ENVOY_RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
+ADMISSION_SERVICES = frozenset({ADMISSION_SERVICE, ENVOY_RLS_SERVICE})
 PUBLIC_SERVICES = frozenset(
     {
         "grpc.health.v1.Health",
@@ -66,7 +70,7 @@ PUBLIC_SERVICES = frozenset(
 READ_PREFIXES = ("Get", "List", "Export")
 ADMIN_ONLY_READS = frozenset({"ListApiKeys"})
 # Admission methods whose server-side latency is the "decision latency".
-DECISION_METHODS = frozenset({"Admit", "AdmitStream"})
+DECISION_METHODS = frozenset({"Admit", "AdmitStream", "ShouldRateLimit"})
 MAX_REQUEST_ID = 128
 # Most one forced key refresh per this many seconds for unknown key ids: a
 # caller guessing keys costs the database nothing more than the poll does.
@@ -105,7 +109,7 @@ def rule_for(full_method: str) -> Rule:
     service, _, method = full_method.lstrip("/").partition("/")
     if service in PUBLIC_SERVICES:
         return Rule(_PUBLIC, service, method, frozenset())
-    if service == ADMISSION_SERVICE:
+    if service in ADMISSION_SERVICES:
         return Rule(_ADMISSION, service, method, frozenset({Role.SIDECAR}))
     read = method.startswith(READ_PREFIXES) and method not in ADMIN_ONLY_READS
     roles = {Role.ADMIN, Role.VIEWER} if read else {Role.ADMIN}

@@ -197,6 +197,32 @@ class AdmissionService:
         now = self.clock()
         return describe_limits(tenant_id, self._tenants.state(tenant_id, now), now)
 
+    def check_only(self, tenant_id: str) -> tuple[int, int, TenantLimits | None]:
+        """A check that spends nothing (Envoy's ``hits_addend`` 0): the
+        refusal the tenant alone would give a request now - unknown or
+        disabled, an empty bucket, a used-up quota - as (reason,
+        retry_after_ns, the limits of the tenant charged: the default tenant
+        for an unknown id when configured); nothing changes. Concurrency and
+        the pools' backpressure are for requests that reserve."""
+        check_id("tenant_id", tenant_id)
+        entry = self._tenants.resolve(tenant_id)
+        early = early_reason(entry)
+        if entry is None:
+            return early, 0, None
+        now = self.clock()
+        charged = entry.config.tenant_id
+        t = describe_limits(charged, self._tenants.state(charged, now), now)
+        if early:
+            return early, 0, t
+        if t.bucket_tokens <= 0:  # refills to one token after:
+            need_ns = -(-(1 - t.bucket_tokens) * NS_PER_S * 1000 // int(t.token_rate * 1000))
+            return int(Reason.TOKEN_RATE), need_ns, t
+        if t.hourly_remaining == 0:
+            return int(Reason.HOURLY_QUOTA), t.hour_resets_in_ms * NS_PER_MS, t
+        if t.daily_remaining == 0:
+            return int(Reason.DAILY_QUOTA), t.day_resets_in_ms * NS_PER_MS, t
+        return 0, 0, t
+
     def fallback_model(self, tenant_id: str) -> str:
         """The model a degraded request of ``tenant_id`` is routed to ("" = none)."""
         return self._tenants.fallback_model(tenant_id)

@@ -28,9 +28,10 @@ LAYERS: dict[str, int] = {
     "controlplane.fakeengine": 1,  # a modelled engine over HTTP, on the sim's engine model
     "controlplane.loadtest": 1,  # load generator against a running control plane
     "controlplane.sidecar": 1,  # the HTTP sidecar in front of an engine, on the SDK
-    "controlplane.integrations": 1,  # gateway plug-ins (LiteLLM's proxy), on the SDK
+    "controlplane.integrations.litellm": 1,  # LiteLLM proxy plug-in, on the SDK and sidecar
     # 2. adapters: gRPC servicers, clients, telemetry, generated protobuf
     "controlplane.rpc": 2,
+    "controlplane.integrations": 2,  # gateways' APIs served (Envoy's RLS, on the service)
     "controlplane.client": 2,
     "controlplane.sdk": 2,  # the client SDK (sidecars): on the generated protobuf and the client
     "controlplane.telemetry": 2,
