@@ -58,6 +58,10 @@ log = structlog.get_logger("burstgate.envoy")
 SERVICE_NAME = rls.DESCRIPTOR.services_by_name["RateLimitService"].full_name
 # Bad input is logged at most this often per kind (field), and counted always.
 LOG_EVERY_S = 10.0
+# A call held in the queue is answered this much before Envoy's own timeout
+# (a tenth of the time left, at most 50 ms): Envoy then gets OVER_LIMIT with
+# retry-after, not a timeout that its failure_mode_deny would decide.
+ANSWER_MARGIN_S, ANSWER_MARGIN_SHARE = 0.05, 0.1
 # Errors of the caller's input: answered OVER_LIMIT with x-burstgate-error.
 _INPUT_ERRORS = (InvalidArgument, NotFound, PermissionDenied, FailedPrecondition, AlreadyExists)
 
@@ -139,7 +143,9 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
         max_wait_ms = self.config.current.max_wait_ms
         if max_wait_ms and ask.request_id:
             remaining, bound = context.time_remaining(), max_wait_ms / 1000
-            timeout = bound if remaining is None else min(remaining, bound)
+            if remaining is not None:
+                remaining -= min(ANSWER_MARGIN_S, remaining * ANSWER_MARGIN_SHARE)
+            timeout = bound if remaining is None else max(0.0, min(remaining, bound))
             d = await self._waiting.admit(
                 ask.tenant, rid, ask.lane, 0, ask.tokens, ask.model, ask.pool,
                 timeout_s=timeout, scope=scope,
