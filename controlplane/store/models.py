@@ -284,3 +284,34 @@ class MarginWarningRow(Base):
     actual_cost_nanos: Mapped[int] = mapped_column(BigInteger)
     ratio: Mapped[Decimal] = mapped_column(Numeric(12, 6))  # the threshold applied
     recorded_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+# --- Scale-out: members and cell leases (controlplane/ha, docs/ha.md) ---
+# Used on PostgreSQL only (a shared database is what lets replicas meet); the
+# tables exist on SQLite too so the schema stays one. Times are the
+# database's clock (timestamptz): expiry is never judged by a replica's clock.
+
+
+class HaMemberRow(Base):
+    """A replica taking part in cell ownership, kept alive by heartbeats."""
+
+    __tablename__ = "ha_members"
+
+    member_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    address: Mapped[str] = mapped_column(Text)  # where sidecars reach it (host:port)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    draining: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class HaCellLeaseRow(Base):
+    """A cell's lease: its owner until ``expires_at``, and the fencing epoch,
+    raised by every acquisition and never lowered."""
+
+    __tablename__ = "ha_cell_leases"
+
+    cell_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    owner: Mapped[str | None] = mapped_column(Text, default=None)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    acquired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)

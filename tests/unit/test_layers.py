@@ -41,12 +41,16 @@ LAYERS: dict[str, int] = {
     "controlplane.ledger": 3,
     "controlplane.auth": 3,
     "controlplane.configfile": 3,
+    "controlplane.ha": 3,  # scale-out: the coordinator (use case) over its lease store
     # 4. storage: all SQL
     "controlplane.store": 4,
+    "controlplane.ha.store": 4,  # the lease and member tables, and fence()
     # 5. domain: pure types, errors, validation, settings
     "controlplane.domain": 5,
     "controlplane.settings": 5,
     "controlplane.clock": 5,
+    "controlplane.ha.rendezvous": 5,  # pure: HRW hashing
+    "controlplane.ha.cells": 5,  # pure: pool -> cell
     "controlplane": 5,  # the package root holds only __version__
     # 6. the Cython fast path
     "fastpath": 6,

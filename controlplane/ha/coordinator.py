@@ -1,0 +1,301 @@
+"""One replica's side of cell ownership: heartbeat, renew, acquire, hand
+off, self-fence, drain (docs/ha.md).
+
+Every ``tick_s`` (default ttl/3) the coordinator
+1. heartbeats its member row;
+2. renews every lease it holds;
+3. computes the rendezvous assignment of its cells over the live members
+   (heartbeat within ``ttl_s``, not draining);
+4. releases the cells it holds that are assigned to another live member
+   (a handoff: that member acquires them on its next tick);
+5. acquires the cells assigned to it that are free or expired.
+
+**Self-fencing.** A lease is valid locally only until
+``t_sent + ttl_s - margin_s``, where ``t_sent`` is this replica's monotonic
+clock read *before* the acquire or renew statement was sent. The database
+sets ``expires_at`` at or after that moment plus ``ttl_s`` by its own clock,
+and lets nobody else acquire before ``expires_at``; so as long as the two
+clocks' rates differ by less than ``margin_s`` over ``ttl_s``, this replica
+stops deciding before anyone else can start. ``owns(cell)`` checks the clock
+on every call: a replica whose loop is stuck (a pause, a hung database call,
+SIGSTOP) stops owning on time, and ``on_lost`` fires then.
+
+Every DB call runs on a daemon thread, awaited at most ``call_wait_s``.
+Callbacks (``on_acquired(cell, epoch)``, ``on_lost(cell, epoch, why)``) run
+on the loop; their exceptions are logged, never raised into the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from controlplane.ha import _blocking
+from controlplane.ha.rendezvous import assignment
+from controlplane.ha.store import HaStore
+
+log = structlog.get_logger("burstgate.ha")
+
+# Why a lease ended (``on_lost``'s ``why``, ``Interval.why``).
+EXPIRED = "expired"  # not renewed in time: self-fenced by the clock
+REFUSED = "refused"  # the database refused the renew (not ours any more)
+HANDOFF = "handoff"  # released to the live member it is assigned to now
+REMOVED = "removed"  # the cell is not one of ours any more (set_cells)
+DRAIN = "drain"  # released by drain()
+
+
+@dataclass
+class Lease:
+    """A lease held locally: valid from ``valid_from`` until ``deadline``
+    (both on the coordinator's clock)."""
+
+    epoch: int
+    valid_from: float
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A closed validity interval of one lease, as ``owns()`` answered it."""
+
+    cell: str
+    member: str
+    epoch: int
+    valid_from: float
+    valid_until: float
+    why: str
+
+
+def _noop_acquired(cell: str, epoch: int) -> None:
+    pass
+
+
+def _noop_lost(cell: str, epoch: int, why: str) -> None:
+    pass
+
+
+class Coordinator:
+    def __init__(
+        self,
+        store: HaStore,
+        member_id: str,
+        address: str,
+        cells: Iterable[str],
+        *,
+        ttl_s: float = 5.0,
+        margin_s: float = 1.0,
+        tick_s: float | None = None,
+        call_wait_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        on_acquired: Callable[[str, int], None] = _noop_acquired,
+        on_lost: Callable[[str, int, str], None] = _noop_lost,
+        history: int = 1024,
+    ) -> None:
+        if not member_id:
+            raise ValueError("member_id must be non-empty")
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        if not 0 <= margin_s < ttl_s:
+            raise ValueError(f"margin_s must be in [0, ttl_s={ttl_s:g}), got {margin_s!r}")
+        tick = ttl_s / 3 if tick_s is None else tick_s
+        if not 0 < tick < ttl_s - margin_s:
+            # A renew every tick must land before the local validity runs out.
+            raise ValueError(
+                f"tick_s must be in (0, ttl_s - margin_s = {ttl_s - margin_s:g}), got {tick!r}"
+            )
+        self.store = store
+        self.member_id = member_id
+        self.address = address
+        self.ttl_s, self.margin_s, self.tick_s = float(ttl_s), float(margin_s), float(tick)
+        self.call_wait_s = float(ttl_s if call_wait_s is None else call_wait_s)
+        self._cells = sorted(set(cells))
+        self._clock, self._sleep = clock, sleep
+        self._on_acquired, self._on_lost = on_acquired, on_lost
+        self._leases: dict[str, Lease] = {}
+        self._to_release: dict[str, int] = {}  # lost locally, maybe still ours in the DB
+        self._draining = False
+        self._tick_lock = asyncio.Lock()
+        self.task: asyncio.Task[None] | None = None
+        self.history: deque[Interval] = deque(maxlen=history)
+        self.counts: Counter[str] = Counter()  # acquired, and losses by why
+        self.members: list[str] = []  # live members at the last tick
+
+    # --- queries (on the loop) ---
+
+    def owns(self, cell: str) -> int | None:
+        """The epoch of our lease of ``cell`` while it is valid on our clock,
+        else None (and, the first time after its deadline, ``on_lost``)."""
+        lease = self._leases.get(cell)
+        if lease is None:
+            return None
+        if self._clock() < lease.deadline:
+            return lease.epoch
+        self._lose(cell, EXPIRED)
+        return None
+
+    def owned(self) -> dict[str, int]:
+        """Every cell we own now -> its epoch."""
+        return {c: e for c in list(self._leases) if (e := self.owns(c)) is not None}
+
+    def leases(self) -> dict[str, Lease]:
+        """The leases held locally (not checked against the clock)."""
+        return dict(self._leases)
+
+    def set_cells(self, cells: Iterable[str]) -> None:
+        """The cells to coordinate from the next tick (a cell dropped is released)."""
+        self._cells = sorted(set(cells))
+
+    # --- life cycle ---
+
+    def start(self) -> asyncio.Task[None]:
+        if self.task is None:
+            self.task = asyncio.create_task(self._run(), name=f"ha-{self.member_id}")
+        return self.task
+
+    async def stop(self) -> None:
+        """Stop ticking WITHOUT releasing (as a crash would): the leases run
+        out on the clock here and in the database. ``drain`` hands off."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def drain(self) -> None:
+        """Graceful exit (SIGTERM): stop acquiring, mark the member draining
+        (out of every assignment), release every cell at once, leave. The
+        new owners take the cells on their next tick, without waiting for
+        expiry. Database errors are logged: what is not released expires."""
+        self._draining = True
+        async with self._tick_lock:  # let a tick in progress finish
+            await self.stop()
+        held = {cell: lease.epoch for cell, lease in self._leases.items()}
+        for cell in list(self._leases):
+            self._lose(cell, DRAIN)
+        held.update(self._to_release)
+        self._to_release.clear()
+        for what, fn, args in (
+            ("heartbeat", self.store.heartbeat, (self.member_id, self.address, True)),
+            ("release", self.store.release_many, (self.member_id, held)),
+            ("leave", self.store.leave, (self.member_id,)),
+        ):
+            try:
+                await self._call(fn, *args, what=what)
+            except Exception as exc:
+                log.warning("ha drain step failed", step=what, error=str(exc))
+
+    async def _run(self) -> None:
+        while True:
+            started = self._clock()
+            async with self._tick_lock:
+                await self.tick()
+            await self._sleep(max(0.0, self.tick_s - (self._clock() - started)))
+
+    # --- one tick ---
+
+    async def tick(self) -> None:
+        if self._draining:
+            return
+        me = self.member_id
+        beat = await self._try("heartbeat", self.store.heartbeat, me, self.address, False)
+        for cell in list(self._leases):
+            await self._renew(cell)
+        for cell, epoch in list(self._to_release.items()):
+            del self._to_release[cell]
+            await self._try("release", self.store.release, cell, me, epoch)
+        members = await self._try("live members", self.store.live_members, self.ttl_s)
+        if not beat or members is None or me not in members or self._draining:
+            return  # cannot tell the assignment: keep what we hold, take nothing
+        self.members = members
+        assigned = assignment(self._cells, members)
+        for cell in list(self._leases):
+            owner = assigned.get(cell)
+            if owner != me:
+                lease = self._leases.get(cell)
+                if lease is None:
+                    continue
+                self._lose(cell, REMOVED if owner is None else HANDOFF)
+                await self._try("release", self.store.release, cell, me, lease.epoch)
+        for cell, owner in assigned.items():
+            if owner == me and cell not in self._leases and not self._draining:
+                await self._acquire(cell)
+
+    async def _renew(self, cell: str) -> None:
+        lease = self._leases.get(cell)
+        if lease is None or self.owns(cell) is None:
+            return
+        t_sent = self._clock()
+        try:
+            ok = await self._call(
+                self.store.renew, cell, self.member_id, lease.epoch, self.ttl_s, what="renew"
+            )
+        except Exception as exc:  # keep the lease until its deadline; retry next tick
+            log.warning("ha renew failed", cell=cell, error=str(exc))
+            return
+        if self._leases.get(cell) is not lease:  # lost while we waited
+            if ok:
+                self._to_release[cell] = lease.epoch
+            return
+        if not ok:
+            self._lose(cell, REFUSED)
+        elif self.owns(cell) is not None:  # still valid now: extend from t_sent
+            lease.deadline = max(lease.deadline, t_sent + self.ttl_s - self.margin_s)
+
+    async def _acquire(self, cell: str) -> None:
+        t_sent = self._clock()
+        try:
+            epoch = await self._call(
+                self.store.acquire, cell, self.member_id, self.ttl_s, what="acquire"
+            )
+        except Exception as exc:  # unknown outcome: a later acquire re-takes it
+            log.warning("ha acquire failed", cell=cell, error=str(exc))
+            return
+        if epoch is None:
+            return
+        now, deadline = self._clock(), t_sent + self.ttl_s - self.margin_s
+        if now >= deadline or self._draining or cell in self._leases:
+            # Too late to use it (or we are leaving): give it straight back.
+            await self._try("release", self.store.release, cell, self.member_id, epoch)
+            return
+        self._leases[cell] = Lease(epoch, now, deadline)
+        self.counts["acquired"] += 1
+        log.info("ha cell acquired", cell=cell, epoch=epoch, member=self.member_id)
+        try:
+            self._on_acquired(cell, epoch)
+        except Exception:
+            log.exception("ha on_acquired callback failed", cell=cell)
+
+    def _lose(self, cell: str, why: str) -> None:
+        lease = self._leases.pop(cell)
+        until = min(self._clock(), lease.deadline)
+        self.history.append(
+            Interval(cell, self.member_id, lease.epoch, lease.valid_from, until, why)
+        )
+        self.counts[why] += 1
+        if why == EXPIRED:  # perhaps still ours in the database: free it for the next owner
+            self._to_release[cell] = lease.epoch
+        log.info("ha cell lost", cell=cell, epoch=lease.epoch, why=why, member=self.member_id)
+        try:
+            self._on_lost(cell, lease.epoch, why)
+        except Exception:
+            log.exception("ha on_lost callback failed", cell=cell)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
+        return await _blocking.call(fn, *args, wait_s=self.call_wait_s, what=what)
+
+    async def _try(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """A call whose failure is logged and answered None (tried next tick)."""
+        try:
+            result = await self._call(fn, *args, what=what)
+        except Exception as exc:
+            log.warning("ha database call failed", step=what, error=str(exc))
+            return None
+        return True if result is None else result
