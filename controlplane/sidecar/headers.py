@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from multidict import CIMultiDict
+
+if TYPE_CHECKING:
+    from controlplane.sidecar.admitter import AdmissionLike
 
 # Hop-by-hop (RFC 9110 7.6.1) and what aiohttp sets itself for the new hop.
 HOP_BY_HOP = frozenset({
@@ -20,6 +24,23 @@ QUEUE_WAIT = "x-burstgate-queue-wait-ms"
 DEGRADED = "x-burstgate-degraded"
 OFFLINE = "x-burstgate-offline"
 MAX_REQUEST_ID = 128
+
+
+def admission_headers(a: AdmissionLike) -> dict[str, str]:
+    """The x-burstgate-* headers of an admitted request (the sidecar's
+    answers, and the LiteLLM callback's)."""
+    h: dict[str, str] = {}
+    if a.pricing_multiplier:
+        h[PRICING] = a.pricing_multiplier
+    if a.queue_wait_ms > 0:
+        h[QUEUE_WAIT] = str(a.queue_wait_ms)
+    if a.degraded:
+        parts = [f"max_tokens={a.max_tokens_cap}"] if a.max_tokens_cap else []
+        parts += [f"model={a.fallback_model}"] if a.fallback_model else []
+        h[DEGRADED] = "; ".join(parts) or "true"
+    if a.offline:
+        h[OFFLINE] = "true"
+    return h
 
 
 def request_id(given: str | None) -> tuple[str, str | None]:

@@ -132,7 +132,7 @@ class Proxy:
         except ValueError as exc:  # the SDK's check of an argument (names it)
             return self._bad(str(exc), None, ours)
         self.metrics.admit_seconds.observe(time.perf_counter() - arrived)
-        ours.update(self._admission_headers(a))
+        ours.update(H.admission_headers(a))
         if not a.admitted:
             return await self._refuse(a, tenant, rid, ours)
         (self._offline if a.offline else self._admitted).inc()
@@ -150,21 +150,6 @@ class Proxy:
     def _bad(self, message: str, param: str | None, ours: dict[str, str]) -> web.Response:
         self._bad_request.inc()
         return json_error(400, message, "invalid_request_error", None, param=param, headers=ours)
-
-    @staticmethod
-    def _admission_headers(a: AdmissionLike) -> dict[str, str]:
-        h: dict[str, str] = {}
-        if a.pricing_multiplier:
-            h[H.PRICING] = a.pricing_multiplier
-        if a.queue_wait_ms > 0:
-            h[H.QUEUE_WAIT] = str(a.queue_wait_ms)
-        if a.degraded:
-            parts = [f"max_tokens={a.max_tokens_cap}"] if a.max_tokens_cap else []
-            parts += [f"model={a.fallback_model}"] if a.fallback_model else []
-            h[H.DEGRADED] = "; ".join(parts) or "true"
-        if a.offline:
-            h[H.OFFLINE] = "true"
-        return h
 
     async def _refuse(
         self, a: AdmissionLike, tenant: str, rid: str, ours: dict[str, str]

@@ -36,7 +36,7 @@ from controlplane.integrations.litellm.refusal import (
     refusal_error,
 )
 from controlplane.integrations.litellm.settle import Ticket, Tickets
-from controlplane.sdk import Admission, AsyncAdmissionClient, FailPolicy, Limits
+from controlplane.sdk import AsyncAdmissionClient, FailPolicy, Limits
 from controlplane.sidecar import headers as H
 from controlplane.sidecar.proxy import ADMIT_CALL_S
 from controlplane.sidecar.refusal import REASON
@@ -45,22 +45,6 @@ log = logging.getLogger("burstgate.litellm")
 T = TypeVar("T")
 
 METADATA_KEY = "burstgate"  # data["metadata"]["burstgate"]: what was decided, for headers and logs
-
-
-def admission_headers(a: Admission) -> dict[str, str]:
-    """The sidecar's x-burstgate-* headers of an admitted request."""
-    h: dict[str, str] = {}
-    if a.pricing_multiplier:
-        h[H.PRICING] = a.pricing_multiplier
-    if a.queue_wait_ms > 0:
-        h[H.QUEUE_WAIT] = str(a.queue_wait_ms)
-    if a.degraded:
-        parts = [f"max_tokens={a.max_tokens_cap}"] if a.max_tokens_cap else []
-        parts += [f"model={a.fallback_model}"] if a.fallback_model else []
-        h[H.DEGRADED] = "; ".join(parts) or "true"
-    if a.offline:
-        h[H.OFFLINE] = "true"
-    return h
 
 
 class BurstgateHook(CustomLogger):
@@ -147,7 +131,7 @@ class BurstgateHook(CustomLogger):
             metadata = data["metadata"] = {}
         metadata[METADATA_KEY] = {
             "tenant": t.tenant, "lane": t.lane, "pool": t.pool, "prompt_tokens": prompt,
-            "granted_max_tokens": a.granted_max_tokens, "headers": admission_headers(a),
+            "granted_max_tokens": a.granted_max_tokens, "headers": H.admission_headers(a),
         }  # fmt: skip
         return data
 
