@@ -33,7 +33,8 @@ from typing import Any
 
 import aiohttp
 import yaml
-from bench_sidecar import cpu_s, free_port, pct, spawn, wait_port
+from bench_sidecar import cpu_s, free_port, spawn, wait_port
+from bench_sidecar import table as side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 BG = [sys.executable, "-m", "controlplane"]
@@ -84,18 +85,6 @@ async def sequential(
             if i >= 200:
                 lat[name].append((time.perf_counter() - t0) * 1000)
     return lat
-
-
-def table(lat: dict[str, list[float]]) -> None:
-    print("| path | requests | p50 ms | p90 ms | p99 ms | max ms |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name in PATHS:
-        v = lat[name]
-        print(f"| {name} | {len(v):,} | {pct(v, 50):.2f} | {pct(v, 90):.2f} | {pct(v, 99):.2f} "
-              f"| {max(v, default=float('nan')):.2f} |")  # fmt: skip
-    a, b = lat[PATHS[0]], lat[PATHS[1]]
-    print(f"| **added** | | {pct(b, 50) - pct(a, 50):.2f} | {pct(b, 90) - pct(a, 90):.2f} | "
-          f"{pct(b, 99) - pct(a, 99):.2f} | |")  # fmt: skip
 
 
 def inflight(port: int) -> int:
@@ -161,7 +150,7 @@ def main() -> None:
         f"One at a time ({args.requests:,} requests, alternating; not 200, not timed: "
         f"{refused or 'none'}):\n"
     )
-    table(lat)
+    side_by_side(lat, PATHS)
     decided = len(lat[PATHS[1]]) + 100  # (the warm-up's half went through it too)
     print(
         f"\ncontrol plane CPU: {cpu:.2f} s, {cpu / decided * 1000:.2f} ms per request "

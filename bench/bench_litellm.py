@@ -122,18 +122,6 @@ async def run(
     return seq, conc, errors
 
 
-def table(lat: dict[str, list[float]]) -> None:
-    print("| path | requests | p50 ms | p90 ms | p99 ms |")
-    print("|---|---:|---:|---:|---:|")
-    for name in PATHS:
-        v = lat[name]
-        print(f"| {name} | {len(v):,} | {sc.pct(v, 50):.2f} | {sc.pct(v, 90):.2f} | "
-              f"{sc.pct(v, 99):.2f} |")  # fmt: skip
-    a, b = lat[PATHS[0]], lat[PATHS[1]]
-    added = [sc.pct(b, q) - sc.pct(a, q) for q in (50, 90, 99)]
-    print("| **added** | | " + " | ".join(f"{x:.2f}" for x in added) + " |")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sequential", type=int, default=400, help="requests one at a time")
@@ -178,9 +166,9 @@ def main() -> None:
     print(f"{kind}, {os.cpu_count()} CPUs, load average at the end "
           f"{Path('/proc/loadavg').read_text().split()[0]}, errors {errors}\n")
     print(f"One at a time ({args.sequential:,} requests, alternating):\n")
-    table(seq)
+    sc.table(seq, PATHS)
     print(f"\n{args.concurrency} concurrent clients, {args.seconds:g} s, alternating:\n")
-    table(conc)
+    sc.table(conc, PATHS)
 
 
 if __name__ == "__main__":

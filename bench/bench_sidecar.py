@@ -109,16 +109,18 @@ async def sequential(direct: str, sidecar: str, n: int, stream: bool) -> dict[st
     return lat
 
 
-def table(lat: dict[str, list[float]]) -> None:
+def table(lat: dict[str, list[float]], paths: tuple[str, str] = ("direct", "sidecar")) -> None:
+    """The two paths side by side, and what the second adds (also used by
+    bench_envoy.py and bench_litellm.py)."""
     print("| path | requests | p50 ms | p90 ms | p99 ms | max ms |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name in ("direct", "sidecar"):
+    for name in paths:
         v = lat[name]
         print(f"| {name} | {len(v):,} | {pct(v, 50):.2f} | {pct(v, 90):.2f} | {pct(v, 99):.2f} "
               f"| {max(v, default=float('nan')):.2f} |")  # fmt: skip
-    d, s = lat["direct"], lat["sidecar"]
-    print(f"| **added** | | {pct(s, 50) - pct(d, 50):.2f} | {pct(s, 90) - pct(d, 90):.2f} | "
-          f"{pct(s, 99) - pct(d, 99):.2f} | |")  # fmt: skip
+    a, b = lat[paths[0]], lat[paths[1]]
+    print(f"| **added** | | {pct(b, 50) - pct(a, 50):.2f} | {pct(b, 90) - pct(a, 90):.2f} | "
+          f"{pct(b, 99) - pct(a, 99):.2f} | |")  # fmt: skip
 
 
 async def send(
