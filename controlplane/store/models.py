@@ -315,3 +315,40 @@ class HaCellLeaseRow(Base):
     epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     acquired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
+class HaTenantAnchorRow(Base):
+    """One row per tenant with grants: the row lock every writer of the
+    tenant's grants takes first (controlplane/ha/share_store.py)."""
+
+    __tablename__ = "ha_tenant_anchors"
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+
+
+class HaTenantRateRow(Base):
+    """A replica's share of a tenant's rate and burst (controlplane/ha/shares.py):
+    raised only into what the other replicas' live grants leave free."""
+
+    __tablename__ = "ha_tenant_rates"
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    member_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    demand: Mapped[int] = mapped_column(BigInteger)  # tokens/s asked of this member, smoothed
+    rate_ppm: Mapped[int] = mapped_column(BigInteger)  # millionths of the tenant's rate
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
+class HaTenantQuotaRow(Base):
+    """A replica's allowance in one of a tenant's quota windows: what it has
+    used and what it may use; the allowances of one window sum to at most
+    the quota."""
+
+    __tablename__ = "ha_tenant_quotas"
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    member_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    window_kind: Mapped[str] = mapped_column(Text, primary_key=True)  # "hour" | "day"
+    window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # Unix s
+    used: Mapped[int] = mapped_column(BigInteger)
+    allowance: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,96 @@
+"""Shares of one tenant's limits among the replicas that decide for it
+(docs/ha.md, "Tenants that span cells").
+
+A tenant whose requests go to pools in cells owned by different replicas is
+decided by each of them, from a bucket of its own. Each replica (member)
+therefore holds a *grant*: a share of the tenant's rate and burst, and an
+allowance of each quota window (hour, day). Grants are rows in PostgreSQL
+(``controlplane/ha/share_store.py``), changed only under a lock on all of
+the tenant's rows, by two rules that keep the sum within the tenant's
+limits at every moment:
+
+- a member may LOWER its own grant at will;
+- a member may RAISE its own grant only into what the others do not hold:
+  ``mine <= whole - sum(others' live grants)``.
+
+Each member aims at a demand-weighted target (its tokens asked per second
+over all members'), so after a member lowers towards its target the others
+can raise towards theirs: shares converge in two refreshes, and a member
+whose rate grant expired (it died, or lost the database) frees its rate for
+the others after the lease TTL. Quota allowances are cumulative (tokens
+already spent stay spent), so they never expire inside their window: a dead
+member's allowance stays counted until the window ends. That can leave part
+of a quota unused after a failover, never overshoot it.
+
+This module is the arithmetic, pure and exact (integers); the store applies
+it under the lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PPM = 1_000_000  # a whole rate: the tenant's token_rate and burst_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RateHolding:
+    """Another member's rate grant of the tenant, as read under the lock."""
+
+    member: str
+    demand: int  # tokens/s it asked for, smoothed
+    rate_ppm: int  # its grant, in millionths of the tenant's rate and burst
+    live: bool  # unexpired by the database's clock
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaHolding:
+    """A member's allowance in one quota window (hour or day)."""
+
+    member: str
+    used: int  # tokens it has spent in the window
+    allowance: int  # tokens it may spend in the window (>= used, but for overruns)
+
+
+def rate_target(demand: int, others: Sequence[RateHolding]) -> int:
+    """The demand-weighted share (ppm) a member aims at: its demand over the
+    live members' total; equal parts when nobody asks for anything."""
+    live = [h for h in others if h.live]
+    total = max(0, demand) + sum(max(0, h.demand) for h in live)
+    if total == 0:
+        return PPM // (len(live) + 1)
+    return max(0, demand) * PPM // total
+
+
+def rate_grant(demand: int, others: Sequence[RateHolding]) -> int:
+    """This member's new rate grant (ppm): its target, but never more than
+    the live others leave free."""
+    free = PPM - sum(h.rate_ppm for h in others if h.live)
+    return max(0, min(rate_target(demand, others), free))
+
+
+def quota_allowance(used: int, limit: int, share_ppm: int, others: Sequence[QuotaHolding]) -> int:
+    """This member's new allowance in a quota window of ``limit`` tokens: what
+    it has used plus its share of what nobody has used yet, but never more
+    than the others' allowances leave; never less than what it has used
+    (spent tokens are not taken back)."""
+    if limit < 0 or used < 0 or not 0 <= share_ppm <= PPM:
+        raise ValueError(f"quota_allowance: used={used}, limit={limit}, share_ppm={share_ppm}")
+    held = sum(h.allowance for h in others)
+    unused = max(0, limit - used - sum(h.used for h in others))
+    target = used + unused * share_ppm // PPM
+    return max(used, min(target, limit - held))
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one member may decide for one tenant until its grant is renewed."""
+
+    rate_ppm: int
+    hour_allowance: int | None  # None: the tenant has no hourly quota
+    day_allowance: int | None
+
+    def scale(self, whole: int) -> int:
+        """``whole`` (a rate or a burst) times this grant's share, rounded down."""
+        return whole * self.rate_ppm // PPM
