@@ -24,14 +24,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
-
-if TYPE_CHECKING:
-    from controlplane.ledger.metering import Metering
+from controlplane.ledger.fencing import WindowWriter
+from controlplane.ledger.pricing import PricingBook
+from controlplane.service import AdmissionService
+from controlplane.store.ledger import LedgerStore
 
 log = structlog.get_logger("burstgate.ledger")
 
@@ -89,6 +90,22 @@ class CountedUsage:
         return out_h, out_d
 
 
+class Owner(Protocol):
+    """What a rebuild works on (``Metering``)."""
+
+    @property
+    def svc(self) -> AdmissionService: ...
+    @property
+    def store(self) -> LedgerStore: ...
+    @property
+    def pricing(self) -> PricingBook: ...
+    @property
+    def windows(self) -> WindowWriter: ...
+    @property
+    def usage(self) -> CountedUsage: ...
+    def clock(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Rebuilt:
     """What a rebuild installed."""
@@ -100,7 +117,7 @@ class Rebuilt:
     day_tokens: int
 
 
-async def rebuild_usage(m: Metering, pools: Iterable[str] | None = None) -> tuple[int, int, int]:
+async def rebuild_usage(m: Owner, pools: Iterable[str] | None = None) -> tuple[int, int, int]:
     """Add to the quota counters what the ledger holds for the current hour
     and day (in ``pools``, or all) beyond what they hold already; (tenants,
     hour tokens, day tokens) added. Raises if the database cannot be read."""
@@ -114,7 +131,7 @@ async def rebuild_usage(m: Metering, pools: Iterable[str] | None = None) -> tupl
     return tenants, sum(add_h.values()), sum(add_d.values())
 
 
-async def take_over(m: Metering, pools: Iterable[str]) -> Rebuilt:
+async def take_over(m: Owner, pools: Iterable[str]) -> Rebuilt:
     """The new owner of a cell continues its pools: pricing windows from the
     database (in force before any row of those pools is written again),
     then quota usage from the ledger. Safe to call again (idempotent)."""
