@@ -21,7 +21,6 @@ from prometheus_client import start_http_server
 from controlplane.aiotime import within
 from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
-from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.rpc.assembly import (
     ADMIN_SERVICE,
     ADMISSION_SERVICE,
@@ -435,18 +434,11 @@ class ControlPlane:
         """Quota counters live in memory; after a restart, count what the
         ledger holds for the current UTC hour and day (by settlement time)."""
         assert self.metering is not None
-        store = self.metering.store
-        now = self.service.clock()
-        hour_start = now - now % NS_PER_HOUR
-        day_start = now - now % NS_PER_DAY
-        try:
-            hour, day = await asyncio.to_thread(
-                lambda: (store.tokens_since(hour_start), store.tokens_since(day_start))
-            )
+        try:  # the same rebuild a takeover runs for its cell's pools
+            restored, _, _ = await self.metering.rebuild_usage()
         except Exception as exc:  # database down: start with empty counters
             log.warning("quota usage not restored from the ledger", error=str(exc))
             return
-        restored = self.service.restore_usage(hour, day)
         if restored:
             log.info("quota usage restored from the ledger", tenants=restored)
 

@@ -29,7 +29,7 @@ import contextlib
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,10 @@ from controlplane.domain.errors import LedgerUnavailable, NotFound, excerpt
 from controlplane.domain.ledger_records import Key, LedgerRecord
 from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
 from controlplane.domain.units import NS_PER_S, PPM
+from controlplane.ledger.fencing import Fencing, StaleWrites, WindowWriter, no_fencing
 from controlplane.ledger.pricing import PricingBook
 from controlplane.ledger.spool import Spool
+from controlplane.ledger.takeover import CountedUsage, Rebuilt, rebuild_usage, take_over
 from controlplane.ledger.writer import LedgerWriter, Outcome, Row
 from controlplane.service import AdmissionService
 from controlplane.service import records as R
@@ -89,7 +91,10 @@ class Metering:
         *,
         clock: Callable[[], int] | None = None,
         on_health: Callable[[bool], None] | None = None,
+        fencing: Fencing = no_fencing,
     ) -> None:
+        """``fencing``: pool -> this replica's lease of the pool's cell (see
+        controlplane/ledger/fencing.py); the default writes unfenced."""
         self.svc = service
         self.settings = settings
         self.clock = clock or service.clock
@@ -112,6 +117,11 @@ class Metering:
             retry_s=settings.ledger_retry_s,
             on_state=self._db_state,
         )
+        # Scale-out (docs/ha.md): pricing-window writes fenced by the lease,
+        # and what the quota counters hold as settled records (takeover.py).
+        self.stale_writes = StaleWrites()
+        self.windows = WindowWriter(self.store, pricing, fencing, self.stale_writes)
+        self.usage = CountedUsage()
         self._inflight: dict[Key, asyncio.Task[CompleteResult]] = {}
         # Plain tuples, not LedgerRecords: see writer.Row (GC).
         self._recent: OrderedDict[Key, Row] = OrderedDict()
@@ -161,7 +171,7 @@ class Metering:
                 await t
         await self.writer.stop()
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.store.save_windows, self.pricing.snapshot(self.clock()))
+            await self.flush_windows()
         self.engine.dispose()
 
     def _db_state(self, ok: bool) -> None:
@@ -251,10 +261,13 @@ class Metering:
                 duplicate=True,
             )  # fmt: skip
         self.completes += 1
+        # In the quota counters now (apply_complete): a rebuild must not add it.
+        self.usage.settled(key[0], record.pool, actual, record.settled_ns, self.clock())
         self.svc.stats.count_spend(  # per-tenant spend metrics
             prepared, record.currency, record.user_charge_nanos, record.actual_cost_nanos
         )
-        if record.miss_rate_source == "request":
+        if record.miss_rate_source == "request" and self.fencing(record.pool) is not None:
+            # (not owned here: the owner's windows measure the pool)
             self.pricing.observe_completion(
                 record.pool, record.model, record.prompt_tokens,
                 int(record.kv_cache_miss_rate * PPM), record.settled_ns,
@@ -380,15 +393,43 @@ class Metering:
                     await self.close_margin_windows()
 
     async def flush_windows(self) -> None:
-        """Store closed windows and the open ones as they stand."""
-        rows = self.pricing.snapshot(self.clock())
-        try:
-            await asyncio.to_thread(self.store.save_windows, rows)
-        except Exception as exc:
+        """Store closed windows and the open ones as they stand, each pool's
+        under its cell's lease (fencing.py)."""
+        batches = self.windows.plan(self.pricing.snapshot(self.clock()))
+        result = await asyncio.to_thread(self.windows.write, batches)
+        retry = self.windows.settle(result)
+        if result.error is not None:
             self.window_flush_failures += 1
             # Keep the closed ones for the next attempt (bounded).
-            self.pricing.closed[:0] = [w for w in rows if w.closed][-100_000:]
-            log.warning("pricing windows not saved; will retry", error=str(exc))
+            self.pricing.closed[:0] = retry[-100_000:]
+            log.warning("pricing windows not saved; will retry", error=str(result.error))
+
+    # -------------------------------------------------------------- scale-out
+
+    @property
+    def fencing(self) -> Fencing:
+        return self.windows.fencing
+
+    @fencing.setter
+    def fencing(self, fn: Fencing) -> None:
+        self.windows.fencing = fn
+
+    async def take_over(self, pools: Iterable[str]) -> Rebuilt:
+        """This replica now owns ``pools`` (its coordinator's ``on_acquired``
+        for their cell): continue their pricing windows and count the quota
+        usage the ledger holds for them. Idempotent; raises if the database
+        cannot be read (nothing of those pools is written until it ran)."""
+        return await take_over(self, pools)
+
+    def release_pools(self, pools: Iterable[str]) -> None:
+        """This replica no longer owns ``pools`` (``on_lost``): their windows
+        are dropped, and none of their rows is written."""
+        self.windows.forget(pools)
+
+    async def rebuild_usage(self, pools: Iterable[str] | None = None) -> tuple[int, int, int]:
+        """Quota usage from the ledger (of ``pools``, or all): at start, and
+        in ``take_over``; (tenants, hour tokens, day tokens) added."""
+        return await rebuild_usage(self, pools)
 
     async def close_margin_windows(self) -> list[MarginWarning]:
         """Check every ended window not checked yet, once every record settled

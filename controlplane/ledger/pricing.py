@@ -254,6 +254,30 @@ class PricingBook:
         for r in rows:
             self.restored[(r.pool, r.model, r.window_start_s)] = r
 
+    def drop_pools(self, pools: Iterable[str]) -> None:
+        """Forget every window of ``pools`` (series, load reports, quotes,
+        closed rows not yet stored, restored rows): this replica no longer
+        owns them, or is about to reload them (``install``)."""
+        gone = set(pools)
+        if not gone:
+            return
+        for table in (self._series, self._quotes):
+            for key in [k for k in table if k[0] in gone]:
+                del table[key]
+        for pool in gone:
+            self._loads.pop(pool, None)
+        self.closed = [w for w in self.closed if w.pool not in gone]
+        for rkey in [k for k in self.restored if k[0] in gone]:
+            del self.restored[rkey]
+
+    def install(self, pools: Iterable[str], rows: Iterable[WindowSummary]) -> None:
+        """Take ``pools`` over from stored windows (a cell's takeover): what
+        this book held for them is dropped, and the stored rows continue as
+        after a restart (the multiplier in force carries on)."""
+        wanted = set(pools)
+        self.drop_pools(wanted)
+        self.restore(r for r in rows if r.pool in wanted)
+
     def in_force(self) -> list[tuple[str, str, Decimal, int | None]]:
         """(pool, model, multiplier, previous window's rate ppm) per series."""
         return [(p, m, s.multiplier, s.prev_rate) for (p, m), s in sorted(self._series.items())]

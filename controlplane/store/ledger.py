@@ -25,6 +25,7 @@ from sqlalchemy import (
     Numeric,
     String,
     Table,
+    case,
     delete,
     event,
     func,
@@ -39,6 +40,7 @@ from controlplane.domain.audit import Actor
 from controlplane.domain.catalog import PRICE_FIELDS, PriceEntry, validate_entry
 from controlplane.domain.ledger_records import COLUMNS, Key, LedgerRecord, from_db_row
 from controlplane.domain.pricing import WindowSummary
+from controlplane.ha.store import fence as check_epoch
 from controlplane.settings import sqlalchemy_url
 from controlplane.store.audit import local_actor, log_change
 from controlplane.store.db import make_engine
@@ -393,8 +395,14 @@ class LedgerStore:
 
     # -------------------------------------------------------- pricing windows
 
-    def save_windows(self, rows: Sequence[WindowSummary]) -> None:
-        """Upsert window rows (an open window is rewritten until it closes)."""
+    def save_windows(
+        self, rows: Sequence[WindowSummary], fence: tuple[str, int] | None = None
+    ) -> None:
+        """Upsert window rows (an open window is rewritten until it closes).
+        ``fence`` = (cell, epoch): the rows are written only while that epoch
+        is the cell's lease, checked in the same transaction
+        (``controlplane.ha.store.fence``: ``StaleEpoch`` and nothing
+        written otherwise). None: unfenced (one replica)."""
         if not rows:
             return
         values = [
@@ -423,16 +431,26 @@ class LedgerStore:
             },
         )
         with self.engine.begin() as c:
+            if fence is not None:
+                check_epoch(c, *fence)  # share-locks the lease row until commit
             c.execute(stmt, values)
 
     def load_windows(
-        self, start_from: int, start_to: int | None = None, pool: str | None = None
+        self,
+        start_from: int,
+        start_to: int | None = None,
+        pool: str | None = None,
+        pools: Sequence[str] | None = None,
     ) -> list[WindowSummary]:
+        """Windows starting at or after ``start_from`` (and before
+        ``start_to``), of ``pool`` or of ``pools`` when given."""
         q = select(WINDOWS).where(WINDOWS.c.window_start >= start_from)
         if start_to is not None:
             q = q.where(WINDOWS.c.window_start < start_to)
         if pool:
             q = q.where(WINDOWS.c.pool == pool)
+        if pools is not None:
+            q = q.where(WINDOWS.c.pool.in_(list(pools)))
         q = q.order_by(WINDOWS.c.window_start, WINDOWS.c.pool, WINDOWS.c.model)
         with self.engine.connect() as c:
             rows = c.execute(q).all()
@@ -481,16 +499,35 @@ class LedgerStore:
                 for t, cur, n, u, a in c.execute(q)
             ]
 
-    def tokens_since(self, since_ns: int) -> dict[str, int]:
-        """Tokens (prompt + output) settled per tenant since ``since_ns``: what
-        the quota counters are restored from at start."""
+    def usage_by_pool(
+        self, hour_start_ns: int, day_start_ns: int, pools: Sequence[str] | None = None
+    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """Tokens (prompt + output) settled per (tenant, pool) since
+        ``hour_start_ns`` and since ``day_start_ns`` (the hour inside the
+        day), of ``pools`` or of every pool: what quota counters are rebuilt
+        from, at start and when a replica takes a cell over. One scan."""
+        tokens = LEDGER.c.prompt_tokens + LEDGER.c.output_tokens
         q = (
-            select(LEDGER.c.tenant_id, func.sum(LEDGER.c.prompt_tokens + LEDGER.c.output_tokens))
-            .where(LEDGER.c.settled_ns >= since_ns)
-            .group_by(LEDGER.c.tenant_id)
+            select(
+                LEDGER.c.tenant_id,
+                LEDGER.c.pool,
+                func.sum(case((LEDGER.c.settled_ns >= hour_start_ns, tokens), else_=0)),
+                func.sum(tokens),
+            )
+            .where(LEDGER.c.settled_ns >= min(day_start_ns, hour_start_ns))
+            .group_by(LEDGER.c.tenant_id, LEDGER.c.pool)
         )
+        if pools is not None:
+            q = q.where(LEDGER.c.pool.in_(list(pools)))
+        hour: dict[tuple[str, str], int] = {}
+        day: dict[tuple[str, str], int] = {}
         with self.engine.connect() as c:
-            return {t: int(n or 0) for t, n in c.execute(q)}
+            for t, p, h, d in c.execute(q):
+                if h:
+                    hour[(t, p)] = int(h)
+                if d:
+                    day[(t, p)] = int(d)
+        return hour, day
 
     def record_margin_warnings(self, warnings: Sequence[MarginWarning]) -> None:
         if not warnings:
@@ -510,6 +547,9 @@ class LedgerStore:
             for w in warnings
         ]
         ins = (postgresql.insert if self.is_postgres else sqlite.insert)(MARGINS)
+        # Every replica checks every ended window (a warning is per tenant,
+        # over all pools, derived from the ledger: no owner, not fenced); the
+        # row computed from more records wins, whichever replica wrote last.
         stmt = ins.on_conflict_do_update(
             index_elements=["tenant_id", "window_start", "currency"],
             set_={
@@ -517,6 +557,7 @@ class LedgerStore:
                 for k in values[0]
                 if k not in ("tenant_id", "window_start", "currency")
             },
+            where=MARGINS.c.requests <= ins.excluded.requests,
         )
         with self.engine.begin() as c:
             c.execute(stmt, values)

@@ -13,6 +13,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from controlplane.ledger.fencing import WINDOWS_TABLE
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.writer import BATCH_BUCKETS_S
 
@@ -104,3 +105,13 @@ class LedgerCollector(Collector):
             "Tenants with a margin warning in the last window checked",
             value=m.last_margin_tenants,
         )
+        stale = CounterMetricFamily(
+            "burstgate_ha_stale_writes",
+            "Single-writer rows not written because this replica's lease of their cell was "
+            "superseded (stale epoch) or gone: none of them landed",
+            labels=["table"],
+        )
+        by_table = m.stale_writes.by_table
+        for table in sorted({WINDOWS_TABLE, *by_table}):
+            stale.add_metric([table], by_table[table])
+        yield stale
