@@ -158,6 +158,7 @@ class ControlPlane:
         from controlplane.store.notify import CONFIG_CHANNEL, LEASES_CHANNEL, Listener
 
         self._config_wake = asyncio.Event()
+        self._catalog_reloads: set[asyncio.Future[None]] = set()  # see reload_notified
         self.listener: Listener | None = None
         if not self.settings.listen_notify:
             return
@@ -433,10 +434,20 @@ class ControlPlane:
         self.notified_reloads += 1
         await self._reload_config_and_keys()
         if self.metering is not None:
-            try:
-                await self.metering.reload_catalog()
-            except Exception as exc:  # database down: the metering poll tries again
-                log.warning("price catalog reload failed; keeping the last one", error=str(exc))
+            # Shielded and awaited by stop() before the ledger's engine is
+            # disposed: a cancelled reload's thread would otherwise hand its
+            # connection back to a disposed pool (as _in_thread's calls).
+            reload = asyncio.ensure_future(self._reload_catalog(self.metering))
+            self._catalog_reloads.add(reload)
+            reload.add_done_callback(self._catalog_reloads.discard)
+            await asyncio.shield(reload)
+
+    @staticmethod
+    async def _reload_catalog(metering: Metering) -> None:
+        try:
+            await metering.reload_catalog()
+        except Exception as exc:  # database down: the metering poll tries again
+            log.warning("price catalog reload failed; keeping the last one", error=str(exc))
 
     async def poll_once(self) -> None:
         """One step of the config poll: reload changed config, refresh the
@@ -490,6 +501,7 @@ class ControlPlane:
                 await task
         if self.listener is not None:
             await self.listener.stop()  # bounded: its own connection, not the engine's
+            await asyncio.gather(*self._catalog_reloads, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s if grace is None else grace)
         if self._metrics_httpd is not None:
