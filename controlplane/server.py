@@ -102,6 +102,7 @@ class ControlPlane:
         self._db_calls: set[asyncio.Future[Any]] = set()  # see _in_thread
         self._fingerprint: tuple[Any, ...] | None = None
         self.config_reloads = 0
+        self.notified_reloads = 0  # reloads a notification triggered (notify.py)
         # Admin API, auth and observability (controlplane/rpc/admin.py, controlplane/rpc/auth.py).
         from controlplane.auth import KeyCache
         from controlplane.store.audit import AuditLog
@@ -131,6 +132,7 @@ class ControlPlane:
             self.gc_pauses,
             self.replica.collector(),
         ]
+        self._listen_setup()
         self._tracer_provider: Any = None
         self._metering_started = False
         # Metering (controlplane/ledger): every Complete is recorded in
@@ -145,6 +147,35 @@ class ControlPlane:
             assert pricing is not None
             self.metering = Metering(self.service, settings, pricing, on_health=self._ledger_health)
             self.metrics_collectors.append(LedgerCollector(self.metering))
+
+    def _listen_setup(self) -> None:
+        """On PostgreSQL (unless ``listen_notify`` is off): a LISTEN
+        connection (controlplane/store/notify.py). A config change wakes the
+        config loop at once; a released cell wakes the HA coordinator, when
+        this plane has one (``self.coordinator``, set by the scale-out
+        wiring; absent, the notification is only counted)."""
+        from controlplane.store.notify import CONFIG_CHANNEL, LEASES_CHANNEL, Listener
+
+        self._config_wake = asyncio.Event()
+        self._catalog_reloads: set[asyncio.Future[None]] = set()  # see reload_notified
+        self.listener: Listener | None = None
+        if not self.settings.listen_notify:
+            return
+        listener = Listener(self.settings.database_url, name="burstgate serve notify")
+        if not listener.enabled:  # SQLite: one replica, the poll is enough
+            return
+        listener.on(CONFIG_CHANNEL, lambda payload: self._config_wake.set())
+        listener.on(LEASES_CHANNEL, self._lease_released)
+        self.listener = listener
+        self.metrics_collectors.append(listener.collector())
+
+    def _lease_released(self, cell: str | None) -> None:
+        """A cell was released (or the listener reconnected): tick the
+        coordinator now, so the member the cell is assigned to takes it
+        without waiting for its next tick."""
+        coordinator = getattr(self, "coordinator", None)
+        if coordinator is not None:
+            coordinator.wake()
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         """``fn()`` on a worker thread, for database work of the poll loop,
@@ -165,14 +196,15 @@ class ControlPlane:
                 f"no answer from the database within {self.settings.operator_db_timeout_s} s"
             ) from None
 
-    async def load_config(self) -> bool:
-        """Reload tenants and lanes when the database changed; True if applied."""
+    async def load_config(self, *, force: bool = False) -> bool:
+        """Reload tenants and lanes when the database changed (or, ``force``,
+        in any case); True if applied."""
         async with self._reload_lock:
-            return await self._load_config()
+            return await self._load_config(force)
 
-    async def _load_config(self) -> bool:
+    async def _load_config(self, force: bool = False) -> bool:
         fp = await self._in_thread(self.repo.fingerprint)
-        if fp == self._fingerprint:
+        if fp == self._fingerprint and not force:
             return False
         lanes, tenants, overrides = await self._in_thread(
             lambda: (self.repo.lanes(), self.repo.tenants(), self.repo.policy_overrides())
@@ -303,6 +335,8 @@ class ControlPlane:
             asyncio.create_task(self._config_loop(), name="config-poll"),
             asyncio.create_task(self.live.run(), name="live-sampler"),
         ]
+        if self.listener is not None:
+            self.listener.start()  # connects on its own thread; serving does not wait
         log.info(
             "serving",
             address=f"{self.settings.host}:{self.port}",
@@ -346,6 +380,9 @@ class ControlPlane:
             if self.metering is not None and self._metering_started:
                 await self.metering.stop()
         with contextlib.suppress(Exception):
+            if self.listener is not None:
+                await self.listener.stop()
+        with contextlib.suppress(Exception):
             self.engine.dispose()
 
     async def _expiry_loop(self) -> None:
@@ -362,9 +399,58 @@ class ControlPlane:
         return released
 
     async def _config_loop(self) -> None:
-        while True:
-            await self._sleep(self.settings.config_poll_s)
-            await self.poll_once()
+        if self.listener is None:
+            while True:
+                await self._sleep(self.settings.config_poll_s)
+                await self.poll_once()
+        # With LISTEN: a notification reloads at once, and the poll keeps its
+        # own rhythm (its timer runs on through notified reloads). A burst
+        # of notifications makes one reload, or two when some arrive while
+        # it runs (it may have read before their commit); this one task
+        # runs them all, so never two at once.
+        poll: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                if poll is None:
+                    poll = asyncio.ensure_future(self._sleep(self.settings.config_poll_s))
+                woken = asyncio.ensure_future(self._config_wake.wait())
+                try:
+                    await asyncio.wait((poll, woken), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+                if self._config_wake.is_set():
+                    self._config_wake.clear()
+                    await self.reload_notified()
+                if poll.done():
+                    poll = None
+                    await self.poll_once()
+        finally:
+            if poll is not None:
+                poll.cancel()
+
+    async def reload_notified(self) -> None:
+        """What a config notification triggers: config, keys and (with the
+        ledger) the price catalog, each only if changed (fingerprints)."""
+        self.notified_reloads += 1
+        # Forced: the fingerprint (row count, newest updated_at from the
+        # writer's clock) can miss a change committed after a concurrent one
+        # that carries a later timestamp; a notification means "changed".
+        await self._reload_config_and_keys(force=True)
+        if self.metering is not None:
+            # Shielded and awaited by stop() before the ledger's engine is
+            # disposed: a cancelled reload's thread would otherwise hand its
+            # connection back to a disposed pool (as _in_thread's calls).
+            reload = asyncio.ensure_future(self._reload_catalog(self.metering))
+            self._catalog_reloads.add(reload)
+            reload.add_done_callback(self._catalog_reloads.discard)
+            await asyncio.shield(reload)
+
+    @staticmethod
+    async def _reload_catalog(metering: Metering) -> None:
+        try:
+            await metering.reload_catalog()
+        except Exception as exc:  # database down: the metering poll tries again
+            log.warning("price catalog reload failed; keeping the last one", error=str(exc))
 
     async def poll_once(self) -> None:
         """One step of the config poll: reload changed config, refresh the
@@ -372,8 +458,18 @@ class ControlPlane:
         config that fails to load or apply must never keep a revoked key
         working, nor a key refresh that fails keep a config change from
         applying, nor a failed last-use write either of them."""
+        await self._reload_config_and_keys()
+        await self._save_key_use()
+        if self.envoy_rls is not None:
+            self.envoy_rls.config.poll()  # a changed mapping file (kept if bad)
         try:
-            await self.load_config()
+            await self.replica.poll()  # lost and taken by another serve: health NOT_SERVING
+        except Exception as exc:  # database down or slow: asked again at the next poll
+            log.warning("replica lock check failed", error=str(exc))
+
+    async def _reload_config_and_keys(self, *, force: bool = False) -> None:
+        try:
+            await self.load_config(force=force)
         except Exception as exc:  # database down, or a config that cannot apply
             self.config_reload_failures += 1
             log.warning("config poll failed; serving last config", error=str(exc))
@@ -382,13 +478,6 @@ class ControlPlane:
         except Exception as exc:  # database down: keep the keys as last read
             self.key_refresh_failures += 1
             log.warning("key refresh failed; serving last keys", error=str(exc))
-        await self._save_key_use()
-        if self.envoy_rls is not None:
-            self.envoy_rls.config.poll()  # a changed mapping file (kept if bad)
-        try:
-            await self.replica.poll()  # lost and taken by another serve: health NOT_SERVING
-        except Exception as exc:  # database down or slow: asked again at the next poll
-            log.warning("replica lock check failed", error=str(exc))
 
     async def _save_key_use(self) -> None:
         """The keys used since the last poll, written as last used now (one
@@ -413,6 +502,9 @@ class ControlPlane:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.listener is not None:
+            await self.listener.stop()  # bounded: its own connection, not the engine's
+            await asyncio.gather(*self._catalog_reloads, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s if grace is None else grace)
         if self._metrics_httpd is not None:

@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     # How often the server re-reads tenants from the database so that
     # `burstgate tenant ...` changes reach a running server.
     config_poll_s: float = Field(default=2.0, gt=0)
+    # On PostgreSQL, also LISTEN for config changes (and lease releases) so
+    # they apply at once; the poll stays the safety net. Turn off where
+    # LISTEN cannot work: CockroachDB, or a transaction-pooling proxy
+    # (PgBouncer in transaction mode) between server and database.
+    listen_notify: bool = True
 
     # Burst-shaping policy defaults (BURSTGATE_POLICY__BP_HARD_THRESHOLD=0.9 ...);
     # operators override them live through the admin API.

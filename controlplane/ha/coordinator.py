@@ -123,6 +123,7 @@ class Coordinator:
         self._to_release: dict[str, int] = {}  # lost locally, maybe still ours in the DB
         self._draining = False
         self._tick_lock = asyncio.Lock()
+        self._wake = asyncio.Event()  # wake(): tick now instead of at the next tick_s
         self.task: asyncio.Task[None] | None = None
         self.history: deque[Interval] = deque(maxlen=history)
         self.counts: Counter[str] = Counter()  # acquired, and losses by why
@@ -148,6 +149,15 @@ class Coordinator:
     def leases(self) -> dict[str, Lease]:
         """The leases held locally (not checked against the clock)."""
         return dict(self._leases)
+
+    def wake(self) -> None:
+        """Run a tick now rather than at the end of the current pause (a cell
+        was released: the member it is assigned to takes it at once).
+        Coalesced: any number of wakes before the tick starts make one
+        tick; a wake during a tick makes one more right after it (that
+        tick may have read the leases before the release). Safe to call
+        before ``start`` or after ``stop`` (nothing happens then)."""
+        self._wake.set()
 
     def set_cells(self, cells: Iterable[str]) -> None:
         """The cells to coordinate from the next tick (a cell dropped is released)."""
@@ -195,9 +205,23 @@ class Coordinator:
     async def _run(self) -> None:
         while True:
             started = self._clock()
+            self._wake.clear()  # this tick answers every wake so far
             async with self._tick_lock:
                 await self.tick()
-            await self._sleep(max(0.0, self.tick_s - (self._clock() - started)))
+            await self._pause(max(0.0, self.tick_s - (self._clock() - started)))
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` with the injected sleep, or until ``wake()``."""
+        if self._wake.is_set():
+            return
+        sleeper = asyncio.ensure_future(self._sleep(seconds))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((sleeper, waker), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeper, waker):
+                task.cancel()
+            await asyncio.gather(sleeper, waker, return_exceptions=True)
 
     # --- one tick ---
 

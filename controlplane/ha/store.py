@@ -28,6 +28,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine, text
 
+from controlplane.store.notify import LEASES_CHANNEL
+
 
 class HaUnsupported(RuntimeError):
     """Scale-out asked of a database that cannot coordinate replicas."""
@@ -97,6 +99,14 @@ _RELEASE_MANY = text(
     "UPDATE ha_cell_leases SET owner = NULL, expires_at = clock_timestamp()"
     " WHERE owner = :me AND (cell_id, epoch) IN"
     " (SELECT * FROM unnest(CAST(:cells AS text[]), CAST(:epochs AS bigint[])))"
+    " RETURNING cell_id"
+)
+# A released cell is announced in the release's transaction (heard only if
+# it commits): the member it is now assigned to wakes and takes it at once
+# instead of at its next tick (controlplane/store/notify.py). One
+# notification per cell keeps every payload far below PostgreSQL's 8000 bytes.
+_NOTIFY_RELEASED = text(
+    f"SELECT pg_notify('{LEASES_CHANNEL}', c) FROM unnest(CAST(:cells AS text[])) AS c"
 )
 _HEARTBEAT = text(
     "INSERT INTO ha_members (member_id, address, started_at, heartbeat_at, draining)"
@@ -167,22 +177,27 @@ class HaStore:
 
     def release(self, cell: str, me: str, epoch: int) -> bool:
         """Give the cell up at once (a graceful handoff); only our own lease of
-        ``epoch``. The epoch stays: the next acquire raises it."""
+        ``epoch``. The epoch stays: the next acquire raises it. Announced on
+        ``burstgate_leases`` (the cell id) when released."""
         with self.engine.begin() as conn:
             res = conn.execute(_RELEASE, {"cell": cell, "me": me, "epoch": epoch})
+            if res.rowcount:
+                conn.execute(_NOTIFY_RELEASED, {"cells": [cell]})
             return bool(res.rowcount)
 
     def release_many(self, me: str, leases: dict[str, int]) -> int:
         """Give up several cells in one statement (``drain``): cell -> epoch;
-        the number released."""
+        the number released (each announced on ``burstgate_leases``)."""
         if not leases:
             return 0
         cells = list(leases)
         with self.engine.begin() as conn:
-            res = conn.execute(
+            released = conn.execute(
                 _RELEASE_MANY, {"me": me, "cells": cells, "epochs": [leases[c] for c in cells]}
-            )
-            return int(res.rowcount)
+            ).scalars().all()
+            if released:
+                conn.execute(_NOTIFY_RELEASED, {"cells": list(released)})
+            return len(released)
 
     def owners(self) -> dict[str, CellOwner]:
         """Every cell's lease, with its owner's address (owner discovery)."""

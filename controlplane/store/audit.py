@@ -1,6 +1,8 @@
 """The audit log: ``log_change`` adds a record to the caller's transaction (so
 a change and its record commit together, or neither), ``AuditLog`` reads it.
-Every repository write calls ``log_change``."""
+Every repository write calls ``log_change``; so it is also where a change is
+announced to the running servers (``pg_notify`` on ``burstgate_config``, in
+the same transaction: heard only if it commits; controlplane/store/notify.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.domain.audit import Actor, AuditRecord
 from controlplane.store.models import AuditEvent
+from controlplane.store.notify import CONFIG_CHANNEL, notify
 
 
 def local_actor() -> Actor:
@@ -65,7 +68,10 @@ def log_change(
     """Add an audit record to the session ``s`` (the caller's transaction,
     so the change and its record commit together). Operator RPCs pass
     ``controlplane.rpc.auth.current_actor()``; in-process callers
-    ``local_actor()``."""
+    ``local_actor()``. On PostgreSQL the change is announced on
+    ``burstgate_config`` too: servers reload at once instead of at their
+    next config poll."""
+    notify(s, CONFIG_CHANNEL, f"{action} {target}")
     s.add(
         AuditEvent(
             actor=actor.name[:256],

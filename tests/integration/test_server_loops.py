@@ -19,7 +19,11 @@ REAL_PAUSE_S = 0.3  # real time the loops get to (wrongly) act on their own
 
 def test_config_poll_waits_for_simulated_time(make_server: Any, migrated_url: str) -> None:
     manual = ManualClock()
-    srv = make_server(migrated_url, clock=manual, sleep=manual.sleep, config_poll_s=30)
+    # The poll alone (LISTEN/NOTIFY would apply the change at once on
+    # PostgreSQL: tests/integration/test_notify_server.py).
+    srv = make_server(
+        migrated_url, clock=manual, sleep=manual.sleep, config_poll_s=30, listen_notify=False
+    )
     svc = srv.plane.service
     assert srv.on_loop(svc.tenant_ids) == []
     add_tenants(migrated_url, TenantConfig("late", token_rate=Decimal(10), burst_tokens=100))

@@ -54,8 +54,10 @@ def test_a_key_revoked_by_the_cli_reaches_calls_and_open_streams_within_one_poll
     )
     engine.dispose()
     manual = ManualClock()
+    # The poll's bound, so without LISTEN/NOTIFY (which would apply the
+    # revocation at once: tests/integration/test_notify_server.py).
     srv = make_server(pg_url, clock=manual, sleep=manual.sleep, config_poll_s=POLL_S,
-                      admission_auth=True)  # fmt: skip
+                      admission_auth=True, listen_notify=False)  # fmt: skip
     channel = authenticated_channel(srv.target, token)
     stub = pb_grpc.AdmissionServiceStub(channel)
 
