@@ -22,6 +22,8 @@ from controlplane.aiotime import within
 from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
+from controlplane.ha.cells import CellMap
+from controlplane.ha.serving import Ownership
 from controlplane.rpc.assembly import (
     ADMIN_SERVICE,
     ADMISSION_SERVICE,
@@ -91,9 +93,14 @@ class ControlPlane:
         )
         self.db_calls = DbCaller(settings.operator_db_timeout_s)
         self.repo = ConfigRepository(self.engine)
-        # One serve per database (controlplane/store/replica_lock.py): taken
-        # first thing at start, checked on every config poll, given up at stop.
+        # One serve per SQLite database (controlplane/store/replica_lock.py):
+        # taken first thing at start, checked on every config poll, given up
+        # at stop (a no-op on PostgreSQL, where replicas share cells instead).
         self.replica = ReplicaGuard(lock_for(settings.database_url), self._replica_health)
+        # Cell ownership (controlplane/ha, docs/ha.md): on PostgreSQL a
+        # coordinator is attached at start; on SQLite every cell is ours.
+        self.ownership = Ownership(None, CellMap(settings.ha_cells))
+        self._config_pools: set[str] = set()
         self.port = 0
         self.metrics_port: int | None = None
         self._metrics_httpd: Any = None
@@ -130,7 +137,7 @@ class ControlPlane:
             ServerCollector(self),
             self.live.collector(),
             self.gc_pauses,
-            self.replica.collector(),
+            self.ownership.collector(),
         ]
         self._tracer_provider: Any = None
         self._metering_started = False
@@ -182,6 +189,11 @@ class ControlPlane:
         # Applied on the event-loop thread: the fast path is not thread-safe
         # and every decision runs on this thread too.
         self.service.apply_config(tenants, lanes, policy)
+        # The cells of the pools the config names are coordinated from now.
+        self._config_pools = {t.pool for t in tenants if t.pool} | {
+            lane.pool for lane in lanes if lane.pool
+        }
+        self.ownership.add_pools(self._config_pools)
         self.waiting.reschedule()
         self._fingerprint = fp
         self.config_reloads += 1
@@ -270,6 +282,7 @@ class ControlPlane:
                 options=keepalive_options(self.settings),
                 db=self.db_calls,
                 envoy_rls=envoy_rls,
+                ownership=self.ownership,
             )
         except OSError:  # taken since the CLI's probe (or TLS refused by grpc core)
             raise port_error("gRPC", self.settings.host, self.settings.port, None) from None
@@ -289,6 +302,9 @@ class ControlPlane:
                 host, port = self.settings.host, self.settings.metrics_port
                 raise port_error("metrics", host, port, exc) from None
             self.metrics_port = self._metrics_httpd.server_port
+        # Before SERVING: the first coordinator tick, so the cells assigned to
+        # this replica are owned when the first request comes.
+        await self._start_ownership()
         await self._server.start()
         self.gc_pauses.install()
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -313,6 +329,36 @@ class ControlPlane:
         )
         return self.port
 
+    async def _start_ownership(self) -> None:
+        """On PostgreSQL: join the members and take this replica's cells
+        (docs/ha.md); on SQLite nothing (one replica owns every cell)."""
+        if self.engine.dialect.name != "postgresql":
+            return
+        from controlplane.ha.coordinator import Coordinator
+        from controlplane.ha.store import HaStore
+
+        s = self.settings
+        address = s.advertised(self.port)
+        self.ownership.coordinator = Coordinator(
+            HaStore(self.engine), s.member_id(), address, self.ownership.cellmap.cells(()),
+            ttl_s=s.ha_lease_ttl_s, margin_s=s.ha_margin_s,
+        )  # fmt: skip
+        self.ownership.claim_wait_s = min(1.0, s.ha_lease_ttl_s / 3)
+        self.ownership.add_pools(self._config_pools)
+        await self.ownership.start()
+        log.info(
+            "ha member joined",
+            member=self.ownership.coordinator.member_id,
+            address=address,
+            cells_owned=sorted(self.ownership.coordinator.owned()),
+        )
+
+    def epoch_for_pool(self, pool: str) -> tuple[str, int] | None:
+        """(cell id, lease epoch) while this replica owns ``pool``'s cell, else
+        None; on SQLite (cell, ``controlplane.ha.serving.LOCAL_EPOCH``): one
+        replica, no fencing. What fenced single-writer writes carry."""
+        return self.ownership.epoch_for_pool(pool)
+
     def _envoy_rls(self) -> Any:
         """Envoy's rate-limit service when configured (docs/envoy.md); a
         mapping file that cannot be read or validated fails the start."""
@@ -336,6 +382,8 @@ class ControlPlane:
     async def _abort_start(self) -> None:
         """Undo a start that failed part-way (best effort: the error that
         stopped the start is what gets reported)."""
+        with contextlib.suppress(Exception):
+            await self.ownership.drain()
         with contextlib.suppress(Exception):
             if self._server is not None:
                 await self._server.stop(0)
@@ -405,7 +453,10 @@ class ControlPlane:
             log.warning("key last-use write failed; kept for the next poll", error=str(exc))
 
     async def stop(self, grace: float | None = None) -> None:
-        """Graceful stop: report NOT_SERVING, let in-flight RPCs finish."""
+        """Graceful stop: hand the cells off first (released at once, so
+        another replica takes them over), report NOT_SERVING, let in-flight
+        RPCs finish."""
+        await self.ownership.drain()
         self.gc_pauses.uninstall()
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
