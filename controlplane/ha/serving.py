@@ -258,6 +258,7 @@ class Ownership:
     async def crash(self) -> None:
         """Stop without releasing anything (tests: as kill -9 would): the
         leases run out on the clock."""
+        self._draining = True  # a later drain() (the server's stop) releases nothing
         await self._stop_loop()
         if self.coordinator is not None:
             await self.coordinator.stop()
