@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import pytest
@@ -110,9 +109,8 @@ def test_cells_spread_and_non_owners_redirect_to_the_owner(trio: list[Plane]) ->
         for p in trio:
             if p is owner:
                 continue
-            with AdmissionClient(p.direct) as c:
-                with pytest.raises(grpc.RpcError) as err:
-                    c.stub.Admit(admit_req(pool, f"redirected-{pool}"), timeout=10)
+            with AdmissionClient(p.direct) as c, pytest.raises(grpc.RpcError) as err:
+                c.stub.Admit(admit_req(pool, f"redirected-{pool}"), timeout=10)
             where = not_owner(err.value)
             assert where is not None
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
