@@ -153,7 +153,7 @@ def shares_cells(first: Proc, url: str, tmp_path: Path, procs: list[Proc]) -> No
         assert lock_holder(conn) is None
     with AdmissionClient([second.target, first.target]) as c:
         members = wait_until(
-            lambda: len(m := c.cell_owners().members) == 2 and m,
+            lambda: list(m) if len(m := c.cell_owners().members) == 2 else None,
             message="both replicas to be members",
         )
         assert sorted(m.address.rsplit(":", 1)[1] for m in members) == sorted(
