@@ -13,7 +13,7 @@ from controlplane.domain import AdmitDecision
 from controlplane.domain.money import format_multiplier
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_S
-from controlplane.domain.validate import check_exec_times
+from controlplane.domain.validate import check_exec_times, check_pool
 from controlplane.rpc.admitstream import admit_stream
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.convert import MISS_RATE_SOURCE, ceil_ms, degradation_pb, pressure_pb
@@ -110,6 +110,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         if scope is not None:
             scope.check_tenant("tenant_id", request.tenant_id)
         if request.pool:  # the owner of the pool's cell settles it (docs/ha.md)
+            check_pool(request.pool)
             await redirect_if_not_owner(self.ownership, request.pool, context)
         svc = self._svc
         check_exec_times(
@@ -273,11 +274,13 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
     async def GetCellOwners(
         self, request: pb.GetCellOwnersRequest, context: grpc.aio.ServicerContext
     ) -> pb.CellOwners:
-        from controlplane.domain.validate import check_pool
         from controlplane.ha.serving import Ownership
 
         if request.pool:
             check_pool(request.pool)
+            scope = admission_scope.get()
+            if scope is not None:  # a scoped key asks about its own pools
+                scope.check_pool("pool", request.pool)
         return cell_owners(self.ownership or Ownership(None), request.pool)
 
 
