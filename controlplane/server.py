@@ -21,6 +21,8 @@ from prometheus_client import start_http_server
 from controlplane.aiotime import within
 from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
+from controlplane.ha.cells import CellMap
+from controlplane.ha.serving import Ownership
 from controlplane.rpc.assembly import (
     ADMIN_SERVICE,
     ADMISSION_SERVICE,
@@ -90,9 +92,14 @@ class ControlPlane:
         )
         self.db_calls = DbCaller(settings.operator_db_timeout_s)
         self.repo = ConfigRepository(self.engine)
-        # One serve per database (controlplane/store/replica_lock.py): taken
-        # first thing at start, checked on every config poll, given up at stop.
+        # One serve per SQLite database (controlplane/store/replica_lock.py):
+        # taken first thing at start, checked on every config poll, given up
+        # at stop (a no-op on PostgreSQL, where replicas share cells instead).
         self.replica = ReplicaGuard(lock_for(settings.database_url), self._replica_health)
+        # Cell ownership (controlplane/ha, docs/ha.md): on PostgreSQL a
+        # coordinator is attached at start; on SQLite every cell is ours.
+        self.ownership = Ownership(None, CellMap(settings.ha_cells))
+        self._config_pools: set[str] = set()
         self.port = 0
         self.metrics_port: int | None = None
         self._metrics_httpd: Any = None
@@ -130,7 +137,7 @@ class ControlPlane:
             ServerCollector(self),
             self.live.collector(),
             self.gc_pauses,
-            self.replica.collector(),
+            self.ownership.collector(),
         ]
         self._listen_setup()
         self._tracer_provider: Any = None
@@ -145,7 +152,10 @@ class ControlPlane:
             from controlplane.telemetry.ledger_metrics import LedgerCollector
 
             assert pricing is not None
-            self.metering = Metering(self.service, settings, pricing, on_health=self._ledger_health)
+            self.metering = Metering(
+                self.service, settings, pricing, on_health=self._ledger_health,
+                fencing=self._fencing,
+            )  # fmt: skip
             self.metrics_collectors.append(LedgerCollector(self.metering))
 
     def _listen_setup(self) -> None:
@@ -173,9 +183,48 @@ class ControlPlane:
         """A cell was released (or the listener reconnected): tick the
         coordinator now, so the member the cell is assigned to takes it
         without waiting for its next tick."""
-        coordinator = getattr(self, "coordinator", None)
+        coordinator = self.ownership.coordinator
         if coordinator is not None:
             coordinator.wake()
+
+    def _fencing(self, pool: str) -> Any:
+        """The pricing windows' fence (controlplane/ledger/fencing.py): the
+        lease of ``pool``'s cell while owned here, None when not; a single
+        replica (SQLite) writes unfenced."""
+        from controlplane.ledger.fencing import UNFENCED
+
+        return UNFENCED if self.ownership.local else self.ownership.epoch_for_pool(pool)
+
+    def _cell_acquired(self, cell: str, epoch: int) -> None:
+        """The coordinator took ``cell``: continue its pools' pricing windows
+        and count the quota usage the ledger holds for them (takeover.py).
+        Runs as a task (the callback is synchronous); until it has run, the
+        pools' window rows are not written. Admission is not held for it: a
+        request decided in those milliseconds does not yet count the old
+        owner's usage of this hour (docs/ha.md, "What is left")."""
+        if self.metering is None:
+            return
+        pools = self.ownership.pools_of(cell)
+        task = asyncio.ensure_future(self._take_over(cell, epoch, pools))
+        self._ledger_health_tasks.add(task)
+        task.add_done_callback(self._ledger_health_tasks.discard)
+
+    async def _take_over(self, cell: str, epoch: int, pools: tuple[str, ...]) -> None:
+        assert self.metering is not None
+        for attempt in range(3):
+            if self.ownership.epoch_for_pool(pools[0]) != (cell, epoch):
+                return  # lost again meanwhile
+            try:
+                await self.metering.take_over(pools)
+                return
+            except Exception as exc:  # database down: its windows stay unwritten
+                log.warning("ha takeover rebuild failed", cell=cell, attempt=attempt + 1,
+                            error=str(exc))  # fmt: skip
+                await asyncio.sleep(0.5 * (attempt + 1))
+
+    def _cell_lost(self, cell: str, epoch: int, why: str) -> None:
+        if self.metering is not None:
+            self.metering.release_pools(self.ownership.pools_of(cell))
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         """``fn()`` on a worker thread, for database work of the poll loop,
@@ -213,6 +262,11 @@ class ControlPlane:
         # Applied on the event-loop thread: the fast path is not thread-safe
         # and every decision runs on this thread too.
         self.service.apply_config(tenants, lanes, policy)
+        # The cells of the pools the config names are coordinated from now.
+        self._config_pools = {t.pool for t in tenants if t.pool} | {
+            lane.pool for lane in lanes if lane.pool
+        }
+        self.ownership.add_pools(self._config_pools)
         self.waiting.reschedule()
         self._fingerprint = fp
         self.config_reloads += 1
@@ -301,6 +355,7 @@ class ControlPlane:
                 options=keepalive_options(self.settings),
                 db=self.db_calls,
                 envoy_rls=envoy_rls,
+                ownership=self.ownership,
             )
         except OSError:  # taken since the CLI's probe (or TLS refused by grpc core)
             raise port_error("gRPC", self.settings.host, self.settings.port, None) from None
@@ -320,6 +375,9 @@ class ControlPlane:
                 host, port = self.settings.host, self.settings.metrics_port
                 raise port_error("metrics", host, port, exc) from None
             self.metrics_port = self._metrics_httpd.server_port
+        # Before SERVING: the first coordinator tick, so the cells assigned to
+        # this replica are owned when the first request comes.
+        await self._start_ownership()
         await self._server.start()
         self.gc_pauses.install()
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -346,6 +404,37 @@ class ControlPlane:
         )
         return self.port
 
+    async def _start_ownership(self) -> None:
+        """On PostgreSQL: join the members and take this replica's cells
+        (docs/ha.md); on SQLite nothing (one replica owns every cell)."""
+        if self.engine.dialect.name != "postgresql":
+            return
+        from controlplane.ha.coordinator import Coordinator
+        from controlplane.ha.store import HaStore
+
+        s = self.settings
+        address = s.advertised(self.port)
+        self.ownership.coordinator = Coordinator(
+            HaStore(self.engine), s.member_id(), address, self.ownership.cellmap.cells(()),
+            ttl_s=s.ha_lease_ttl_s, margin_s=s.ha_margin_s,
+            on_acquired=self._cell_acquired, on_lost=self._cell_lost,
+        )  # fmt: skip
+        self.ownership.claim_wait_s = min(1.0, s.ha_lease_ttl_s / 3)
+        self.ownership.add_pools(self._config_pools)
+        await self.ownership.start()
+        log.info(
+            "ha member joined",
+            member=self.ownership.coordinator.member_id,
+            address=address,
+            cells_owned=sorted(self.ownership.coordinator.owned()),
+        )
+
+    def epoch_for_pool(self, pool: str) -> tuple[str, int] | None:
+        """(cell id, lease epoch) while this replica owns ``pool``'s cell, else
+        None; on SQLite (cell, ``controlplane.ha.serving.LOCAL_EPOCH``): one
+        replica, no fencing. What fenced single-writer writes carry."""
+        return self.ownership.epoch_for_pool(pool)
+
     def _envoy_rls(self) -> Any:
         """Envoy's rate-limit service when configured (docs/envoy.md); a
         mapping file that cannot be read or validated fails the start."""
@@ -369,6 +458,8 @@ class ControlPlane:
     async def _abort_start(self) -> None:
         """Undo a start that failed part-way (best effort: the error that
         stopped the start is what gets reported)."""
+        with contextlib.suppress(Exception):
+            await self.ownership.drain()
         with contextlib.suppress(Exception):
             if self._server is not None:
                 await self._server.stop(0)
@@ -493,7 +584,15 @@ class ControlPlane:
             log.warning("key last-use write failed; kept for the next poll", error=str(exc))
 
     async def stop(self, grace: float | None = None) -> None:
-        """Graceful stop: report NOT_SERVING, let in-flight RPCs finish."""
+        """Graceful stop: hand the cells off first (released at once, so
+        another replica takes them over), report NOT_SERVING, let in-flight
+        RPCs finish."""
+        if self.metering is not None and not self.ownership.local:
+            # The windows measured so far, written under the leases still held
+            # (after drain() they could not be: the cells are someone else's).
+            with contextlib.suppress(Exception):
+                await within(self.metering.flush_windows(), 2.0)
+        await self.ownership.drain()
         self.gc_pauses.uninstall()
         if self._health is not None:
             await self._health.enter_graceful_shutdown()

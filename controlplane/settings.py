@@ -184,6 +184,79 @@ class Settings(BaseSettings):
     # charge over a pricing window (and over any period on demand).
     margin_warning_ratio: Decimal = Field(default=Decimal("1.15"), gt=0)
 
+    # --- Scale-out (docs/ha.md; PostgreSQL only, ignored on SQLite) ---
+    # What other replicas and clients dial to reach this one (host:port).
+    # Unset: host:port of the gRPC listener, a wildcard host (0.0.0.0, ::)
+    # replaced by this machine's hostname (``Settings.advertised``).
+    advertise_address: str | None = None
+    # This replica's member id in ha_members; unset: hostname-pid-random.
+    ha_member_id: str | None = Field(default=None, min_length=1, max_length=200)
+    # Cell lease time to live (s), renewed every ttl/3; a replica dead this
+    # long loses its cells. The margin is how much earlier a replica stops
+    # trusting its own lease (its clock against the database's).
+    ha_lease_ttl_s: float = Field(default=5.0, gt=0, le=300)
+    ha_margin_s: float = Field(default=1.0, ge=0)
+    # Explicit cells: JSON object cell id -> list of pools
+    # (BURSTGATE_HA_CELLS='{"eu": ["eu-1", "eu-2"]}'); pools not listed are
+    # each a cell of their own, named after the pool.
+    ha_cells: dict[str, list[str]] | None = None
+
+    @field_validator("advertise_address")
+    @classmethod
+    def _advertise(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip()
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise ValueError(f"must be host:port with a port in 1..65535, got {v!r}")
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            raise ValueError(f"must name a host others can dial, not a wildcard: {v!r}")
+        return v
+
+    @field_validator("ha_cells")
+    @classmethod
+    def _cells(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        if v is not None:
+            from controlplane.ha.cells import CellMap
+
+            CellMap(v)  # raises ValueError naming the cell and pool
+        return v
+
+    @model_validator(mode="after")
+    def _ha_timing(self) -> Settings:
+        if not self.ha_margin_s < self.ha_lease_ttl_s * 2 / 3:
+            # a renew every ttl/3 must land before the local validity ends
+            raise ValueError(
+                f"BURSTGATE_HA_MARGIN_S ({self.ha_margin_s:g}) must be below two thirds of "
+                f"BURSTGATE_HA_LEASE_TTL_S ({self.ha_lease_ttl_s:g})"
+            )
+        return self
+
+    def advertised(self, port: int | None = None) -> str:
+        """The address other replicas and clients dial (``port``: the bound
+        one, when the setting's port is 0)."""
+        if self.advertise_address:
+            return self.advertise_address
+        import socket
+
+        host = self.host
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        elif ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"{host}:{self.port if port is None else port}"
+
+    def member_id(self) -> str:
+        """This replica's member id (the setting, else hostname-pid-random)."""
+        if self.ha_member_id:
+            return self.ha_member_id
+        import os
+        import secrets
+        import socket
+
+        return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
     @field_validator("pricing_steps")
     @classmethod
     def _steps(cls, v: list[tuple[Decimal, Decimal]]) -> list[tuple[Decimal, Decimal]]:

@@ -34,8 +34,8 @@ __all__ = [
 class Reason(IntEnum):
     """Why an admission was refused (``OK`` when it was not).
 
-    0-5, 8 and 12 are produced by the fastpath; 6, 7 and 9-11 are reserved for the
-    service layer and defined here only so that the numbering lives in one place.
+    0-5, 8 and 12 are produced by the fastpath; 6, 7, 9-11 and 13 are reserved for the
+    service and rpc layers and defined here only so that the numbering lives in one place.
     """
 
     OK = 0
@@ -53,6 +53,8 @@ class Reason(IntEnum):
     # Memory protection: the table holds its cap of open (unsettled) reservations, over
     # all slots or for this slot (``set_open_limits``); shadow mode is refused too.
     OPEN_RESERVATIONS = 12
+    # Several replicas (docs/ha.md): another replica owns the entry's pool's cell.
+    NOT_OWNER = 13  # rpc layer only: an AdmitStream entry sent to a replica that is not the owner
 
 
 # Time is integer nanoseconds (the caller's clock, e.g. time.time_ns()).

@@ -5,17 +5,29 @@ with AdmissionClient("127.0.0.1:50051") as c:
     if d.decision == pb.DECISION_ADMIT:
         ...  # run the request, then
         c.complete("acme", "req-1", prompt_tokens=900, generated_tokens=120)
+
+Several replicas (docs/ha.md): give one or more seed addresses
+("cp-0:50051,cp-1:50051", or a list). A replica that does not own the
+request's pool answers NOT_OWNER with the owner's address; the client keeps
+a channel per replica, caches the owner per pool and resends there (at most
+``MAX_HOPS`` times; request ids make the resend idempotent). ``complete``
+with ``pool`` goes to that pool's owner. ``admit_stream`` uses the first seed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
+from typing import TypeVar
 
 import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from controlplane.client.redirects import MAX_HOPS, not_owner, targets
+
+R = TypeVar("R")
 
 __all__ = ["KEEPALIVE_OPTIONS", "AdmissionClient", "pb"]
 
@@ -34,10 +46,65 @@ KEEPALIVE_OPTIONS: list[tuple[str, int]] = [
 
 
 class AdmissionClient:
-    def __init__(self, target: str, *, timeout: float | None = 5.0) -> None:
-        self.channel = grpc.insecure_channel(target, options=KEEPALIVE_OPTIONS)
-        self.stub = pb_grpc.AdmissionServiceStub(self.channel)
+    def __init__(self, target: str | Sequence[str], *, timeout: float | None = 5.0) -> None:
+        self.seeds = targets(target)
         self.timeout = timeout
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, pb_grpc.AdmissionServiceStub] = {}
+        self.owners: dict[str, str] = {}  # pool -> owner address, as last learned
+        self.redirects = 0  # NOT_OWNER answers followed
+        self.stub = self._stub(self.seeds[0])
+        self.channel = self._channels[self.seeds[0]]
+
+    def _stub(self, address: str) -> pb_grpc.AdmissionServiceStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = grpc.insecure_channel(address, options=KEEPALIVE_OPTIONS)
+            self._channels[address] = channel
+            stub = self._stubs[address] = pb_grpc.AdmissionServiceStub(channel)
+        return stub
+
+    def _routed(self, key: str, call: Callable[[pb_grpc.AdmissionServiceStub], R]) -> R:
+        """``call`` on the cached owner of ``key`` (a pool; "" = unknown: the
+        first seed), following NOT_OWNER answers at most MAX_HOPS times."""
+        address = self.owners.get(key, self.seeds[0])
+        for hop in range(MAX_HOPS + 1):
+            try:
+                return call(self._stub(address))
+            except grpc.RpcError as exc:
+                where = not_owner(exc)
+                if where is None or hop == MAX_HOPS:
+                    raise
+                self.redirects += 1
+                pool = where.pool or key
+                if where.owner:
+                    address = self.owners[pool] = where.owner
+                else:  # not known yet: ask any replica, then wait the hint
+                    self.owners.pop(pool, None)
+                    address = self._owner_of(pool) or self.seeds[(hop + 1) % len(self.seeds)]
+                    time.sleep(where.retry_s)
+        raise AssertionError("unreachable")
+
+    def _owner_of(self, pool: str) -> str:
+        for seed in self.seeds:
+            try:
+                owners = self._stub(seed).GetCellOwners(
+                    pb.GetCellOwnersRequest(pool=pool), timeout=self.timeout
+                )
+            except grpc.RpcError:
+                continue
+            for cell in owners.cells:
+                if cell.owner_address:
+                    self.owners[pool] = cell.owner_address
+                    return str(cell.owner_address)
+        return ""
+
+    def cell_owners(self, pool: str = "") -> pb.CellOwners:
+        """GetCellOwners on the first seed."""
+        owners: pb.CellOwners = self.stub.GetCellOwners(
+            pb.GetCellOwnersRequest(pool=pool), timeout=self.timeout
+        )
+        return owners
 
     def __enter__(self) -> AdmissionClient:
         return self
@@ -51,7 +118,8 @@ class AdmissionClient:
         self.close()
 
     def close(self) -> None:
-        self.channel.close()
+        for channel in self._channels.values():
+            channel.close()
 
     def admit(
         self,
@@ -64,18 +132,16 @@ class AdmissionClient:
         model: str = "",
         pool: str = "",
     ) -> pb.AdmitResponse:
-        resp: pb.AdmitResponse = self.stub.Admit(
-            pb.AdmitRequest(
-                tenant_id=tenant_id,
-                request_id=request_id,
-                lane=lane,
-                prompt_tokens=prompt_tokens,
-                max_tokens=max_tokens,
-                model=model,
-                pool=pool,
-            ),
-            timeout=self.timeout,
+        req = pb.AdmitRequest(
+            tenant_id=tenant_id,
+            request_id=request_id,
+            lane=lane,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            model=model,
+            pool=pool,
         )
+        resp: pb.AdmitResponse = self._routed(pool, lambda s: s.Admit(req, timeout=self.timeout))
         return resp
 
     def complete(
@@ -88,23 +154,29 @@ class AdmissionClient:
         cached_prompt_tokens: int = 0,
         reservation_id: int = 0,
         kv_cache_miss_rate: float = 0.0,
+        pool: str = "",
     ) -> pb.CompleteResponse:
-        resp: pb.CompleteResponse = self.stub.Complete(
-            pb.CompleteRequest(
-                tenant_id=tenant_id,
-                request_id=request_id,
-                reservation_id=reservation_id,
-                prompt_tokens=prompt_tokens,
-                generated_tokens=generated_tokens,
-                cached_prompt_tokens=cached_prompt_tokens,
-                kv_cache_miss_rate=kv_cache_miss_rate,
-            ),
-            timeout=self.timeout,
+        """``pool``: the pool it was admitted to; set, the Complete goes to
+        (and is settled by) that pool's owner."""
+        req = pb.CompleteRequest(
+            tenant_id=tenant_id,
+            request_id=request_id,
+            reservation_id=reservation_id,
+            prompt_tokens=prompt_tokens,
+            generated_tokens=generated_tokens,
+            cached_prompt_tokens=cached_prompt_tokens,
+            kv_cache_miss_rate=kv_cache_miss_rate,
+            pool=pool,
+        )
+        resp: pb.CompleteResponse = self._routed(
+            pool, lambda s: s.Complete(req, timeout=self.timeout)
         )
         return resp
 
     def report_load(self, report: pb.LoadReport) -> pb.LoadReportAck:
-        ack: pb.LoadReportAck = self.stub.ReportLoad(report, timeout=self.timeout)
+        ack: pb.LoadReportAck = self._routed(
+            report.pool, lambda s: s.ReportLoad(report, timeout=self.timeout)
+        )
         return ack
 
     def admit_stream(self, batches: Iterable[pb.AdmitBatch]) -> Iterator[pb.AdmitBatchResult]:

@@ -7,8 +7,10 @@ has exactly one owner at a time, held as a lease row with a fencing epoch.
 - ``cells``: which cell a pool is in;
 - ``store``: the lease and member tables (SQL, PostgreSQL only) and ``fence``;
 - ``coordinator``: one replica's loop: heartbeat, renew, acquire, hand off,
-  self-fence, drain.
+  self-fence, drain;
+- ``serving``: what ``serve`` asks (step 2): is a pool's cell ours, and if
+  not, whose (redirects; claim on demand); owner discovery; metrics.
 
-Step 1 of the issue: a library, not yet wired into the server (which keeps
-its one-replica guard, ``controlplane.store.replica_lock``).
+On SQLite the server keeps its one-replica file lock
+(``controlplane.store.replica_lock``) and every cell is local.
 """

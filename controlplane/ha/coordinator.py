@@ -163,6 +163,33 @@ class Coordinator:
         """The cells to coordinate from the next tick (a cell dropped is released)."""
         self._cells = sorted(set(cells))
 
+    def add_cells(self, cells: Iterable[str]) -> bool:
+        """Coordinate these cells too, from the next tick (a pool seen in a
+        request, a lease row found in the table); True when any was new."""
+        new = set(cells).difference(self._cells)
+        if new:
+            self._cells = sorted(new.union(self._cells))
+        return bool(new)
+
+    async def claim(self, cell: str, members: Iterable[str] | None = None) -> int | None:
+        """Take ``cell`` now rather than at the next tick, when it is assigned
+        to this member over ``members`` (default: the live members of the last
+        tick); the epoch when it is ours afterwards, else None. The database
+        decides as in a tick: a cell another member holds stays its own."""
+        self.add_cells([cell])
+        epoch = self.owns(cell)
+        if epoch is not None:
+            return epoch
+        live = sorted(set(self.members if members is None else members))
+        if self._draining or self.member_id not in live:
+            return None
+        if assignment([cell], live)[cell] != self.member_id:
+            return None
+        async with self._tick_lock:  # never beside a tick's own acquire or release
+            if cell not in self._leases and not self._draining:
+                await self._acquire(cell)
+        return self.owns(cell)
+
     # --- life cycle ---
 
     def start(self) -> asyncio.Task[None]:

@@ -13,15 +13,17 @@ from controlplane.domain import AdmitDecision
 from controlplane.domain.money import format_multiplier
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_S
-from controlplane.domain.validate import check_exec_times
+from controlplane.domain.validate import check_exec_times, check_pool
 from controlplane.rpc.admitstream import admit_stream
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.convert import MISS_RATE_SOURCE, ceil_ms, degradation_pb, pressure_pb
 from controlplane.rpc.errors import unary_errors
+from controlplane.rpc.owners import cell_owners, redirect_if_not_owner
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 
 if TYPE_CHECKING:
+    from controlplane.ha.serving import Ownership
     from controlplane.ledger.metering import Metering
 
 
@@ -61,10 +63,14 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         waiting: WaitingRoom | None = None,
         *,
         metering: Metering | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
+        """``ownership``: several replicas (docs/ha.md): calls for a pool whose
+        cell another replica owns are redirected there (rpc/owners.py)."""
         self._svc = service
         self._waiting = waiting or WaitingRoom(service)
         self.metering = metering
+        self.ownership = ownership
 
     @unary_errors
     async def Admit(
@@ -75,6 +81,12 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", request.tenant_id)
+        if self.ownership is not None and not self.ownership.local:
+            pool = self._svc.pool_of(
+                request.tenant_id, request.lane, request.prompt_tokens, request.max_tokens,
+                request.pool,
+            )  # fmt: skip
+            await redirect_if_not_owner(self.ownership, pool, context)
         # May wait server-side in the lane's queue (bounded by the lane's wait
         # target, the tenant's max wait and this call's deadline).
         d = await self._waiting.admit(
@@ -97,6 +109,9 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", request.tenant_id)
+        if request.pool:  # the owner of the pool's cell settles it (docs/ha.md)
+            check_pool(request.pool)
+            await redirect_if_not_owner(self.ownership, request.pool, context)
         svc = self._svc
         check_exec_times(
             request.exec_start_unix_ns,
@@ -195,7 +210,12 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         # scoped key's tenants or pools, with PERMISSION_DENIED: nothing of
         # that batch is decided. Entries that may wait: admitstream.py.
         async for res in admit_stream(
-            self._svc, self._waiting, admission_scope.get(), request_iterator, context
+            self._svc,
+            self._waiting,
+            admission_scope.get(),
+            request_iterator,
+            context,
+            self.ownership,
         ):
             yield res
 
@@ -206,6 +226,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_pool("pool", request.pool)
+        await redirect_if_not_owner(self.ownership, request.pool, context)
         n = self._svc.report_load(
             request.pool,
             request.engine_id,
@@ -248,6 +269,19 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             hour_resets_in_ms=t.hour_resets_in_ms,
             day_resets_in_ms=t.day_resets_in_ms,
         )
+
+    @unary_errors
+    async def GetCellOwners(
+        self, request: pb.GetCellOwnersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CellOwners:
+        from controlplane.ha.serving import Ownership
+
+        if request.pool:
+            check_pool(request.pool)
+            scope = admission_scope.get()
+            if scope is not None:  # a scoped key asks about its own pools
+                scope.check_pool("pool", request.pool)
+        return cell_owners(self.ownership or Ownership(None), request.pool)
 
 
 def _optional(message: Any, name: str) -> Any:

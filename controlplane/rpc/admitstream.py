@@ -31,6 +31,8 @@ from controlplane.domain import AdmitDecision, Decision
 from controlplane.domain.errors import DomainError
 from controlplane.domain.money import format_multiplier
 from controlplane.domain.scope import KeyScope
+from controlplane.ha.serving import Ownership, Redirect
+from controlplane.rpc import owners
 from controlplane.rpc.convert import (
     ceil_ms,
     degradation_msg,
@@ -156,11 +158,7 @@ def _append(res: pb.AdmitBatchResult, decisions: list[AdmitDecision | None]) -> 
         )
 
 
-_COLUMNS = (
-    "decision", "reason", "retry_after_ms", "reserved_tokens", "reservation_id",
-    "granted_max_tokens", "bucket_remaining", "hourly_remaining", "daily_remaining",
-    "duplicate", "shadow_reason", "degraded", "retryable",
-)  # fmt: skip
+_COLUMNS = owners.RESULT_COLUMNS
 
 
 def _append_queued(res: pb.AdmitBatchResult) -> None:
@@ -219,6 +217,7 @@ async def admit_stream(
     scope: KeyScope | None,
     request_iterator: AsyncIterator[pb.AdmitBatch],
     context: grpc.aio.ServicerContext,
+    ownership: Ownership | None = None,
 ) -> AsyncIterator[pb.AdmitBatchResult]:
     outbox: Outbox = asyncio.Queue()
     releases = Releases(outbox)
@@ -227,7 +226,12 @@ async def admit_stream(
         try:
             async for batch in request_iterator:
                 try:
-                    outbox.put_nowait(_decide(svc, waiting, scope, batch, releases))
+                    refused = await owners.batch_redirects(ownership, svc, batch)
+                    if refused:
+                        res = _decide_some(svc, waiting, scope, batch, releases, refused)
+                    else:
+                        res = _decide(svc, waiting, scope, batch, releases)
+                    outbox.put_nowait(res)
                 except DomainError as exc:
                     status = error_status(
                         exc, prefix=f"batch {batch.batch_id}: ", batch_id=str(batch.batch_id)
@@ -296,3 +300,46 @@ def _decide(
     res = waiting_result(batch.batch_id, outs, releases)
     waiting.reschedule()
     return res
+
+
+def _decide_some(
+    svc: AdmissionService,
+    waiting: WaitingRoom,
+    scope: KeyScope | None,
+    batch: pb.AdmitBatch,
+    releases: Releases,
+    refused: dict[int, Redirect],
+) -> pb.AdmitBatchResult:
+    """A batch some of whose entries another replica owns (docs/ha.md): those
+    are refused NOT_OWNER in their places, the others decided as usual."""
+    n = len(batch.tenant_id)
+    request_ids = list(batch.request_id)
+    keep = [i for i in range(n) if i not in refused]
+    sub = owners.subset(batch, keep)
+    if batch.max_wait_ms:
+        outs = iter(_waiting_outs(svc, scope, sub) if keep else [])
+        full: list[AdmitDecision | Waiter] = [
+            owners.refusal(request_ids[i], refused[i]) if i in refused else next(outs)
+            for i in range(n)
+        ]
+        res = waiting_result(batch.batch_id, full, releases)
+        waiting.reschedule()
+    elif keep:
+        res = owners.expand(_decide(svc, waiting, scope, sub, releases), n, keep, refused)
+    else:
+        res = pb.AdmitBatchResult(batch_id=batch.batch_id)
+        _append(res, [owners.refusal(request_ids[i], refused[i]) for i in range(n)])
+    owners.add_owner_column(res, n, refused)
+    return res
+
+
+def _waiting_outs(
+    svc: AdmissionService, scope: KeyScope | None, batch: pb.AdmitBatch
+) -> list[AdmitDecision | Waiter]:
+    tenant_ids = list(batch.tenant_id)
+    if scope is not None:
+        scope.check_tenants("tenant_id", tenant_ids)
+    return svc.admit_batch_waiting(
+        tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
+        list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
+    )  # fmt: skip

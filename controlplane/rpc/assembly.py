@@ -31,6 +31,7 @@ from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
 
 if TYPE_CHECKING:
+    from controlplane.ha.serving import Ownership
     from controlplane.ledger.metering import Metering
 
 ADMISSION_SERVICE = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
@@ -75,6 +76,7 @@ def create_server(
     options: Sequence[tuple[str, Any]] = (),
     db: DbCaller | None = None,
     envoy_rls: Any = None,
+    ownership: Ownership | None = None,
 ) -> tuple[grpc.aio.Server, int, health_aio.HealthServicer]:
     """Build (not start) a gRPC server with the admission, health and
     reflection services (and the admin service when ``admin`` is given);
@@ -82,7 +84,8 @@ def create_server(
     ``options``: more grpc channel options (the keepalive policy); ``db``:
     the bounded database caller of the operator services; ``envoy_rls``:
     Envoy's rate-limit service (controlplane/integrations/envoy), served
-    beside the admission service under the same auth."""
+    beside the admission service under the same auth; ``ownership``: cell
+    ownership of several replicas (admission calls for other cells redirected)."""
     server = grpc.aio.server(
         interceptors=list(interceptors),
         options=[
@@ -97,7 +100,7 @@ def create_server(
     malformed = MalformedLog()
     edge = GuardedRegistrar(server, malformed, check=False).as_server()
     operator = GuardedRegistrar(server, malformed, check=True).as_server()
-    admission = AdmissionServicer(service, waiting, metering=ledger)
+    admission = AdmissionServicer(service, waiting, metering=ledger, ownership=ownership)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, edge)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, edge)

@@ -69,6 +69,8 @@ PUBLIC_SERVICES = frozenset(
 # e.g. the ledger's ExportLedger); ListApiKeys stays admin-only.
 READ_PREFIXES = ("Get", "List", "Export")
 ADMIN_ONLY_READS = frozenset({"ListApiKeys"})
+# Admission methods operators may call too (owner discovery, docs/ha.md).
+OPERATOR_ADMISSION_READS = frozenset({"GetCellOwners"})
 # Admission methods whose server-side latency is the "decision latency".
 DECISION_METHODS = frozenset({"Admit", "AdmitStream", "ShouldRateLimit"})
 MAX_REQUEST_ID = 128
@@ -110,7 +112,10 @@ def rule_for(full_method: str) -> Rule:
     if service in PUBLIC_SERVICES:
         return Rule(_PUBLIC, service, method, frozenset())
     if service in ADMISSION_SERVICES:
-        return Rule(_ADMISSION, service, method, frozenset({Role.SIDECAR}))
+        roles = {Role.SIDECAR}
+        if method in OPERATOR_ADMISSION_READS:
+            roles |= {Role.ADMIN, Role.VIEWER}
+        return Rule(_ADMISSION, service, method, frozenset(roles))
     read = method.startswith(READ_PREFIXES) and method not in ADMIN_ONLY_READS
     roles = {Role.ADMIN, Role.VIEWER} if read else {Role.ADMIN}
     return Rule(_OPERATOR, service, method, frozenset(roles))

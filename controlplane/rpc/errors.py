@@ -8,7 +8,8 @@ same code and message as the call's status (README, "Errors"):
   :data:`DOMAIN`, with ``field`` (and ``batch_id`` in AdmitStream) in its
   metadata when the error names them;
 - ``BadRequest`` with one ``FieldViolation`` on ``INVALID_ARGUMENT``;
-- ``RetryInfo`` where retrying later can succeed (``UNAVAILABLE``).
+- ``RetryInfo`` where retrying later can succeed (``UNAVAILABLE``; for
+  ``NOT_OWNER``, 0 when the owner is known, ~100 ms otherwise).
 
 The message text is unchanged by the details: ``"field: reason"``, and
 ``"batch N: field[i]: reason"`` in AdmitStream.
@@ -91,6 +92,7 @@ def rich_status(
     field: str = "",
     description: str = "",
     metadata: Mapping[str, str] | None = None,
+    retry_delay_s: float | None = None,
 ) -> grpc.Status:
     """``code`` and ``message`` with the ``google.rpc.Status`` trailer: an
     ErrorInfo, a BadRequest naming ``field`` (INVALID_ARGUMENT) and a
@@ -103,8 +105,13 @@ def rich_status(
             field=field, description=description
         )
         status.details.add().Pack(error_details_pb2.BadRequest(field_violations=[violation]))
-    delay = _RETRY_DELAY_S.get(code)
-    if delay is not None:
+    if retry_delay_s is not None:  # the caller's own hint (NOT_OWNER: 0 or ~100 ms)
+        retry = error_details_pb2.RetryInfo(
+            retry_delay=Duration(nanos=round(retry_delay_s * 1e9) % 10**9,
+                                 seconds=int(retry_delay_s))
+        )  # fmt: skip
+        status.details.add().Pack(retry)
+    elif (delay := _RETRY_DELAY_S.get(code)) is not None:
         retry = error_details_pb2.RetryInfo(retry_delay=Duration(seconds=delay))
         status.details.add().Pack(retry)
     result: grpc.Status = rpc_status.to_status(status)

@@ -21,6 +21,16 @@ still holds the reservation and books the usage where it does not (with
 metering, never twice: it checks the ledger), so a request that ran is
 billed even when the control plane forgot it.
 
+Several replicas (docs/ha.md): ``target`` may name several control-plane
+addresses ("cp-0:50051,cp-1:50051", or a list). The client keeps a channel,
+breaker and AdmitStream per replica it meets, caches each pool's owner, and
+follows NOT_OWNER answers (unary error or per-entry reason) to the owner, at
+most ``MAX_HOPS`` resends; a replica that is unreachable is skipped for
+another one that is up. A Complete goes to the replica that admitted the
+request (with its pool, when the caller named one, so a replica that is not
+the owner redirects it); one that never saw the reservation answers
+NOT_FOUND, and the resend with ``offline`` books it once (replica.py).
+
 Errors: bad arguments raise ValueError naming the argument (also the
 server's INVALID_ARGUMENT, as its message says: "lane: unknown lane ...").
 An unreachable control plane never raises from ``admit`` (FailPolicy) or
@@ -35,7 +45,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
@@ -45,6 +55,7 @@ import grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.client.admin import TlsFiles
+from controlplane.client.redirects import MAX_HOPS, targets
 from controlplane.sdk.batcher import Batcher
 from controlplane.sdk.breaker import CHANNEL_OPTIONS, TRANSPORT_CODES, Breaker
 from controlplane.sdk.checks import check_admit_args, check_complete_args, check_deadline
@@ -60,6 +71,7 @@ from controlplane.sdk.model import (
     buffered_completion,
     completion_of_response,
 )
+from controlplane.sdk.replicas import Replica, Replicas, routing_key
 from controlplane.sdk.spool import CompletionSpool, offline_refused
 from controlplane.sdk.spoolfile import SpoolFile
 
@@ -75,6 +87,7 @@ class Admitted(NamedTuple):
     pool: str
     offline: bool
     at_ns: int  # wall clock when admitted
+    address: str = ""  # the replica that admitted it ("" offline)
 
 
 def make_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
@@ -109,7 +122,7 @@ def fail_policies(value: FailPolicy | Mapping[str, FailPolicy]) -> dict[str, Fai
 
 class AsyncAdmissionClient:
     def __init__(
-        self, target: str, *, api_key: str | None = None, deadline_s: float = 0.25,
+        self, target: str | Sequence[str], *, api_key: str | None = None, deadline_s: float = 0.25,
         batch_window_s: float = 0.0003, batch_max: int = 256,
         fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
         spool_path: str | Path | None = None, spool_max: int = 100_000,
@@ -136,25 +149,35 @@ class AsyncAdmissionClient:
         connect_timeout_s = check_deadline("connect_timeout_s", connect_timeout_s)
         if not limits_ttl_s >= 0:
             raise ValueError(f"limits_ttl_s: must be >= 0, got {limits_ttl_s}")
+        seeds = targets(target)
         self._policies = fail_policies(fail_policy)
         # (everything checked before the channel exists: a bad argument leaks nothing)
         key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
         self._meta = (("authorization", f"Bearer {key}"),) if key else None
         self.counters = Counters()
-        self._channel = make_channel(target, tls)
-        self._stub = pb_grpc.AdmissionServiceStub(self._channel)
-        self._breaker = Breaker(self._channel, self.counters)
-        self._batcher = Batcher(
-            self._stub, self._meta, self._breaker, self.counters, self.policy_of,
-            self._release, window_s=batch_window_s, batch_max=batch_max,
-            connect_timeout_s=connect_timeout_s, wait_in_gate=wait_in_gate,
-        )  # fmt: skip
+
+        def replica(address: str) -> Replica:
+            channel = make_channel(address, tls)
+            stub = pb_grpc.AdmissionServiceStub(channel)
+            breaker = Breaker(channel, self.counters)
+            batcher = Batcher(
+                stub, self._meta, breaker, self.counters, self.policy_of,
+                self._release, window_s=batch_window_s, batch_max=batch_max,
+                connect_timeout_s=connect_timeout_s, wait_in_gate=wait_in_gate,
+            )  # fmt: skip
+            return Replica(address, channel, stub, breaker, batcher)
+
+        self._replicas = Replicas(seeds, replica, self.counters, self._meta)
+        home = self._replicas.home  # GetLimits, and what one replica alone used
+        self._channel, self._stub = home.channel, home.stub
+        self._breaker, self._batcher = home.breaker, home.batcher
         self._admitted: dict[Key, Admitted] = {}
         self._admitted_max = max(spool_max, 10_000)
         file = SpoolFile(spool_path) if spool_path is not None else None
         self._spool = CompletionSpool(
-            self._send_complete, self._breaker, self.counters, max_items=spool_max, file=file
-        )
+            self._send_complete, self._replicas.any_up, self.counters,  # type: ignore[arg-type]
+            max_items=spool_max, file=file,
+        )  # fmt: skip
         self._spool.load()
         self._limits = LimitsCache(
             self._stub, self._meta, self._breaker, self.counters, ttl_s=limits_ttl_s
@@ -177,17 +200,22 @@ class AsyncAdmissionClient:
         if self._closed:
             return
         self._closed = True
-        await self._batcher.aclose()
-        if self._spool.pending and self._breaker.up:
+        for r in self._replicas.all():
+            await r.batcher.aclose()
+        if self._spool.pending and self._replicas.any_up.up:
             await self._spool.flush(flush_timeout_s)
         await self._spool.aclose()
-        await self._breaker.aclose()
-        await self._channel.close()
+        await self._replicas.aclose()
 
     @property
     def up(self) -> bool:
-        """Whether the control plane is considered reachable now."""
-        return self._breaker.up
+        """Whether the control plane (any replica) is considered reachable now."""
+        return self._replicas.any_up.up
+
+    @property
+    def owners(self) -> dict[str, str]:
+        """The owner address learned per pool (several replicas)."""
+        return dict(self._replicas.owners)
 
     def policy_of(self, lane: str) -> FailPolicy:
         return self._policies.get(lane, self._policies[""])
@@ -202,19 +230,61 @@ class AsyncAdmissionClient:
             raise RuntimeError("the client is closed")
         check_admit_args(tenant_id, request_id, prompt_tokens, max_tokens, lane, model, pool)
         d = self.deadline_s if deadline_s is None else check_deadline("deadline_s", deadline_s)
-        loop_time = self._batcher.now()
-        e = Entry(tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
-                  loop_time + d)  # fmt: skip
-        a = await self._batcher.admit(e, d)
+        deadline = self._batcher.now() + d
+        a, where = await self._admit_routed(
+            tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool, deadline
+        )
         self.counters.admits += 1
         if a.admitted:
             key = (tenant_id, request_id)
             admitted = self._admitted
             admitted.pop(key, None)  # (re)inserted last: a dict keeps insertion order
-            admitted[key] = Admitted(lane, model, pool, a.offline, time.time_ns())
+            admitted[key] = Admitted(
+                lane, model, pool, a.offline, time.time_ns(), "" if a.offline else where
+            )
             if len(admitted) > self._admitted_max:  # never completed: forget the oldest
                 del admitted[next(iter(admitted))]
         return a
+
+    async def _admit_routed(
+        self, tenant_id: str, request_id: str, lane: str, prompt_tokens: int, max_tokens: int,
+        model: str, pool: str, deadline: float,
+    ) -> tuple[Admission, str]:  # fmt: skip
+        """Admit on the owner of the request's pool (several replicas):
+        follow NOT_OWNER, and fail over from an unreachable replica to one
+        that is up, at most MAX_HOPS times; the answer and who gave it."""
+        replicas = self._replicas
+        key = routing_key(pool, tenant_id, lane)
+        r = replicas.for_key(key)
+        tried: set[str] = set()
+        for hop in range(MAX_HOPS + 1):
+            e = Entry(tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
+                      deadline)  # fmt: skip
+            a = await r.batcher.admit(e, max(0.0, deadline - r.batcher.now()))
+            last = hop == MAX_HOPS or r.batcher.now() >= deadline
+            if a.reason == "not_owner" and not last:
+                self.counters.redirects += 1
+                address = a.owner or await replicas.discover(pool, {r.address})
+                if address:
+                    replicas.owners[key] = address
+                    r = replicas.get(address)
+                    continue
+                replicas.owners.pop(key, None)
+                await asyncio.sleep(min(a.retry_after_ms / 1000, deadline - r.batcher.now()))
+                r = replicas.first_up() or r
+                continue
+            if a.offline and not last and len(replicas.seeds) > 1:
+                tried.add(r.address)
+                replicas.owners.pop(key, None)
+                nxt = replicas.first_up(tried)
+                if nxt is not None:  # another replica is up: it redirects or decides
+                    self.counters.failovers += 1
+                    r = nxt
+                    continue
+            if not a.offline and a.reason != "not_owner":
+                replicas.owners[key] = r.address
+            return a, r.address
+        raise AssertionError("unreachable")
 
     def _release(self, e: Entry) -> None:
         """The server admitted ``e`` after its caller was refused (or left):
@@ -262,9 +332,12 @@ class AsyncAdmissionClient:
     async def _complete_request(self, req: pb.CompleteRequest, adm: Admitted | None) -> Completion:
         if adm is not None and adm.offline:
             _attach_offline(req, adm)
-        while self._breaker.up:
+        if adm is not None and adm.pool:  # the owner of its pool settles it (docs/ha.md)
+            req.pool = adm.pool
+        prefer = adm.address if adm is not None else ""
+        while self._replicas.any_up.up:
             try:
-                return completion_of_response(await self._send_complete(req))
+                return completion_of_response(await self._send_complete(req, prefer))
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -278,8 +351,7 @@ class AsyncAdmissionClient:
                     continue
                 if not (code in TRANSPORT_CODES or offline_refused(exc, req)):
                     raise
-                self._breaker.failed(exc, "Complete")
-                break
+                break  # (the replica's breaker heard of it in the routing)
         # Unreachable: buffer it, with what the server needs to book it if
         # it no longer holds the reservation when it gets it.
         if adm is not None:
@@ -291,11 +363,17 @@ class AsyncAdmissionClient:
             self.counters.completes_buffered += 1
         return buffered_completion(req.request_id, duplicate=not added)
 
-    async def _send_complete(self, req: pb.CompleteRequest) -> pb.CompleteResponse:
-        resp: pb.CompleteResponse = await self._stub.Complete(
-            req, timeout=self.complete_deadline_s, metadata=self._meta
-        )
-        return resp
+    async def _send_complete(
+        self, req: pb.CompleteRequest, prefer: str = ""
+    ) -> pb.CompleteResponse:
+        async def send(r: Replica) -> pb.CompleteResponse:
+            resp: pb.CompleteResponse = await r.stub.Complete(
+                req, timeout=self.complete_deadline_s, metadata=self._meta
+            )
+            return resp
+
+        key = req.pool or (req.offline.pool if req.HasField("offline") else "")
+        return await self._replicas.call(key, key, send, prefer)
 
     @property
     def pending_completions(self) -> int:
@@ -312,24 +390,27 @@ class AsyncAdmissionClient:
     async def report_load(self, report: pb.LoadReport) -> pb.LoadReportAck | None:
         """None when the control plane is unreachable (the next report
         replaces this one: nothing is buffered)."""
-        if not self._breaker.up:
+        if not self._replicas.any_up.up:
             self.counters.report_load_failures += 1
             await asyncio.sleep(0)  # fail fast, but yield (see Batcher.admit)
             return None
-        try:
-            ack: pb.LoadReportAck = await self._stub.ReportLoad(
+
+        async def send(r: Replica) -> pb.LoadReportAck:
+            ack: pb.LoadReportAck = await r.stub.ReportLoad(
                 report, timeout=self.deadline_s, metadata=self._meta
             )
+            return ack
+
+        try:
+            return await self._replicas.call(report.pool, report.pool, send)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise ValueError(exc.details()) from None
             if code not in TRANSPORT_CODES:
                 raise
-            self._breaker.failed(exc, "ReportLoad")
             self.counters.report_load_failures += 1
             return None
-        return ack
 
     async def limits(self, tenant_id: str) -> Limits | None:
         return await self._limits.get(tenant_id, self.deadline_s)

@@ -50,11 +50,17 @@ from typing import Any
 import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.client.redirects import not_owner
 from controlplane.sdk.answers import Answers
 from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker, unreachable
 from controlplane.sdk.counters import Counters
 from controlplane.sdk.entries import Entry
-from controlplane.sdk.model import Admission, FailPolicy, admission_of_response
+from controlplane.sdk.model import (
+    Admission,
+    FailPolicy,
+    admission_of_response,
+    not_owner_admission,
+)
 from controlplane.sdk.session import Session
 from controlplane.sdk.suspects import Suspects
 
@@ -353,7 +359,10 @@ class Batcher:
             resp = await self._stub.Admit(req, timeout=left, metadata=self._meta)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
+            where = not_owner(exc)
+            if where is not None:  # another replica owns the pool: the client follows
+                self._answers.settle(e, not_owner_admission(e.request_id, where))
+            elif code == grpc.StatusCode.INVALID_ARGUMENT:
                 e.settled = True
                 self._answers.forget(e)
                 e.fail(ValueError(exc.details()))

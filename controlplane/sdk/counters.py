@@ -30,6 +30,9 @@ class Counters:
     completes_delivered_late: int = 0  # buffered ones delivered (and late releases' Completes)
     completes_spool_full: int = 0  # refused (ControlPlaneUnavailable): the spool was full
     completes_undeliverable: int = 0  # buffered ones the server refused for good (logged)
+    # Several replicas (docs/ha.md)
+    redirects: int = 0  # NOT_OWNER answers followed to the owner
+    failovers: int = 0  # calls resent to another replica after theirs was unreachable
     # ReportLoad, GetLimits
     report_load_failures: int = 0
     limits_failures: int = 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.client.redirects import NotOwner
 
 __all__ = [
     "UNAVAILABLE",
@@ -69,6 +70,10 @@ class Admission:
     queue_wait_ms: int
     offline: bool  # decided by the SDK: the control plane was unreachable
     quota_exhausted: bool  # reason is hourly_quota or daily_quota
+    # reason "not_owner" (several replicas, docs/ha.md): the owner's address
+    # ("" while unknown). The client follows it itself; a caller sees this
+    # only when the owner could not be reached within its hops.
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +171,7 @@ def admissions_of_result(
     # each degraded entry's own tenant's fallback model (servers before the
     # column: the batch-wide one, the first entry's tenant's)
     fallbacks = list(res.fallback_model) if len(res.fallback_model) == n else [fallback] * n
+    owners = list(res.owner) if len(res.owner) == n else [""] * n
     multiplier, admit = res.pricing_multiplier, pb.DECISION_ADMIT
     out = []
     for k, request_id in zip(columns, request_ids, strict=True):
@@ -174,7 +180,7 @@ def admissions_of_result(
         a = Admission(
             request_id, decision[k] == admit, name, retry[k], bool(retryable[k]), granted[k],
             rid[k], d, cap if d else 0, fallbacks[k] if d else "", multiplier, bucket[k],
-            hourly[k], daily[k], waited[k], False, name in QUOTA_REASONS,
+            hourly[k], daily[k], waited[k], False, name in QUOTA_REASONS, owners[k],
         )  # fmt: skip
         out.append(a)
     return out
@@ -207,6 +213,17 @@ def offline_admission(
         offline=True,
         quota_exhausted=False,
     )
+
+
+def not_owner_admission(request_id: str, where: NotOwner) -> Admission:
+    """A unary Admit answered NOT_OWNER: a retryable refusal naming the owner."""
+    return Admission(
+        request_id=request_id, admitted=False, reason="not_owner",
+        retry_after_ms=round(where.retry_s * 1000), retryable=True, granted_max_tokens=0,
+        reservation_id=0, degraded=False, max_tokens_cap=0, fallback_model="",
+        pricing_multiplier="", bucket_remaining=0, hourly_remaining=-1, daily_remaining=-1,
+        queue_wait_ms=0, offline=False, quota_exhausted=False, owner=where.owner,
+    )  # fmt: skip
 
 
 def gate_timeout_admission(request_id: str, waited_ms: int) -> Admission:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -30,7 +30,8 @@ SLACK_S = 5.0  # beyond a call's own deadline: the loop thread is wedged
 
 class AdmissionClient:
     def __init__(
-        self, target: str, *, api_key: str | None = None, deadline_s: float = 0.25,
+        self, target: str | Sequence[str], *, api_key: str | None = None,
+        deadline_s: float = 0.25,
         batch_window_s: float = 0.0003, batch_max: int = 256,
         fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
         spool_path: str | Path | None = None, spool_max: int = 100_000,
@@ -59,7 +60,7 @@ class AdmissionClient:
         self._closed = False
 
     @staticmethod
-    async def _make(target: str, kw: dict[str, Any]) -> AsyncAdmissionClient:
+    async def _make(target: str | Sequence[str], kw: dict[str, Any]) -> AsyncAdmissionClient:
         return AsyncAdmissionClient(target, **kw)
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:

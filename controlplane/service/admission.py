@@ -56,7 +56,7 @@ from controlplane.domain import (
     Settlement,
     TenantConfig,
 )
-from controlplane.domain.errors import AlreadyExists, excerpt
+from controlplane.domain.errors import AlreadyExists, DomainError, excerpt
 from controlplane.domain.policy import Policy
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
@@ -372,6 +372,26 @@ class AdmissionService:
     def queue_footprint(self) -> dict[str, int]:
         """Sizes of the queues' internal indexes (benchmarks check for leaks)."""
         return self._dispatcher.queues.footprint()
+
+    def pool_of(
+        self, tenant_id: str, lane: str, prompt_tokens: int, max_tokens: int, pool: str = ""
+    ) -> str:
+        """The pool an Admit with these fields would be decided for (after
+        length-aware placement, as :meth:`admit_or_wait` resolves it),
+        without deciding or changing anything; "" when it would be refused
+        before a pool is chosen or has none (the pool gate off). For the
+        RPC layer's owner check (docs/ha.md)."""
+        if pool:
+            return pool
+        tenants = self._tenants
+        try:
+            entry = tenants.resolve(tenant_id)
+            lane = tenants.lane_for("lane", lane, entry)
+            if entry is not None:
+                lane = tenants.place(entry, lane, prompt_tokens, max_tokens)
+            return tenants.pool_for(entry, lane, "")
+        except DomainError:
+            return ""  # a bad field: the decision names it
 
     def admit_batch(
         self,

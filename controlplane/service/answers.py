@@ -31,6 +31,7 @@ REASON_TEXT: dict[int, str] = {
     Reason.QUEUE_TIMEOUT: "waited in the lane's queue until the max wait passed",
     Reason.QUEUE_FULL: "the queue is full",
     Reason.OPEN_RESERVATIONS: "the server holds its maximum of open reservations (memory cap)",
+    Reason.NOT_OWNER: "another replica owns this pool's cell; resend it to the owner",
 }
 
 

@@ -111,7 +111,8 @@ class SidecarConfig(_Strict):
     upstream_max_connections: int = Field(default=4096, ge=1)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)  # a request's body
 
-    # The control plane.
+    # The control plane: one address, or several replicas' comma-separated
+    # ("cp-0:50051,cp-1:50051"; the SDK follows owner redirects, docs/ha.md).
     control_plane: str
     control_plane_api_key: str | None = None  # None: $BURSTGATE_API_KEY
     spool_path: Path | None = None  # buffered Completes on disk while it is unreachable
@@ -137,6 +138,13 @@ class SidecarConfig(_Strict):
     drain_timeout_s: float = Field(default=30.0, ge=0)
     limits_timeout_s: float = Field(default=0.05, gt=0)  # GetLimits for the 429 headers
     unavailable_retry_after_s: int = Field(default=1, ge=0)  # 503 when fail-closed
+
+    @field_validator("control_plane")
+    @classmethod
+    def _control_plane(cls, v: str) -> str:
+        from controlplane.client.redirects import targets
+
+        return ",".join(targets(v))  # ValueError when no address is left
 
     @field_validator("upstream")
     @classmethod

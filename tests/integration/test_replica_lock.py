@@ -1,17 +1,19 @@
-"""One `burstgate serve` per database (controlplane/store/replica_lock.py).
+"""One `burstgate serve` per SQLite database (controlplane/store/replica_lock.py);
+several on PostgreSQL, sharing cells (docs/ha.md).
 
-Real processes on a real database (SQLite and PostgreSQL, via ``migrated_url``):
-a second `serve` (or `demo`) on the same database exits at once with status 3
-and one record naming the database (password hidden) and what to do, and binds
+Real processes on a real database (SQLite and PostgreSQL, via ``migrated_url``).
+SQLite: a second `serve` (or `demo`) on the same database exits at once with
+status 3 and one record naming the database and what to do, and binds
 nothing; the first keeps serving; the CLI's database commands run beside it;
-after the first is stopped with SIGTERM, a new one starts. In process, on
-PostgreSQL: a lock session that dies is replaced at the next config poll, and a
-lock taken by someone else meanwhile turns the server's health NOT_SERVING
-until it is given back.
+after the first is stopped with SIGTERM, a new one starts. PostgreSQL: a
+second `serve` starts, both are members, no advisory lock is taken, Admit is
+decided by the owner wherever the client starts, and after a SIGTERM the
+other replica decides.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -26,18 +28,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from controlplane.cli.serve import EXIT_REPLICA_LOCK_HELD
 from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
-from controlplane.rpc.assembly import ADMISSION_SERVICE
-from controlplane.settings import Settings
-from controlplane.store.replica_lock import LOCK_KEY
-from tests.conftest import ServerThread
 from tests.integration.test_process import Proc
-from tests.support import add_tenants
+from tests.support import add_tenants, wait_until
 
 SECRET = "not-a-real-password"
 
@@ -97,7 +94,7 @@ def admitted(target: str, request_id: str) -> bool:
         return bool(d.decision == pb.DECISION_ADMIT)
 
 
-def test_a_second_serve_on_the_same_database_is_refused(
+def test_a_second_serve_is_refused_on_sqlite_and_shares_cells_on_postgres(
     migrated_url: str, tmp_path: Path, procs: list[Proc]
 ) -> None:
     add_tenants(migrated_url, TenantConfig("acme", Decimal(1000), 10_000))
@@ -105,6 +102,9 @@ def test_a_second_serve_on_the_same_database_is_refused(
     first = Proc(["serve"], env_for(url, tmp_path))
     procs.append(first)
     assert admitted(first.target, "r1")
+    if migrated_url.startswith("postgresql"):
+        shares_cells(first, url, tmp_path, procs)
+        return
 
     for args in (["serve"], ["serve", "--migrate"], ["demo", "--port", "0"]):
         second = burstgate(args, env_for(url, tmp_path))
@@ -119,16 +119,11 @@ def test_a_second_serve_on_the_same_database_is_refused(
         assert record["reason"] == "replica_lock_held"
         said = record["error"] + " " + record["fix"]
         assert said.startswith("another `burstgate serve` is running on database ")
-        assert "scale-out is not supported yet" in said
+        assert "several replicas need PostgreSQL" in said
         assert "docs/operating.md" in said
-        assert SECRET not in out
         shown = make_url(url).render_as_string(hide_password=True)
         assert shown in said
-        if migrated_url.startswith("postgresql"):
-            assert "***" in shown
-            assert "application 'burstgate serve " in said  # the holder, named
-        else:
-            assert f"{make_url(url).database}.serve.lock" in said
+        assert f"{make_url(url).database}.serve.lock" in said
 
     # the first keeps serving, and the CLI's database commands run beside it
     assert admitted(first.target, "r2")
@@ -137,7 +132,7 @@ def test_a_second_serve_on_the_same_database_is_refused(
     keys = burstgate(["keys", "list"], env_for(url, tmp_path))
     assert keys.returncode == 0, keys.stderr
     metrics = urllib.request.urlopen(first.metrics_url, timeout=10).read().decode()
-    assert "burstgate_replica_lock_held 1.0" in metrics
+    assert "burstgate_ha_cells_owned 1.0" in metrics  # one replica: every cell
 
     stop(first)
     third = Proc(["serve"], env_for(url, tmp_path))
@@ -146,91 +141,46 @@ def test_a_second_serve_on_the_same_database_is_refused(
     stop(third)
 
 
-# --- losing the lock while serving (PostgreSQL) ----------------------------------
+def shares_cells(first: Proc, url: str, tmp_path: Path, procs: list[Proc]) -> None:
+    """PostgreSQL: a second serve starts beside the first (no advisory lock
+    is taken), both are members, and the "default" cell's owner decides
+    wherever the client starts; after a SIGTERM the other one owns it."""
+    ha = {"BURSTGATE_HA_LEASE_TTL_S": "1.5", "BURSTGATE_HA_MARGIN_S": "0.3"}
+    env = env_for(url, tmp_path) | ha
+    second = Proc(["serve"], env)
+    procs.append(second)
+    with psycopg.connect(make_url(url).set(password=None).render_as_string(False)) as conn:
+        assert lock_holder(conn) is None
+    with AdmissionClient([second.target, first.target]) as c:
+        members = wait_until(
+            lambda: list(m) if len(m := c.cell_owners().members) == 2 else None,
+            message="both replicas to be members",
+        )
+        assert sorted(m.address.rsplit(":", 1)[1] for m in members) == sorted(
+            p.target.rsplit(":", 1)[1] for p in (first, second)
+        )
+        for i in range(3):
+            d = c.admit("acme", f"shared-{i}", prompt_tokens=10, max_tokens=10)
+            assert d.decision == pb.DECISION_ADMIT
+    metrics = urllib.request.urlopen(second.metrics_url, timeout=10).read().decode()
+    assert "burstgate_ha_members_live 2.0" in metrics
+    assert "burstgate_replica_lock" not in metrics
+    stop(first)  # drains: the default cell moves to the second
+    assert admitted(second.target, "after-stop")
+    stop(second)
+
+
+# --- PostgreSQL: no advisory lock -------------------------------------------------
 
 
 def lock_holder(conn: psycopg.Connection[Any]) -> int | None:
+    """The session holding the advisory lock the one-replica guard of old
+    took (its key: the first 8 bytes of SHA-256("burstgate.serve"))."""
+    key = int.from_bytes(hashlib.sha256(b"burstgate.serve").digest()[:8], "big", signed=True)
     row = conn.execute(
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
         " AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1"
         " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        [(LOCK_KEY >> 32) & 0xFFFFFFFF, LOCK_KEY & 0xFFFFFFFF],
+        [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF],
     ).fetchone()
     return None if row is None else int(row[0])
-
-
-def health(target: str, service: str) -> int:
-    import grpc
-
-    with grpc.insecure_channel(target) as ch:
-        status: int = (
-            health_pb2_grpc.HealthStub(ch)
-            .Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
-            .status
-        )
-        return status
-
-
-def test_a_lost_lock_is_taken_again_or_reported_not_serving(pg_url: str) -> None:
-    from controlplane.store.db import upgrade
-
-    upgrade(pg_url)
-    add_tenants(pg_url, TenantConfig("acme", Decimal(1000), 10_000))
-    settings = Settings(
-        database_url=pg_url, host="127.0.0.1", port=0, metrics_port=-1,
-        admission_auth=False, config_poll_s=600,  # polled by hand below
-    )  # fmt: skip
-    srv = ServerThread(settings, time.time_ns)
-    serving, not_serving = (
-        health_pb2.HealthCheckResponse.SERVING,
-        health_pb2.HealthCheckResponse.NOT_SERVING,
-    )
-    try:
-        with psycopg.connect(pg_url, autocommit=True) as other:
-            first = lock_holder(other)
-            assert first is not None and first != other.info.backend_pid
-            # 1. the session is killed (a PostgreSQL restart, an operator): the
-            #    next poll takes the lock on a new one
-            other.execute("SELECT pg_terminate_backend(%s, 5000)", [first])
-            srv._run(srv.plane.poll_once())
-            second = lock_holder(other)
-            assert second is not None and second != first
-            assert srv.plane.replica.held and srv.plane.replica.lost_total == 0
-            # 2. our side loses its connection while the server keeps the session
-            #    (a network cut): the stale session is recognised as ours, ended
-            #    and replaced
-            lock = srv.plane.replica.lock
-            stale = lock._conn
-            lock._conn = None
-            try:
-                srv._run(srv.plane.poll_once())
-            finally:
-                stale.close()
-            third = lock_holder(other)
-            assert third is not None and third not in (first, second)
-            assert srv.plane.replica.held
-            # 3. killed, and another replica takes the lock first: NOT_SERVING
-            #    (it keeps answering), the counter moves, and when the other one
-            #    gives the lock back it is taken again and SERVING returns
-            other.execute("SELECT pg_terminate_backend(%s, 5000)", [third])
-            assert other.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY]).fetchone() == (
-                True,
-            )
-            srv._run(srv.plane.poll_once())
-            assert not srv.plane.replica.held and srv.plane.replica.lost_total == 1
-            assert health(srv.target, "") == not_serving
-            assert health(srv.target, ADMISSION_SERVICE) == not_serving
-            assert admitted(srv.target, "while-not-serving")
-            srv._run(srv.plane.poll_once())  # still taken: still NOT_SERVING, counted once
-            assert srv.plane.replica.lost_total == 1
-            assert health(srv.target, "") == not_serving
-            other.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
-            srv._run(srv.plane.poll_once())
-            assert srv.plane.replica.held
-            assert health(srv.target, "") == serving
-            assert health(srv.target, ADMISSION_SERVICE) == serving
-            assert lock_holder(other) not in (None, other.info.backend_pid)
-    finally:
-        srv.stop()
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        assert lock_holder(conn) is None  # given up at stop

@@ -1,19 +1,16 @@
-"""The replica lock's pieces without a server: which lock a database URL gets,
-the SQLite sidecar-file lock (flock: exclusive even between two opens in one
-process), and the advisory lock key the docs state."""
+"""The replica lock's pieces without a server: which lock a database URL gets
+(SQLite files only), and the SQLite sidecar-file lock (flock: exclusive even
+between two opens in one process)."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 
 from controlplane.store.replica_lock import (
-    LOCK_KEY,
     Check,
     FileLock,
-    PostgresLock,
     ReplicaLock,
     ReplicaLockHeld,
     lock_for,
@@ -22,33 +19,14 @@ from controlplane.store.replica_lock import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_advisory_lock_key_is_the_documented_one() -> None:
-    digest = hashlib.sha256(b"burstgate.serve").digest()
-    assert int.from_bytes(digest[:8], "big", signed=True) == LOCK_KEY
-    assert -(2**63) <= LOCK_KEY < 2**63
-    docs = (ROOT / "docs" / "operating.md").read_text()
-    assert f"`pg_try_advisory_lock({LOCK_KEY})`" in docs
-    # how pg_locks shows it
-    assert f"`classid = {(LOCK_KEY >> 32) & 0xFFFFFFFF}`" in docs
-    assert f"`objid = {LOCK_KEY & 0xFFFFFFFF}`" in docs
-
-
 def test_which_lock_a_database_gets(tmp_path: Path) -> None:
     file_lock = lock_for(f"sqlite:///{tmp_path}/a.db", "me")
     assert isinstance(file_lock, FileLock)
     assert file_lock.path == tmp_path / "a.db.serve.lock"
     for private in ("sqlite://", "sqlite:///:memory:"):
         assert type(lock_for(private)) is ReplicaLock  # nothing to share, nothing to lock
-    pg = lock_for("postgres://u:pw@db.example:5432/bg?sslmode=require", "burstgate serve h")
-    assert isinstance(pg, PostgresLock)
-    assert pg.database == "postgresql://u:***@db.example:5432/bg?sslmode=require"
-    params = pg._params
-    assert (params["host"], params["dbname"], params["sslmode"]) == ("db.example", "bg", "require")
-    assert params["application_name"] == "burstgate serve h"
-    assert params["connect_timeout"] == "10" and params["tcp_user_timeout"] == "10000"
-    # what the URL sets wins over the lock's defaults
-    own = lock_for("postgresql://u@h/bg?connect_timeout=3", "x")
-    assert isinstance(own, PostgresLock) and own._params["connect_timeout"] == "3"
+    # PostgreSQL: replicas share the database (cells, controlplane.ha): no lock
+    assert type(lock_for("postgres://u:pw@db.example:5432/bg")) is ReplicaLock
 
 
 def test_a_second_file_lock_is_refused_until_the_first_is_released(tmp_path: Path) -> None:
@@ -58,7 +36,7 @@ def test_a_second_file_lock_is_refused_until_the_first_is_released(tmp_path: Pat
     with pytest.raises(ReplicaLockHeld) as err:
         second.acquire()
     assert f"lock file {db}.serve.lock held by serve one" in str(err.value)
-    assert "scale-out is not supported yet" in str(err.value)
+    assert "several replicas need PostgreSQL" in str(err.value)
     assert first.check().state is Check.HELD
     first.release()
     first.release()  # idempotent

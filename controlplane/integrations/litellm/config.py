@@ -121,6 +121,7 @@ class HookSettings(BaseSettings):
 
     # The control plane (gRPC). api_key None: $BURSTGATE_API_KEY (a key of
     # role sidecar for the tenants this proxy serves, when auth is on).
+    # One address, or several replicas' comma-separated (docs/ha.md).
     control_plane: str = Field(default="127.0.0.1:50051", min_length=1)
     api_key: str | None = None
     # Buffered Completes on disk while the control plane is unreachable
@@ -159,6 +160,13 @@ class HookSettings(BaseSettings):
     settle_grace_s: float = Field(default=5.0, ge=0, le=600)
     limits_timeout_s: float = Field(default=0.05, gt=0, le=10)  # GetLimits for a 429's headers
     unavailable_retry_after_s: int = Field(default=1, ge=0, le=3600)  # fail-closed 503
+
+    @field_validator("control_plane")
+    @classmethod
+    def _control_plane(cls, v: str) -> str:
+        from controlplane.client.redirects import targets
+
+        return ",".join(targets(v))  # ValueError when no address is left
 
     @field_validator("tenant_from", "lane_from", mode="before")
     @classmethod

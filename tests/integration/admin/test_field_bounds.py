@@ -39,6 +39,7 @@ ADMISSION_BASE: dict[str, Message] = {
     "Admit": pb.AdmitRequest(tenant_id="acme", request_id="r", prompt_tokens=1),
     "Complete": pb.CompleteRequest(tenant_id="acme", request_id="r", prompt_tokens=1),
     "GetLimits": pb.GetLimitsRequest(tenant_id="acme"),
+    "GetCellOwners": pb.GetCellOwnersRequest(pool="p"),
     "ReportLoad": pb.LoadReport(pool="p", engine_id="e", max_batch_tokens=1),
     "AdmitStream": pb.AdmitBatch(
         tenant_id=["acme"], request_id=["r"], prompt_tokens=[1], max_tokens=[1]

@@ -26,6 +26,7 @@ def test_reason_numbering_is_fixed() -> None:
         "QUEUE_TIMEOUT": 10,
         "QUEUE_FULL": 11,
         "OPEN_RESERVATIONS": 12,
+        "NOT_OWNER": 13,
     }
     assert fastpath.Reason is Reason
 

@@ -126,6 +126,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """the lane's, tenant's or global queue is full"""
     REASON_OPEN_RESERVATIONS: _Reason.ValueType  # 12
     """memory protection: the server holds its maximum of open (unsettled) reservations, overall or for this tenant; retry_after_ms is a hint, a Complete frees a place"""
+    REASON_NOT_OWNER: _Reason.ValueType  # 13
+    """AdmitStream, several replicas: another replica owns this entry's pool's cell; resend it there (AdmitBatchResult.owner[i]); nothing was taken"""
 
 class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
     """Why a request was refused."""
@@ -156,6 +158,8 @@ REASON_QUEUE_FULL: Reason.ValueType  # 11
 """the lane's, tenant's or global queue is full"""
 REASON_OPEN_RESERVATIONS: Reason.ValueType  # 12
 """memory protection: the server holds its maximum of open (unsettled) reservations, overall or for this tenant; retry_after_ms is a hint, a Complete frees a place"""
+REASON_NOT_OWNER: Reason.ValueType  # 13
+"""AdmitStream, several replicas: another replica owns this entry's pool's cell; resend it there (AdmitBatchResult.owner[i]); nothing was taken"""
 Global___Reason: _TypeAlias = Reason  # noqa: Y015
 
 class _PoolFreshness:
@@ -483,6 +487,7 @@ class CompleteRequest(_message.Message):
     EXEC_END_UNIX_NS_FIELD_NUMBER: _builtins.int
     KV_CACHE_MISS_RATE_REPORTED_FIELD_NUMBER: _builtins.int
     OFFLINE_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     request_id: _builtins.str
     reservation_id: _builtins.int
@@ -507,6 +512,12 @@ class CompleteRequest(_message.Message):
     kv_cache_miss_rate_reported: _builtins.bool
     """true: kv_cache_miss_rate is this request's own rate even when it is 0.
     false: a 0 means "not reported" and the pool's current window rate is used.
+    """
+    pool: _builtins.str
+    """Several replicas (docs/ha.md): the pool the request was admitted to
+    (as AdmitRequest.pool). Set: a replica that does not own its cell
+    answers UNAVAILABLE/NOT_OWNER, so the owner settles it. Empty: settled
+    by the replica that gets it (clients from before scale-out).
     """
     @_builtins.property
     def offline(self) -> Global___OfflineAdmission:
@@ -539,10 +550,11 @@ class CompleteRequest(_message.Message):
         exec_end_unix_ns: _builtins.int = ...,
         kv_cache_miss_rate_reported: _builtins.bool = ...,
         offline: Global___OfflineAdmission | None = ...,
+        pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["offline", b"offline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "offline", b"offline", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "offline", b"offline", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -744,6 +756,7 @@ class AdmitBatchResult(_message.Message):
     ENTRY_FIELD_NUMBER: _builtins.int
     QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
     FALLBACK_MODEL_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     pricing_multiplier: _builtins.str
     """decimal text, as AdmitResponse.pricing_multiplier"""
@@ -813,6 +826,13 @@ class AdmitBatchResult(_message.Message):
         "" otherwise. Empty when no entry is degraded.
         """
 
+    @_builtins.property
+    def owner(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Entry i's owner's address when reason[i] is NOT_OWNER ("" while the
+        owner is unknown: retry after retry_after_ms); "" otherwise. Empty when
+        no entry is NOT_OWNER.
+        """
+
     def __init__(
         self,
         *,
@@ -837,14 +857,128 @@ class AdmitBatchResult(_message.Message):
         entry: _abc.Iterable[_builtins.int] | None = ...,
         queue_wait_ms: _abc.Iterable[_builtins.int] | None = ...,
         fallback_model: _abc.Iterable[_builtins.str] | None = ...,
+        owner: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "entry", b"entry", "fallback_model", b"fallback_model", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "queued", b"queued", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "entry", b"entry", "fallback_model", b"fallback_model", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "owner", b"owner", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "queued", b"queued", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdmitBatchResult: _TypeAlias = AdmitBatchResult  # noqa: Y015
+
+@_typing.final
+class GetCellOwnersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_FIELD_NUMBER: _builtins.int
+    pool: _builtins.str
+    """optional: only the cell of this pool"""
+    def __init__(
+        self,
+        *,
+        pool: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellOwnersRequest: _TypeAlias = GetCellOwnersRequest  # noqa: Y015
+
+@_typing.final
+class CellOwners(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELLS_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    ANSWERED_BY_FIELD_NUMBER: _builtins.int
+    answered_by: _builtins.str
+    """the member id of the replica that answered ("" on a single replica)"""
+    @_builtins.property
+    def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellOwner]: ...
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___Member]:
+        """live replicas, by member id"""
+
+    def __init__(
+        self,
+        *,
+        cells: _abc.Iterable[Global___CellOwner] | None = ...,
+        members: _abc.Iterable[Global___Member] | None = ...,
+        answered_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered_by", b"answered_by", "cells", b"cells", "members", b"members"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellOwners: _TypeAlias = CellOwners  # noqa: Y015
+
+@_typing.final
+class CellOwner(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    OWNER_ADDRESS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    LEASE_LEFT_MS_FIELD_NUMBER: _builtins.int
+    cell: _builtins.str
+    owner: _builtins.str
+    """member id; "" while nobody holds a valid lease"""
+    owner_address: _builtins.str
+    """what clients dial; "" while unknown"""
+    epoch: _builtins.int
+    """the lease's fencing epoch (0: no lease yet)"""
+    lease_left_ms: _builtins.int
+    """how long the lease runs without a renew, as this replica sees it"""
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the pools known to be in it (an explicit cell's, and pools seen)"""
+
+    def __init__(
+        self,
+        *,
+        cell: _builtins.str = ...,
+        pools: _abc.Iterable[_builtins.str] | None = ...,
+        owner: _builtins.str = ...,
+        owner_address: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        lease_left_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell", "epoch", b"epoch", "lease_left_ms", b"lease_left_ms", "owner", b"owner", "owner_address", b"owner_address", "pools", b"pools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellOwner: _TypeAlias = CellOwner  # noqa: Y015
+
+@_typing.final
+class Member(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    member_id: _builtins.str
+    address: _builtins.str
+    def __init__(
+        self,
+        *,
+        member_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "member_id", b"member_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Member: _TypeAlias = Member  # noqa: Y015
 
 @_typing.final
 class GetLimitsRequest(_message.Message):

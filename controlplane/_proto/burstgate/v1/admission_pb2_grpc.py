@@ -59,6 +59,11 @@ class AdmissionServiceStub:
                 request_serializer=burstgate_dot_v1_dot_admission__pb2.GetLimitsRequest.SerializeToString,
                 response_deserializer=burstgate_dot_v1_dot_admission__pb2.TenantLimits.FromString,
                 _registered_method=True)
+        self.GetCellOwners = channel.unary_unary(
+                '/burstgate.v1.AdmissionService/GetCellOwners',
+                request_serializer=burstgate_dot_v1_dot_admission__pb2.GetCellOwnersRequest.SerializeToString,
+                response_deserializer=burstgate_dot_v1_dot_admission__pb2.CellOwners.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -85,9 +90,15 @@ class AdmissionServiceServicer:
         whichever is first; the answer (QUEUE_TIMEOUT) comes a margin before the
         deadline (a tenth of the time left, 5-100 ms). Set a deadline.
 
+        Several replicas (PostgreSQL, docs/ha.md): the request's pool belongs to
+        a cell with one owner replica; another replica answers UNAVAILABLE with
+        ErrorInfo reason NOT_OWNER, its metadata carrying `owner` (the owner's
+        address, "" while unknown), `cell`, `epoch` and `pool`, and RetryInfo
+        (0 when the owner is known: resend there now; ~100 ms otherwise).
+
         Errors: INVALID_ARGUMENT (tenant_id, request_id, prompt_tokens,
         max_tokens, lane, model, pool), ALREADY_EXISTS, UNAUTHENTICATED,
-        PERMISSION_DENIED, RESOURCE_EXHAUSTED.
+        PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNAVAILABLE (NOT_OWNER).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -114,6 +125,8 @@ class AdmissionServiceServicer:
         server restart: treat it as "not billed"; or settled longer ago than
         the settled-id window), FAILED_PRECONDITION (the
         request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
+        With CompleteRequest.pool set and that pool's cell owned by another
+        replica: UNAVAILABLE, reason NOT_OWNER, as Admit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -150,6 +163,10 @@ class AdmissionServiceServicer:
         once, as before. Batches that may wait are decided entry by entry
         through Admit's path (fair order with the unary callers), so they cost
         more server CPU per entry than the columnar fast path.
+
+        Several replicas: an entry whose pool's cell another replica owns is
+        refused with reason NOT_OWNER (retryable, owner[i] its owner's
+        address); the other entries are decided as usual.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -163,7 +180,8 @@ class AdmissionServiceServicer:
 
         Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
         out of range, a fraction outside 0..1, a pool not among the policy's
-        known_pools when it lists them); nothing is stored.
+        known_pools when it lists them); nothing is stored. UNAVAILABLE
+        (NOT_OWNER, as Admit) when another replica owns the pool's cell.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -175,6 +193,17 @@ class AdmissionServiceServicer:
 
         Errors: INVALID_ARGUMENT (tenant_id), NOT_FOUND (no such tenant),
         UNAUTHENTICATED, PERMISSION_DENIED (a sidecar key for other tenants).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCellOwners(self, request, context):
+        """Owner discovery (several replicas, docs/ha.md): every cell this replica
+        knows, with its pools, owner and lease, and the live replicas; any
+        replica answers. On a single replica (SQLite) every cell is its own and
+        `members` is empty. Errors: INVALID_ARGUMENT (pool), UNAUTHENTICATED,
+        PERMISSION_DENIED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -207,6 +236,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.GetLimits,
                     request_deserializer=burstgate_dot_v1_dot_admission__pb2.GetLimitsRequest.FromString,
                     response_serializer=burstgate_dot_v1_dot_admission__pb2.TenantLimits.SerializeToString,
+            ),
+            'GetCellOwners': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCellOwners,
+                    request_deserializer=burstgate_dot_v1_dot_admission__pb2.GetCellOwnersRequest.FromString,
+                    response_serializer=burstgate_dot_v1_dot_admission__pb2.CellOwners.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +378,33 @@ class AdmissionService:
             '/burstgate.v1.AdmissionService/GetLimits',
             burstgate_dot_v1_dot_admission__pb2.GetLimitsRequest.SerializeToString,
             burstgate_dot_v1_dot_admission__pb2.TenantLimits.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCellOwners(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/burstgate.v1.AdmissionService/GetCellOwners',
+            burstgate_dot_v1_dot_admission__pb2.GetCellOwnersRequest.SerializeToString,
+            burstgate_dot_v1_dot_admission__pb2.CellOwners.FromString,
             options,
             channel_credentials,
             insecure,

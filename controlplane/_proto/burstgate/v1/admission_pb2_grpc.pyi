@@ -110,9 +110,15 @@ class AdmissionServiceStub:
     whichever is first; the answer (QUEUE_TIMEOUT) comes a margin before the
     deadline (a tenth of the time left, 5-100 ms). Set a deadline.
 
+    Several replicas (PostgreSQL, docs/ha.md): the request's pool belongs to
+    a cell with one owner replica; another replica answers UNAVAILABLE with
+    ErrorInfo reason NOT_OWNER, its metadata carrying `owner` (the owner's
+    address, "" while unknown), `cell`, `epoch` and `pool`, and RetryInfo
+    (0 when the owner is known: resend there now; ~100 ms otherwise).
+
     Errors: INVALID_ARGUMENT (tenant_id, request_id, prompt_tokens,
     max_tokens, lane, model, pool), ALREADY_EXISTS, UNAUTHENTICATED,
-    PERMISSION_DENIED, RESOURCE_EXHAUSTED.
+    PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNAVAILABLE (NOT_OWNER).
     """
     Complete: _grpc.UnaryUnaryMultiCallable[_admission_pb2.CompleteRequest, _admission_pb2.CompleteResponse]
     """Settle a reservation with the real usage: the unused part goes back to
@@ -135,6 +141,8 @@ class AdmissionServiceStub:
     server restart: treat it as "not billed"; or settled longer ago than
     the settled-id window), FAILED_PRECONDITION (the
     request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
+    With CompleteRequest.pool set and that pool's cell owned by another
+    replica: UNAVAILABLE, reason NOT_OWNER, as Admit.
     """
     AdmitStream: _grpc.StreamStreamMultiCallable[_admission_pb2.AdmitBatch, _admission_pb2.AdmitBatchResult]
     """The batched form for high rates: each AdmitBatch is answered by one
@@ -167,6 +175,10 @@ class AdmissionServiceStub:
     once, as before. Batches that may wait are decided entry by entry
     through Admit's path (fair order with the unary callers), so they cost
     more server CPU per entry than the columnar fast path.
+
+    Several replicas: an entry whose pool's cell another replica owns is
+    refused with reason NOT_OWNER (retryable, owner[i] its owner's
+    address); the other entries are decided as usual.
     """
     ReportLoad: _grpc.UnaryUnaryMultiCallable[_admission_pb2.LoadReport, _admission_pb2.LoadReportAck]
     """An engine's load report; stored per pool (latest per engine) and turned
@@ -176,7 +188,8 @@ class AdmissionServiceStub:
 
     Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
     out of range, a fraction outside 0..1, a pool not among the policy's
-    known_pools when it lists them); nothing is stored.
+    known_pools when it lists them); nothing is stored. UNAVAILABLE
+    (NOT_OWNER, as Admit) when another replica owns the pool's cell.
     """
     GetLimits: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetLimitsRequest, _admission_pb2.TenantLimits]
     """A tenant's limits and where it stands now, for rate-limit response
@@ -184,6 +197,13 @@ class AdmissionServiceStub:
 
     Errors: INVALID_ARGUMENT (tenant_id), NOT_FOUND (no such tenant),
     UNAUTHENTICATED, PERMISSION_DENIED (a sidecar key for other tenants).
+    """
+    GetCellOwners: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetCellOwnersRequest, _admission_pb2.CellOwners]
+    """Owner discovery (several replicas, docs/ha.md): every cell this replica
+    knows, with its pools, owner and lease, and the live replicas; any
+    replica answers. On a single replica (SQLite) every cell is its own and
+    `members` is empty. Errors: INVALID_ARGUMENT (pool), UNAUTHENTICATED,
+    PERMISSION_DENIED.
     """
 
 @_typing.type_check_only
@@ -210,9 +230,15 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     whichever is first; the answer (QUEUE_TIMEOUT) comes a margin before the
     deadline (a tenth of the time left, 5-100 ms). Set a deadline.
 
+    Several replicas (PostgreSQL, docs/ha.md): the request's pool belongs to
+    a cell with one owner replica; another replica answers UNAVAILABLE with
+    ErrorInfo reason NOT_OWNER, its metadata carrying `owner` (the owner's
+    address, "" while unknown), `cell`, `epoch` and `pool`, and RetryInfo
+    (0 when the owner is known: resend there now; ~100 ms otherwise).
+
     Errors: INVALID_ARGUMENT (tenant_id, request_id, prompt_tokens,
     max_tokens, lane, model, pool), ALREADY_EXISTS, UNAUTHENTICATED,
-    PERMISSION_DENIED, RESOURCE_EXHAUSTED.
+    PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNAVAILABLE (NOT_OWNER).
     """
     Complete: _aio.UnaryUnaryMultiCallable[_admission_pb2.CompleteRequest, _admission_pb2.CompleteResponse]  # type: ignore[assignment]
     """Settle a reservation with the real usage: the unused part goes back to
@@ -235,6 +261,8 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     server restart: treat it as "not billed"; or settled longer ago than
     the settled-id window), FAILED_PRECONDITION (the
     request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
+    With CompleteRequest.pool set and that pool's cell owned by another
+    replica: UNAVAILABLE, reason NOT_OWNER, as Admit.
     """
     AdmitStream: _aio.StreamStreamMultiCallable[_admission_pb2.AdmitBatch, _admission_pb2.AdmitBatchResult]  # type: ignore[assignment]
     """The batched form for high rates: each AdmitBatch is answered by one
@@ -267,6 +295,10 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     once, as before. Batches that may wait are decided entry by entry
     through Admit's path (fair order with the unary callers), so they cost
     more server CPU per entry than the columnar fast path.
+
+    Several replicas: an entry whose pool's cell another replica owns is
+    refused with reason NOT_OWNER (retryable, owner[i] its owner's
+    address); the other entries are decided as usual.
     """
     ReportLoad: _aio.UnaryUnaryMultiCallable[_admission_pb2.LoadReport, _admission_pb2.LoadReportAck]  # type: ignore[assignment]
     """An engine's load report; stored per pool (latest per engine) and turned
@@ -276,7 +308,8 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
 
     Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
     out of range, a fraction outside 0..1, a pool not among the policy's
-    known_pools when it lists them); nothing is stored.
+    known_pools when it lists them); nothing is stored. UNAVAILABLE
+    (NOT_OWNER, as Admit) when another replica owns the pool's cell.
     """
     GetLimits: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetLimitsRequest, _admission_pb2.TenantLimits]  # type: ignore[assignment]
     """A tenant's limits and where it stands now, for rate-limit response
@@ -284,6 +317,13 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
 
     Errors: INVALID_ARGUMENT (tenant_id), NOT_FOUND (no such tenant),
     UNAUTHENTICATED, PERMISSION_DENIED (a sidecar key for other tenants).
+    """
+    GetCellOwners: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetCellOwnersRequest, _admission_pb2.CellOwners]  # type: ignore[assignment]
+    """Owner discovery (several replicas, docs/ha.md): every cell this replica
+    knows, with its pools, owner and lease, and the live replicas; any
+    replica answers. On a single replica (SQLite) every cell is its own and
+    `members` is empty. Errors: INVALID_ARGUMENT (pool), UNAUTHENTICATED,
+    PERMISSION_DENIED.
     """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -313,9 +353,15 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         whichever is first; the answer (QUEUE_TIMEOUT) comes a margin before the
         deadline (a tenth of the time left, 5-100 ms). Set a deadline.
 
+        Several replicas (PostgreSQL, docs/ha.md): the request's pool belongs to
+        a cell with one owner replica; another replica answers UNAVAILABLE with
+        ErrorInfo reason NOT_OWNER, its metadata carrying `owner` (the owner's
+        address, "" while unknown), `cell`, `epoch` and `pool`, and RetryInfo
+        (0 when the owner is known: resend there now; ~100 ms otherwise).
+
         Errors: INVALID_ARGUMENT (tenant_id, request_id, prompt_tokens,
         max_tokens, lane, model, pool), ALREADY_EXISTS, UNAUTHENTICATED,
-        PERMISSION_DENIED, RESOURCE_EXHAUSTED.
+        PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNAVAILABLE (NOT_OWNER).
         """
 
     @_abc_1.abstractmethod
@@ -344,6 +390,8 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         server restart: treat it as "not billed"; or settled longer ago than
         the settled-id window), FAILED_PRECONDITION (the
         request was refused), UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
+        With CompleteRequest.pool set and that pool's cell owned by another
+        replica: UNAVAILABLE, reason NOT_OWNER, as Admit.
         """
 
     @_abc_1.abstractmethod
@@ -382,6 +430,10 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         once, as before. Batches that may wait are decided entry by entry
         through Admit's path (fair order with the unary callers), so they cost
         more server CPU per entry than the columnar fast path.
+
+        Several replicas: an entry whose pool's cell another replica owns is
+        refused with reason NOT_OWNER (retryable, owner[i] its owner's
+        address); the other entries are decided as usual.
         """
 
     @_abc_1.abstractmethod
@@ -397,7 +449,8 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: INVALID_ARGUMENT naming the field (pool, engine_id, a count
         out of range, a fraction outside 0..1, a pool not among the policy's
-        known_pools when it lists them); nothing is stored.
+        known_pools when it lists them); nothing is stored. UNAVAILABLE
+        (NOT_OWNER, as Admit) when another replica owns the pool's cell.
         """
 
     @_abc_1.abstractmethod
@@ -411,6 +464,19 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: INVALID_ARGUMENT (tenant_id), NOT_FOUND (no such tenant),
         UNAUTHENTICATED, PERMISSION_DENIED (a sidecar key for other tenants).
+        """
+
+    @_abc_1.abstractmethod
+    def GetCellOwners(
+        self,
+        request: _admission_pb2.GetCellOwnersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.CellOwners, _abc.Awaitable[_admission_pb2.CellOwners]]:
+        """Owner discovery (several replicas, docs/ha.md): every cell this replica
+        knows, with its pools, owner and lease, and the live replicas; any
+        replica answers. On a single replica (SQLite) every cell is its own and
+        `members` is empty. Errors: INVALID_ARGUMENT (pool), UNAUTHENTICATED,
+        PERMISSION_DENIED.
         """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
