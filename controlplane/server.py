@@ -199,15 +199,21 @@ class ControlPlane:
         """The coordinator took ``cell``: continue its pools' pricing windows
         and count the quota usage the ledger holds for them (takeover.py).
         Runs as a task (the callback is synchronous); until it has run, the
-        pools' window rows are not written. Admission is not held for it: a
-        request decided in those milliseconds does not yet count the old
-        owner's usage of this hour (docs/ha.md, "What is left")."""
+        pools' window rows are not written, and requests for the cell wait for
+        it (``Ownership.rebuilding``, at most the claim wait)."""
         if self.metering is None:
             return
         pools = self.ownership.pools_of(cell)
         task = asyncio.ensure_future(self._take_over(cell, epoch, pools))
         self._ledger_health_tasks.add(task)
-        task.add_done_callback(self._ledger_health_tasks.discard)
+        self.ownership.rebuilding[cell] = task
+
+        def done(t: asyncio.Future[None]) -> None:
+            self._ledger_health_tasks.discard(t)
+            if self.ownership.rebuilding.get(cell) is t:
+                del self.ownership.rebuilding[cell]
+
+        task.add_done_callback(done)
 
     async def _take_over(self, cell: str, epoch: int, pools: tuple[str, ...]) -> None:
         assert self.metering is not None
@@ -245,15 +251,14 @@ class ControlPlane:
                 f"no answer from the database within {self.settings.operator_db_timeout_s} s"
             ) from None
 
-    async def load_config(self, *, force: bool = False) -> bool:
-        """Reload tenants and lanes when the database changed (or, ``force``,
-        in any case); True if applied."""
+    async def load_config(self) -> bool:
+        """Reload tenants and lanes when the database changed; True if applied."""
         async with self._reload_lock:
-            return await self._load_config(force)
+            return await self._load_config()
 
-    async def _load_config(self, force: bool = False) -> bool:
+    async def _load_config(self) -> bool:
         fp = await self._in_thread(self.repo.fingerprint)
-        if fp == self._fingerprint and not force:
+        if fp == self._fingerprint:
             return False
         lanes, tenants, overrides = await self._in_thread(
             lambda: (self.repo.lanes(), self.repo.tenants(), self.repo.policy_overrides())
@@ -523,10 +528,7 @@ class ControlPlane:
         """What a config notification triggers: config, keys and (with the
         ledger) the price catalog, each only if changed (fingerprints)."""
         self.notified_reloads += 1
-        # Forced: the fingerprint (row count, newest updated_at from the
-        # writer's clock) can miss a change committed after a concurrent one
-        # that carries a later timestamp; a notification means "changed".
-        await self._reload_config_and_keys(force=True)
+        await self._reload_config_and_keys()
         if self.metering is not None:
             # Shielded and awaited by stop() before the ledger's engine is
             # disposed: a cancelled reload's thread would otherwise hand its
@@ -558,9 +560,9 @@ class ControlPlane:
         except Exception as exc:  # database down or slow: asked again at the next poll
             log.warning("replica lock check failed", error=str(exc))
 
-    async def _reload_config_and_keys(self, *, force: bool = False) -> None:
+    async def _reload_config_and_keys(self) -> None:
         try:
-            await self.load_config(force=force)
+            await self.load_config()
         except Exception as exc:  # database down, or a config that cannot apply
             self.config_reload_failures += 1
             log.warning("config poll failed; serving last config", error=str(exc))

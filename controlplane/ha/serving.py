@@ -107,6 +107,11 @@ class Ownership:
         self._loop_task: asyncio.Task[None] | None = None
         self._draining = False
         self.redirects_total = 0
+        # Cells just acquired whose state is being rebuilt from the database
+        # (the server's takeover task): their requests wait for it, at most
+        # claim_wait_s, so nothing is decided before the old owner's usage
+        # of the hour is counted.
+        self.rebuilding: dict[str, asyncio.Future[None]] = {}
 
     # --- the hot path ---
 
@@ -139,6 +144,8 @@ class Ownership:
             return None
         cell = self.cell_of(pool)
         if coord.owns(cell) is not None:
+            if self.rebuilding:
+                await self._rebuilt(cell)
             return None
         if pool not in self._seen_pools:
             self._seen_pools.add(pool)
@@ -147,6 +154,7 @@ class Ownership:
             with contextlib.suppress(Exception):  # logged by refresh; decide on what we know
                 await self.refresh()
             if coord.owns(cell) is not None:
+                await self._rebuilt(cell)
                 return None
         where = self.redirect_for(pool, cell)
         if where.owner == coord.member_id:
@@ -155,10 +163,18 @@ class Ownership:
                     asyncio.shield(coord.claim(cell, self._members)), self.claim_wait_s
                 )
                 if epoch is not None:
+                    await self._rebuilt(cell)
                     return None
             where = Redirect(pool, cell, "", "", where.epoch)
         self.redirects_total += 1
         return where
+
+    async def _rebuilt(self, cell: str) -> None:
+        """Wait (bounded) for ``cell``'s takeover rebuild, if one is running."""
+        task = self.rebuilding.get(cell)
+        if task is not None and not task.done():
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), self.claim_wait_s)
 
     def redirect_for(self, pool: str, cell: str) -> Redirect:
         """The owner of a cell not owned here, from the snapshot (the lease

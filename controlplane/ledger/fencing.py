@@ -190,6 +190,10 @@ class WindowWriter:
             else:
                 self._owned.pop(p, None)
 
+    def rebuilt_under(self, pool: str) -> FenceToken | None:
+        """The lease ``pool``'s windows were rebuilt under (None: not yet)."""
+        return self._owned.get(pool)
+
     def forget(self, pools: Iterable[str]) -> None:
         """``pools`` left this replica (``on_lost``): their windows are
         dropped, and rows of theirs are not written (nor counted as refused)."""

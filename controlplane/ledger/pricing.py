@@ -273,10 +273,13 @@ class PricingBook:
     def install(self, pools: Iterable[str], rows: Iterable[WindowSummary]) -> None:
         """Take ``pools`` over from stored windows (a cell's takeover): what
         this book held for them is dropped, and the stored rows continue as
-        after a restart (the multiplier in force carries on)."""
+        after a restart (the multiplier in force carries on). A pool with no
+        stored rows (a cell nobody owned before) keeps what this book has
+        measured since it was claimed: nothing else is there to continue."""
         wanted = set(pools)
-        self.drop_pools(wanted)
-        self.restore(r for r in rows if r.pool in wanted)
+        stored = [r for r in rows if r.pool in wanted]
+        self.drop_pools({r.pool for r in stored})
+        self.restore(stored)
 
     def in_force(self) -> list[tuple[str, str, Decimal, int | None]]:
         """(pool, model, multiplier, previous window's rate ppm) per series."""

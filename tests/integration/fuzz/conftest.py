@@ -82,7 +82,14 @@ ADMISSION_WRITES = frozenset({"Admit", "AdmitStream", "Complete", "ReportLoad"})
 
 # Tables written by the server's background loops, not by calls (a pricing
 # window closes on the clock), and columns that record use rather than state.
-UNSNAPSHOTTED_TABLES = frozenset({"pricing_windows", "margin_warnings"})
+# The scale-out tables are coordination, not state a call may corrupt: the
+# member's heartbeat and its lease renewals change them every tick, and the
+# first request naming a pool claims that pool's cell (routing comes before
+# the rest of the request is validated, as in a gateway); docs/ha.md.
+UNSNAPSHOTTED_TABLES = frozenset({
+    "pricing_windows", "margin_warnings", "ha_members", "ha_cell_leases",
+    "ha_tenant_anchors", "ha_tenant_rates", "ha_tenant_quotas",
+})  # fmt: skip
 UNSNAPSHOTTED_COLUMN_PARTS = ("last_used",)
 
 TENANTS = ("acme", "beta")

@@ -263,5 +263,18 @@ def test_a_crash_is_taken_over_after_the_ttl_and_a_late_complete_is_billed_once(
     print(f"\ncrash takeover (TTL 1 s): cells owned again after {took:.2f} s")
     rows = ledger_rows(live[0].url, "request_id = 'late-1'")
     assert len(rows) == 1 and rows[0].output_tokens == 4
+    # The new owner rebuilt the pool's pricing windows and quota usage under
+    # its own lease (ControlPlane._cell_acquired -> Metering.take_over): its
+    # window rows are written under that lease from now on.
+    srv = live[0].srv
+    assert srv is not None
+    cp = srv.plane
+
+    def rebuilt() -> bool:
+        lease = srv.on_loop(lambda: cp.epoch_for_pool(pool))
+        return lease is not None and srv.on_loop(
+            lambda: cp.metering.windows.rebuilt_under(pool)) == lease  # fmt: skip
+
+    wait_until(rebuilt, message="the new owner's takeover rebuild")
 
 
