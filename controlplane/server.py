@@ -23,6 +23,7 @@ from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.ha.cells import CellMap
 from controlplane.ha.serving import Ownership
+from controlplane.replicas import ReplicaWiring
 from controlplane.rpc.assembly import (
     ADMIN_SERVICE,
     ADMISSION_SERVICE,
@@ -99,6 +100,7 @@ class ControlPlane:
         # Cell ownership (controlplane/ha, docs/ha.md): on PostgreSQL a
         # coordinator is attached at start; on SQLite every cell is ours.
         self.ownership = Ownership(None, CellMap(settings.ha_cells))
+        self.replicas = ReplicaWiring(settings, self.ownership)
         self._config_pools: set[str] = set()
         self.port = 0
         self.metrics_port: int | None = None
@@ -154,16 +156,16 @@ class ControlPlane:
             assert pricing is not None
             self.metering = Metering(
                 self.service, settings, pricing, on_health=self._ledger_health,
-                fencing=self._fencing,
+                fencing=self.replicas.fencing,
             )  # fmt: skip
             self.metrics_collectors.append(LedgerCollector(self.metering))
+            self.replicas.metering = self.metering
 
     def _listen_setup(self) -> None:
         """On PostgreSQL (unless ``listen_notify`` is off): a LISTEN
         connection (controlplane/store/notify.py). A config change wakes the
         config loop at once; a released cell wakes the HA coordinator, when
-        this plane has one (``self.coordinator``, set by the scale-out
-        wiring; absent, the notification is only counted)."""
+        this plane has one (controlplane/replicas.py)."""
         from controlplane.store.notify import CONFIG_CHANNEL, LEASES_CHANNEL, Listener
 
         self._config_wake = asyncio.Event()
@@ -175,62 +177,9 @@ class ControlPlane:
         if not listener.enabled:  # SQLite: one replica, the poll is enough
             return
         listener.on(CONFIG_CHANNEL, lambda payload: self._config_wake.set())
-        listener.on(LEASES_CHANNEL, self._lease_released)
+        listener.on(LEASES_CHANNEL, self.replicas.lease_released)
         self.listener = listener
         self.metrics_collectors.append(listener.collector())
-
-    def _lease_released(self, cell: str | None) -> None:
-        """A cell was released (or the listener reconnected): tick the
-        coordinator now, so the member the cell is assigned to takes it
-        without waiting for its next tick."""
-        coordinator = self.ownership.coordinator
-        if coordinator is not None:
-            coordinator.wake()
-
-    def _fencing(self, pool: str) -> Any:
-        """The pricing windows' fence (controlplane/ledger/fencing.py): the
-        lease of ``pool``'s cell while owned here, None when not; a single
-        replica (SQLite) writes unfenced."""
-        from controlplane.ledger.fencing import UNFENCED
-
-        return UNFENCED if self.ownership.local else self.ownership.epoch_for_pool(pool)
-
-    def _cell_acquired(self, cell: str, epoch: int) -> None:
-        """The coordinator took ``cell``: continue its pools' pricing windows
-        and count the quota usage the ledger holds for them (takeover.py).
-        Runs as a task (the callback is synchronous); until it has run, the
-        pools' window rows are not written, and requests for the cell wait for
-        it (``Ownership.rebuilding``, at most the claim wait)."""
-        if self.metering is None:
-            return
-        pools = self.ownership.pools_of(cell)
-        task = asyncio.ensure_future(self._take_over(cell, epoch, pools))
-        self._ledger_health_tasks.add(task)
-        self.ownership.rebuilding[cell] = task
-
-        def done(t: asyncio.Future[None]) -> None:
-            self._ledger_health_tasks.discard(t)
-            if self.ownership.rebuilding.get(cell) is t:
-                del self.ownership.rebuilding[cell]
-
-        task.add_done_callback(done)
-
-    async def _take_over(self, cell: str, epoch: int, pools: tuple[str, ...]) -> None:
-        assert self.metering is not None
-        for attempt in range(3):
-            if self.ownership.epoch_for_pool(pools[0]) != (cell, epoch):
-                return  # lost again meanwhile
-            try:
-                await self.metering.take_over(pools)
-                return
-            except Exception as exc:  # database down: its windows stay unwritten
-                log.warning("ha takeover rebuild failed", cell=cell, attempt=attempt + 1,
-                            error=str(exc))  # fmt: skip
-                await asyncio.sleep(0.5 * (attempt + 1))
-
-    def _cell_lost(self, cell: str, epoch: int, why: str) -> None:
-        if self.metering is not None:
-            self.metering.release_pools(self.ownership.pools_of(cell))
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         """``fn()`` on a worker thread, for database work of the poll loop,
@@ -382,7 +331,7 @@ class ControlPlane:
             self.metrics_port = self._metrics_httpd.server_port
         # Before SERVING: the first coordinator tick, so the cells assigned to
         # this replica are owned when the first request comes.
-        await self._start_ownership()
+        await self.replicas.start(self.engine, self.port, self._config_pools)
         await self._server.start()
         self.gc_pauses.install()
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -408,31 +357,6 @@ class ControlPlane:
             database=self.engine.url.render_as_string(hide_password=True),
         )
         return self.port
-
-    async def _start_ownership(self) -> None:
-        """On PostgreSQL: join the members and take this replica's cells
-        (docs/ha.md); on SQLite nothing (one replica owns every cell)."""
-        if self.engine.dialect.name != "postgresql":
-            return
-        from controlplane.ha.coordinator import Coordinator
-        from controlplane.ha.store import HaStore
-
-        s = self.settings
-        address = s.advertised(self.port)
-        self.ownership.coordinator = Coordinator(
-            HaStore(self.engine), s.member_id(), address, self.ownership.cellmap.cells(()),
-            ttl_s=s.ha_lease_ttl_s, margin_s=s.ha_margin_s,
-            on_acquired=self._cell_acquired, on_lost=self._cell_lost,
-        )  # fmt: skip
-        self.ownership.claim_wait_s = min(1.0, s.ha_lease_ttl_s / 3)
-        self.ownership.add_pools(self._config_pools)
-        await self.ownership.start()
-        log.info(
-            "ha member joined",
-            member=self.ownership.coordinator.member_id,
-            address=address,
-            cells_owned=sorted(self.ownership.coordinator.owned()),
-        )
 
     def epoch_for_pool(self, pool: str) -> tuple[str, int] | None:
         """(cell id, lease epoch) while this replica owns ``pool``'s cell, else
@@ -589,11 +513,7 @@ class ControlPlane:
         """Graceful stop: hand the cells off first (released at once, so
         another replica takes them over), report NOT_SERVING, let in-flight
         RPCs finish."""
-        if self.metering is not None and not self.ownership.local:
-            # The windows measured so far, written under the leases still held
-            # (after drain() they could not be: the cells are someone else's).
-            with contextlib.suppress(Exception):
-                await within(self.metering.flush_windows(), 2.0)
+        await self.replicas.flush_before_drain()
         await self.ownership.drain()
         self.gc_pauses.uninstall()
         if self._health is not None:

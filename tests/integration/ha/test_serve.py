@@ -264,7 +264,7 @@ def test_a_crash_is_taken_over_after_the_ttl_and_a_late_complete_is_billed_once(
     rows = ledger_rows(live[0].url, "request_id = 'late-1'")
     assert len(rows) == 1 and rows[0].output_tokens == 4
     # The new owner rebuilt the pool's pricing windows and quota usage under
-    # its own lease (ControlPlane._cell_acquired -> Metering.take_over): its
+    # its own lease (ReplicaWiring.cell_acquired -> Metering.take_over): its
     # window rows are written under that lease from now on.
     srv = live[0].srv
     assert srv is not None

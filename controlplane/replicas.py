@@ -1,0 +1,122 @@
+"""Scale-out wiring of one ``ControlPlane`` (docs/ha.md): the cell
+coordinator joined at start, the pricing windows' fence, the takeover
+rebuild when a cell is acquired, and the wake-up when another replica
+releases a cell. Kept out of server.py, which composes it; nothing here
+runs per request (``Ownership.route`` in controlplane/ha/serving.py does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from sqlalchemy import Engine
+
+from controlplane.ha.serving import Ownership
+from controlplane.settings import Settings
+
+if TYPE_CHECKING:
+    from controlplane.ledger.metering import Metering
+
+log = structlog.get_logger("burstgate.server")
+
+TAKEOVER_ATTEMPTS = 3
+
+
+class ReplicaWiring:
+    """``metering`` is set by the server once it exists (None: no ledger)."""
+
+    def __init__(self, settings: Settings, ownership: Ownership) -> None:
+        self.settings = settings
+        self.ownership = ownership
+        self.metering: Metering | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    async def start(self, engine: Engine, port: int, config_pools: Iterable[str]) -> None:
+        """On PostgreSQL: join the members and take this replica's cells
+        before SERVING; on SQLite nothing (one replica owns every cell)."""
+        if engine.dialect.name != "postgresql":
+            return
+        from controlplane.ha.coordinator import Coordinator
+        from controlplane.ha.store import HaStore
+
+        s = self.settings
+        address = s.advertised(port)
+        coordinator = Coordinator(
+            HaStore(engine), s.member_id(), address, self.ownership.cellmap.cells(()),
+            ttl_s=s.ha_lease_ttl_s, margin_s=s.ha_margin_s,
+            on_acquired=self.cell_acquired, on_lost=self.cell_lost,
+        )  # fmt: skip
+        self.ownership.coordinator = coordinator
+        self.ownership.claim_wait_s = min(1.0, s.ha_lease_ttl_s / 3)
+        self.ownership.add_pools(config_pools)
+        await self.ownership.start()
+        log.info("ha member joined", member=coordinator.member_id, address=address,
+                 cells_owned=sorted(coordinator.owned()))  # fmt: skip
+
+    def lease_released(self, cell: str | None) -> None:
+        """A cell was released (or the notify listener reconnected): tick the
+        coordinator now, so the member the cell is assigned to takes it
+        without waiting for its next tick."""
+        coordinator = self.ownership.coordinator
+        if coordinator is not None:
+            coordinator.wake()
+
+    def fencing(self, pool: str) -> Any:
+        """The pricing windows' fence (controlplane/ledger/fencing.py): the
+        lease of ``pool``'s cell while owned here, None when not; a single
+        replica (SQLite) writes unfenced."""
+        from controlplane.ledger.fencing import UNFENCED
+
+        return UNFENCED if self.ownership.local else self.ownership.epoch_for_pool(pool)
+
+    def cell_acquired(self, cell: str, epoch: int) -> None:
+        """The coordinator took ``cell``: continue its pools' pricing windows
+        and count the quota usage the ledger holds for them (takeover.py).
+        Runs as a task (the callback is synchronous); until it has run, the
+        pools' window rows are not written, and requests for the cell wait
+        for it (``Ownership.rebuilding``, at most the claim wait)."""
+        if self.metering is None:
+            return
+        pools = self.ownership.pools_of(cell)
+        task = asyncio.ensure_future(self._take_over(cell, epoch, pools))
+        self._tasks.add(task)
+        self.ownership.rebuilding[cell] = task
+
+        def done(t: asyncio.Future[None]) -> None:
+            self._tasks.discard(t)
+            if self.ownership.rebuilding.get(cell) is t:
+                del self.ownership.rebuilding[cell]
+
+        task.add_done_callback(done)
+
+    async def _take_over(self, cell: str, epoch: int, pools: tuple[str, ...]) -> None:
+        metering = self.metering
+        assert metering is not None
+        for attempt in range(TAKEOVER_ATTEMPTS):
+            if self.ownership.epoch_for_pool(pools[0]) != (cell, epoch):
+                return  # lost again meanwhile
+            try:
+                await metering.take_over(pools)
+                return
+            except Exception as exc:  # database down: its windows stay unwritten
+                log.warning("ha takeover rebuild failed", cell=cell, attempt=attempt + 1,
+                            error=str(exc))  # fmt: skip
+                await asyncio.sleep(0.5 * (attempt + 1))
+
+    def cell_lost(self, cell: str, epoch: int, why: str) -> None:
+        if self.metering is not None:
+            self.metering.release_pools(self.ownership.pools_of(cell))
+
+    async def flush_before_drain(self) -> None:
+        """The windows measured so far, written under the leases still held
+        (after the drain they could not be: the cells are someone else's)."""
+        if self.metering is not None and not self.ownership.local:
+            from controlplane.aiotime import within
+
+            try:
+                await within(self.metering.flush_windows(), 2.0)
+            except Exception as exc:
+                log.warning("pricing windows not flushed before the handoff", error=str(exc))
