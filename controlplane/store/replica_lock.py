@@ -32,7 +32,6 @@ import enum
 import fcntl
 import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import IO, Any, TypeVar
 import structlog
 from sqlalchemy.engine import make_url
 
-from controlplane.aiotime import within
+from controlplane.aiotime import bounded, in_daemon_thread, within
 from controlplane.settings import sqlalchemy_url
 
 T = TypeVar("T")
@@ -52,6 +51,7 @@ LOCK_FILE_SUFFIX = ".serve.lock"
 # Seconds the event loop waits for one database call of the guard (the call
 # itself may go on, on its daemon thread: a hung database keeps its locks).
 ACQUIRE_WAIT_S = 30.0
+THREAD = "replica-lock"  # the name of the lock calls' daemon threads
 CHECK_WAIT_S = 2.0
 RELEASE_WAIT_S = 5.0
 
@@ -189,41 +189,6 @@ def lock_for(database_url: str, name: str | None = None) -> ReplicaLock:
     return ReplicaLock()
 
 
-def _in_daemon_thread(fn: Callable[[], T]) -> asyncio.Future[tuple[bool, Any]]:
-    """``fn()`` on a daemon thread; the future gets (True, result) or (False,
-    exception), never an exception of its own (nobody may be waiting). A
-    daemon thread, not the loop's executor: one blocked on a hung database
-    must not keep the process from exiting."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[tuple[bool, Any]] = loop.create_future()
-
-    def settle(outcome: tuple[bool, Any]) -> None:
-        if not fut.done():
-            fut.set_result(outcome)
-
-    def run() -> None:
-        outcome: tuple[bool, Any]
-        try:
-            outcome = (True, fn())
-        except BaseException as exc:
-            outcome = (False, exc)
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(settle, outcome)
-
-    threading.Thread(target=run, name="replica-lock", daemon=True).start()
-    return fut
-
-
-async def _bounded(fut: asyncio.Future[tuple[bool, Any]], wait_s: float, what: str) -> Any:
-    try:
-        ok, value = await within(asyncio.shield(fut), wait_s)
-    except TimeoutError:
-        raise TimeoutError(f"{what}: no answer from the database within {wait_s:g} s") from None
-    if not ok:
-        raise value
-    return value
-
-
 class ReplicaGuard:
     """The server's side of the lock: take it at start, check it on every
     config poll, give it up at stop; report through ``on_change(held)`` (the
@@ -239,7 +204,7 @@ class ReplicaGuard:
     async def acquire(self) -> None:
         """Take the lock before serving; ReplicaLockHeld if another replica
         has it (not logged here: the caller reports it, `serve` in one line)."""
-        await _bounded(_in_daemon_thread(self.lock.acquire), ACQUIRE_WAIT_S, "replica lock")
+        await bounded(in_daemon_thread(self.lock.acquire, THREAD), ACQUIRE_WAIT_S, "replica lock")
         self.held = True
 
     async def poll(self) -> None:
@@ -249,8 +214,8 @@ class ReplicaGuard:
         left to finish (the session, and its lock, outlive a hang)."""
         if self._pending is not None and not self._pending.done():
             return
-        self._pending = _in_daemon_thread(self.lock.check)
-        result: CheckResult = await _bounded(self._pending, CHECK_WAIT_S, "replica lock check")
+        self._pending = in_daemon_thread(self.lock.check, THREAD)
+        result: CheckResult = await bounded(self._pending, CHECK_WAIT_S, "replica lock check")
         self._pending = None
         if result.state is Check.LOST:
             if self.held:  # reported once; the next polls keep trying quietly
@@ -281,5 +246,5 @@ class ReplicaGuard:
                 self.held = False
                 return
         with contextlib.suppress(Exception):
-            await _bounded(_in_daemon_thread(self.lock.release), RELEASE_WAIT_S, "release")
+            await bounded(in_daemon_thread(self.lock.release, THREAD), RELEASE_WAIT_S, "release")
         self.held = False
