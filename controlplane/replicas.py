@@ -110,6 +110,14 @@ class ReplicaWiring:
         if self.metering is not None:
             self.metering.release_pools(self.ownership.pools_of(cell))
 
+    async def stop(self) -> None:
+        """Cancel takeover rebuilds still running (the server is stopping:
+        the database may be gone next)."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def flush_before_drain(self) -> None:
         """The windows measured so far, written under the leases still held
         (after the drain they could not be: the cells are someone else's)."""

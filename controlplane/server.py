@@ -390,6 +390,8 @@ class ControlPlane:
         with contextlib.suppress(Exception):
             await self.ownership.drain()
         with contextlib.suppress(Exception):
+            await self.replicas.stop()
+        with contextlib.suppress(Exception):
             if self._server is not None:
                 await self._server.stop(0)
         with contextlib.suppress(Exception):
@@ -515,6 +517,7 @@ class ControlPlane:
         RPCs finish."""
         await self.replicas.flush_before_drain()
         await self.ownership.drain()
+        await self.replicas.stop()
         self.gc_pauses.uninstall()
         if self._health is not None:
             await self._health.enter_graceful_shutdown()

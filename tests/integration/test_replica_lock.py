@@ -162,8 +162,13 @@ def shares_cells(first: Proc, url: str, tmp_path: Path, procs: list[Proc]) -> No
         for i in range(3):
             d = c.admit("acme", f"shared-{i}", prompt_tokens=10, max_tokens=10)
             assert d.decision == pb.DECISION_ADMIT
-    metrics = urllib.request.urlopen(second.metrics_url, timeout=10).read().decode()
-    assert "burstgate_ha_members_live 2.0" in metrics
+    def scrape() -> str:
+        body: bytes = urllib.request.urlopen(second.metrics_url, timeout=10).read()
+        return body.decode()
+
+    # the gauge reads the replica's own snapshot of the members (one tick old at most)
+    metrics = wait_until(lambda: m if "burstgate_ha_members_live 2.0" in (m := scrape()) else None,
+                         message="the second replica to count two members")  # fmt: skip
     assert "burstgate_replica_lock" not in metrics
     stop(first)  # drains: the default cell moves to the second
     assert admitted(second.target, "after-stop")
