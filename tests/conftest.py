@@ -19,6 +19,23 @@ from controlplane.clock import Sleep
 from controlplane.settings import Settings
 from controlplane.store.db import upgrade
 
+# The variables that keep LiteLLM off the network (docs/litellm.md): the
+# model cost map and the other tables it would fetch from GitHub at import,
+# and Hugging Face tokenizers. Set for this process before any test module
+# imports litellm (the callback's unit tests do), and passed to the LiteLLM
+# proxy processes the integration tests start.
+LITELLM_OFFLINE_ENV = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
+    "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
+    "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
+    "LITELLM_LOCAL_BLOG_POSTS": "True",
+    "HF_HUB_OFFLINE": "1",
+    "NO_DOCKER_HEALTHCHECK": "1",
+}
+for _name, _value in LITELLM_OFFLINE_ENV.items():
+    os.environ.setdefault(_name, _value)
+
 # An existing DSN from the environment is honoured; the default is the local
 # server these machines run (trust auth). Each test gets its own database.
 PG_ADMIN_DSN = os.environ.get(

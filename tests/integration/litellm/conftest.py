@@ -30,7 +30,7 @@ from controlplane.domain.policy import Policy
 from controlplane.fakeengine import FakeEngine
 from controlplane.fakeengine.app import EngineConfig
 from controlplane.store.db import upgrade
-from tests.conftest import fresh_pg_database
+from tests.conftest import LITELLM_OFFLINE_ENV, fresh_pg_database
 from tests.integration.ledger.conftest import ledger_rows
 from tests.integration.sdk.conftest import Plane, planes_on, tenant
 from tests.support import wait_until
@@ -38,18 +38,7 @@ from tests.support import wait_until
 ENGINE_MODEL = "fake-llama"
 MASTER_KEY = "sk-master-0123456789abcdef0123456789abcdef"
 
-# The variables that keep LiteLLM off the network (docs/litellm.md): the
-# model cost map and the other tables it would fetch from GitHub, and
-# Hugging Face tokenizers.
-OFFLINE_ENV = {
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
-    "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
-    "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
-    "LITELLM_LOCAL_BLOG_POSTS": "True",
-    "HF_HUB_OFFLINE": "1",
-    "NO_DOCKER_HEALTHCHECK": "1",
-}
+OFFLINE_ENV = LITELLM_OFFLINE_ENV  # tests/conftest.py
 
 # bearer key -> (team_id, key metadata); sk-nobody has no team
 AUTH_PY = '''
