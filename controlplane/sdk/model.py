@@ -230,9 +230,13 @@ def gate_timeout_admission(request_id: str, waited_ms: int) -> Admission:
     """A request the server held in its queue (queued[i]) whose release did
     not come within the caller's deadline: refused as QUEUE_TIMEOUT would
     have refused it (the server was reachable and holding it, so the
-    lane's FailPolicy does not apply)."""
+    lane's FailPolicy does not apply). Its retry hint is the time it waited
+    (at least 1 ms): the server's own hint never came, and 0 would invite an
+    immediate retry into the queue that just held it (a client such as the
+    sidecar then has a ``retry-after`` to give, as for the server's refusal)."""
     return Admission(
-        request_id=request_id, admitted=False, reason="queue_timeout", retry_after_ms=0,
+        request_id=request_id, admitted=False, reason="queue_timeout",
+        retry_after_ms=max(1, waited_ms),
         retryable=True, granted_max_tokens=0, reservation_id=0, degraded=False,
         max_tokens_cap=0, fallback_model="", pricing_multiplier="", bucket_remaining=0,
         hourly_remaining=-1, daily_remaining=-1, queue_wait_ms=waited_ms, offline=False,

@@ -100,6 +100,7 @@ def test_a_late_release_is_settled_not_leaked(plane_factory: Any) -> None:
             a = await waiting
             assert not a.admitted and a.reason == "queue_timeout" and not a.offline
             assert c.counters.gate_timeouts == 1
+            assert a.retry_after_ms >= a.queue_wait_ms > 0  # never "retry at once"
             proxy.restore()
             await until(lambda: c.counters.late_releases == 1, "the late release")
             await until(lambda: srv.on_loop(lambda: srv.plane.service.open_reservations) == 0,
