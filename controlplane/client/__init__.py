@@ -25,7 +25,7 @@ import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.client.redirects import MAX_HOPS, not_owner, targets
+from controlplane.client.redirects import MAX_HOPS, not_owner, owner_address, targets
 
 R = TypeVar("R")
 
@@ -93,10 +93,9 @@ class AdmissionClient:
                 )
             except grpc.RpcError:
                 continue
-            for cell in owners.cells:
-                if cell.owner_address:
-                    self.owners[pool] = cell.owner_address
-                    return str(cell.owner_address)
+            if address := owner_address(owners):
+                self.owners[pool] = address
+                return address
         return ""
 
     def cell_owners(self, pool: str = "") -> pb.CellOwners:

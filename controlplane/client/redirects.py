@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -43,6 +44,15 @@ def targets(target: str | Sequence[str]) -> list[str]:
     if not out:
         raise ValueError(f"target: at least one control-plane address is required, got {target!r}")
     return out
+
+
+def owner_address(owners: Any) -> str:
+    """The first owner address a GetCellOwners answer (``CellOwners``) names,
+    "" when none is known yet."""
+    for cell in owners.cells:
+        if cell.owner_address:
+            return str(cell.owner_address)
+    return ""
 
 
 def not_owner(exc: BaseException) -> NotOwner | None:

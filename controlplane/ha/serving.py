@@ -30,7 +30,6 @@ from typing import Any
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import text
 
 from controlplane.ha import _blocking
 from controlplane.ha.cells import CellMap
@@ -49,11 +48,6 @@ MISS_REFRESH_S = 0.05
 # The hint of a redirect whose owner is not known yet (RetryInfo).
 UNKNOWN_OWNER_RETRY_S = 0.1
 
-_MEMBERS = text(
-    "SELECT member_id, address FROM ha_members WHERE NOT draining"
-    " AND heartbeat_at > clock_timestamp() - :ttl * interval '1 second'"
-    " ORDER BY member_id"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,10 +205,7 @@ class Ownership:
         store, ttl = coord.store, coord.ttl_s
 
         def read() -> tuple[dict[str, CellOwner], dict[str, str]]:
-            owners = store.owners()
-            with store.engine.begin() as conn:
-                members = {m: a for m, a in conn.execute(_MEMBERS, {"ttl": ttl})}
-            return owners, members
+            return store.owners(), store.live_addresses(ttl)
 
         owners, members = await _blocking.call(read, wait_s=coord.call_wait_s, what="ha owners")
         self._owners, self._members, self._owners_at = owners, members, started

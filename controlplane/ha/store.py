@@ -114,8 +114,8 @@ _HEARTBEAT = text(
     " ON CONFLICT (member_id) DO UPDATE SET address = excluded.address,"
     " heartbeat_at = excluded.heartbeat_at, draining = excluded.draining"
 )
-_LIVE = text(
-    "SELECT member_id FROM ha_members WHERE NOT draining"
+_LIVE_ADDRESSES = text(
+    "SELECT member_id, address FROM ha_members WHERE NOT draining"
     " AND heartbeat_at > clock_timestamp() - :ttl * interval '1 second'"
     " ORDER BY member_id"
 )
@@ -147,9 +147,13 @@ class HaStore:
 
     def live_members(self, member_ttl_s: float) -> list[str]:
         """Members not draining that heartbeat within ``member_ttl_s``, sorted."""
+        return list(self.live_addresses(member_ttl_s))
+
+    def live_addresses(self, member_ttl_s: float) -> dict[str, str]:
+        """``live_members`` with their addresses (owner discovery)."""
         with self.engine.begin() as conn:
-            rows = conn.execute(_LIVE, {"ttl": _ttl(member_ttl_s, "member_ttl")})
-            return [r[0] for r in rows]
+            rows = conn.execute(_LIVE_ADDRESSES, {"ttl": _ttl(member_ttl_s, "member_ttl")})
+            return {m: a for m, a in rows}
 
     def leave(self, member_id: str) -> None:
         with self.engine.begin() as conn:

@@ -266,7 +266,7 @@ class Metering:
         self.svc.stats.count_spend(  # per-tenant spend metrics
             prepared, record.currency, record.user_charge_nanos, record.actual_cost_nanos
         )
-        if record.miss_rate_source == "request" and self.fencing(record.pool) is not None:
+        if record.miss_rate_source == "request" and self.windows.fencing(record.pool) is not None:
             # (not owned here: the owner's windows measure the pool)
             self.pricing.observe_completion(
                 record.pool, record.model, record.prompt_tokens,
@@ -405,14 +405,6 @@ class Metering:
             log.warning("pricing windows not saved; will retry", error=str(result.error))
 
     # -------------------------------------------------------------- scale-out
-
-    @property
-    def fencing(self) -> Fencing:
-        return self.windows.fencing
-
-    @fencing.setter
-    def fencing(self, fn: Fencing) -> None:
-        self.windows.fencing = fn
 
     async def take_over(self, pools: Iterable[str]) -> Rebuilt:
         """This replica now owns ``pools`` (its coordinator's ``on_acquired``

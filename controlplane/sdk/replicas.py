@@ -21,7 +21,7 @@ import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.client.redirects import MAX_HOPS, not_owner
+from controlplane.client.redirects import MAX_HOPS, not_owner, owner_address
 from controlplane.sdk.batcher import Batcher
 from controlplane.sdk.breaker import TRANSPORT_CODES, Breaker
 from controlplane.sdk.counters import Counters
@@ -119,10 +119,9 @@ class Replicas:
                 )
             except grpc.aio.AioRpcError:
                 continue
-            for cell in owners.cells:
-                if cell.owner_address:
-                    self.owners[pool] = cell.owner_address
-                    return str(cell.owner_address)
+            if address := owner_address(owners):
+                self.owners[pool] = address
+                return address
         return ""
 
     async def next_after(self, key: str, pool: str, r: Replica, exc: BaseException,

@@ -54,6 +54,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.aiotime import within
 from controlplane.settings import sqlalchemy_url
+from controlplane.store.db import PG_KEEPALIVES
 
 log = structlog.get_logger("burstgate.notify")
 
@@ -64,15 +65,11 @@ CHANNELS = (CONFIG_CHANNEL, LEASES_CHANNEL)
 MAX_PAYLOAD_CHARS = 1000
 
 # libpq options of the listener's connection unless the database URL sets
-# them (as controlplane/store/replica_lock.py's): a bounded connect, and a
-# dead peer noticed within seconds (unacknowledged data for 10 s, or 3
-# keepalives 5 s apart after 10 s idle).
+# them: the keepalives of every connection (store/db.py), a bounded connect,
+# and unacknowledged data given up after 10 s.
 PG_CONNECT_DEFAULTS: dict[str, str] = {
+    **PG_KEEPALIVES,
     "connect_timeout": "10",
-    "keepalives": "1",
-    "keepalives_idle": "10",
-    "keepalives_interval": "5",
-    "keepalives_count": "3",
     "tcp_user_timeout": "10000",
 }
 BACKOFF_MIN_S = 0.1  # first retry after a working connection is lost
