@@ -31,6 +31,7 @@ import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controlplane.aiotime import within
 from controlplane.ha import _blocking
 from controlplane.ha.cells import CellMap
 from controlplane.ha.coordinator import DRAIN, EXPIRED, HANDOFF, REFUSED, REMOVED, Coordinator
@@ -152,8 +153,8 @@ class Ownership:
                 return None
         where = self.redirect_for(pool, cell)
         if where.owner == coord.member_id:
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                epoch = await asyncio.wait_for(
+            with contextlib.suppress(TimeoutError):
+                epoch = await within(
                     asyncio.shield(coord.claim(cell, self._members)), self.claim_wait_s
                 )
                 if epoch is not None:
@@ -167,8 +168,8 @@ class Ownership:
         """Wait (bounded) for ``cell``'s takeover rebuild, if one is running."""
         task = self.rebuilding.get(cell)
         if task is not None and not task.done():
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError, Exception):
-                await asyncio.wait_for(asyncio.shield(task), self.claim_wait_s)
+            with contextlib.suppress(Exception):  # a timeout, or a failed rebuild
+                await within(asyncio.shield(task), self.claim_wait_s)
 
     def redirect_for(self, pool: str, cell: str) -> Redirect:
         """The owner of a cell not owned here, from the snapshot (the lease

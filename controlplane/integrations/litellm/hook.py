@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import grpc
 from litellm.integrations.custom_logger import CustomLogger
 
+from controlplane.aiotime import within
 from controlplane.integrations.litellm import mapping as M
 from controlplane.integrations.litellm.config import HookSettings, TokenCounterName, load
 from controlplane.integrations.litellm.refusal import (
@@ -139,7 +140,7 @@ class BurstgateHook(CustomLogger):
         """The tenant's limits for a 429's x-ratelimit-* headers, if they
         come quickly (the SDK caches them)."""
         try:
-            return await asyncio.wait_for(client.limits(tenant), self.cfg.limits_timeout_s)
+            return await within(client.limits(tenant), self.cfg.limits_timeout_s)
         except (TimeoutError, grpc.aio.AioRpcError):
             return None
 
