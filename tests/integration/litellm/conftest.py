@@ -82,6 +82,9 @@ tenant_from: [team_id]
 lane_from: [header.x-burstgate-lane, metadata.burstgate_lane]
 pools: {fake-busy: busy}
 settle_grace_s: 1
+# The 429's x-ratelimit-* headers are best-effort within this bound (50 ms
+# by default); the tests assert them, so a loaded CI machine gets time.
+limits_timeout_s: 5
 """
 
 
