@@ -19,6 +19,7 @@ from controlplane.settings import Settings
 
 if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
+    from controlplane.service import AdmissionService
 
 log = structlog.get_logger("burstgate.server")
 
@@ -28,11 +29,25 @@ TAKEOVER_ATTEMPTS = 3
 class ReplicaWiring:
     """``metering`` is set by the server once it exists (None: no ledger)."""
 
-    def __init__(self, settings: Settings, ownership: Ownership) -> None:
+    def __init__(
+        self, settings: Settings, ownership: Ownership, service: AdmissionService | None = None
+    ) -> None:
         self.settings = settings
         self.ownership = ownership
+        self.service = service
         self.metering: Metering | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+
+    def share_interval_s(self) -> float:
+        """How often tenant shares are renewed (controlplane/ha/grants.py)."""
+        return min(1.0, self.settings.ha_lease_ttl_s / 5)
+
+    def share_limits(self, engine: Engine) -> None:
+        """On PostgreSQL, before anything is decided or restored: tenants are
+        limited to this replica's share of their limits (none until the
+        first refresh), since other replicas may decide for them too."""
+        if engine.dialect.name == "postgresql" and self.service is not None:
+            self.service.shares.start(int(self.share_interval_s() * 1e9))
 
     async def start(self, engine: Engine, port: int, config_pools: Iterable[str]) -> None:
         """On PostgreSQL: join the members and take this replica's cells
@@ -53,6 +68,16 @@ class ReplicaWiring:
         self.ownership.claim_wait_s = min(1.0, s.ha_lease_ttl_s / 3)
         self.ownership.add_pools(config_pools)
         await self.ownership.start()
+        if self.service is not None:
+            from controlplane.ha.grants import TenantGrants
+            from controlplane.ha.share_store import ShareStore
+
+            grants = TenantGrants(
+                self.service, ShareStore(engine), coordinator.member_id, s.ha_lease_ttl_s,
+                s.ha_margin_s, interval_s=self.share_interval_s(),
+            )  # fmt: skip
+            grants.start()
+            self.ownership.grants = grants
         log.info("ha member joined", member=coordinator.member_id, address=address,
                  cells_owned=sorted(coordinator.owned()))  # fmt: skip
 

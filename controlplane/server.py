@@ -100,7 +100,7 @@ class ControlPlane:
         # Cell ownership (controlplane/ha, docs/ha.md): on PostgreSQL a
         # coordinator is attached at start; on SQLite every cell is ours.
         self.ownership = Ownership(None, CellMap(settings.ha_cells))
-        self.replicas = ReplicaWiring(settings, self.ownership)
+        self.replicas = ReplicaWiring(settings, self.ownership, self.service)
         self._config_pools: set[str] = set()
         self.port = 0
         self.metrics_port: int | None = None
@@ -289,6 +289,7 @@ class ControlPlane:
         await self.load_config()
         await asyncio.to_thread(self.key_cache.refresh)
         self.live.sample()
+        self.replicas.share_limits(self.engine)
         if self.metering is not None:
             self._metering_started = True
             await self.metering.start()  # replays the spool before serving

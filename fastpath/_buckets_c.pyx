@@ -637,6 +637,19 @@ cdef class TokenBucketTable:
         s.hour_used += c_hour
         s.day_used += c_day
 
+    def fill(self, slot, now_ns):
+        """Fill ``slot``'s bucket to its burst at ``now_ns`` (a share of the
+        tenant's limits granted here afresh: controlplane/service/shares.py).
+        Touches nothing else."""
+        cdef int64_t c_slot = _i64(slot)
+        cdef int64_t c_now = _i64(now_ns)
+        cdef BucketSlot* s
+        _check_now("now_ns", c_now)
+        s = self._get(c_slot)
+        _refill(s, c_now)
+        s.level = s.burst
+        s.rem = 0
+
     def level_mtok(self, slot, now_ns):
         """Bucket level in mtok after refilling to ``now_ns`` (negative while in debt)."""
         cdef int64_t c_slot = _i64(slot)

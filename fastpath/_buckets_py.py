@@ -693,6 +693,18 @@ class TokenBucketTable:
         s.hour_used += hour_tokens
         s.day_used += day_tokens
 
+    def fill(self, slot: int, now_ns: int) -> None:
+        """Fill ``slot``'s bucket to its burst at ``now_ns`` (a share of the
+        tenant's limits granted here afresh: controlplane/service/shares.py).
+        Touches nothing else."""
+        slot = _i64(slot)
+        now_ns = _i64(now_ns)
+        _check_now("now_ns", now_ns)
+        s = self._get(slot)
+        _refill(s, now_ns)
+        s.level = s.burst
+        s.rem = 0
+
     def level_mtok(self, slot: int, now_ns: int) -> int:
         """Bucket level in mtok after refilling to ``now_ns`` (negative while in debt)."""
         slot = _i64(slot)

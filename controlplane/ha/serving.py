@@ -25,7 +25,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,6 +37,9 @@ from controlplane.ha.cells import CellMap
 from controlplane.ha.coordinator import DRAIN, EXPIRED, HANDOFF, REFUSED, REMOVED, Coordinator
 from controlplane.ha.rendezvous import owner_of
 from controlplane.ha.store import CellOwner
+
+if TYPE_CHECKING:
+    from controlplane.ha.grants import TenantGrants
 
 log = structlog.get_logger("burstgate.ha")
 
@@ -107,6 +110,9 @@ class Ownership:
         # claim_wait_s, so nothing is decided before the old owner's usage
         # of the hour is counted.
         self.rebuilding: dict[str, asyncio.Future[None]] = {}
+        # This replica's shares of its tenants' limits (grants.py), on
+        # PostgreSQL; stopped with the cells (released on a drain).
+        self.grants: TenantGrants | None = None
 
     # --- the hot path ---
 
@@ -260,6 +266,8 @@ class Ownership:
         self._draining = True
         await self._stop_loop()
         await coord.drain()
+        if self.grants is not None:  # no cell here now: the shares go too
+            await self.grants.stop(release=True)
         with contextlib.suppress(Exception):
             await self.refresh()
 
@@ -268,6 +276,8 @@ class Ownership:
         leases run out on the clock."""
         self._draining = True  # a later drain() (the server's stop) releases nothing
         await self._stop_loop()
+        if self.grants is not None:  # its shares run out on the clock too
+            await self.grants.stop(release=False)
         if self.coordinator is not None:
             await self.coordinator.stop()
 
@@ -360,3 +370,7 @@ class _OwnershipCollector(Collector):
         )
         members.add_metric([], len(self._o._members) if coord is not None else 1)
         yield members
+        if self._o.grants is not None:
+            from controlplane.ha.grants import GrantsCollector
+
+            yield from GrantsCollector(self._o.grants).collect()

@@ -31,7 +31,14 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
 
-from controlplane.ha.shares import Grant, QuotaHolding, RateHolding, quota_allowance, rate_grant
+from controlplane.ha.shares import (
+    PPM,
+    Grant,
+    QuotaHolding,
+    RateHolding,
+    quota_allowance,
+    rate_grant,
+)
 from controlplane.ha.store import _require_postgres, _ttl
 
 HOUR, DAY = "hour", "day"
@@ -57,6 +64,10 @@ class Ask:
     demand: int
     hour: Window | None = None
     day: Window | None = None
+    # Tokens the tenant could spend in one grant TTL at its whole rate, plus
+    # its whole burst: an allowance runs at most this times the member's
+    # share ahead of its use (shares.quota_allowance's headroom); None: no cap.
+    spend_bound: int | None = None
 
 
 _ENSURE_ANCHORS = text(
@@ -140,6 +151,7 @@ class ShareStore:
                        for kind, w in ((HOUR, by_tenant[t].hour), (DAY, by_tenant[t].day))
                        if w is not None]  # fmt: skip
             quotas: dict[tuple[str, str], list[QuotaHolding]] = defaultdict(list)
+            own: dict[tuple[str, str], int] = {}
             if windows:
                 for tenant, member, kind, used, allowance in conn.execute(_QUOTAS, {
                     "tenants": [t for t, _, _ in windows], "kinds": [k for _, k, _ in windows],
@@ -149,16 +161,23 @@ class ShareStore:
                         quotas[(tenant, kind)].append(
                             QuotaHolding(member, int(used), int(allowance))
                         )
+                    else:  # what this member id used before (a restart keeping its id)
+                        own[(tenant, kind)] = int(used)
             grants: dict[str, Grant] = {}
             for t in tenants:
                 a = by_tenant[t]
                 share = rate_grant(a.demand, rates[t])
+                headroom = None if a.spend_bound is None else a.spend_bound * share // PPM
+                # used never goes back: the row may hold more (this member id's
+                # earlier process); the caller catches its counters up
+                used = {kind: 0 if w is None else max(w.used, own.get((t, kind), 0))
+                        for kind, w in ((HOUR, a.hour), (DAY, a.day))}  # fmt: skip
                 allowed = {
                     kind: None if w is None else
-                    quota_allowance(w.used, w.limit, share, quotas[(t, kind)])
+                    quota_allowance(used[kind], w.limit, share, quotas[(t, kind)], headroom)
                     for kind, w in ((HOUR, a.hour), (DAY, a.day))
                 }  # fmt: skip
-                grants[t] = Grant(share, allowed[HOUR], allowed[DAY])
+                grants[t] = Grant(share, allowed[HOUR], allowed[DAY], used[HOUR], used[DAY])
             conn.execute(_WRITE_RATES, {
                 "me": me, "ttl": ttl, "tenants": tenants,
                 "demands": [max(0, by_tenant[t].demand) for t in tenants],
@@ -169,7 +188,7 @@ class ShareStore:
                     "me": me, "tenants": [t for t, _, _ in windows],
                     "kinds": [k for _, k, _ in windows],
                     "starts": [w.start for _, _, w in windows],
-                    "used": [w.used for _, _, w in windows],
+                    "used": [_used(grants[t], k) for t, k, _ in windows],
                     "allowances": [_allowance(grants[t], k) for t, k, _ in windows],
                 })  # fmt: skip
         return grants
@@ -190,6 +209,10 @@ class ShareStore:
         with self.engine.begin() as conn:
             conn.execute(_FORGET_QUOTAS, {"before": before_unix_s})
             conn.execute(_FORGET_RATES)
+
+
+def _used(g: Grant, kind: str) -> int:
+    return g.hour_used if kind == HOUR else g.day_used
 
 
 def _allowance(g: Grant, kind: str) -> int:

@@ -20,7 +20,11 @@ whose rate grant expired (it died, or lost the database) frees its rate for
 the others after the lease TTL. Quota allowances are cumulative (tokens
 already spent stay spent), so they never expire inside their window: a dead
 member's allowance stays counted until the window ends. That can leave part
-of a quota unused after a failover, never overshoot it.
+of a quota unused after a failover, never overshoot it; to keep that part
+small an allowance runs at most ``headroom`` tokens ahead of what the member
+has used (what it can spend before its next refresh: its share of the burst
+plus its share of the rate over the grant's TTL), so a dead member strands at
+most its headroom, not its whole share of the unused quota.
 
 This module is the arithmetic, pure and exact (integers); the store applies
 it under the lock.
@@ -70,16 +74,27 @@ def rate_grant(demand: int, others: Sequence[RateHolding]) -> int:
     return max(0, min(rate_target(demand, others), free))
 
 
-def quota_allowance(used: int, limit: int, share_ppm: int, others: Sequence[QuotaHolding]) -> int:
+def quota_allowance(
+    used: int,
+    limit: int,
+    share_ppm: int,
+    others: Sequence[QuotaHolding],
+    headroom: int | None = None,
+) -> int:
     """This member's new allowance in a quota window of ``limit`` tokens: what
-    it has used plus its share of what nobody has used yet, but never more
-    than the others' allowances leave; never less than what it has used
-    (spent tokens are not taken back)."""
-    if limit < 0 or used < 0 or not 0 <= share_ppm <= PPM:
-        raise ValueError(f"quota_allowance: used={used}, limit={limit}, share_ppm={share_ppm}")
+    it has used plus its share of what nobody has used yet (at most
+    ``headroom`` of it; None: no cap), but never more than the others'
+    allowances leave; never less than what it has used (spent tokens are
+    not taken back)."""
+    if limit < 0 or used < 0 or not 0 <= share_ppm <= PPM or (headroom or 0) < 0:
+        raise ValueError(
+            f"quota_allowance: used={used}, limit={limit}, share_ppm={share_ppm},"
+            f" headroom={headroom}"
+        )
     held = sum(h.allowance for h in others)
     unused = max(0, limit - used - sum(h.used for h in others))
-    target = used + unused * share_ppm // PPM
+    ahead = unused * share_ppm // PPM
+    target = used + (ahead if headroom is None else min(ahead, headroom))
     return max(used, min(target, limit - held))
 
 
@@ -90,6 +105,11 @@ class Grant:
     rate_ppm: int
     hour_allowance: int | None  # None: the tenant has no hourly quota
     day_allowance: int | None
+    # What this member has used in the windows, as the store counts it: at
+    # least what it asked with (a restarted member keeping its id resumes
+    # from its row); the caller adds any difference to its counters.
+    hour_used: int = 0
+    day_used: int = 0
 
     def scale(self, whole: int) -> int:
         """``whole`` (a rate or a burst) times this grant's share, rounded down."""

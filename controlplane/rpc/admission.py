@@ -18,7 +18,7 @@ from controlplane.rpc.admitstream import admit_stream
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.convert import MISS_RATE_SOURCE, ceil_ms, degradation_pb, pressure_pb
 from controlplane.rpc.errors import unary_errors
-from controlplane.rpc.owners import cell_owners, redirect_if_not_owner
+from controlplane.rpc.owners import cell_owners, ensure_shares, redirect_if_not_owner
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 
@@ -87,6 +87,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                 request.pool,
             )  # fmt: skip
             await redirect_if_not_owner(self.ownership, pool, context)
+            await ensure_shares(self.ownership, self._svc, (request.tenant_id,))
         # May wait server-side in the lane's queue (bounded by the lane's wait
         # target, the tenant's max wait and this call's deadline).
         d = await self._waiting.admit(

@@ -14,6 +14,7 @@ and replay use knows nothing of replicas.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import cast
 
 import grpc
@@ -63,6 +64,20 @@ async def redirect_if_not_owner(
         raise InvalidArgument("pool", str(exc)) from None
     if where is not None:
         await abort(context, not_owner_status(where))
+
+
+async def ensure_shares(
+    ownership: Ownership | None, svc: AdmissionService, tenant_ids: Iterable[str]
+) -> None:
+    """Several replicas: wait (bounded) until this replica holds a share of
+    each configured tenant named (controlplane/ha/grants.py); one dict
+    lookup per tenant when it does."""
+    grants = ownership.grants if ownership is not None else None
+    if grants is None:
+        return
+    wanted = {t for t in map(svc.shares.resolve, set(tenant_ids)) if t is not None}
+    if any(not grants.ready(t) for t in wanted):
+        await grants.ensure(wanted)
 
 
 async def batch_redirects(

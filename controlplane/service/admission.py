@@ -80,6 +80,7 @@ from controlplane.service.pricing import FlatPricing, Pricing
 from controlplane.service.queueing import Waiter
 from controlplane.service.records import Key, Record, RequestLog
 from controlplane.service.settlement import Settler
+from controlplane.service.shares import ShareControl
 from controlplane.service.stats import QUEUE_WAIT_BUCKETS_NS, AdmissionStats
 from controlplane.service.tenants import TenantDirectory
 from controlplane.settings import Settings
@@ -132,6 +133,11 @@ class AdmissionService:
             self._tenants, self._decider, self._outcomes, self.stats, self._gate
         )
         self._settler = Settler(self._table, self._log, settings.complete_max_overrun_ratio)
+        # Several replicas deciding for one tenant: controlplane/ha/grants.py
+        # drives this (service/shares.py); unused in process and on SQLite.
+        self.shares = ShareControl(
+            self._tenants, self._decider, self._dispatcher, self.stats, self._table, clock
+        )
         self._offline = Booking(
             self._tenants, self._log, self._dispatcher, self._decider, self._outcomes, self.stats,
             settings.complete_max_overrun_ratio,
@@ -195,7 +201,7 @@ class AdmissionService:
         for a tenant that is not configured."""
         check_id("tenant_id", tenant_id)
         now = self.clock()
-        return describe_limits(tenant_id, self._tenants.state(tenant_id, now), now)
+        return describe_limits(tenant_id, self._tenants.reported_state(tenant_id, now), now)
 
     def check_only(self, tenant_id: str) -> tuple[int, int, TenantLimits | None]:
         """A check that spends nothing (Envoy's ``hits_addend`` 0): the
@@ -211,7 +217,7 @@ class AdmissionService:
             return early, 0, None
         now = self.clock()
         charged = entry.config.tenant_id
-        t = describe_limits(charged, self._tenants.state(charged, now), now)
+        t = describe_limits(charged, self._tenants.reported_state(charged, now), now)
         if early:
             return early, 0, t
         if t.bucket_tokens <= 0:  # refills to one token after:

@@ -40,6 +40,7 @@ from controlplane.service.records import (
     RequestLog,
     float_bits,
 )
+from controlplane.service.shares import SHARED_REASONS, explain
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
@@ -52,6 +53,7 @@ _BACKPRESSURE = int(Reason.BACKPRESSURE)
 _RETRYABLE = np.array([r != _OK and r not in NOT_RETRYABLE for r in range(max(Reason) + 1)])
 _CONCURRENCY = int(Reason.CONCURRENCY)
 _OPEN_RESERVATIONS = int(Reason.OPEN_RESERVATIONS)
+_SHARED = np.array(sorted(SHARED_REASONS), dtype=np.int64)
 # reason -> the answer's decision enum
 _DECISION = np.array([_ADMIT if r == _OK else _REJECT for r in range(max(Reason) + 1)])
 # The answer's integer columns, in the order _columns unpacks them.
@@ -127,6 +129,8 @@ class Decider:
         self.pricing = pricing
         self._concurrency_retry_ns = concurrency_retry_ns
         self._next_reservation = 1
+        # Under shares (several replicas): when a refused share may have grown.
+        self.share_refresh_ns = 0
 
     def verdict(self, lane: str, pool: str, now: int) -> Verdict:
         """The pool's load for a request of ``lane`` now (what every answer
@@ -165,6 +169,8 @@ class Decider:
             reason, reserved, retry, bucket, hour, day = self._table.admit(
                 slot, now, prompt, max_tokens
             )
+            if reason in SHARED_REASONS and self._tenants.shares is not None:
+                reason, retry = self._explain(entry, reason, retry, prompt, max_tokens)
         rec = self.conclude(
             reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
             pool, model, now, arrived, self._next_reservation, None,
@@ -172,6 +178,19 @@ class Decider:
         if rec[R.STATE] == R.OPEN:
             self._next_reservation += 1
         return rec
+
+    def _explain(
+        self, entry: Tenant, reason: int, retry: int, prompt: int, max_tokens: int
+    ) -> tuple[int, int]:
+        """A refusal under this replica's share of the tenant's limits, as
+        service/shares.py answers it."""
+        share = self._tenants.share_of(entry)
+        if share is None:
+            return reason, retry
+        return explain(
+            entry.config, share, reason, retry, prompt, max_tokens,
+            self._tenants.policy.global_inflight_tokens, self.share_refresh_ns,
+        )  # fmt: skip
 
     def book(
         self, entry: Tenant, lane: str, prompt: int, generated: int, model: str, pool: str,
@@ -477,6 +496,14 @@ class Decider:
             out_retry, out_bucket, out_hour, out_day,
             shadow=per[:, _T_SHADOW] if any_shadow else None,
         )  # fmt: skip
+        if self._tenants.shares is not None:  # refusals under a share (shares.py)
+            shared = np.flatnonzero(to_fast & np.isin(out_reason, _SHARED))
+            for i in shared.tolist():
+                entry = t_entry[tix_l[i]]
+                assert entry is not None  # decided by the fast path: a known tenant
+                out_reason[i], out_retry[i] = self._explain(
+                    entry, int(out_reason[i]), int(out_retry[i]), prompt_tokens[i], int(maxt[i])
+                )
         # The reason each entry is answered with, and shadow mode's.
         reason = np.where(to_fast, out_reason, early)
         if any_pressed:

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.errors import InvalidArgument, NotFound, excerpt
 from controlplane.domain.policy import Policy
+from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.domain.validate import MAX_LANE_NAME
 from controlplane.service.gate import DEFAULT_POOL
+from controlplane.service.shares import NOTHING, Share, scaled, whole
 from fastpath import TokenBucketTable
 
 # Lane of a request whose tenant is unknown and that named no lane (only the
@@ -45,6 +47,9 @@ class TenantDirectory:
         self._tenants: dict[str, Tenant] = {}
         self.by_slot: list[Tenant] = []
         self._default_tenant = default_tenant
+        # Several replicas: this one's share of each tenant's limits, by
+        # tenant id (service/shares.py); None: one replica, whole limits.
+        self.shares: dict[str, Share] | None = None
 
     def install(
         self,
@@ -79,25 +84,69 @@ class TenantDirectory:
                 self.by_slot.append(entry)
             entry.config = cfg
             entry.deleted = False
-            self._table.configure(
-                entry.slot,
-                now,
-                cfg.rate_mtok_per_s,
-                cfg.burst_tokens * 1000,
-                cfg.hourly_quota or 0,
-                cfg.daily_quota or 0,
-                cfg.max_concurrency or 0,
-                cfg.max_tokens_per_request or 0,
-            )
+            self._configure(entry, now)
         for tenant_id, entry in self._tenants.items():
             if tenant_id not in seen:
                 entry.deleted = True
+
+    def _configure(self, entry: Tenant, now: int) -> None:
+        cfg = entry.config
+        shares = self.shares
+        lim = whole(cfg) if shares is None else scaled(cfg, shares.get(cfg.tenant_id, NOTHING))
+        self._table.configure(
+            entry.slot,
+            now,
+            lim.rate_mtok_per_s,
+            lim.burst_mtok,
+            lim.hourly_quota,
+            lim.daily_quota,
+            cfg.max_concurrency or 0,
+            cfg.max_tokens_per_request or 0,
+        )
+
+    def share_limits(self, now: int) -> None:
+        """From now on each tenant is limited to the share ``set_share`` gives
+        it (none yet: nothing admitted), not its whole limits."""
+        if self.shares is None:
+            self.shares = {}
+            for entry in self.by_slot:
+                if not entry.deleted:
+                    self._configure(entry, now)
+
+    def set_share(self, tenant_id: str, share: Share, now: int) -> bool:
+        """This replica's new share of a tenant's limits; False when the
+        tenant is not configured (the share is kept for when it is)."""
+        if self.shares is None:
+            raise RuntimeError("set_share before share_limits")
+        before = self.shares.get(tenant_id, NOTHING)
+        self.shares[tenant_id] = share
+        entry = self._tenants.get(tenant_id)
+        if entry is None or entry.deleted:
+            return False
+        self._configure(entry, now)
+        if before.rate_ppm == 0 < share.rate_ppm:
+            # A share granted afresh starts full, as a new bucket does: what
+            # it was granted, the others gave up (their levels are capped to
+            # their lowered bursts). Between non-zero shares the level
+            # carries over (docs/ha.md, "Tenants that span cells").
+            self._table.fill(entry.slot, now)
+        return True
+
+    def share_of(self, entry: Tenant) -> Share | None:
+        """The share ``entry`` is limited to here; None: its whole limits."""
+        shares = self.shares
+        return None if shares is None else shares.get(entry.config.tenant_id, NOTHING)
 
     def restore_usage(
         self, hour_tokens: dict[str, int], day_tokens: dict[str, int], now: int
     ) -> int:
         """Add tokens already used this UTC hour and day to the tenants' quota
         counters; returns how many tenants were restored."""
+        if self.shares is not None:
+            # Several replicas: what the others used is in their quota
+            # allowances (controlplane/ha/grants.py); counting it here too
+            # would count it twice against this replica's own allowance.
+            return 0
         restored = 0
         for tenant_id in set(hour_tokens) | set(day_tokens):
             entry = self._tenants.get(tenant_id)
@@ -114,6 +163,28 @@ class TenantDirectory:
         entry = self.active(tenant_id)
         self._table.level_mtok(entry.slot, now)  # refill to now before reading
         return dict(self._table.snapshot(entry.slot))
+
+    def reported_state(self, tenant_id: str, now: int) -> dict[str, int]:
+        """``state`` as GetLimits reports it: under a share (several
+        replicas), the tenant's whole rate, burst and quotas, with what
+        remains of them here (this replica's bucket; its allowance less its
+        use, shown as use of the whole quota)."""
+        state = self.state(tenant_id, now)
+        shares = self.shares
+        if shares is None:
+            return state
+        cfg = self.active(tenant_id).config
+        w, mine = whole(cfg), scaled(cfg, shares.get(tenant_id, NOTHING))
+        state["rate_mtok_per_s"], state["burst_mtok"] = w.rate_mtok_per_s, w.burst_mtok
+        for kind, quota, allowed, per in (
+            ("hour", w.hourly_quota, mine.hourly_quota, NS_PER_HOUR),
+            ("day", w.daily_quota, mine.daily_quota, NS_PER_DAY),
+        ):
+            if quota:
+                used = state[f"{kind}_used"] if state[f"{kind}_idx"] == now // per else 0
+                state[f"{kind}_idx"], state[f"{kind}_used"] = now // per, used + quota - allowed
+            state[f"{'hourly' if kind == 'hour' else 'daily'}_quota"] = quota
+        return state
 
     def get(self, tenant_id: str) -> Tenant | None:
         """The tenant itself, deleted or not (settlement needs the deleted)."""

@@ -817,3 +817,19 @@ def test_add_usage_restores_quota_counters_in_the_current_windows(impl: Any) -> 
         t.add_usage(0, now, -1, 0)
     with pytest.raises(ValueError, match="day_tokens"):
         t.add_usage(0, now, 0, 10**15 + 1)
+
+
+def test_fill_tops_the_bucket_up_to_its_burst_and_touches_nothing_else(impl: Any) -> None:
+    t = impl.TokenBucketTable()
+    now = 10**12
+    t.configure(0, now, 1000, 10_000_000, 50_000, 0, 0, 0)
+    assert t.admit(0, now, 9000, 0)[0] == 0
+    before = t.snapshot(0)
+    t.fill(0, now + 1)
+    after = t.snapshot(0)
+    assert after["level_mtok"] == 10_000_000 and after["rem"] == 0
+    same = ("hour_used", "day_used", "inflight", "inflight_tokens", "burst_mtok")
+    assert {k: after[k] for k in same} == {k: before[k] for k in same}
+    assert t.admit(0, now + 1, 10_000, 0)[0] == 0  # the whole burst again
+    with pytest.raises(ValueError, match="now_ns"):
+        t.fill(0, -1)

@@ -1,0 +1,258 @@
+"""Keep this replica's shares of its tenants' limits (docs/ha.md, "Tenants
+that span cells"): the loop that renews them in PostgreSQL
+(``ShareStore.refresh``, the rules of ``shares.py``) and installs them in
+the service (``AdmissionService.shares``, service/shares.py).
+
+- **Who is asked about.** Every tenant decided here since the last refresh,
+  every tenant whose share here is not yet zero (so it can lower it when
+  its demand moves elsewhere), every tenant with requests waiting in the
+  lane queues and every tenant a request waits for a share of (``ensure``).
+  Demand is the tenant's decisions per second here (an exponential
+  average) plus its queued requests as asked in this interval, in
+  thousandths.
+- **When.** Every ``interval_s`` (min(1 s, TTL/5)), and at once when a
+  request names a tenant with no share here (``ensure``: the request waits
+  for that refresh, at most two intervals; without a share it is refused
+  with a retry after one interval).
+- **How long a share holds.** As a cell lease: until ``t_sent + ttl -
+  margin`` on this replica's clock, ``t_sent`` read before the refresh was
+  sent, so it lapses here before the database lets the others take it
+  over. A share that lapses (the database is unreachable) becomes nothing:
+  the replica admits nothing for that tenant, as it decides nothing for
+  cells whose leases it cannot renew.
+- **Quota windows** are the service clock's UTC hour and day (the fast
+  path's windows). An allowance runs at most the tokens the tenant can
+  spend in one TTL ahead of what this replica used (``Ask.spend_bound``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controlplane.aiotime import within
+from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR, NS_PER_S
+from controlplane.ha._blocking import call
+from controlplane.ha.share_store import Ask, ShareStore, Window
+from controlplane.service.shares import NOTHING, Share
+
+if TYPE_CHECKING:
+    from controlplane.service import AdmissionService
+
+log = structlog.get_logger("burstgate.ha")
+
+# Weight of the newest interval in the demand average.
+DEMAND_ALPHA = 0.5
+# Below this many decisions per second a tenant has no demand here.
+IDLE_DEMAND = 0.01
+LOG_EVERY_S = 10.0
+
+
+class TenantGrants:
+    def __init__(
+        self,
+        service: AdmissionService,
+        store: ShareStore,
+        member_id: str,
+        ttl_s: float,
+        margin_s: float,
+        interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 <= margin_s < ttl_s:
+            raise ValueError(f"margin_s must be in [0, ttl_s), got {margin_s} (ttl {ttl_s})")
+        self.service = service
+        self.store = store
+        self.member_id = member_id
+        self.ttl_s = ttl_s
+        self.margin_s = margin_s
+        self.interval_s = interval_s if interval_s is not None else min(1.0, ttl_s / 5)
+        self.clock = clock
+        self._valid_until: dict[str, float] = {}  # tenant -> local deadline
+        self._shares: dict[str, Share] = {}
+        self._demand: dict[str, float] = {}
+        self._seen: dict[str, int] = {}  # cumulative decisions at the last refresh
+        self._seen_at = clock()
+        self._asked: set[str] = set()
+        self._wake = asyncio.Event()
+        self._done: asyncio.Future[None] | None = None  # the next refresh's end
+        self._task: asyncio.Task[None] | None = None
+        self.refreshes = 0
+        self.failures = 0
+        self._last_log = -math.inf
+
+    # ----------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.service.shares.start(int(self.interval_s * NS_PER_S))
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self, release: bool) -> None:
+        """Stop refreshing; ``release``: give up every rate share at once
+        (a graceful exit), so the others raise theirs at their next refresh."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if release:
+            try:
+                await call(self.store.release, self.member_id, wait_s=self.ttl_s, what="release")
+            except Exception as exc:  # they expire after the TTL anyway
+                log.warning("tenant shares not released", error=str(exc))
+
+    # ------------------------------------------------------------- requests
+
+    def ready(self, tenant_id: str) -> bool:
+        until = self._valid_until.get(tenant_id)
+        return until is not None and self.clock() < until
+
+    async def ensure(self, tenant_ids: Iterable[str]) -> None:
+        """Wait (at most two refresh intervals) until every tenant named has
+        a share here; a tenant still without one is then decided under no
+        share (refused, retry after one interval)."""
+        missing = [t for t in tenant_ids if not self.ready(t)]
+        if not missing or self._task is None:
+            return
+        deadline = self.clock() + 2 * self.interval_s
+        while missing and self.clock() < deadline:
+            self._asked.update(missing)
+            self._wake.set()
+            if self._done is None or self._done.done():
+                self._done = asyncio.get_running_loop().create_future()
+            try:
+                await within(asyncio.shield(self._done), max(0.0, deadline - self.clock()))
+            except TimeoutError:
+                break
+            missing = [t for t in missing if not self.ready(t)]
+        if missing:  # a share past its deadline is not used, even before the loop runs
+            self._lapse()
+
+    # ----------------------------------------------------------------- loop
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database: shares lapse at their deadlines
+                self.failures += 1
+                now = self.clock()
+                if now - self._last_log >= LOG_EVERY_S:
+                    self._last_log = now
+                    log.warning("tenant shares not refreshed", error=str(exc))
+            finally:
+                self._lapse()
+                if self._done is not None and not self._done.done():
+                    self._done.set_result(None)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await within(self._wake.wait(), self.interval_s)
+
+    def _observe_demand(self) -> None:
+        now = self.clock()
+        dt = max(1e-3, now - self._seen_at)
+        self._seen_at = now
+        counts = self.service.shares.decisions()
+        for tenant, n in counts.items():
+            rate = (n - self._seen.get(tenant, 0)) / dt
+            old = self._demand.get(tenant, 0.0)
+            self._demand[tenant] = DEMAND_ALPHA * rate + (1 - DEMAND_ALPHA) * old
+        for tenant in set(self._demand) - set(counts):
+            self._demand[tenant] *= 1 - DEMAND_ALPHA
+        self._seen = counts
+
+    def asks(self) -> list[Ask]:
+        """What the next refresh asks for (see the module docstring)."""
+        self._observe_demand()
+        configured = self.service.shares.configured()
+        queued = self.service.shares.queued()
+        wanted = {t for t, d in self._demand.items() if d >= IDLE_DEMAND}
+        wanted |= set(queued)
+        wanted |= {t for t, s in self._shares.items() if s.rate_ppm > 0}
+        wanted |= self._asked
+        now = self.service.clock()
+        hour_s = now // NS_PER_HOUR * 3600
+        day_s = now // NS_PER_DAY * 86400
+        asks = []
+        for tenant in sorted(wanted & set(configured)):
+            cfg = configured[tenant]
+            hour_used, day_used = self.service.shares.used(tenant, now)
+            # decisions per second, and the requests waiting as asked now
+            rate = self._demand.get(tenant, 0.0) + queued.get(tenant, 0) / self.interval_s
+            demand = int(rate * 1000)
+            if tenant in self._asked:
+                demand = max(demand, 1)  # a request is waiting: not idle
+            asks.append(Ask(
+                tenant, demand,
+                hour=Window(hour_s, hour_used, cfg.hourly_quota) if cfg.hourly_quota else None,
+                day=Window(day_s, day_used, cfg.daily_quota) if cfg.daily_quota else None,
+                spend_bound=cfg.burst_tokens + math.ceil(cfg.rate_mtok_per_s * self.ttl_s / 1000),
+            ))  # fmt: skip
+        return asks
+
+    async def refresh(self) -> None:
+        asks = self.asks()
+        self._asked.clear()
+        if not asks:
+            return
+        t_sent = self.clock()
+        deadline = t_sent + self.ttl_s - self.margin_s
+        grants = await call(
+            self.store.refresh, self.member_id, asks, self.ttl_s,
+            wait_s=max(0.0, deadline - t_sent), what="grant refresh",
+        )  # fmt: skip
+        if self.clock() >= deadline:
+            return  # an answer that came too late grants nothing here
+        shares = self.service.shares
+        for tenant, g in grants.items():
+            share = Share(g.rate_ppm, g.hour_allowance, g.day_allowance)
+            if shares.set(tenant, share, g.hour_used, g.day_used):
+                self._shares[tenant] = share
+                self._valid_until[tenant] = deadline
+        self.refreshes += 1
+
+    def _lapse(self) -> None:
+        """Shares past their deadline become nothing; an idle tenant with no
+        share is forgotten (its row expires in the database)."""
+        now = self.clock()
+        for tenant, until in list(self._valid_until.items()):
+            if now >= until:
+                del self._valid_until[tenant]
+                if self._shares.pop(tenant, NOTHING) != NOTHING:
+                    self.service.shares.set(tenant, NOTHING)
+        for tenant, d in list(self._demand.items()):
+            if d < IDLE_DEMAND and tenant not in self._shares:
+                del self._demand[tenant]
+
+    def held(self) -> dict[str, Share]:
+        """The shares in force here now, by tenant."""
+        now = self.clock()
+        return {t: s for t, s in self._shares.items() if self._valid_until.get(t, 0.0) > now}
+
+
+class GrantsCollector(Collector):
+    def __init__(self, grants: TenantGrants) -> None:
+        self._g = grants
+
+    def collect(self) -> Iterator[Metric]:
+        held: Any = self._g.held()
+        g = GaugeMetricFamily(
+            "burstgate_ha_tenant_shares",
+            "Tenants with a share of their limits in force on this replica",
+        )
+        g.add_metric([], len(held))
+        yield g
+        yield CounterMetricFamily(
+            "burstgate_ha_share_refresh_failures",
+            "Refreshes of this replica's tenant shares that failed (database)",
+            value=self._g.failures,
+        )
