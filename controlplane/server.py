@@ -382,8 +382,24 @@ class ControlPlane:
                 Exit.SETTINGS, "envoy_rls_config_invalid", f"BURSTGATE_ENVOY_RLS_CONFIG: {exc}",
                 "fix the file (docs/envoy.md, \"Descriptor mapping\")",
             ) from exc  # fmt: skip
-        self.envoy_rls = RateLimitServicer(self.service, live, self.waiting, metering=self.metering)
+        self.envoy_rls = RateLimitServicer(
+            self.service, live, self.waiting, metering=self.metering, gate=self._envoy_gate()
+        )
         return self.envoy_rls
+
+    def _envoy_gate(self) -> Any:
+        """Owner gating of the RLS (forward.py): calls for a cell another
+        replica owns are forwarded to it; inactive on a single replica."""
+        from controlplane.integrations.envoy.forward import OwnerGate, peer_credentials
+
+        s = self.settings
+        cert, key, ca = (
+            p.read_bytes() if p is not None else None
+            for p in (s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file)
+        )
+        gate = OwnerGate(self.ownership, self.service, credentials=peer_credentials(cert, key, ca))
+        self.metrics_collectors.append(gate.collector())
+        return gate
 
     async def _abort_start(self) -> None:
         """Undo a start that failed part-way (best effort: the error that
@@ -395,6 +411,9 @@ class ControlPlane:
         with contextlib.suppress(Exception):
             if self._server is not None:
                 await self._server.stop(0)
+        with contextlib.suppress(Exception):
+            if self.envoy_rls is not None:
+                await self.envoy_rls.close()
         with contextlib.suppress(Exception):
             if self._metrics_httpd is not None:
                 self._metrics_httpd.shutdown()
@@ -532,6 +551,8 @@ class ControlPlane:
             await asyncio.gather(*self._catalog_reloads, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s if grace is None else grace)
+        if self.envoy_rls is not None:
+            await self.envoy_rls.close()  # after the calls that forward on them
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()

@@ -170,6 +170,25 @@ class Ownership:
         self.redirects_total += 1
         return where
 
+    def leased_owner(self, pool: str) -> Redirect | None:
+        """The other member whose lease on ``pool``'s cell the last snapshot
+        holds (unexpired, with an address), read from memory only; None when
+        the snapshot names none, or the cell is owned here. For a caller
+        that sees a stale answer itself and then asks :meth:`route` (the
+        Envoy forward: the member it reaches answers "not the owner"), so a
+        steady stream of calls for a foreign cell reads no table."""
+        coord = self.coordinator
+        if coord is None:
+            return None
+        cell = self.cell_of(pool)
+        lease = self._owners.get(cell)
+        if lease is None or not lease.owner or lease.expired or lease.owner == coord.member_id:
+            return None
+        address = lease.address or self._members.get(lease.owner, "")
+        if not address or _seconds_left(lease) <= 0 or coord.owns(cell) is not None:
+            return None
+        return Redirect(pool, cell, lease.owner, address, lease.epoch)
+
     async def _rebuilt(self, cell: str) -> None:
         """Wait (bounded) for ``cell``'s takeover rebuild, if one is running."""
         task = self.rebuilding.get(cell)

@@ -40,6 +40,7 @@ from controlplane.domain.errors import (
 )
 from controlplane.integrations.envoy import answers as A
 from controlplane.integrations.envoy.config import LiveConfig
+from controlplane.integrations.envoy.forward import OwnerGate
 from controlplane.integrations.envoy.mapping import Ask, BadInput, Phase, parse
 from controlplane.integrations.envoy.settle import settle
 from controlplane.rpc.auth import admission_scope
@@ -76,12 +77,18 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
         waiting: WaitingRoom | None = None,
         *,
         metering: Metering | None = None,
+        gate: OwnerGate | None = None,
     ) -> None:
+        """``gate``: owner gating across replicas (forward.py); None, or an
+        inactive gate (one replica), decides every call here."""
         self._svc = service
         self.config = config
         self._waiting = waiting or WaitingRoom(service)
         self.metering = metering
+        self.gate = gate
         self._logged: dict[str, float] = {}
+        if gate is not None and gate.log is None:
+            gate.log = self._log_once
         # Counters (tests, and /metrics through ServerCollector if wanted).
         self.calls = {"admit": 0, "check": 0, "settle": 0, "refused": 0, "bad_input": 0}
 
@@ -94,7 +101,13 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
             ask = parse(request, cfg)
         except BadInput as exc:
             return self._bad(str(exc), exc.field, len(request.descriptors))
+        gate = self.gate
         try:
+            if gate is not None and gate.active:
+                # Another replica owns the pool's cell: its answer (forward.py).
+                forwarded = await gate.answer(request, ask, cfg, context)
+                if forwarded is not None:
+                    return forwarded
             if ask.phase == Phase.RESPONSE:
                 return await self._settle(ask)
             if ask.cost_given and ask.tokens == 0:
@@ -205,6 +218,11 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
                 self._logged.clear()
             self._logged[kind] = now
             log.warning(event, **fields)
+
+    async def close(self) -> None:
+        """At stop: the forward's channels (forward.py)."""
+        if self.gate is not None:
+            await self.gate.close()
 
 
 def _with_id(ask: Ask, rid: str) -> Ask:
