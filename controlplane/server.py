@@ -100,7 +100,7 @@ class ControlPlane:
         # Cell ownership (controlplane/ha, docs/ha.md): on PostgreSQL a
         # coordinator is attached at start; on SQLite every cell is ours.
         self.ownership = Ownership(None, CellMap(settings.ha_cells))
-        self.replicas = ReplicaWiring(settings, self.ownership)
+        self.replicas = ReplicaWiring(settings, self.ownership, self.service)
         self._config_pools: set[str] = set()
         self.port = 0
         self.metrics_port: int | None = None
