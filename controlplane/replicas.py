@@ -24,10 +24,15 @@ if TYPE_CHECKING:
 log = structlog.get_logger("burstgate.server")
 
 TAKEOVER_ATTEMPTS = 3
+# The pool gate's takeover hold (docs/ha.md, "The gate during a takeover"):
+# at most this long, and at most a third of the lease TTL (the claim wait).
+REANNOUNCE_WINDOW_MAX_S = 1.0
 
 
 class ReplicaWiring:
-    """``metering`` is set by the server once it exists (None: no ledger)."""
+    """``metering`` is set by the server once it exists (None: no ledger);
+    ``service``: the admission service whose pool gate holds a cell taken
+    over (None: no hold)."""
 
     def __init__(
         self, settings: Settings, ownership: Ownership, service: AdmissionService | None = None
@@ -37,6 +42,13 @@ class ReplicaWiring:
         self.service = service
         self.metering: Metering | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+        self._epochs: dict[str, int] = {}  # cell -> the epoch this replica last held
+        self.holds_total = 0
+
+    @property
+    def reannounce_window_s(self) -> float:
+        """How long a taken-over cell's pools are held at most."""
+        return min(REANNOUNCE_WINDOW_MAX_S, self.settings.ha_lease_ttl_s / 3)
 
     def share_interval_s(self) -> float:
         """How often tenant shares are renewed (controlplane/ha/grants.py)."""
@@ -98,14 +110,16 @@ class ReplicaWiring:
         return UNFENCED if self.ownership.local else self.ownership.epoch_for_pool(pool)
 
     def cell_acquired(self, cell: str, epoch: int) -> None:
-        """The coordinator took ``cell``: continue its pools' pricing windows
-        and count the quota usage the ledger holds for them (takeover.py).
-        Runs as a task (the callback is synchronous); until it has run, the
-        pools' window rows are not written, and requests for the cell wait
-        for it (``Ownership.rebuilding``, at most the claim wait)."""
+        """The coordinator took ``cell``. Taken from another replica, its
+        pools' gate is held (``hold_over``). Then continue its pools'
+        pricing windows and count the quota usage the ledger holds for them
+        (takeover.py). Runs as a task (the callback is synchronous); until
+        it has run, the pools' window rows are not written, and requests for
+        the cell wait for it (``Ownership.rebuilding``, at most the claim wait)."""
+        pools = self.ownership.pools_of(cell)
+        self.hold_over(cell, epoch, pools)
         if self.metering is None:
             return
-        pools = self.ownership.pools_of(cell)
         task = asyncio.ensure_future(self._take_over(cell, epoch, pools))
         self._tasks.add(task)
         self.ownership.rebuilding[cell] = task
@@ -116,6 +130,22 @@ class ReplicaWiring:
                 del self.ownership.rebuilding[cell]
 
         task.add_done_callback(done)
+
+    def hold_over(self, cell: str, epoch: int, pools: tuple[str, ...]) -> None:
+        """A cell another replica may have held since this one last did (a
+        new epoch that is not the next of our own): its requests may still
+        run on the engines, known to the gate here only through the next
+        load reports or the reservations sidecars re-announce. Release
+        nothing to its pools until either, at most ``reannounce_window_s``.
+        A brand-new cell (epoch 1) or our own next epoch holds nothing."""
+        last = self._epochs.get(cell)
+        self._epochs[cell] = epoch
+        if epoch <= 1 or last == epoch - 1 or self.service is None:
+            return
+        self.service.hold_pools(pools, self.reannounce_window_s)
+        self.holds_total += 1
+        log.info("ha cell taken over: gate held", cell=cell, epoch=epoch,
+                 hold_s=self.reannounce_window_s)  # fmt: skip
 
     async def _take_over(self, cell: str, epoch: int, pools: tuple[str, ...]) -> None:
         metering = self.metering

@@ -19,6 +19,7 @@ from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.convert import MISS_RATE_SOURCE, ceil_ms, degradation_pb, pressure_pb
 from controlplane.rpc.errors import unary_errors
 from controlplane.rpc.owners import cell_owners, ensure_shares, redirect_if_not_owner
+from controlplane.rpc.reannounce import reannounce
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 
@@ -270,6 +271,14 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             hour_resets_in_ms=t.hour_resets_in_ms,
             day_resets_in_ms=t.day_resets_in_ms,
         )
+
+    @unary_errors
+    async def Reannounce(
+        self, request: pb.ReannounceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReannounceResponse:
+        # a sidecar's open reservations, for the new owner of their pools
+        # (rpc/reannounce.py); the auth and scope rules are Complete's
+        return await reannounce(self._svc, self.ownership, admission_scope.get(), request)
 
     @unary_errors
     async def GetCellOwners(

@@ -30,6 +30,9 @@ another one that is up. A Complete goes to the replica that admitted the
 request (with its pool, when the caller named one, so a replica that is not
 the owner redirects it); one that never saw the reservation answers
 NOT_FOUND, and the resend with ``offline`` books it once (replica.py).
+Before a call for a pool goes to a replica other than the one holding the
+pool's open admissions (its owner changed), they are re-announced to it
+(reannounce.py), so the new owner counts them and refunds their Completes.
 
 Errors: bad arguments raise ValueError naming the argument (also the
 server's INVALID_ARGUMENT, as its message says: "lane: unknown lane ...").
@@ -48,7 +51,6 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple
 
 import grpc
 
@@ -60,7 +62,7 @@ from controlplane.sdk.batcher import Batcher
 from controlplane.sdk.breaker import CHANNEL_OPTIONS, TRANSPORT_CODES, Breaker
 from controlplane.sdk.checks import check_admit_args, check_complete_args, check_deadline
 from controlplane.sdk.counters import Counters
-from controlplane.sdk.entries import Entry, Key
+from controlplane.sdk.entries import Entry
 from controlplane.sdk.limits import LimitsCache
 from controlplane.sdk.model import (
     Admission,
@@ -71,6 +73,7 @@ from controlplane.sdk.model import (
     buffered_completion,
     completion_of_response,
 )
+from controlplane.sdk.reannounce import Admitted, OpenAdmissions, Reannouncer
 from controlplane.sdk.replicas import Replica, Replicas, routing_key
 from controlplane.sdk.spool import CompletionSpool, offline_refused
 from controlplane.sdk.spoolfile import SpoolFile
@@ -79,15 +82,6 @@ log = logging.getLogger("burstgate.sdk")
 
 API_KEY_ENV = "BURSTGATE_API_KEY"
 MAX_BATCH = 10_000  # the server's default most entries per AdmitBatch
-
-
-class Admitted(NamedTuple):
-    lane: str
-    model: str
-    pool: str
-    offline: bool
-    at_ns: int  # wall clock when admitted
-    address: str = ""  # the replica that admitted it ("" offline)
 
 
 def make_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
@@ -171,8 +165,12 @@ class AsyncAdmissionClient:
         home = self._replicas.home  # GetLimits, and what one replica alone used
         self._channel, self._stub = home.channel, home.stub
         self._breaker, self._batcher = home.breaker, home.batcher
-        self._admitted: dict[Key, Admitted] = {}
-        self._admitted_max = max(spool_max, 10_000)
+        self._admitted = OpenAdmissions(max(spool_max, 10_000))
+        self._reannouncer = Reannouncer(
+            self._admitted, self._send_reannounce, self.counters,
+            lambda address: not self._replicas.get(address).breaker.up,
+        )  # fmt: skip
+        self._replicas.on_moved = self._moved
         file = SpoolFile(spool_path) if spool_path is not None else None
         self._spool = CompletionSpool(
             self._send_complete, self._replicas.any_up, self.counters,  # type: ignore[arg-type]
@@ -200,6 +198,7 @@ class AsyncAdmissionClient:
         if self._closed:
             return
         self._closed = True
+        await self._reannouncer.aclose()
         for r in self._replicas.all():
             await r.batcher.aclose()
         if self._spool.pending and self._replicas.any_up.up:
@@ -236,14 +235,12 @@ class AsyncAdmissionClient:
         )
         self.counters.admits += 1
         if a.admitted:
-            key = (tenant_id, request_id)
-            admitted = self._admitted
-            admitted.pop(key, None)  # (re)inserted last: a dict keeps insertion order
-            admitted[key] = Admitted(
-                lane, model, pool, a.offline, time.time_ns(), "" if a.offline else where
-            )
-            if len(admitted) > self._admitted_max:  # never completed: forget the oldest
-                del admitted[next(iter(admitted))]
+            self._admitted.add((tenant_id, request_id), Admitted(
+                lane, model, pool, a.offline, time.time_ns(), "" if a.offline else where,
+                routing_key(pool, tenant_id, lane), prompt_tokens, max_tokens,
+                prompt_tokens + a.granted_max_tokens, a.granted_max_tokens, a.reservation_id,
+                a.pricing_multiplier,
+            ))  # fmt: skip
         return a
 
     async def _admit_routed(
@@ -258,6 +255,8 @@ class AsyncAdmissionClient:
         r = replicas.for_key(key)
         tried: set[str] = set()
         for hop in range(MAX_HOPS + 1):
+            if self._reannouncer.needed(key, r.address):  # the pool's owner changed
+                await self._reannouncer.before(key, r.address, deadline - r.batcher.now())
             e = Entry(tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
                       deadline)  # fmt: skip
             a = await r.batcher.admit(e, max(0.0, deadline - r.batcher.now()))
@@ -325,8 +324,12 @@ class AsyncAdmissionClient:
             req.kv_cache_miss_rate_reported = True
         self.counters.completes += 1
         key = (tenant_id, request_id)
-        done = await self._complete_request(req, self._admitted.get(key))
-        self._admitted.pop(key, None)  # kept when the Complete raised: the caller may retry
+        self._admitted.completing.add(key)  # not re-announced while its Complete travels
+        try:
+            done = await self._complete_request(req, self._admitted.get(key))
+        finally:
+            self._admitted.completing.discard(key)
+        self._admitted.pop(key)  # kept when the Complete raised: the caller may retry
         return done
 
     async def _complete_request(self, req: pb.CompleteRequest, adm: Admitted | None) -> Completion:
@@ -374,6 +377,34 @@ class AsyncAdmissionClient:
 
         key = req.pool or (req.offline.pool if req.HasField("offline") else "")
         return await self._replicas.call(key, key, send, prefer)
+
+    def _moved(self, key: str, address: str) -> None:
+        """A NOT_OWNER (a Complete's, a load report's) named ``key``'s new
+        owner: hand it the key's open admissions, in the background."""
+        if self._reannouncer.needed(key, address):
+            self._batcher.spawn(self._reannouncer.before(key, address, 0.0))
+
+    async def _send_reannounce(
+        self, address: str, req: pb.ReannounceRequest
+    ) -> pb.ReannounceResponse | None:
+        """None (nothing sent) while ``address`` is known down."""
+        r = self._replicas.get(address)
+        if not r.breaker.up:
+            return None
+        try:
+            res: pb.ReannounceResponse = await r.stub.Reannounce(
+                req, timeout=self.complete_deadline_s, metadata=self._meta
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in TRANSPORT_CODES:
+                r.breaker.failed(exc, "Reannounce")
+            raise
+        return res
+
+    @property
+    def open_admissions(self) -> int:
+        """Requests admitted and not completed that the client remembers."""
+        return len(self._admitted)
 
     @property
     def pending_completions(self) -> int:

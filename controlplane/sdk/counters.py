@@ -33,6 +33,9 @@ class Counters:
     # Several replicas (docs/ha.md)
     redirects: int = 0  # NOT_OWNER answers followed to the owner
     failovers: int = 0  # calls resent to another replica after theirs was unreachable
+    reannounced: int = 0  # open reservations sent to a pool's new owner (Reannounce)
+    reannounce_restored: int = 0  # of those, restored by it (not known there already)
+    reannounce_failures: int = 0  # Reannounce calls that failed (retried on the next call)
     # ReportLoad, GetLimits
     report_load_failures: int = 0
     limits_failures: int = 0

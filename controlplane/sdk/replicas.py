@@ -77,6 +77,8 @@ class Replicas:
         self._meta = metadata
         self._by_address: dict[str, Replica] = {}
         self.owners: dict[str, str] = {}  # routing key (pool) -> owner address
+        # told (routing key, address) when a NOT_OWNER names a new owner
+        self.on_moved: Callable[[str, str], None] | None = None
         self.any_up = AnyUp(self)
         self.home = self.get(seeds[0])
 
@@ -135,6 +137,8 @@ class Replicas:
             address = where.owner or await self.discover(where.pool or pool, {r.address})
             if address:
                 self.owners[key] = address
+                if self.on_moved is not None:
+                    self.on_moved(key, address)
                 return self.get(address)
             self.owners.pop(key, None)
             await asyncio.sleep(where.retry_s)

@@ -27,6 +27,11 @@ The API (all times in the clock's nanoseconds):
   measured; keywords ``requests_running``, ``max_num_seqs``,
   ``kv_cache_usage``). It rescores the pool and may release held requests.
 - ``expire()``: release reservations past their TTL (call periodically).
+- Several replicas (docs/ha.md): ``restore_reservation(r)``, an open
+  reservation another replica admitted, re-announced by its sidecar
+  (restore.py); ``hold_pools(pools, seconds)``, the pool gate's takeover
+  hold; ``reannounce_pool(r)``, the pool a re-announced reservation
+  belongs to, changing nothing.
 - ``prepare_gc_freeze()``: right before a process-wide ``gc.freeze()``.
 - Read-only: ``tenant_ids``, ``tenant_ids_by_slot``, ``tenant_state``, ``tenant_queued``,
   ``queue_depths``, ``waiting``, ``pool_views``, ``pools``, ``lanes``,
@@ -79,6 +84,7 @@ from controlplane.service.pressure import (
 from controlplane.service.pricing import FlatPricing, Pricing
 from controlplane.service.queueing import Waiter
 from controlplane.service.records import Key, Record, RequestLog
+from controlplane.service.restore import OpenReservation, Restore, Restorer
 from controlplane.service.settlement import Settler
 from controlplane.service.shares import ShareControl
 from controlplane.service.stats import QUEUE_WAIT_BUCKETS_NS, AdmissionStats
@@ -141,6 +147,10 @@ class AdmissionService:
         self._offline = Booking(
             self._tenants, self._log, self._dispatcher, self._decider, self._outcomes, self.stats,
             settings.complete_max_overrun_ratio,
+        )  # fmt: skip
+        self._restorer = Restorer(
+            self._tenants, self._log, self._dispatcher, self._decider, self._gate, self.stats,
+            int(settings.reservation_ttl_s * NS_PER_S),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ config
@@ -338,6 +348,8 @@ class AdmissionService:
         """Time passed: time out waiters past their deadline, then dispatch.
         The asyncio layer calls this at ``next_wakeup_ns()``."""
         now = self.clock()
+        for pool in self._gate.end_holds(now):  # a takeover hold ran out
+            self._dispatcher.pool_reported(pool)
         self._dispatcher.expire(now)
         self._dispatcher.dispatch(now)
 
@@ -360,8 +372,15 @@ class AdmissionService:
 
     def next_wakeup_ns(self) -> int | None:
         """When time alone may change something for the waiters: the next
-        deadline, or the next refill of a tenant whose queue head waits."""
-        return self._dispatcher.next_wakeup_ns(self.clock())
+        deadline, or the next refill of a tenant whose queue head waits, or
+        the end of a pool's takeover hold while anything waits."""
+        now = self.clock()
+        wake = self._dispatcher.next_wakeup_ns(now)
+        holds = self._gate.holds()
+        if not holds or not self._dispatcher.queues.total:
+            return wake
+        end = min(holds.values())
+        return end if wake is None else min(wake, end)
 
     @property
     def waiting(self) -> int:
@@ -586,6 +605,50 @@ class AdmissionService:
         if released:
             self._dispatcher.dispatch(now)
         return len(released)
+
+    # ------------------------------------------------------ several replicas
+
+    def reannounce_pool(self, r: OpenReservation, scope: KeyScope | None = None) -> str:
+        """The pool the re-announced reservation ``r`` belongs to (its
+        Admit's, resolved and placed as there), changing nothing; for the
+        RPC layer's owner check. Raises InvalidArgument naming the field
+        (``pool``, ``reserved_tokens``, ...), PermissionDenied outside ``scope``."""
+        return self._restorer.plan(r, self.clock(), scope)[0]
+
+    def restore_reservation(self, r: OpenReservation, scope: KeyScope | None = None) -> Restore:
+        """Re-create an open reservation another replica admitted, as its
+        sidecar re-announces it after the pool's cell moved here (docs/ha.md,
+        "Re-announcing open reservations"). The tenant's bucket, hourly and
+        daily counters are debited its reserved tokens by force (the bucket
+        may go into debt, concurrency past its limit: the request runs
+        already), it counts in the tenant's concurrency, the in-flight
+        tokens and the pool gate's in-flight requests, and its Complete
+        settles it as any other (refund of the unused part, billed at the
+        multiplier ``r`` carries); the reservation TTL counts from now.
+
+        Idempotent: a reservation known here (open or settled) is left
+        alone, ``Restore(KNOWN)``. ``Restore(REFUSED, detail=...)`` when its
+        tenant is not configured, the cap on open reservations binds, or the
+        same id waits in a queue here; nothing changed. Raises as
+        :meth:`reannounce_pool`."""
+        return self._restorer.restore(r, self.clock(), scope)
+
+    def hold_pools(self, pools: Sequence[str], seconds: float) -> None:
+        """The pool gate releases nothing to ``pools`` for ``seconds`` or
+        until their next load report, whichever is first: their cell was
+        just taken over from another replica, whose requests still run
+        (docs/ha.md, "The gate during a takeover"). Held requests wait in
+        their lane queues as behind a closed gate. No effect on a pool while
+        the gate is off."""
+        now = self.clock()
+        until = now + max(1, int(seconds * NS_PER_S))
+        for pool in pools:
+            self._gate.hold(pool, now, until)
+
+    def gate_inflight(self, pool: str) -> int:
+        """Requests the pool gate counts in flight in ``pool`` (released or
+        restored here, not yet completed)."""
+        return self._gate.inflight(pool)
 
     def reservation_pool(self, tenant_id: str, request_id: str) -> str:
         """The pool a remembered request was decided for ("" if none, or if

@@ -214,6 +214,28 @@ class Decider:
         self._next_reservation += 1
         return rec
 
+    def restore(
+        self, entry: Tenant, lane: str, prompt: int, granted: int, model: str, pool: str,
+        multiplier: float, window: int, rid: int, arrived: int, now: int,
+    ) -> Record | None:  # fmt: skip
+        """The open record of a reservation another replica admitted
+        (restore.py): charged by force, as :meth:`book` charges, at the
+        multiplier and window locked at its admission; ``rid`` kept (0: a
+        new one). None when the memory cap on open reservations binds."""
+        reason, reserved, _, bucket, hour, day = self._table.charge(
+            entry.slot, now, prompt, granted
+        )
+        if reason == _OPEN_RESERVATIONS:
+            return None
+        if not rid:
+            rid = self._next_reservation
+            self._next_reservation += 1
+        v = self._pressure.verdict(lane, pool, now)
+        return R.admitted(
+            reserved, rid, reserved - prompt, bucket, hour, day, lane, entry.slot, now, pool,
+            model, multiplier, window, arrived, 0, 0, v.score_ppm, v.freshness,
+        )  # fmt: skip
+
     def gate_refusal(
         self, v: Verdict, lane: str, slot: int, pool: str, now: int, arrived: int
     ) -> Record:

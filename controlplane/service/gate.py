@@ -20,7 +20,12 @@ pool is below its saturation point:
   report interval from overrunning the pool;
 - **without** (no engine reported, or every report is stale): at most
   ``gate_fallback_inflight`` requests released and not completed — a
-  conservative concurrency, never "unlimited".
+  conservative concurrency, never "unlimited";
+- **held** (``hold``: a replica just took the pool's cell over from another
+  one, docs/ha.md): nothing is released until the first load report that
+  arrives after the hold began, or until the hold ends, so the old owner's
+  requests still running are counted first — by the engines' reports, or by
+  the reservations sidecars re-announce (``restored``: in flight here too).
 
 The thresholds follow the Gateway API Inference Extension's saturation
 detector (a waiting-queue threshold per engine, stale metrics treated as
@@ -71,6 +76,7 @@ class _PoolState:
     inflight: int = 0  # released and not yet completed
     done: deque[int] = field(default_factory=lambda: deque(maxlen=DRAIN_WINDOW))
     report_gap_ns: int = 0  # typical time between two reports of one engine
+    held_until: int = 0  # a takeover hold: closed until then or the next report (0 = none)
     # The pool's room from its reports, cached until a report arrives, the
     # first fresh one goes stale or the policy changes.
     room: _Room | None = None
@@ -116,6 +122,9 @@ class PoolGate:
             state.report_gap_ns = gap if not old else (old + gap) // 2
         state.engines[load.engine_id] = load
         state.room = None
+        # a report after a takeover began counts everything the engines run,
+        # the old owner's requests included: the hold has done its job
+        state.held_until = 0
         # releases older than every fresh report are in those reports already
         fresh = [
             e.received_ns for e in state.engines.values() if now - e.received_ns <= self._stale_ns
@@ -157,6 +166,39 @@ class PoolGate:
             else:  # released without room (the gate was off, or shadow mode): it waits
                 state.waiting.append(now)
 
+    def restored(self, pool: str) -> None:
+        """A reservation another replica released to ``pool`` was handed
+        over here (restore.py): in flight until its Complete, as a release.
+        Not a release since the reports (those count it already)."""
+        self._pool(pool).inflight += 1
+
+    def hold(self, pool: str, now: int, until: int) -> None:
+        """Release nothing to ``pool`` until ``until`` or its next load
+        report, whichever is first: this replica just took the pool over and
+        its view of the engines predates the old owner's releases, so what
+        it knew of them is dropped (the next reports rebuild it)."""
+        state = self._pool(pool)
+        state.engines.clear()
+        state.starting.clear()
+        state.starting_prompts.clear()
+        state.starting_tokens = 0
+        state.waiting.clear()
+        state.room = None
+        state.held_until = max(until, now + 1)
+
+    def holds(self) -> dict[str, int]:
+        """Pools held now -> when their hold ends."""
+        return {p: s.held_until for p, s in self._pools.items() if s.held_until}
+
+    def end_holds(self, now: int) -> list[str]:
+        """Lift the holds that ended by ``now``; the pools they held."""
+        ended = [p for p, s in self._pools.items() if 0 < s.held_until <= now]
+        for p in ended:
+            state = self._pools[p]
+            state.held_until = 0
+            state.room = None
+        return ended
+
     def completed(self, pool: str, now: int) -> None:
         state = self._pools.get(pool)
         if state is not None and state.inflight > 0:
@@ -195,6 +237,8 @@ class PoolGate:
         (completions per second, the last ``DRAIN_WINDOW``); before any
         completion was seen, one load-report interval."""
         state = self._pools.get(pool) or _EMPTY
+        if state.held_until > now:  # taken over just now: when the hold ends
+            return min(max(state.held_until - now, MIN_RETRY_NS), MAX_RETRY_NS)
         room = self._room(state, now)
         if room.fallback >= 0:
             left = room.fallback - state.inflight
@@ -209,6 +253,11 @@ class PoolGate:
         return min(max(wait, MIN_RETRY_NS), MAX_RETRY_NS)
 
     def _room(self, state: _PoolState, now: int) -> _Room:
+        if state.held_until:
+            if now < state.held_until:
+                return _CLOSED
+            state.held_until = 0
+            state.room = None
         room = state.room
         if room is not None and now < state.room_until:
             return room

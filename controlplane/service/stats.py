@@ -154,6 +154,7 @@ class AdmissionStats:
         self.queue_wait_sum_ns: Counter[str] = Counter()
         self.cancelled_total = 0
         self.offline_booked_total = 0
+        self.restored_total = 0  # open reservations re-announced to this replica (restore.py)
         self.expired_total = 0
 
     # ------------------------------------------------------- the hot path

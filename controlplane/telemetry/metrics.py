@@ -123,6 +123,12 @@ class AdmissionCollector(Collector):
             "booked by their Complete",
             value=svc.stats.offline_booked_total,
         )
+        yield CounterMetricFamily(
+            "burstgate_reservations_restored",
+            "Open reservations sidecars re-announced to this replica after their pool's "
+            "cell moved here (several replicas), restored and counted",
+            value=svc.stats.restored_total,
+        )
         target = GaugeMetricFamily(
             "burstgate_lane_wait_target_seconds",
             "The lane's configured queue-wait target (wait_target_ms), for comparing "

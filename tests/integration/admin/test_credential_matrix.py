@@ -221,6 +221,11 @@ def request_for(method: MethodDescriptor, cred: Credential) -> Any:
                     getattr(msg, name).extend(value)
                 else:
                     setattr(msg, name, value)
+        if method.name == "Reannounce":  # one open reservation of that tenant and pool
+            msg.reservations.add(
+                tenant_id=tenant, request_id=rid, pool=pool, prompt_tokens=1, max_tokens=0,
+                reserved_tokens=1, granted_max_tokens=0, pricing_multiplier="1.000000",
+            )  # fmt: skip
     elif "list_services" in fields:
         msg.list_services = ""
     elif method.name == "SetPrice":

@@ -240,6 +240,35 @@ MISS_RATE_SOURCE_NONE: MissRateSource.ValueType  # 3
 """neither was measured: priced at a rate of 0"""
 Global___MissRateSource: _TypeAlias = MissRateSource  # noqa: Y015
 
+class _ReannounceOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReannounceOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReannounceOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REANNOUNCE_OUTCOME_UNSPECIFIED: _ReannounceOutcome.ValueType  # 0
+    REANNOUNCE_OUTCOME_RESTORED: _ReannounceOutcome.ValueType  # 1
+    """now held open here: counted, and settled by its Complete"""
+    REANNOUNCE_OUTCOME_KNOWN: _ReannounceOutcome.ValueType  # 2
+    """already held here (open or settled): nothing changed"""
+    REANNOUNCE_OUTCOME_NOT_OWNER: _ReannounceOutcome.ValueType  # 3
+    """another replica owns its pool's cell: owner[i]"""
+    REANNOUNCE_OUTCOME_REFUSED: _ReannounceOutcome.ValueType  # 4
+    """not restored, detail[i] says why; its Complete is booked as offline"""
+
+class ReannounceOutcome(_ReannounceOutcome, metaclass=_ReannounceOutcomeEnumTypeWrapper): ...
+
+REANNOUNCE_OUTCOME_UNSPECIFIED: ReannounceOutcome.ValueType  # 0
+REANNOUNCE_OUTCOME_RESTORED: ReannounceOutcome.ValueType  # 1
+"""now held open here: counted, and settled by its Complete"""
+REANNOUNCE_OUTCOME_KNOWN: ReannounceOutcome.ValueType  # 2
+"""already held here (open or settled): nothing changed"""
+REANNOUNCE_OUTCOME_NOT_OWNER: ReannounceOutcome.ValueType  # 3
+"""another replica owns its pool's cell: owner[i]"""
+REANNOUNCE_OUTCOME_REFUSED: ReannounceOutcome.ValueType  # 4
+"""not restored, detail[i] says why; its Complete is booked as offline"""
+Global___ReannounceOutcome: _TypeAlias = ReannounceOutcome  # noqa: Y015
+
 @_typing.final
 class Pressure(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -1213,3 +1242,155 @@ class LoadReportAck(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LoadReportAck: _TypeAlias = LoadReportAck  # noqa: Y015
+
+@_typing.final
+class OpenReservation(_message.Message):
+    """One open reservation as the sidecar knows it from its Admit (see
+    AdmissionService.Reannounce).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LANE_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    RESERVED_TOKENS_FIELD_NUMBER: _builtins.int
+    GRANTED_MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    PRICING_WINDOW_FIELD_NUMBER: _builtins.int
+    ADMITTED_UNIX_NS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """as AdmitRequest.tenant_id"""
+    request_id: _builtins.str
+    """as AdmitRequest.request_id"""
+    lane: _builtins.str
+    """As the Admit named it (the answer's lane when the sidecar has it);
+    empty = the tenant's default. Placed again as Admit places it, from
+    prompt_tokens and max_tokens.
+    """
+    pool: _builtins.str
+    """As the Admit named it; empty = resolved as Admit resolves it (the
+    tenant's pool, else the lane's, else "default").
+    """
+    model: _builtins.str
+    """as AdmitRequest.model"""
+    prompt_tokens: _builtins.int
+    """as AdmitRequest.prompt_tokens, 0..10,000,000"""
+    max_tokens: _builtins.int
+    """as AdmitRequest.max_tokens, 0..10,000,000"""
+    reserved_tokens: _builtins.int
+    """The answer's reserved_tokens and granted_max_tokens: reserved_tokens
+    = prompt_tokens + granted_max_tokens, granted_max_tokens <= max_tokens.
+    """
+    granted_max_tokens: _builtins.int
+    reservation_id: _builtins.int
+    """the answer's (kept: a Complete naming it matches); 0 = unknown"""
+    pricing_multiplier: _builtins.str
+    """The answer's pricing_multiplier (decimal text, > 0, < 1000, at most 6
+    places): the ledger bills the Complete at this multiplier.
+    """
+    pricing_window: _builtins.int
+    """The pricing window it came from (Unix s, as CompleteResponse's); 0 = unknown."""
+    admitted_unix_ns: _builtins.int
+    """When it was admitted (Unix ns, the sidecar's clock); 0 = unknown. Within
+    [now - reservation TTL - 1 day, now + 1 hour] on the server's clock.
+    """
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        lane: _builtins.str = ...,
+        pool: _builtins.str = ...,
+        model: _builtins.str = ...,
+        prompt_tokens: _builtins.int = ...,
+        max_tokens: _builtins.int = ...,
+        reserved_tokens: _builtins.int = ...,
+        granted_max_tokens: _builtins.int = ...,
+        reservation_id: _builtins.int = ...,
+        pricing_multiplier: _builtins.str = ...,
+        pricing_window: _builtins.int = ...,
+        admitted_unix_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_unix_ns", b"admitted_unix_ns", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "max_tokens", b"max_tokens", "model", b"model", "pool", b"pool", "pricing_multiplier", b"pricing_multiplier", "pricing_window", b"pricing_window", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenReservation: _TypeAlias = OpenReservation  # noqa: Y015
+
+@_typing.final
+class ReannounceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reservations(self) -> _containers.RepeatedCompositeFieldContainer[Global___OpenReservation]:
+        """at most the server's max batch (default 10,000)"""
+
+    def __init__(
+        self,
+        *,
+        reservations: _abc.Iterable[Global___OpenReservation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservations", b"reservations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReannounceRequest: _TypeAlias = ReannounceRequest  # noqa: Y015
+
+@_typing.final
+class ReannounceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESTORED_FIELD_NUMBER: _builtins.int
+    ALREADY_KNOWN_FIELD_NUMBER: _builtins.int
+    NOT_OWNER_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    restored: _builtins.int
+    already_known: _builtins.int
+    not_owner: _builtins.int
+    refused: _builtins.int
+    @_builtins.property
+    def outcome(self) -> _containers.RepeatedScalarFieldContainer[Global___ReannounceOutcome.ValueType]:
+        """entry i's"""
+
+    @_builtins.property
+    def owner(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Entry i's owner's address when outcome[i] is NOT_OWNER ("" while
+        unknown); "" otherwise. Empty when no entry is NOT_OWNER.
+        """
+
+    @_builtins.property
+    def detail(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Why entry i was refused; "" otherwise. Empty when none was."""
+
+    def __init__(
+        self,
+        *,
+        restored: _builtins.int = ...,
+        already_known: _builtins.int = ...,
+        not_owner: _builtins.int = ...,
+        refused: _builtins.int = ...,
+        outcome: _abc.Iterable[Global___ReannounceOutcome.ValueType] | None = ...,
+        owner: _abc.Iterable[_builtins.str] | None = ...,
+        detail: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_known", b"already_known", "detail", b"detail", "not_owner", b"not_owner", "outcome", b"outcome", "owner", b"owner", "refused", b"refused", "restored", b"restored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReannounceResponse: _TypeAlias = ReannounceResponse  # noqa: Y015

@@ -64,6 +64,11 @@ class AdmissionServiceStub:
                 request_serializer=burstgate_dot_v1_dot_admission__pb2.GetCellOwnersRequest.SerializeToString,
                 response_deserializer=burstgate_dot_v1_dot_admission__pb2.CellOwners.FromString,
                 _registered_method=True)
+        self.Reannounce = channel.unary_unary(
+                '/burstgate.v1.AdmissionService/Reannounce',
+                request_serializer=burstgate_dot_v1_dot_admission__pb2.ReannounceRequest.SerializeToString,
+                response_deserializer=burstgate_dot_v1_dot_admission__pb2.ReannounceResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -209,6 +214,37 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reannounce(self, request, context):
+        """Several replicas (docs/ha.md, "Re-announcing open reservations"): a
+        sidecar hands the reservations it holds open (admitted, not yet
+        completed) to a replica that became the owner of their pool's cell, so
+        that the new owner counts them (the tenant's concurrency and bucket,
+        the pool gate's in-flight requests) and settles their Complete with a
+        refund, billed at the multiplier locked at admission. Sent by the SDK
+        when it learns that a pool's owner changed (a NOT_OWNER redirect, or a
+        failover from an unreachable replica), before its next request there.
+
+        Idempotent per (tenant_id, request_id): a reservation the replica
+        already holds, open or settled, is left as it is (KNOWN). An entry
+        whose pool's cell another replica owns is not taken (NOT_OWNER, with
+        the owner's address in owner[i]); the rest of the batch is. An entry
+        that cannot be restored (its tenant is not configured, the server's
+        cap on open reservations binds, a pool outside a scoped key) is
+        REFUSED with detail[i]; nothing of it is kept. The auth rules are
+        Complete's: a sidecar key, and each entry's tenant and pool within its
+        scope (PERMISSION_DENIED naming reservations[i].tenant_id or .pool:
+        nothing of the call is taken).
+
+        Errors: INVALID_ARGUMENT naming the entry's field, e.g.
+        "reservations[3].reserved_tokens: ..." (nothing of the call is taken);
+        more entries than the server's max batch (default 10,000):
+        INVALID_ARGUMENT naming `reservations`. UNAUTHENTICATED,
+        PERMISSION_DENIED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +277,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.GetCellOwners,
                     request_deserializer=burstgate_dot_v1_dot_admission__pb2.GetCellOwnersRequest.FromString,
                     response_serializer=burstgate_dot_v1_dot_admission__pb2.CellOwners.SerializeToString,
+            ),
+            'Reannounce': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reannounce,
+                    request_deserializer=burstgate_dot_v1_dot_admission__pb2.ReannounceRequest.FromString,
+                    response_serializer=burstgate_dot_v1_dot_admission__pb2.ReannounceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -405,6 +446,33 @@ class AdmissionService:
             '/burstgate.v1.AdmissionService/GetCellOwners',
             burstgate_dot_v1_dot_admission__pb2.GetCellOwnersRequest.SerializeToString,
             burstgate_dot_v1_dot_admission__pb2.CellOwners.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reannounce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/burstgate.v1.AdmissionService/Reannounce',
+            burstgate_dot_v1_dot_admission__pb2.ReannounceRequest.SerializeToString,
+            burstgate_dot_v1_dot_admission__pb2.ReannounceResponse.FromString,
             options,
             channel_credentials,
             insecure,

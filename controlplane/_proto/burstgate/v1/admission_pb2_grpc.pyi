@@ -205,6 +205,33 @@ class AdmissionServiceStub:
     `members` is empty. Errors: INVALID_ARGUMENT (pool), UNAUTHENTICATED,
     PERMISSION_DENIED.
     """
+    Reannounce: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ReannounceRequest, _admission_pb2.ReannounceResponse]
+    """Several replicas (docs/ha.md, "Re-announcing open reservations"): a
+    sidecar hands the reservations it holds open (admitted, not yet
+    completed) to a replica that became the owner of their pool's cell, so
+    that the new owner counts them (the tenant's concurrency and bucket,
+    the pool gate's in-flight requests) and settles their Complete with a
+    refund, billed at the multiplier locked at admission. Sent by the SDK
+    when it learns that a pool's owner changed (a NOT_OWNER redirect, or a
+    failover from an unreachable replica), before its next request there.
+
+    Idempotent per (tenant_id, request_id): a reservation the replica
+    already holds, open or settled, is left as it is (KNOWN). An entry
+    whose pool's cell another replica owns is not taken (NOT_OWNER, with
+    the owner's address in owner[i]); the rest of the batch is. An entry
+    that cannot be restored (its tenant is not configured, the server's
+    cap on open reservations binds, a pool outside a scoped key) is
+    REFUSED with detail[i]; nothing of it is kept. The auth rules are
+    Complete's: a sidecar key, and each entry's tenant and pool within its
+    scope (PERMISSION_DENIED naming reservations[i].tenant_id or .pool:
+    nothing of the call is taken).
+
+    Errors: INVALID_ARGUMENT naming the entry's field, e.g.
+    "reservations[3].reserved_tokens: ..." (nothing of the call is taken);
+    more entries than the server's max batch (default 10,000):
+    INVALID_ARGUMENT naming `reservations`. UNAUTHENTICATED,
+    PERMISSION_DENIED.
+    """
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -323,6 +350,33 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     knows, with its pools, owner and lease, and the live replicas; any
     replica answers. On a single replica (SQLite) every cell is its own and
     `members` is empty. Errors: INVALID_ARGUMENT (pool), UNAUTHENTICATED,
+    PERMISSION_DENIED.
+    """
+    Reannounce: _aio.UnaryUnaryMultiCallable[_admission_pb2.ReannounceRequest, _admission_pb2.ReannounceResponse]  # type: ignore[assignment]
+    """Several replicas (docs/ha.md, "Re-announcing open reservations"): a
+    sidecar hands the reservations it holds open (admitted, not yet
+    completed) to a replica that became the owner of their pool's cell, so
+    that the new owner counts them (the tenant's concurrency and bucket,
+    the pool gate's in-flight requests) and settles their Complete with a
+    refund, billed at the multiplier locked at admission. Sent by the SDK
+    when it learns that a pool's owner changed (a NOT_OWNER redirect, or a
+    failover from an unreachable replica), before its next request there.
+
+    Idempotent per (tenant_id, request_id): a reservation the replica
+    already holds, open or settled, is left as it is (KNOWN). An entry
+    whose pool's cell another replica owns is not taken (NOT_OWNER, with
+    the owner's address in owner[i]); the rest of the batch is. An entry
+    that cannot be restored (its tenant is not configured, the server's
+    cap on open reservations binds, a pool outside a scoped key) is
+    REFUSED with detail[i]; nothing of it is kept. The auth rules are
+    Complete's: a sidecar key, and each entry's tenant and pool within its
+    scope (PERMISSION_DENIED naming reservations[i].tenant_id or .pool:
+    nothing of the call is taken).
+
+    Errors: INVALID_ARGUMENT naming the entry's field, e.g.
+    "reservations[3].reserved_tokens: ..." (nothing of the call is taken);
+    more entries than the server's max batch (default 10,000):
+    INVALID_ARGUMENT naming `reservations`. UNAUTHENTICATED,
     PERMISSION_DENIED.
     """
 
@@ -476,6 +530,39 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         knows, with its pools, owner and lease, and the live replicas; any
         replica answers. On a single replica (SQLite) every cell is its own and
         `members` is empty. Errors: INVALID_ARGUMENT (pool), UNAUTHENTICATED,
+        PERMISSION_DENIED.
+        """
+
+    @_abc_1.abstractmethod
+    def Reannounce(
+        self,
+        request: _admission_pb2.ReannounceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.ReannounceResponse, _abc.Awaitable[_admission_pb2.ReannounceResponse]]:
+        """Several replicas (docs/ha.md, "Re-announcing open reservations"): a
+        sidecar hands the reservations it holds open (admitted, not yet
+        completed) to a replica that became the owner of their pool's cell, so
+        that the new owner counts them (the tenant's concurrency and bucket,
+        the pool gate's in-flight requests) and settles their Complete with a
+        refund, billed at the multiplier locked at admission. Sent by the SDK
+        when it learns that a pool's owner changed (a NOT_OWNER redirect, or a
+        failover from an unreachable replica), before its next request there.
+
+        Idempotent per (tenant_id, request_id): a reservation the replica
+        already holds, open or settled, is left as it is (KNOWN). An entry
+        whose pool's cell another replica owns is not taken (NOT_OWNER, with
+        the owner's address in owner[i]); the rest of the batch is. An entry
+        that cannot be restored (its tenant is not configured, the server's
+        cap on open reservations binds, a pool outside a scoped key) is
+        REFUSED with detail[i]; nothing of it is kept. The auth rules are
+        Complete's: a sidecar key, and each entry's tenant and pool within its
+        scope (PERMISSION_DENIED naming reservations[i].tenant_id or .pool:
+        nothing of the call is taken).
+
+        Errors: INVALID_ARGUMENT naming the entry's field, e.g.
+        "reservations[3].reserved_tokens: ..." (nothing of the call is taken);
+        more entries than the server's max batch (default 10,000):
+        INVALID_ARGUMENT naming `reservations`. UNAUTHENTICATED,
         PERMISSION_DENIED.
         """
 

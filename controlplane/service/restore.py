@@ -1,0 +1,206 @@
+"""Restoring an open reservation that a sidecar re-announces to this
+replica after its pool's cell moved here (docs/ha.md, "Re-announcing open
+reservations"; AdmissionService.Reannounce).
+
+Reservations live only in the memory of the cell's owner. When the owner
+dies or hands the cell over, the requests it admitted are still running on
+the engines and their sidecars still hold them open. Re-created here, each
+one is counted as if this replica had admitted it:
+
+- the tenant's bucket, hourly and daily counters are debited its reserved
+  tokens **by force** (as shadow mode and offline booking charge: the
+  bucket may go into debt, concurrency may pass its limit): the request
+  runs already, and the refund its Complete brings must give back only what
+  was taken here, never tokens this replica never debited (that would let
+  the tenant pass its quota);
+- its concurrency slot and in-flight tokens (the global watermark);
+- the pool gate's in-flight count (the fallback limit without load reports);
+- the multiplier and pricing window the old owner locked at admission, so
+  its Complete is billed at them.
+
+It is then settled by its Complete like any other reservation (refund of the
+unused part), or released at the reservation TTL, counted from the
+re-announce. A reservation known here already (open or settled) is left
+alone: re-announcing is idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from controlplane.domain.errors import InvalidArgument, excerpt
+from controlplane.domain.money import parse_decimal
+from controlplane.domain.scope import KeyScope
+from controlplane.domain.validate import MAX_POOL_LEN, check_id, check_optional_name, check_tokens
+from controlplane.service import records as R
+from controlplane.service.decider import Decider
+from controlplane.service.dispatcher import Dispatcher
+from controlplane.service.gate import PoolGate
+from controlplane.service.keyscope import check_scope
+from controlplane.service.records import RequestLog
+from controlplane.service.stats import AdmissionStats
+from controlplane.service.tenants import Tenant, TenantDirectory
+
+RESTORED = "restored"
+KNOWN = "known"
+REFUSED = "refused"
+# A pricing multiplier as the Admit answer writes it: > 0, below this, <= 6 places.
+MAX_MULTIPLIER = Decimal(1000)
+MULTIPLIER_DECIMALS = 6
+MAX_MULTIPLIER_TEXT = 32
+# An admission time must lie within the window Complete's exec times may
+# (controlplane/domain/validate.py): a TTL plus a day before now, an hour after.
+PAST_SLACK_NS = 86_400 * 10**9
+FUTURE_NS = 3_600 * 10**9
+
+
+@dataclass(frozen=True, slots=True)
+class OpenReservation:
+    """An open reservation as the sidecar knows it from its Admit answer.
+    ``lane`` and ``pool`` as the Admit named them ("" = resolved and placed
+    as Admit does); ``pricing_multiplier`` the answer's decimal text;
+    ``pricing_window`` Unix seconds (0 = unknown); ``admitted_ns`` the
+    admission's wall-clock time (0 = unknown)."""
+
+    tenant_id: str
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    reserved_tokens: int
+    granted_max_tokens: int
+    pricing_multiplier: str | Decimal
+    lane: str = ""
+    pool: str = ""
+    model: str = ""
+    reservation_id: int = 0
+    pricing_window: int = 0
+    admitted_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """What :meth:`AdmissionService.restore_reservation` did: ``outcome``
+    one of RESTORED, KNOWN, REFUSED (``detail`` says why), and the pool the
+    reservation belongs to."""
+
+    outcome: str
+    pool: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    entry: Tenant
+    lane: str
+    pool: str
+    multiplier: float
+
+
+def check_fields(r: OpenReservation, now: int, ttl_ns: int) -> float:
+    """The reservation's own fields; its multiplier as a float."""
+    check_id("tenant_id", r.tenant_id)
+    check_id("request_id", r.request_id)
+    check_optional_name("pool", r.pool, max_len=MAX_POOL_LEN)
+    check_optional_name("model", r.model)
+    for name in ("prompt_tokens", "max_tokens", "reserved_tokens", "granted_max_tokens"):
+        check_tokens(name, getattr(r, name))
+    if r.granted_max_tokens > r.max_tokens:
+        raise InvalidArgument(
+            "granted_max_tokens", f"{r.granted_max_tokens} exceeds max_tokens {r.max_tokens}"
+        )
+    if r.reserved_tokens != r.prompt_tokens + r.granted_max_tokens:
+        raise InvalidArgument(
+            "reserved_tokens",
+            f"{r.reserved_tokens} is not prompt_tokens + granted_max_tokens "
+            f"({r.prompt_tokens} + {r.granted_max_tokens})",
+        )
+    if not 0 <= r.reservation_id < 2**63:
+        raise InvalidArgument("reservation_id", f"must be below 2^63, got {r.reservation_id}")
+    if r.pricing_window < 0:
+        raise InvalidArgument("pricing_window", f"must be >= 0, got {r.pricing_window}")
+    text = r.pricing_multiplier
+    if isinstance(text, str) and not text:
+        raise InvalidArgument("pricing_multiplier", "required (the Admit answer's)")
+    if isinstance(text, str) and len(text) > MAX_MULTIPLIER_TEXT:
+        raise InvalidArgument(
+            "pricing_multiplier", f"longer than {MAX_MULTIPLIER_TEXT} characters ({len(text)})"
+        )
+    multiplier = parse_decimal(
+        "pricing_multiplier", text, decimals=MULTIPLIER_DECIMALS, maximum=MAX_MULTIPLIER,
+        allow_equal_min=False,
+    )  # fmt: skip
+    if r.admitted_ns:
+        low, high = now - ttl_ns - PAST_SLACK_NS, now + FUTURE_NS
+        if not low <= r.admitted_ns <= high:
+            raise InvalidArgument(
+                "admitted_unix_ns",
+                f"{r.admitted_ns} is outside [{low}, {high}]: from the reservation "
+                "TTL plus one day before the server's clock to one hour after it (0 = unset)",
+            )
+    return float(multiplier)
+
+
+class Restorer:
+    def __init__(
+        self,
+        tenants: TenantDirectory,
+        log: RequestLog,
+        dispatcher: Dispatcher,
+        decider: Decider,
+        gate: PoolGate,
+        stats: AdmissionStats,
+        ttl_ns: int,
+    ) -> None:
+        self._tenants, self._log, self._dispatcher = tenants, log, dispatcher
+        self._decider, self._gate, self.stats = decider, gate, stats
+        self._ttl_ns = ttl_ns
+
+    def plan(
+        self, r: OpenReservation, now: int, scope: KeyScope | None
+    ) -> tuple[str, _Plan | None]:
+        """Check ``r`` and resolve its lane and pool as its Admit was
+        resolved (placement included), changing nothing: (its pool, the
+        plan; None when its tenant is not configured, a refusal). Raises
+        InvalidArgument naming the field, PermissionDenied outside ``scope``."""
+        multiplier = check_fields(r, now, self._ttl_ns)
+        tenants = self._tenants
+        if scope is not None:
+            scope.check_tenant("tenant_id", r.tenant_id)
+        entry = tenants.resolve(r.tenant_id)
+        if entry is None:
+            tenants.check_lane("lane", r.lane)
+            tenants.check_pool(r.pool)
+            return r.pool, None
+        lane = tenants.lane_for("lane", r.lane, entry)
+        lane = tenants.place(entry, lane, r.prompt_tokens, r.max_tokens)
+        tenants.check_pool(r.pool)
+        pool = tenants.pool_for(entry, lane, r.pool)
+        if scope is not None:
+            check_scope(scope, r.tenant_id, entry, pool, "this reservation's")
+        return pool, _Plan(entry, lane, pool, multiplier)
+
+    def restore(self, r: OpenReservation, now: int, scope: KeyScope | None) -> Restore:
+        pool, plan = self.plan(r, now, scope)
+        key = (r.tenant_id, r.request_id)
+        known = self._log.get(key)
+        if known is not None and known[R.STATE] != R.REJECTED:
+            return Restore(KNOWN, str(known[R.POOL]))
+        # (a remembered refusal is replaced: the sidecar holds an admission
+        # from the old owner, which this replica's answer never reached)
+        if key in self._dispatcher.queues.by_key:
+            return Restore(REFUSED, pool, "the same request id waits in a queue here")
+        if plan is None:
+            return Restore(REFUSED, pool, f"unknown tenant {excerpt(r.tenant_id)}")
+        arrived = r.admitted_ns if 0 < r.admitted_ns <= now else now
+        rec = self._decider.restore(
+            plan.entry, plan.lane, r.prompt_tokens, r.granted_max_tokens, r.model, plan.pool,
+            plan.multiplier, r.pricing_window, r.reservation_id, arrived, now,
+        )  # fmt: skip
+        if rec is None:
+            return Restore(REFUSED, pool, "open reservations are at their cap")
+        self._log.add_admitted(key, rec)
+        if self._gate.enabled and plan.pool:
+            self._gate.restored(plan.pool)
+        self.stats.restored_total += 1
+        return Restore(RESTORED, plan.pool)

@@ -1,0 +1,192 @@
+"""AdmissionService.restore_reservation and hold_pools (docs/ha.md,
+"Re-announcing open reservations"): a reservation another replica admitted
+is counted here by force and settled by its Complete with a refund, at the
+multiplier locked at its admission; the pool gate counts it and holds a
+taken-over pool until a load report or the hold's end."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from controlplane.domain import AdmitDecision, Decision
+from controlplane.domain.errors import InvalidArgument, PermissionDenied
+from controlplane.domain.policy import Policy
+from controlplane.domain.scope import KeyScope
+from controlplane.service import OpenReservation
+from controlplane.service import records as R
+from controlplane.service.queueing import Waiter
+from controlplane.service.restore import KNOWN, REFUSED, RESTORED
+from fastpath import Reason
+
+from .conftest import LANES, tenant
+
+S = 1_000_000_000
+
+
+def held(
+    request_id: str = "r1", prompt: int = 60, granted: int = 40, **kw: Any
+) -> OpenReservation:
+    fields: dict[str, Any] = {
+        "tenant_id": "acme", "request_id": request_id, "prompt_tokens": prompt,
+        "max_tokens": granted, "reserved_tokens": prompt + granted,
+        "granted_max_tokens": granted, "pricing_multiplier": "1.500000", "pool": "p",
+        "reservation_id": 77, "pricing_window": 1_700_000_100,
+    }  # fmt: skip
+    return OpenReservation(**(fields | kw))
+
+
+def test_a_restored_reservation_is_debited_and_its_complete_refunds_at_the_locked_multiplier(
+    make_service: Any, clock: Any
+) -> None:
+    svc = make_service(tenant(hourly_quota=10_000))
+    before = svc.tenant_state("acme")
+    done = svc.restore_reservation(held(admitted_ns=clock() - 5 * S))
+    assert (done.outcome, done.pool) == (RESTORED, "p")
+    after = svc.tenant_state("acme")
+    assert after["inflight"] == before["inflight"] + 1
+    assert after["hour_used"] == before["hour_used"] + 100
+    rec = svc.record("acme", "r1")
+    assert rec is not None and rec[R.STATE] == R.OPEN
+    assert (rec[R.MULTIPLIER], rec[R.WINDOW], rec[R.RID]) == (1.5, 1_700_000_100, 77)
+    assert (rec[R.RESERVED], rec[R.GRANTED], rec[R.POOL]) == (100, 40, "p")
+    assert rec[R.ARRIVED_NS] == clock() - 5 * S  # the ledger's arrival: the admission
+    s = svc.complete("acme", "r1", 77, 60, 10)
+    assert (s.reserved_tokens, s.actual_tokens, s.refunded_tokens) == (100, 70, 30)
+    assert not s.duplicate
+    end = svc.tenant_state("acme")
+    assert end["inflight"] == before["inflight"]
+    assert end["hour_used"] == before["hour_used"] + 70
+    assert svc.stats.restored_total == 1
+
+
+def test_restoring_is_idempotent_open_or_settled(make_service: Any) -> None:
+    svc = make_service()
+    assert svc.restore_reservation(held()).outcome == RESTORED
+    state = svc.tenant_state("acme")
+    assert svc.restore_reservation(held()).outcome == KNOWN
+    assert svc.tenant_state("acme") == state
+    svc.complete("acme", "r1", 0, 60, 40)
+    assert svc.restore_reservation(held()).outcome == KNOWN
+    assert svc.open_reservations == 0
+    # an id this replica admitted itself is known too
+    assert svc.admit("acme", "own", "", 10, 10, pool="p").decision == Decision.ADMIT
+    assert svc.restore_reservation(held("own", 10, 10)).outcome == KNOWN
+
+
+def test_it_is_charged_by_force_and_quota_overshoot_stays_zero(make_service: Any) -> None:
+    svc = make_service(tenant(max_concurrency=1, hourly_quota=1_000, burst_tokens=500))
+    assert svc.admit("acme", "mine", "", 100, 100, pool="p").decision == Decision.ADMIT
+    # concurrency 1 is taken, the burst cannot hold 600: restored anyway (it runs)
+    assert svc.restore_reservation(held("r1", 300, 300)).outcome == RESTORED
+    state = svc.tenant_state("acme")
+    assert state["inflight"] == 2 and state["level_mtok"] < 0
+    # 800 of the hour's 1,000 are reserved: a 300-token request would pass the quota
+    svc.complete("acme", "mine", 0, 100, 100)
+    d = svc.admit("acme", "next", "", 150, 150, pool="p")
+    assert (d.decision, d.reason) == (Decision.REJECT, Reason.HOURLY_QUOTA)
+
+
+def test_the_gate_counts_restored_requests_in_flight(make_service: Any) -> None:
+    svc = make_service()
+    svc.apply_config([tenant()], LANES, Policy(gate_fallback_inflight=3))
+    for i in range(2):
+        assert svc.restore_reservation(held(f"r{i}")).outcome == RESTORED
+    assert svc.gate_inflight("p") == 2
+    assert svc.admit("acme", "a", "", 10, 10, pool="p").decision == Decision.ADMIT
+    d = svc.admit("acme", "b", "", 10, 10, pool="p")  # 2 restored + 1 = the fallback's 3
+    assert (d.decision, d.reason) == (Decision.REJECT, Reason.BACKPRESSURE)
+    svc.complete("acme", "r0", 0, 10, 10)
+    assert svc.gate_inflight("p") == 2
+    assert svc.admit("acme", "c", "", 10, 10, pool="p").decision == Decision.ADMIT
+
+
+def test_a_held_pool_releases_nothing_until_the_hold_ends(make_service: Any, clock: Any) -> None:
+    svc = make_service()
+    svc.hold_pools(["p"], 1.0)
+    w = svc.admit_or_wait("acme", "w", "", 10, 10, pool="p", deadline_ns=clock() + 5 * S)
+    assert isinstance(w, Waiter) and not w.done
+    other = svc.admit("acme", "q", "", 10, 10, pool="q")  # another pool is not held
+    assert other.decision == Decision.ADMIT
+    refused = svc.admit("acme", "now", "", 10, 10, pool="p")
+    assert refused.reason == Reason.BACKPRESSURE and 0 < refused.retry_after_ns <= S
+    assert svc.next_wakeup_ns() == clock() + S  # the hold's end
+    clock.advance(S - 1)
+    svc.tick()
+    assert not w.done
+    clock.advance(1)
+    svc.tick()
+    assert w.done and isinstance(w.result, AdmitDecision) and w.result.decision == Decision.ADMIT
+
+
+def test_a_load_report_after_the_takeover_lifts_the_hold(make_service: Any, clock: Any) -> None:
+    svc = make_service()
+    svc.hold_pools(["p"], 1.0)
+    w = svc.admit_or_wait("acme", "w", "", 10, 10, pool="p", deadline_ns=clock() + 5 * S)
+    assert isinstance(w, Waiter) and not w.done
+    svc.report_load("p", "e1", 0, 8192, 0, 0, None, 0.0, requests_running=3, max_num_seqs=8)
+    assert w.done and isinstance(w.result, AdmitDecision) and w.result.decision == Decision.ADMIT
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"reserved_tokens": 99}, "reserved_tokens"),
+        ({"granted_max_tokens": 41, "reserved_tokens": 101}, "granted_max_tokens"),
+        ({"pricing_multiplier": "abc"}, "pricing_multiplier"),
+        ({"pricing_multiplier": ""}, "pricing_multiplier"),
+        ({"pricing_multiplier": "0"}, "pricing_multiplier"),
+        ({"pricing_multiplier": "1.0000001"}, "pricing_multiplier"),
+        ({"prompt_tokens": -1}, "prompt_tokens"),
+        ({"request_id": ""}, "request_id"),
+        ({"lane": "nope"}, "lane"),
+        ({"pool": "x" * 129}, "pool"),
+        ({"pricing_window": -1}, "pricing_window"),
+        ({"admitted_ns": 1}, "admitted_unix_ns"),
+    ],
+)
+def test_bad_input_names_the_field_and_changes_nothing(
+    make_service: Any, change: dict[str, Any], field: str
+) -> None:
+    svc = make_service()
+    state = svc.tenant_state("acme")
+    with pytest.raises(InvalidArgument) as err:
+        svc.restore_reservation(dataclasses.replace(held(), **change))
+    assert err.value.field == field
+    assert svc.tenant_state("acme") == state and svc.open_reservations == 0
+
+
+def test_refusals_keep_nothing(make_service: Any) -> None:
+    svc = make_service(max_open_reservations_per_tenant=1)
+    done = svc.restore_reservation(held(tenant_id="ghost"))
+    assert done.outcome == REFUSED and "unknown tenant" in done.detail
+    assert svc.restore_reservation(held("r1")).outcome == RESTORED
+    capped = svc.restore_reservation(held("r2"))
+    assert capped.outcome == REFUSED and "cap" in capped.detail
+    assert svc.open_reservations == 1
+
+
+def test_a_scoped_key_restores_only_its_tenants_and_pools(make_service: Any) -> None:
+    svc = make_service(tenant(), tenant("beta"))
+    scope = KeyScope(["acme"], ["p"])
+    assert svc.restore_reservation(held(), scope).outcome == RESTORED
+    with pytest.raises(PermissionDenied) as err:
+        svc.restore_reservation(held("r2", pool="q"), scope)
+    assert err.value.field == "pool"
+    with pytest.raises(PermissionDenied) as err:
+        svc.restore_reservation(held("r3", tenant_id="beta"), scope)
+    assert err.value.field == "tenant_id"
+
+
+def test_a_restored_reservation_expires_a_ttl_after_the_reannounce(
+    make_service: Any, clock: Any
+) -> None:
+    svc = make_service(reservation_ttl_s=10)
+    svc.restore_reservation(held(admitted_ns=clock() - 9 * S))
+    clock.advance(9 * S)
+    assert svc.expire() == 0
+    clock.advance(S)
+    assert svc.expire() == 1
+    assert svc.tenant_state("acme")["inflight"] == 0
