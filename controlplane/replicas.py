@@ -88,7 +88,7 @@ class ReplicaWiring:
                 self.service, ShareStore(engine), coordinator.member_id, s.ha_lease_ttl_s,
                 s.ha_margin_s, interval_s=self.share_interval_s(),
             )  # fmt: skip
-            grants.start()
+            await grants.start()
             self.ownership.grants = grants
         log.info("ha member joined", member=coordinator.member_id, address=address,
                  cells_owned=sorted(coordinator.owned()))  # fmt: skip

@@ -10,10 +10,13 @@ the service (``AdmissionService.shares``, service/shares.py).
   Demand is the tenant's decisions per second here (an exponential
   average) plus its queued requests as asked in this interval, in
   thousandths.
-- **When.** Every ``interval_s`` (min(1 s, TTL/5)), and at once when a
-  request names a tenant with no share here (``ensure``: the request waits
-  for that refresh, at most two intervals; without a share it is refused
-  with a retry after one interval).
+- **When.** Once for every configured tenant before the replica serves (and
+  for a tenant new in the config at the next refresh: a lone replica so has
+  every tenant's whole limits from its first request); then every
+  ``interval_s`` (min(1 s, TTL/5)), and at once when a request names a
+  tenant with no share here (``ensure``: the request waits for that
+  refresh, at most two intervals; without a share it is refused with a
+  retry after one interval).
 - **How long a share holds.** As a cell lease: until ``t_sent + ttl -
   margin`` on this replica's clock, ``t_sent`` read before the refresh was
   sent, so it lapses here before the database lets the others take it
@@ -82,6 +85,7 @@ class TenantGrants:
         self._seen: dict[str, int] = {}  # cumulative decisions at the last refresh
         self._seen_at = clock()
         self._asked: set[str] = set()
+        self._primed: set[str] = set()  # tenants asked about at least once
         self._wake = asyncio.Event()
         self._done: asyncio.Future[None] | None = None  # the next refresh's end
         self._task: asyncio.Task[None] | None = None
@@ -91,8 +95,16 @@ class TenantGrants:
 
     # ----------------------------------------------------------- lifecycle
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Limit the service to shares, ask for every configured tenant's
+        (before the replica serves: on a lone replica every tenant then has
+        its whole limits from the first request) and keep them."""
         self.service.shares.start(int(self.interval_s * NS_PER_S))
+        try:
+            await self.refresh()
+        except Exception as exc:  # the loop retries; requests wait in ensure()
+            self.failures += 1
+            log.warning("tenant shares not refreshed", error=str(exc))
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self, release: bool) -> None:
@@ -103,8 +115,10 @@ class TenantGrants:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         if release:
+            final = self._asks(set(self._shares))  # this replica's last use of the windows
             try:
-                await call(self.store.release, self.member_id, wait_s=self.ttl_s, what="release")
+                await call(self.store.release, self.member_id, final, wait_s=self.ttl_s,
+                           what="release")  # fmt: skip
             except Exception as exc:  # they expire after the TTL anyway
                 log.warning("tenant shares not released", error=str(exc))
 
@@ -179,6 +193,12 @@ class TenantGrants:
         wanted |= set(queued)
         wanted |= {t for t, s in self._shares.items() if s.rate_ppm > 0}
         wanted |= self._asked
+        wanted |= set(configured) - self._primed  # new in the config: asked once
+        return self._asks(wanted, queued)
+
+    def _asks(self, wanted: set[str], queued: dict[str, int] | None = None) -> list[Ask]:
+        configured = self.service.shares.configured()
+        queued = queued or {}
         now = self.service.clock()
         hour_s = now // NS_PER_HOUR * 3600
         day_s = now // NS_PER_DAY * 86400
@@ -204,6 +224,7 @@ class TenantGrants:
         self._asked.clear()
         if not asks:
             return
+        self._primed.update(a.tenant for a in asks)
         t_sent = self.clock()
         deadline = t_sent + self.ttl_s - self.margin_s
         grants = await call(
@@ -214,7 +235,8 @@ class TenantGrants:
             return  # an answer that came too late grants nothing here
         shares = self.service.shares
         for tenant, g in grants.items():
-            share = Share(g.rate_ppm, g.hour_allowance, g.day_allowance)
+            share = Share(g.rate_ppm, g.hour_allowance, g.day_allowance,
+                          g.hour_others_used, g.day_others_used)  # fmt: skip
             if shares.set(tenant, share, g.hour_used, g.day_used):
                 self._shares[tenant] = share
                 self._valid_until[tenant] = deadline

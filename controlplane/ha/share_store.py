@@ -111,6 +111,13 @@ _WRITE_QUOTAS = text(
     " ON CONFLICT (tenant_id, member_id, window_kind, window_start)"
     " DO UPDATE SET used = excluded.used, allowance = excluded.allowance"
 )
+_FINAL_QUOTAS = text(
+    "UPDATE ha_tenant_quotas AS q SET used = greatest(q.used, v.u)"
+    " FROM unnest(CAST(:tenants AS text[]), CAST(:kinds AS text[]), CAST(:starts AS bigint[]),"
+    " CAST(:used AS bigint[])) AS v(t, k, s, u)"
+    " WHERE q.member_id = :me AND q.tenant_id = v.t AND q.window_kind = v.k"
+    " AND q.window_start = v.s"
+)
 _FORGET_QUOTAS = text("DELETE FROM ha_tenant_quotas WHERE window_start < :before")
 _FORGET_RATES = text(
     "DELETE FROM ha_tenant_rates WHERE expires_at < clock_timestamp() - interval '1 hour'"
@@ -177,7 +184,9 @@ class ShareStore:
                     quota_allowance(used[kind], w.limit, share, quotas[(t, kind)], headroom)
                     for kind, w in ((HOUR, a.hour), (DAY, a.day))
                 }  # fmt: skip
-                grants[t] = Grant(share, allowed[HOUR], allowed[DAY], used[HOUR], used[DAY])
+                others = {kind: sum(h.used for h in quotas[(t, kind)]) for kind in (HOUR, DAY)}
+                grants[t] = Grant(share, allowed[HOUR], allowed[DAY], used[HOUR], used[DAY],
+                                  others[HOUR], others[DAY])  # fmt: skip
             conn.execute(_WRITE_RATES, {
                 "me": me, "ttl": ttl, "tenants": tenants,
                 "demands": [max(0, by_tenant[t].demand) for t in tenants],
@@ -193,15 +202,29 @@ class ShareStore:
                 })  # fmt: skip
         return grants
 
-    def release(self, me: str) -> None:
+    def release(self, me: str, final: Sequence[Ask] = ()) -> None:
         """Give up every rate grant of this member at once (a graceful exit):
-        the others may raise theirs at their next refresh. Quota allowances
-        stay counted until their windows end (what was spent stays spent)."""
+        the others may raise theirs at their next refresh. Its quota
+        allowances shrink to what it used (``final``: its last use of each
+        tenant's windows, never less than the rows hold), so the others may
+        be allowed the rest; what was spent stays counted until the window
+        ends."""
         with self.engine.begin() as conn:
             conn.execute(
                 text("UPDATE ha_tenant_rates SET rate_ppm = 0, expires_at = clock_timestamp()"
                      " WHERE member_id = :me"), {"me": me},
             )  # fmt: skip
+            rows = [(a.tenant, kind, w) for a in final
+                    for kind, w in ((HOUR, a.hour), (DAY, a.day)) if w is not None]  # fmt: skip
+            if rows:
+                conn.execute(_FINAL_QUOTAS, {
+                    "me": me, "tenants": [t for t, _, _ in rows], "kinds": [k for _, k, _ in rows],
+                    "starts": [w.start for _, _, w in rows], "used": [w.used for _, _, w in rows],
+                })  # fmt: skip
+            conn.execute(
+                text("UPDATE ha_tenant_quotas SET allowance = used WHERE member_id = :me"),
+                {"me": me},
+            )
 
     def forget(self, before_unix_s: int) -> None:
         """Delete quota rows of windows that started before ``before_unix_s``

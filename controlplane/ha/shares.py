@@ -110,6 +110,11 @@ class Grant:
     # from its row); the caller adds any difference to its counters.
     hour_used: int = 0
     day_used: int = 0
+    # What the other members had used of the windows when this was computed
+    # (what is left of the tenant's quota, tenant-wide, is quota - those -
+    # this member's own use).
+    hour_others_used: int = 0
+    day_others_used: int = 0
 
     def scale(self, whole: int) -> int:
         """``whole`` (a rate or a burst) times this grant's share, rounded down."""

@@ -21,6 +21,7 @@ from controlplane.rpc.errors import unary_errors
 from controlplane.rpc.owners import cell_owners, ensure_shares, redirect_if_not_owner
 from controlplane.rpc.reannounce import reannounce
 from controlplane.service import AdmissionService
+from controlplane.service.edge import check_admit
 from controlplane.service.waiting import WaitingRoom
 
 if TYPE_CHECKING:
@@ -88,6 +89,12 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                 request.pool,
             )  # fmt: skip
             await redirect_if_not_owner(self.ownership, pool, context)
+            # a share of the tenant's limits here (several replicas); bad
+            # input is refused first, having asked for nothing
+            check_admit(
+                request.tenant_id, request.request_id, request.prompt_tokens,
+                request.max_tokens, request.model, request.pool, request.lane,
+            )  # fmt: skip
             await ensure_shares(self.ownership, self._svc, (request.tenant_id,))
         # May wait server-side in the lane's queue (bounded by the lane's wait
         # target, the tenant's max wait and this call's deadline).

@@ -86,7 +86,7 @@ from controlplane.service.queueing import Waiter
 from controlplane.service.records import Key, Record, RequestLog
 from controlplane.service.restore import OpenReservation, Restore, Restorer
 from controlplane.service.settlement import Settler
-from controlplane.service.shares import ShareControl
+from controlplane.service.sharing import ShareControl
 from controlplane.service.stats import QUEUE_WAIT_BUCKETS_NS, AdmissionStats
 from controlplane.service.tenants import TenantDirectory
 from controlplane.settings import Settings
@@ -142,8 +142,9 @@ class AdmissionService:
         # Several replicas deciding for one tenant: controlplane/ha/grants.py
         # drives this (service/shares.py); unused in process and on SQLite.
         self.shares = ShareControl(
-            self._tenants, self._decider, self._dispatcher, self.stats, self._table, clock
-        )
+            self._tenants, self._decider, self._dispatcher.queues, self.stats, self._table,
+            clock, self._dispatcher.dispatch,
+        )  # fmt: skip
         self._offline = Booking(
             self._tenants, self._log, self._dispatcher, self._decider, self._outcomes, self.stats,
             settings.complete_max_overrun_ratio,
@@ -203,8 +204,10 @@ class AdmissionService:
         return [entry.config.tenant_id for entry in list(self._tenants.by_slot)]
 
     def tenant_state(self, tenant_id: str) -> dict[str, int]:
-        """The tenant's bucket, quotas and in-flight counts, refilled to now."""
-        return self._tenants.state(tenant_id, self.clock())
+        """The tenant's bucket, quotas and in-flight counts, refilled to now
+        (under shares: its whole limits and tenant-wide quota use,
+        ``TenantDirectory.reported_state``)."""
+        return self._tenants.reported_state(tenant_id, self.clock())
 
     def tenant_limits(self, tenant_id: str) -> TenantLimits:
         """The tenant's limits and their state now (GetLimits); NotFound

@@ -40,7 +40,7 @@ from controlplane.service.records import (
     RequestLog,
     float_bits,
 )
-from controlplane.service.shares import SHARED_REASONS, explain
+from controlplane.service.shares import SHARED_REASONS, explain, remaining_offsets
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
@@ -169,8 +169,10 @@ class Decider:
             reason, reserved, retry, bucket, hour, day = self._table.admit(
                 slot, now, prompt, max_tokens
             )
-            if reason in SHARED_REASONS and self._tenants.shares is not None:
-                reason, retry = self._explain(entry, reason, retry, prompt, max_tokens)
+            if self._tenants.shares is not None:
+                if reason in SHARED_REASONS:
+                    reason, retry = self._explain(entry, reason, retry, prompt, max_tokens)
+                hour, day = self._tenant_wide(entry, hour, day)
         rec = self.conclude(
             reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
             pool, model, now, arrived, self._next_reservation, None,
@@ -191,6 +193,15 @@ class Decider:
             entry.config, share, reason, retry, prompt, max_tokens,
             self._tenants.policy.global_inflight_tokens, self.share_refresh_ns,
         )  # fmt: skip
+
+    def _tenant_wide(self, entry: Tenant, hour: int, day: int) -> tuple[int, int]:
+        """The fast path's quota ``remaining`` under a share (this replica's
+        allowance less its use) as what remains of the tenant's whole quota."""
+        share = self._tenants.share_of(entry)
+        if share is None:
+            return hour, day
+        dh, dd = remaining_offsets(entry.config, share)
+        return (max(0, hour + dh) if hour >= 0 else hour, max(0, day + dd) if day >= 0 else day)
 
     def book(
         self, entry: Tenant, lane: str, prompt: int, generated: int, model: str, pool: str,
@@ -519,6 +530,12 @@ class Decider:
             shadow=per[:, _T_SHADOW] if any_shadow else None,
         )  # fmt: skip
         if self._tenants.shares is not None:  # refusals under a share (shares.py)
+            offsets = np.array(
+                [(0, 0) if e is None else self._tenant_wide(e, 0, 0) for e in t_entry],
+                dtype=np.int64,
+            )[tix_l]
+            for col, off in ((out_hour, offsets[:, 0]), (out_day, offsets[:, 1])):
+                col[:] = np.where(to_fast & (col >= 0), np.maximum(0, col + off), col)
             shared = np.flatnonzero(to_fast & np.isin(out_reason, _SHARED))
             for i in shared.tolist():
                 entry = t_entry[tix_l[i]]

@@ -120,6 +120,8 @@ class TenantDirectory:
             raise RuntimeError("set_share before share_limits")
         before = self.shares.get(tenant_id, NOTHING)
         self.shares[tenant_id] = share
+        if share == before:
+            return tenant_id in self._tenants and not self._tenants[tenant_id].deleted
         entry = self._tenants.get(tenant_id)
         if entry is None or entry.deleted:
             return False
@@ -165,24 +167,25 @@ class TenantDirectory:
         return dict(self._table.snapshot(entry.slot))
 
     def reported_state(self, tenant_id: str, now: int) -> dict[str, int]:
-        """``state`` as GetLimits reports it: under a share (several
-        replicas), the tenant's whole rate, burst and quotas, with what
-        remains of them here (this replica's bucket; its allowance less its
-        use, shown as use of the whole quota)."""
+        """``state`` as GetLimits and the admin API report it: under a share
+        (several replicas), the tenant's whole rate, burst and quotas; its
+        bucket here; its use of the quotas tenant-wide (the other replicas'
+        as of the last refresh, and this one's)."""
         state = self.state(tenant_id, now)
         shares = self.shares
         if shares is None:
             return state
         cfg = self.active(tenant_id).config
-        w, mine = whole(cfg), scaled(cfg, shares.get(tenant_id, NOTHING))
+        share = shares.get(tenant_id, NOTHING)
+        w = whole(cfg)
         state["rate_mtok_per_s"], state["burst_mtok"] = w.rate_mtok_per_s, w.burst_mtok
-        for kind, quota, allowed, per in (
-            ("hour", w.hourly_quota, mine.hourly_quota, NS_PER_HOUR),
-            ("day", w.daily_quota, mine.daily_quota, NS_PER_DAY),
+        for kind, quota, others, per in (
+            ("hour", w.hourly_quota, share.hour_others, NS_PER_HOUR),
+            ("day", w.daily_quota, share.day_others, NS_PER_DAY),
         ):
-            if quota:
+            if quota:  # tenant-wide use: the others' (at the last refresh) and ours
                 used = state[f"{kind}_used"] if state[f"{kind}_idx"] == now // per else 0
-                state[f"{kind}_idx"], state[f"{kind}_used"] = now // per, used + quota - allowed
+                state[f"{kind}_idx"], state[f"{kind}_used"] = now // per, used + others
             state[f"{'hourly' if kind == 'hour' else 'daily'}_quota"] = quota
         return state
 

@@ -45,6 +45,7 @@ from controlplane.integrations.envoy.mapping import Ask, BadInput, Phase, parse
 from controlplane.integrations.envoy.settle import settle
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.errors import unary_errors
+from controlplane.rpc.owners import ensure_shares
 from controlplane.service import AdmissionService
 from controlplane.service import records as R
 from controlplane.service.limits import TenantLimits
@@ -108,6 +109,8 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
                 forwarded = await gate.answer(request, ask, cfg, context)
                 if forwarded is not None:
                     return forwarded
+                if ask.phase != Phase.RESPONSE:  # decided here: under this replica's share
+                    await ensure_shares(gate.ownership, self._svc, (ask.tenant,))
             if ask.phase == Phase.RESPONSE:
                 return await self._settle(ask)
             if ask.cost_given and ask.tokens == 0:

@@ -30,11 +30,11 @@ RATE, BURST = 4000, 4000  # tokens/s, tokens
 COST = 100  # tokens per request
 
 
-def member(engine: Engine, name: str, tenant: TenantConfig) -> TenantGrants:
+async def member(engine: Engine, name: str, tenant: TenantConfig) -> TenantGrants:
     svc = AdmissionService(Settings())
     svc.apply_config([tenant], LANES)
     g = TenantGrants(svc, ShareStore(engine), name, TTL, MARGIN, interval_s=INTERVAL)
-    g.start()
+    await g.start()
     return g
 
 
@@ -58,7 +58,7 @@ def test_a_tenant_spread_over_four_members_gets_its_rate_in_total(engine: Engine
     seconds = 6.0
 
     async def scenario() -> tuple[int, dict[str, int]]:
-        members = [member(engine, f"m{i}", spread) for i in range(4)]
+        members = [await member(engine, f"m{i}", spread) for i in range(4)]
         admitted: list[int] = []
         until = time.monotonic() + seconds
         # demand 2x the rate: each member asks 2,000 tokens/s
@@ -83,7 +83,7 @@ def test_shares_follow_demand_and_free_after_a_crash_or_a_drain(engine: Engine) 
     t = TenantConfig("t", token_rate=Decimal(RATE), burst_tokens=BURST)
 
     async def scenario() -> None:
-        a, b, c = (member(engine, n, t) for n in ("a", "b", "c"))
+        a, b, c = [await member(engine, n, t) for n in ("a", "b", "c")]
         admitted: list[int] = []
         until = time.monotonic() + 2.0
         # a asks 3x what b asks; c asks nothing
@@ -92,7 +92,7 @@ def test_shares_follow_demand_and_free_after_a_crash_or_a_drain(engine: Engine) 
         sa, sb = a.held()["t"].rate_ppm, b.held()["t"].rate_ppm
         assert sa + sb <= PPM
         assert sa > sb > 0, (sa, sb)
-        assert "t" not in c.held()  # never asked: holds nothing
+        assert c.held().get("t") is None or c.held()["t"].rate_ppm == 0  # no demand: nothing
         # a crashes (nothing released): b gets the whole rate only after a's TTL
         await a.stop(release=False)
         crashed = time.monotonic()
@@ -125,7 +125,7 @@ def test_quota_allowances_keep_the_sum_within_the_hourly_quota(engine: Engine) -
     q = TenantConfig("q", token_rate=Decimal(100_000), burst_tokens=100_000, hourly_quota=quota)
 
     async def scenario() -> int:
-        members = [member(engine, f"q{i}", q) for i in range(3)]
+        members = [await member(engine, f"q{i}", q) for i in range(3)]
         admitted: list[int] = []
         until = time.monotonic() + 2.5
         await asyncio.gather(*(drive(g, "q", 0.005, until, admitted, g.member_id)

@@ -41,7 +41,8 @@ def test_a_half_share_gives_half_the_burst_and_half_the_rate(
 ) -> None:
     svc = shared(make_service, tenant(token_rate=Decimal(1000), burst_tokens=10_000))
     assert svc.shares.set("acme", Share(PPM // 2))
-    assert svc.tenant_state("acme")["burst_mtok"] == 5_000_000
+    assert svc.shares.slot_state("acme")["burst_mtok"] == 5_000_000
+    assert svc.tenant_state("acme")["burst_mtok"] == 10_000_000  # reported: the whole
     assert svc.admit("acme", "a", "", 5000, 0).decision == Decision.ADMIT
     d = svc.admit("acme", "b", "", 1000, 0)
     assert d.reason == Reason.TOKEN_RATE
@@ -94,7 +95,7 @@ def test_an_allowance_of_zero_admits_nothing(make_service: Any) -> None:
     big: dict[str, Any] = dict(token_rate=Decimal(100_000), burst_tokens=100_000)
     svc = shared(make_service, tenant(hourly_quota=10_000, **big))
     svc.shares.set("acme", Share(PPM, hour_allowance=0))
-    assert svc.tenant_state("acme")["hourly_quota"] == 1  # 0 would read as unlimited
+    assert svc.shares.slot_state("acme")["hourly_quota"] == 1  # 0 would read as unlimited
     d = svc.admit("acme", "a", "", 1, 1)
     assert d.reason == Reason.HOURLY_QUOTA and d.retry_after_ns == REFRESH
 
@@ -106,15 +107,15 @@ def test_usage_from_the_ledger_is_not_added_under_shares_but_the_store_floor_is(
     svc = shared(make_service, tenant(hourly_quota=10_000, **big))
     # others' usage lives in their allowances: a ledger import would count it twice
     assert svc.restore_usage({"acme": 4000}, {"acme": 4000}) == 0
-    assert svc.tenant_state("acme")["hour_used"] == 0
+    assert svc.shares.slot_state("acme")["hour_used"] == 0
     # the store says this member id used 1,500 already (a restart keeping its id)
     svc.shares.set("acme", Share(PPM, hour_allowance=2000), hour_used=1500, day_used=1500)
-    assert svc.tenant_state("acme")["hour_used"] == 1500
+    assert svc.shares.slot_state("acme")["hour_used"] == 1500
     assert svc.admit("acme", "a", "", 600, 0).reason == Reason.HOURLY_QUOTA
     assert svc.admit("acme", "b", "", 500, 0).decision == Decision.ADMIT
     # a lower figure never takes usage back
     svc.shares.set("acme", Share(PPM, hour_allowance=2500), hour_used=100)
-    assert svc.tenant_state("acme")["hour_used"] == 2000
+    assert svc.shares.slot_state("acme")["hour_used"] == 2000
 
 
 def test_a_share_set_for_an_unknown_tenant_is_kept_for_when_it_is_configured(
@@ -149,12 +150,20 @@ def test_explain_leaves_other_refusals_and_whole_shares_alone() -> None:
     )  # fmt: skip
 
 
-def test_get_limits_reports_the_whole_limits_and_what_remains_here(make_service: Any) -> None:
+def test_limits_and_answers_report_the_whole_limits_and_tenant_wide_use(
+    make_service: Any,
+) -> None:
     svc = shared(make_service, tenant(token_rate=Decimal(1000), burst_tokens=10_000,
                                       hourly_quota=100_000))  # fmt: skip
-    svc.shares.set("acme", Share(PPM // 4, hour_allowance=30_000))
-    assert svc.admit("acme", "a", "", 2000, 0).decision == Decision.ADMIT
+    # a quarter of the rate; 30,000 allowed here; the others used 50,000
+    svc.shares.set("acme", Share(PPM // 4, hour_allowance=30_000, hour_others=50_000))
+    d = svc.admit("acme", "a", "", 2000, 0)
+    assert d.decision == Decision.ADMIT
+    assert d.hourly_remaining == 48_000  # 100,000 - 50,000 - 2,000, not 30,000 - 2,000
+    b = svc.admit_batch(["acme"], ["b"], [], [500], [0])
+    assert b.hourly_remaining == [47_500]
     lim = svc.tenant_limits("acme")
     assert (lim.token_rate, lim.burst_tokens, lim.hourly_quota) == (1000, 10_000, 100_000)
-    assert lim.bucket_tokens == 500  # this replica's quarter of the burst, less 2,000
-    assert lim.hourly_remaining == 28_000  # its allowance, less its use
+    assert lim.bucket_tokens == 0  # this replica's quarter of the burst, less 2,500
+    assert lim.hourly_remaining == 47_500
+    assert svc.tenant_state("acme")["hour_used"] == 52_500  # tenant-wide, for the admin API
