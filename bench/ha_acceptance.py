@@ -253,10 +253,18 @@ def table(res: dict[str, Any]) -> tuple[str, bool]:
     def s(x: float | None, unit: str = "s", spec: str = ".2f") -> str:
         return "—" if x is None else f"{x:{spec}} {unit}"
 
-    kill_load = [k["load_s"] for k in f["kill"]]
-    kill_trace = [k["trace_s"] for k in f["kill"]]
-    term_load = [k["load_s"] for k in f["term"]]
-    term_trace = [k["trace_s"] for k in f["term"]]
+    def col(kind: str, key: str) -> list[float]:
+        return [k[key] for k in f[kind] if k[key] is not None]
+
+    def none(kind: str) -> int:
+        return sum(1 for k in f[kind] if k["load_s"] is None)
+
+    kill_load, kill_trace = col("kill", "load_s"), col("kill", "trace_s")
+    term_load, term_trace = col("term", "load_s"), col("term", "trace_s")
+    term_gap = [
+        k["trace_s"] - k["released_s"] for k in f["term"]
+        if k["trace_s"] is not None and k["released_s"] is not None
+    ]  # fmt: skip
     takeovers = f["gate"]["takeovers"]
     restored = min((t["restored"] for t in takeovers), default=None)
     ratio = (res["three_p99_ms"] / res["single_p99_ms"]) if res["single_p99_ms"] else None
@@ -275,13 +283,21 @@ def table(res: dict[str, Any]) -> tuple[str, bool]:
          "0", f"{f['double_owners']} overlapping intervals of {f['intervals']}; "
          f"{f['admitted_outside_lease']} admissions outside the admitting replica's lease; "
          f"epoch disorder {f['epoch_disorder']}"),
-        ("failover after kill -9 (kill → first decision by the new owner), TTL "
+        ("failover after kill -9 (kill → first admission under a new lease), TTL "
          f"{res['args']['ttl']} s", "p99 ≤ 8 s",
          f"p50 {s(p(kill_load, 50))}, p99 {s(p(kill_load, 99))}, max {s(p(kill_load, 100))} "
-         f"({len(kill_load)} cells); lease taken (trace): p99 {s(p(kill_trace, 99))}"),
-        ("graceful SIGTERM handoff", "≤ 1 s",
+         f"({len(kill_load)} cells; {none('kill')} without an admission); new lease (trace): "
+         f"p99 {s(p(kill_trace, 99))}, max {s(p(kill_trace, 100))}"),
+        ("graceful SIGTERM handoff (SIGTERM → first admission under a new lease)", "≤ 1 s",
          f"p50 {s(p(term_load, 50))}, p99 {s(p(term_load, 99))}, max {s(p(term_load, 100))} "
-         f"({len(term_load)} cells); lease taken (trace): max {s(p(term_trace, 100))}"),
+         f"({len(term_load)} cells; {none('term')} without); new lease (trace): p99 "
+         f"{s(p(term_trace, 99))}, max {s(p(term_trace, 100))}; release → new lease max "
+         f"{s(p(term_gap, 100))}"),
+        ("SIGSTOP / link cut past the TTL → first admission under a new lease (no target)", "",
+         f"SIGSTOP p50 {s(p(col('pause', 'load_s'), 50))}, p99 {s(p(col('pause', 'load_s'), 99))};"
+         f" cut p50 {s(p(col('cut', 'load_s'), 50))}, p99 {s(p(col('cut', 'load_s'), 99))}; "
+         f"new lease (trace) p99 {s(p(col('pause', 'trace_s'), 99))} / "
+         f"{s(p(col('cut', 'trace_s'), 99))}"),
         ("acknowledged Completes lost / duplicated", "0 / 0",
          f"{led['lost']} / {led['duplicated']} of {led['acknowledged']} acknowledged "
          f"(tokens wrong {led['tokens_wrong']}); buffered by the SDK and delivered later: "

