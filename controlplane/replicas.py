@@ -70,9 +70,13 @@ class ReplicaWiring:
         from controlplane.ha.store import HaStore
 
         s = self.settings
-        address = s.advertised(port)
+        address, member = s.advertised(port), s.member_id()
+        if s.ha_trace_file is not None:  # off by default (a test/diagnostic aid)
+            from controlplane.ha import trace
+
+            trace.configure(s.ha_trace_file, member)
         coordinator = Coordinator(
-            HaStore(engine), s.member_id(), address, self.ownership.cellmap.cells(()),
+            HaStore(engine), member, address, self.ownership.cellmap.cells(()),
             ttl_s=s.ha_lease_ttl_s, margin_s=s.ha_margin_s,
             on_acquired=self.cell_acquired, on_lost=self.cell_lost,
         )  # fmt: skip

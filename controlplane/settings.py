@@ -200,6 +200,11 @@ class Settings(BaseSettings):
     # (BURSTGATE_HA_CELLS='{"eu": ["eu-1", "eu-2"]}'); pools not listed are
     # each a cell of their own, named after the pool.
     ha_cells: dict[str, list[str]] | None = None
+    # A test and diagnostic aid, off by default: append this replica's lease
+    # validity intervals and fenced pricing-window writes to this file as
+    # JSON lines (controlplane/ha/trace.py), so a harness can check across
+    # processes that no cell had two owners at once.
+    ha_trace_file: Path | None = None
 
     @field_validator("advertise_address")
     @classmethod

@@ -37,7 +37,7 @@ from typing import Any
 
 import structlog
 
-from controlplane.ha import _blocking
+from controlplane.ha import _blocking, trace
 from controlplane.ha.rendezvous import assignment
 from controlplane.ha.store import HaStore
 
@@ -298,7 +298,9 @@ class Coordinator:
         if not ok:
             self._lose(cell, REFUSED)
         elif self.owns(cell) is not None:  # still valid now: extend from t_sent
-            lease.deadline = max(lease.deadline, t_sent + self.ttl_s - self.margin_s)
+            deadline = max(lease.deadline, t_sent + self.ttl_s - self.margin_s)
+            self._trace("renew", cell, lease.epoch, deadline_ns=deadline)  # before it is used
+            lease.deadline = deadline
 
     async def _acquire(self, cell: str) -> None:
         t_sent = self._clock()
@@ -314,8 +316,10 @@ class Coordinator:
         now, deadline = self._clock(), t_sent + self.ttl_s - self.margin_s
         if now >= deadline or self._draining or cell in self._leases:
             # Too late to use it (or we are leaving): give it straight back.
+            self._trace("unused", cell, epoch, at_ns=now)
             await self._try("release", self.store.release, cell, self.member_id, epoch)
             return
+        self._trace("start", cell, epoch, start_ns=now, deadline_ns=deadline)  # before owns()
         self._leases[cell] = Lease(epoch, now, deadline)
         self.counts["acquired"] += 1
         log.info("ha cell acquired", cell=cell, epoch=epoch, member=self.member_id)
@@ -327,6 +331,7 @@ class Coordinator:
     def _lose(self, cell: str, why: str) -> None:
         lease = self._leases.pop(cell)
         until = min(self._clock(), lease.deadline)
+        self._trace("end", cell, lease.epoch, why, end_ns=until)
         self.history.append(
             Interval(cell, self.member_id, lease.epoch, lease.valid_from, until, why)
         )
@@ -338,6 +343,14 @@ class Coordinator:
             self._on_lost(cell, lease.epoch, why)
         except Exception:
             log.exception("ha on_lost callback failed", cell=cell)
+
+    def _trace(self, ev: str, cell: str, epoch: int, why: str = "", **at: float) -> None:
+        """The ownership trace (controlplane/ha/trace.py), when it is on:
+        off, one None check per lease event."""
+        if (sink := trace.SINK) is not None:
+            times = {k: trace.ns(v) for k, v in at.items()}
+            sink.write(ev, member=self.member_id, cell=cell, epoch=epoch, **times,
+                       **({"why": why} if why else {}))  # fmt: skip
 
     async def _call(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
         return await _blocking.call(fn, *args, wait_s=self.call_wait_s, what=what)

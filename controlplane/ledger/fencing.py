@@ -33,6 +33,7 @@ from enum import Enum
 import structlog
 
 from controlplane.domain.pricing import WindowSummary
+from controlplane.ha import trace
 from controlplane.ha.store import StaleEpoch
 from controlplane.ledger.pricing import PricingBook
 from controlplane.store.ledger import LedgerStore
@@ -102,6 +103,15 @@ class WriteResult:
     error: Exception | None = None
 
 
+def _trace(ev: str, fence: FenceToken | None, begin_ns: int, rows: int) -> None:
+    """A fenced write's outcome in the ownership trace, when it is on
+    (controlplane/ha/trace.py): the stale-write check of the acceptance
+    harness compares ``begin_ns`` with the start of the cell's next epoch."""
+    if fence is not None and (sink := trace.SINK) is not None:
+        sink.write(ev, cell=fence[0], epoch=fence[1], begin_ns=begin_ns,
+                   done_ns=time.monotonic_ns(), rows=rows)  # fmt: skip
+
+
 class WindowWriter:
     """Plans (on the loop), writes (in a thread) and settles (on the loop)
     one flush of pricing windows."""
@@ -150,14 +160,18 @@ class WindowWriter:
         for i, batch in enumerate(batches):
             fence = None if batch.token is UNFENCED else batch.token
             assert not isinstance(fence, Unfenced)
+            begin = time.monotonic_ns()
             try:
                 self.store.save_windows(batch.rows, fence)
             except StaleEpoch as exc:
                 result.refused.append((batch, exc))
+                _trace("window_refused", fence, begin, len(batch.rows))
             except Exception as exc:
                 result.failed = list(batches[i:])
                 result.error = exc
                 break
+            else:
+                _trace("window_write", fence, begin, len(batch.rows))
         return result
 
     def settle(self, result: WriteResult) -> list[WindowSummary]:
