@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy import Engine
 
+from controlplane.domain.errors import DomainError
 from controlplane.ha.serving import Ownership
 from controlplane.settings import Settings
 
@@ -90,12 +91,20 @@ class ReplicaWiring:
 
             grants = TenantGrants(
                 self.service, ShareStore(engine), coordinator.member_id, s.ha_lease_ttl_s,
-                s.ha_margin_s, interval_s=self.share_interval_s(),
+                s.ha_margin_s, interval_s=self.share_interval_s(), affine=self._home_here,
             )  # fmt: skip
             await grants.start()
             self.ownership.grants = grants
         log.info("ha member joined", member=coordinator.member_id, address=address,
                  cells_owned=sorted(coordinator.owned()))  # fmt: skip
+
+    def _home_here(self, tenant_id: str) -> bool:
+        """This replica owns the cell of the tenant's configured pool."""
+        assert self.service is not None
+        try:
+            return self.ownership.owned_now(self.service.shares.home_pool(tenant_id))
+        except (ValueError, DomainError):  # a pool naming a cell; a tenant just removed
+            return False
 
     def lease_released(self, cell: str | None) -> None:
         """A cell was released (or the notify listener reconnected): tick the

@@ -71,6 +71,7 @@ class TenantGrants:
         margin_s: float,
         interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        affine: Callable[[str], bool] | None = None,
     ) -> None:
         if not 0 <= margin_s < ttl_s:
             raise ValueError(f"margin_s must be in [0, ttl_s), got {margin_s} (ttl {ttl_s})")
@@ -81,6 +82,9 @@ class TenantGrants:
         self.margin_s = margin_s
         self.interval_s = interval_s if interval_s is not None else min(1.0, ttl_s / 5)
         self.clock = clock
+        # Whether this replica owns the cell of a tenant's configured pool:
+        # its idle tenants' shares gather there rather than split equally.
+        self.affine = affine
         self._valid_until: dict[str, float] = {}  # tenant -> local deadline
         self._shares: dict[str, Share] = {}
         self._demand: dict[str, float] = {}
@@ -127,17 +131,25 @@ class TenantGrants:
     # ------------------------------------------------------------- requests
 
     def ready(self, tenant_id: str) -> bool:
+        """A share of the tenant's rate is in force here (not zero)."""
         until = self._valid_until.get(tenant_id)
-        return until is not None and self.clock() < until
+        if until is None or self.clock() >= until:
+            return False
+        share = self._shares.get(tenant_id)
+        return share is not None and share.rate_ppm > 0
 
-    async def ensure(self, tenant_ids: Iterable[str]) -> None:
-        """Wait (at most two refresh intervals) until every tenant named has
-        a share here; a tenant still without one is then decided under no
-        share (refused, retry after one interval)."""
+    async def ensure(self, tenant_ids: Iterable[str], timeout_s: float | None = None) -> None:
+        """Wait (at most three refresh intervals, and ``timeout_s``) until
+        every tenant named has a share of its rate here, asking for one at
+        once; a tenant still without one is then decided under what it has
+        (nothing: refused, retry after one interval). Three intervals: the
+        replica holding the tenant's rate lowers it at its next refresh,
+        this one raises at the one after."""
         missing = [t for t in tenant_ids if not self.ready(t)]
         if not missing or self._task is None:
             return
-        deadline = self.clock() + 2 * self.interval_s
+        wait = 3 * self.interval_s if timeout_s is None else min(3 * self.interval_s, timeout_s)
+        deadline = self.clock() + wait
         while missing and self.clock() < deadline:
             self._asked.update(missing)
             self._wake.set()
@@ -212,7 +224,9 @@ class TenantGrants:
             rate = self._demand.get(tenant, 0.0) + queued.get(tenant, 0) / self.interval_s
             demand = int(rate * 1000)
             if tenant in self._asked:
-                demand = max(demand, 1)  # a request is waiting: not idle
+                demand = max(demand, 1000)  # a request waits for it: one a second at least
+            elif self.affine is not None and self.affine(tenant):
+                demand = max(demand, 1)  # its home cell is here: idle shares gather here
             asks.append(Ask(
                 tenant, demand,
                 hour=Window(hour_s, hour_used, cfg.hourly_quota) if cfg.hourly_quota else None,

@@ -67,7 +67,10 @@ async def redirect_if_not_owner(
 
 
 async def ensure_shares(
-    ownership: Ownership | None, svc: AdmissionService, tenant_ids: Iterable[str]
+    ownership: Ownership | None,
+    svc: AdmissionService,
+    tenant_ids: Iterable[str],
+    timeout_s: float | None = None,
 ) -> None:
     """Several replicas: wait (bounded) until this replica holds a share of
     each configured tenant named (controlplane/ha/grants.py); one dict
@@ -77,7 +80,7 @@ async def ensure_shares(
         return
     wanted = {t for t in map(svc.shares.resolve, set(tenant_ids)) if t is not None}
     if any(not grants.ready(t) for t in wanted):
-        await grants.ensure(wanted)
+        await grants.ensure(wanted, timeout_s)
 
 
 async def batch_redirects(

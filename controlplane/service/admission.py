@@ -385,6 +385,12 @@ class AdmissionService:
         end = min(holds.values())
         return end if wake is None else min(wake, end)
 
+    def pool_holds(self) -> dict[str, int]:
+        """Pools whose gate is held after a takeover now -> when the hold
+        ends (service clock, ns)."""
+        now = self.clock()
+        return {p: until for p, until in self._gate.holds().items() if until > now}
+
     @property
     def waiting(self) -> int:
         return self._dispatcher.queues.total

@@ -99,6 +99,12 @@ class ShareControl:
         entry = self._tenants.resolve(tenant_id)
         return None if entry is None else entry.config.tenant_id
 
+    def home_pool(self, tenant_id: str) -> str:
+        """The pool a request of the tenant that names none goes to (its
+        default lane's placement): where its shares are wanted when idle."""
+        entry = self._tenants.active(tenant_id)
+        return self._tenants.pool_for(entry, entry.config.default_lane, "")
+
     def configured(self) -> dict[str, TenantConfig]:
         """The configured tenants (not deleted), by id."""
         return {t: self._tenants.active(t).config for t in self._tenants.ids()}

@@ -100,6 +100,11 @@ def trio(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             return all(owns(planes[int(m[1])], c) for c, m in wanted.items())
 
         wait_until(settled, message="the cells to spread over the three replicas")
+        def unheld(planes: list[Plane] = planes) -> bool:
+            return not any(p.srv.on_loop(p.srv.plane.service.pool_holds)
+                           for p in planes if p.srv is not None)  # fmt: skip
+
+        wait_until(unheld, message="the takeover holds of the handed-off cells to end")
         try:
             yield Trio(url, planes, key, key_id)
         finally:

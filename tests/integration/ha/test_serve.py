@@ -62,6 +62,9 @@ def trio(ha_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[
         )
 
     wait_until(settled, message="the cells to spread over the three replicas")
+    wait_until(lambda: not any(p.srv.on_loop(p.srv.plane.service.pool_holds)
+                               for p in planes if p.srv is not None),
+               message="the takeover holds of the handed-off cells to end")  # fmt: skip
     yield planes
     for p in planes:
         p.stop()
