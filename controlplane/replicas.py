@@ -175,8 +175,11 @@ class ReplicaWiring:
                 await asyncio.sleep(0.5 * (attempt + 1))
 
     def cell_lost(self, cell: str, epoch: int, why: str) -> None:
+        pools = self.ownership.pools_of(cell)
         if self.metering is not None:
-            self.metering.release_pools(self.ownership.pools_of(cell))
+            self.metering.release_pools(pools)
+        if self.service is not None:  # the new owner's gate counts what runs there
+            self.service.forget_pools(pools)
 
     async def stop(self) -> None:
         """Cancel takeover rebuilds still running (the server is stopping:

@@ -291,7 +291,8 @@ class AsyncAdmissionClient:
         Through the spool, in the background: late admissions come in
         numbers when the control plane is overloaded, and a Complete each,
         at once, would only add to that."""
-        req = pb.CompleteRequest(tenant_id=e.tenant_id, request_id=e.request_id)
+        # with its pool: on several replicas the pool's owner holds it
+        req = pb.CompleteRequest(tenant_id=e.tenant_id, request_id=e.request_id, pool=e.pool)
         self._batcher.spawn(self._settle_unused(req))
 
     async def _settle_unused(self, req: pb.CompleteRequest) -> None:

@@ -385,6 +385,14 @@ class AdmissionService:
         end = min(holds.values())
         return end if wake is None else min(wake, end)
 
+    def forget_pools(self, pools: Sequence[str]) -> None:
+        """Another replica decides for ``pools`` now: the pool gate forgets
+        what it counted in flight there (that replica counts them, as the
+        sidecars re-announce them). Their open records stay until settled
+        or expired, so a late Complete here still finds them."""
+        for pool in pools:
+            self._gate.forget(pool)
+
     def pool_holds(self) -> dict[str, int]:
         """Pools whose gate is held after a takeover now -> when the hold
         ends (service clock, ns)."""

@@ -186,6 +186,14 @@ class PoolGate:
         state.room = None
         state.held_until = max(until, now + 1)
 
+    def forget(self, pool: str) -> None:
+        """Drop what the gate knows of ``pool`` (its cell moved to another
+        replica, whose gate counts the requests in flight now: the
+        re-announced reservations). Kept, the releases not yet completed
+        here would count against the pool if the cell came back, until
+        their reservations' TTL."""
+        self._pools.pop(pool, None)
+
     def holds(self) -> dict[str, int]:
         """Pools held now -> when their hold ends."""
         return {p: s.held_until for p, s in self._pools.items() if s.held_until}

@@ -143,6 +143,25 @@ def test_without_reports_a_fallback_concurrency_applies(make_service: Any) -> No
     assert svc.admit("acme", "d", "", 10, 10, pool="p").decision == Decision.ADMIT
 
 
+def test_a_pool_handed_to_another_replica_is_forgotten_by_the_gate(make_service: Any) -> None:
+    svc = gated(make_service)  # gate_fallback_inflight=2
+    for r in ("a", "b"):
+        assert svc.admit("acme", r, "", 10, 10, pool="p").decision == Decision.ADMIT
+    assert svc.admit("acme", "c", "", 10, 10, pool="p").reason == Reason.BACKPRESSURE
+    # the cell moved away and came back: its old releases are the other
+    # replica's to count (re-announced there), not a full pool here
+    svc.forget_pools(["p"])
+    assert svc.gate_inflight("p") == 0
+    assert svc.admit("acme", "d", "", 10, 10, pool="p").decision == Decision.ADMIT
+    assert svc.gate_inflight("p") == 1
+    # a forgotten release completed here (a Complete without its pool: with
+    # one, the new owner is asked) cannot be told from d, and never counts
+    # below zero
+    svc.complete("acme", "a", 0, 10, 5)
+    svc.complete("acme", "b", 0, 10, 5)
+    assert svc.gate_inflight("p") == 0
+
+
 def test_every_admit_belongs_to_a_pool(make_service: Any) -> None:
     svc = gated(make_service)  # no pool named: the default pool's fallback applies
     out = [svc.admit("acme", r, "", 10, 10).decision for r in ("a", "b", "c")]
