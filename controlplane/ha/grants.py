@@ -138,6 +138,15 @@ class TenantGrants:
         share = self._shares.get(tenant_id)
         return share is not None and share.rate_ppm > 0
 
+    def ask_soon(self, tenant_ids: Iterable[str]) -> None:
+        """Ask for a share of each tenant named that has none here at the
+        next refresh, which starts now; do not wait for it (AdmitStream: a
+        batch that waited would hold up every batch behind it)."""
+        missing = [t for t in tenant_ids if not self.ready(t)]
+        if missing and self._task is not None:
+            self._asked.update(missing)
+            self._wake.set()
+
     async def ensure(self, tenant_ids: Iterable[str], timeout_s: float | None = None) -> None:
         """Wait (at most three refresh intervals, and ``timeout_s``) until
         every tenant named has a share of its rate here, asking for one at
@@ -228,7 +237,7 @@ class TenantGrants:
             elif self.affine is not None and self.affine(tenant):
                 demand = max(demand, 1)  # its home cell is here: idle shares gather here
             asks.append(Ask(
-                tenant, demand,
+                tenant, demand, first=tenant not in self._primed,
                 hour=Window(hour_s, hour_used, cfg.hourly_quota) if cfg.hourly_quota else None,
                 day=Window(day_s, day_used, cfg.daily_quota) if cfg.daily_quota else None,
                 spend_bound=cfg.burst_tokens + math.ceil(cfg.rate_mtok_per_s * self.ttl_s / 1000),
@@ -241,7 +250,6 @@ class TenantGrants:
         self._asked = set()
         if not asks:
             return
-        self._primed.update(a.tenant for a in asks)
         # Tenants a request waits for first; then in chunks, each its own
         # transaction with its own deadline, so a replica holding many
         # tenants renews most of them even when one statement is slow.
@@ -258,6 +266,7 @@ class TenantGrants:
         )  # fmt: skip
         if self.clock() >= deadline:
             return  # an answer that came too late grants nothing here
+        self._primed.update(a.tenant for a in asks)
         shares = self.service.shares
         for tenant, g in grants.items():
             share = Share(g.rate_ppm, g.hour_allowance, g.day_allowance,

@@ -68,6 +68,11 @@ class Ask:
     # its whole burst: an allowance runs at most this times the member's
     # share ahead of its use (shares.quota_allowance's headroom); None: no cap.
     spend_bound: int | None = None
+    # This process's first ask for the tenant: a row this member id holds
+    # already is an earlier process's, which may have spent up to its
+    # allowance after its last refresh (a kill -9 loses that count), so the
+    # allowance, not the recorded use, is taken as used.
+    first: bool = False
 
 
 _ENSURE_ANCHORS = text(
@@ -158,7 +163,7 @@ class ShareStore:
                        for kind, w in ((HOUR, by_tenant[t].hour), (DAY, by_tenant[t].day))
                        if w is not None]  # fmt: skip
             quotas: dict[tuple[str, str], list[QuotaHolding]] = defaultdict(list)
-            own: dict[tuple[str, str], int] = {}
+            own: dict[tuple[str, str], tuple[int, int]] = {}
             if windows:
                 for tenant, member, kind, used, allowance in conn.execute(_QUOTAS, {
                     "tenants": [t for t, _, _ in windows], "kinds": [k for _, k, _ in windows],
@@ -169,7 +174,7 @@ class ShareStore:
                             QuotaHolding(member, int(used), int(allowance))
                         )
                     else:  # what this member id used before (a restart keeping its id)
-                        own[(tenant, kind)] = int(used)
+                        own[(tenant, kind)] = (int(used), int(allowance))
             grants: dict[str, Grant] = {}
             for t in tenants:
                 a = by_tenant[t]
@@ -177,7 +182,7 @@ class ShareStore:
                 headroom = None if a.spend_bound is None else a.spend_bound * share // PPM
                 # used never goes back: the row may hold more (this member id's
                 # earlier process); the caller catches its counters up
-                used = {kind: 0 if w is None else max(w.used, own.get((t, kind), 0))
+                used = {kind: 0 if w is None else max(w.used, _floor(own.get((t, kind)), a.first))
                         for kind, w in ((HOUR, a.hour), (DAY, a.day))}  # fmt: skip
                 allowed = {
                     kind: None if w is None else
@@ -232,6 +237,15 @@ class ShareStore:
         with self.engine.begin() as conn:
             conn.execute(_FORGET_QUOTAS, {"before": before_unix_s})
             conn.execute(_FORGET_RATES)
+
+
+def _floor(row: tuple[int, int] | None, first: bool) -> int:
+    """What this member id used before, by its row: its use, or on this
+    process's first ask, its whole allowance (``Ask.first``)."""
+    if row is None:
+        return 0
+    used, allowance = row
+    return max(used, allowance) if first else used
 
 
 def _used(g: Grant, kind: str) -> int:

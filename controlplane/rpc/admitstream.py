@@ -227,9 +227,10 @@ async def admit_stream(
             async for batch in request_iterator:
                 try:
                     refused = await owners.batch_redirects(ownership, svc, batch)
+                    # never waits: a batch held here would hold up the stream
                     await owners.ensure_shares(ownership, svc, batch.tenant_id if not refused else
                                                [t for i, t in enumerate(batch.tenant_id)
-                                                if i not in refused])  # fmt: skip
+                                                if i not in refused], wait=False)  # fmt: skip
                     if refused:
                         res = _decide_some(svc, waiting, scope, batch, releases, refused)
                     else:

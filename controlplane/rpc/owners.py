@@ -71,16 +71,21 @@ async def ensure_shares(
     svc: AdmissionService,
     tenant_ids: Iterable[str],
     timeout_s: float | None = None,
+    wait: bool = True,
 ) -> None:
     """Several replicas: wait (bounded) until this replica holds a share of
-    each configured tenant named (controlplane/ha/grants.py); one dict
-    lookup per tenant when it does."""
+    each configured tenant named (controlplane/ha/grants.py), or with
+    ``wait`` false only ask for one at once; one dict lookup per tenant
+    when it holds them."""
     grants = ownership.grants if ownership is not None else None
     if grants is None:
         return
     wanted = {t for t in map(svc.shares.resolve, set(tenant_ids)) if t is not None}
     if any(not grants.ready(t) for t in wanted):
-        await grants.ensure(wanted, timeout_s)
+        if wait:
+            await grants.ensure(wanted, timeout_s)
+        else:
+            grants.ask_soon(wanted)
 
 
 async def batch_redirects(

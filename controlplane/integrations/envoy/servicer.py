@@ -110,7 +110,9 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
                 if forwarded is not None:
                     return forwarded
                 if ask.phase != Phase.RESPONSE:  # decided here: under this replica's share
-                    await ensure_shares(gate.ownership, self._svc, (ask.tenant,))
+                    left = context.time_remaining()
+                    await ensure_shares(gate.ownership, self._svc, (ask.tenant,),
+                                        None if left is None else left / 4)  # fmt: skip
             if ask.phase == Phase.RESPONSE:
                 return await self._settle(ask)
             if ask.cost_given and ask.tokens == 0:

@@ -103,6 +103,25 @@ def test_a_dead_members_rate_frees_after_its_ttl_and_release_frees_at_once(
     assert store.refresh("b", [ask("t", 10)], 30)["t"].rate_ppm == PPM
 
 
+def test_a_member_id_restarted_resumes_from_its_row_and_a_release_frees_its_quota(
+    engine: Engine,
+) -> None:
+    store = ShareStore(engine)
+    a = store.refresh("m", [ask("t", 10, used=1000)], 30)["t"]
+    assert a.hour_used == 1000 and a.hour_allowance == QUOTA  # alone: the whole quota
+    # a restart keeping the id: its counters start at 0; the row says 1,000
+    assert store.refresh("m", [ask("t", 10, used=0)], 30)["t"].hour_used == 1000
+    # the first ask of the new process takes the old allowance as spent (a
+    # kill -9 loses what was spent after the last refresh)
+    first = Ask("t", 10, hour=Window(HOUR_START, 0, QUOTA), first=True)
+    assert store.refresh("m", [first], 30)["t"].hour_used == QUOTA
+    # a graceful release lowers the allowance to the use: another member gets the rest
+    store.refresh("n", [ask("u", 10, used=0)], 30)
+    store.release("n", [ask("u", 10, used=700)])
+    b = store.refresh("o", [ask("u", 10)], 30)["u"]
+    assert b.hour_others_used == 700 and b.hour_allowance == QUOTA - 700
+
+
 def test_sqlite_is_refused(sqlite_url: str) -> None:
     eng = make_engine(sqlite_url)
     try:
