@@ -913,6 +913,32 @@ cdef class RequestTable:
         self._open -= 1
         return got
 
+    def drop_open_where(self, column, values):
+        """Forget every open row whose ``column`` holds one of ``values``
+        (the rows of pools whose cell moved to another replica); return
+        them, oldest first. One pass over the admitted rows: a rare call."""
+        cdef Py_ssize_t col = _i64(column)
+        cdef Ring* r = &self._admitted
+        cdef Py_ssize_t i, n = r.len
+        cdef Entry e
+        cdef int64_t* row
+        cdef list out = []
+        if not 0 <= col < C_NF:
+            raise ValueError(f"column must be in [0, {C_NF}), got {col}")
+        wanted = {_i64(v) for v in values}
+        if not wanted:
+            return out
+        for i in range(n):
+            e = r.buf[(r.head + i) & (r.cap - 1)]
+            if self._meta[e.slot].version != e.version:
+                continue
+            row = &self._rows[e.slot * C_NF]
+            if row[C_STATE] == C_OPEN and row[col] in wanted:
+                out.append(_row_tuple(row))  # allocate before changing anything
+                self._open -= 1
+                self._delete(e.slot)
+        return out
+
     # --- expiry ----------------------------------------------------------------------
 
     def expire(self, now):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from fastpath._ints import i64
@@ -287,6 +288,29 @@ class RequestTable:
         del self._rows[key]
         self._open -= 1
         return got[1]
+
+    def drop_open_where(self, column: int, values: Iterable[int]) -> list[Row]:
+        """Forget every open row whose ``column`` holds one of ``values``
+        (the rows of pools whose cell moved to another replica); return
+        them, oldest first. One pass over the admitted rows: a rare call."""
+        column = i64(column)
+        if not 0 <= column < NF:
+            raise ValueError(f"column must be in [0, {NF}), got {column}")
+        wanted = {i64(v) for v in values}
+        out: list[Row] = []
+        if not wanted:
+            return out
+        rows = self._rows
+        for _, key, version in list(self._admitted):
+            got = rows.get(key)
+            if got is None or got[0] != version:
+                continue
+            row = got[1]
+            if row[STATE] == OPEN and row[column] in wanted:
+                out.append(row)
+                self._open -= 1
+                del rows[key]
+        return out
 
     def expire(self, now: int) -> list[Row]:
         """Forget rows past their window; return the open ones among them

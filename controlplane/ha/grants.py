@@ -217,6 +217,8 @@ class TenantGrants:
         wanted |= {t for t, s in self._shares.items() if s.rate_ppm > 0}
         wanted |= self._asked
         wanted |= set(configured) - self._primed  # new in the config: asked once
+        if self.affine is not None:  # tenants at home here: where their idle shares gather
+            wanted |= {t for t in configured if self.affine(t)}
         return self._asks(wanted, queued)
 
     def _asks(self, wanted: set[str], queued: dict[str, int] | None = None) -> list[Ask]:

@@ -385,13 +385,25 @@ class AdmissionService:
         end = min(holds.values())
         return end if wake is None else min(wake, end)
 
-    def forget_pools(self, pools: Sequence[str]) -> None:
-        """Another replica decides for ``pools`` now: the pool gate forgets
-        what it counted in flight there (that replica counts them, as the
-        sidecars re-announce them). Their open records stay until settled
-        or expired, so a late Complete here still finds them."""
+    def forget_pools(self, pools: Sequence[str]) -> int:
+        """Another replica decides for ``pools`` now: their open
+        reservations end here as at expiry (no refund; the tenants' slots
+        and concurrency freed), and the pool gate forgets what it counted in
+        flight there. The new owner counts them, as the sidecars re-announce
+        them; a Complete that still comes here is booked once on its ledger
+        key (offline). Kept, they held a tenant's concurrency here until
+        their TTL, and a cell that came back was refused. Returns how many
+        ended."""
+        now = self.clock()
+        released = self._log.drop_open_in_pools(pools)
+        for rec in released:
+            self._table.release(rec[R.SLOT], now, rec[R.RESERVED])
+            self._dispatcher.slot_freed(rec[R.SLOT])
         for pool in pools:
             self._gate.forget(pool)
+        if released:
+            self._dispatcher.dispatch(now)
+        return len(released)
 
     def pool_holds(self) -> dict[str, int]:
         """Pools whose gate is held after a takeover now -> when the hold

@@ -15,7 +15,7 @@ in one place; ``RequestLog`` converts between the two.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from controlplane.service.pools import UNKNOWN
@@ -290,6 +290,12 @@ class RequestLog:
         learning of it); returns it so the caller can release the slot."""
         row = self.table.drop_open(self._tkeys.get(key[0], -1), key[0], key[1])
         return None if row is None else self.record(row)
+
+    def drop_open_in_pools(self, pools: Sequence[str]) -> list[Record]:
+        """Forget the open records of ``pools``; returns them so the caller
+        can release their slots."""
+        ids = [self.names.ids[p] for p in pools if p in self.names.ids]
+        return [self.record(row) for row in self.table.drop_open_where(POOL, ids)]
 
     def expire(self, now: int) -> list[Record]:
         """Forget records past their window; return the admitted ones whose

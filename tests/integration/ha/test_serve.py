@@ -65,6 +65,17 @@ def trio(ha_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[
     wait_until(lambda: not any(p.srv.on_loop(p.srv.plane.service.pool_holds)
                                for p in planes if p.srv is not None),
                message="the takeover holds of the handed-off cells to end")  # fmt: skip
+
+    def has_share(p: Plane, tenant_id: str) -> bool:
+        assert p.srv is not None
+        grants = p.srv.plane.ownership.grants
+        return grants is not None and bool(p.srv.on_loop(lambda: grants.ready(tenant_id)))
+
+    def homed() -> bool:  # each pool's tenant's rate gathered on the pool's owner
+        return all(has_share(p, f"t-{pool}") for p in planes for pool in POOLS
+                   if p.srv is not None and pool in owned(p))  # fmt: skip
+
+    wait_until(homed, message="the tenants' shares to follow their cells")
     yield planes
     for p in planes:
         p.stop()

@@ -290,6 +290,37 @@ def test_drop_open_forgets_only_open_rows(reqlog: ModuleType) -> None:
     assert table.expire(T0 + 100) == []  # the dropped row's entry acts on nothing
 
 
+def test_drop_open_where_forgets_the_open_rows_of_the_values_named(reqlog: ModuleType) -> None:
+    table = reqlog.RequestTable(100, 50, 30)
+    col = 12  # any column; the service names its rows' pool column
+
+    def row(pool: int, state: int | None = None) -> tuple[int, ...]:
+        r = list(mkrow(reqlog, state, fill=0))
+        r[col] = pool
+        return tuple(r)
+
+    table.add(0, "t", "a", row(7))
+    table.add(0, "t", "b", row(8))
+    table.add(0, "t", "c", row(7))
+    table.add(0, "t", "settled", row(7))
+    table.settle(0, "t", "settled", 1, 0, T0)
+    table.add(0, "t", "refused", row(7, reqlog.REJECTED))
+    table.add(0, "t", "gone", row(7))
+    table.drop_open(0, "t", "gone")
+    assert table.drop_open_where(col, []) == []
+    got = table.drop_open_where(col, [7, 99])
+    assert [r[col] for r in got] == [7, 7] and len(got) == 2  # a and c, oldest first
+    assert table.get(0, "t", "a") is None and table.get(0, "t", "c") is None
+    assert table.get(0, "t", "b") is not None and table.get(0, "t", "settled") is not None
+    assert table.get(0, "t", "refused") is not None
+    assert table.open_count == 1  # b
+    assert table.drop_open_where(col, [7]) == []
+    b = table.get(0, "t", "b")
+    assert table.expire(T0 + 100) == [b]  # only b was still open
+    with pytest.raises(ValueError, match="column"):
+        table.drop_open_where(reqlog.NF, [1])
+
+
 # --- keys ------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.domain import AdmitDecision, Decision
-from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.errors import InvalidArgument, NotFound
 from controlplane.domain.policy import Policy
 from controlplane.service.queueing import Waiter
 from fastpath import Reason
@@ -143,23 +143,25 @@ def test_without_reports_a_fallback_concurrency_applies(make_service: Any) -> No
     assert svc.admit("acme", "d", "", 10, 10, pool="p").decision == Decision.ADMIT
 
 
-def test_a_pool_handed_to_another_replica_is_forgotten_by_the_gate(make_service: Any) -> None:
+def test_a_pool_handed_to_another_replica_is_forgotten_here(make_service: Any) -> None:
     svc = gated(make_service)  # gate_fallback_inflight=2
     for r in ("a", "b"):
         assert svc.admit("acme", r, "", 10, 10, pool="p").decision == Decision.ADMIT
+    assert svc.admit("acme", "x", "", 10, 10, pool="q").decision == Decision.ADMIT
     assert svc.admit("acme", "c", "", 10, 10, pool="p").reason == Reason.BACKPRESSURE
-    # the cell moved away and came back: its old releases are the other
-    # replica's to count (re-announced there), not a full pool here
-    svc.forget_pools(["p"])
-    assert svc.gate_inflight("p") == 0
+    before = svc.tenant_state("acme")
+    # the cell of p moved to another replica (which counts a and b now,
+    # re-announced): they end here as at expiry, and the gate forgets p
+    assert svc.forget_pools(["p"]) == 2
+    after = svc.tenant_state("acme")
+    assert (before["inflight"], after["inflight"]) == (3, 1)  # x, of pool q, stays
+    assert after["level_mtok"] == before["level_mtok"]  # no refund: what was reserved is spent
+    assert svc.gate_inflight("p") == 0 and svc.open_reservations == 1
+    with pytest.raises(NotFound):
+        svc.complete("acme", "a", 0, 10, 5)  # a late Complete here: booked offline instead
+    # the cell came back: it is not refused for what the other replica runs
     assert svc.admit("acme", "d", "", 10, 10, pool="p").decision == Decision.ADMIT
-    assert svc.gate_inflight("p") == 1
-    # a forgotten release completed here (a Complete without its pool: with
-    # one, the new owner is asked) cannot be told from d, and never counts
-    # below zero
-    svc.complete("acme", "a", 0, 10, 5)
-    svc.complete("acme", "b", 0, 10, 5)
-    assert svc.gate_inflight("p") == 0
+    assert svc.forget_pools(["nowhere"]) == 0
 
 
 def test_every_admit_belongs_to_a_pool(make_service: Any) -> None:
