@@ -8,7 +8,8 @@ the service (``AdmissionService.shares``, service/shares.py).
   its demand moves elsewhere), every tenant with requests waiting in the
   lane queues and every tenant a request waits for a share of (``ensure``).
   Demand is the tenant's decisions per second here (an exponential
-  average) plus its queued requests as asked in this interval, in
+  average with a 10 s time constant; a request waiting for a share counts
+  as one a second) plus its queued requests as asked in this interval, in
   thousandths.
 - **When.** Once for every configured tenant before the replica serves (and
   for a tenant new in the config at the next refresh: a lone replica so has
@@ -52,8 +53,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("burstgate.ha")
 
-# Weight of the newest interval in the demand average.
-DEMAND_ALPHA = 0.5
+# Time constant of the demand average (s): a replica that served a tenant in
+# the last minute or so keeps a proportional share of it, so a tenant's
+# sporadic requests there are not each refused while shares move back.
+DEMAND_TAU_S = 10.0
 # Below this many decisions per second a tenant has no demand here.
 IDLE_DEMAND = 0.01
 LOG_EVERY_S = 10.0
@@ -199,12 +202,15 @@ class TenantGrants:
         dt = max(1e-3, now - self._seen_at)
         self._seen_at = now
         counts = self.service.shares.decisions()
+        alpha = 1.0 - math.exp(-dt / DEMAND_TAU_S)
         for tenant, n in counts.items():
             rate = (n - self._seen.get(tenant, 0)) / dt
             old = self._demand.get(tenant, 0.0)
-            self._demand[tenant] = DEMAND_ALPHA * rate + (1 - DEMAND_ALPHA) * old
+            self._demand[tenant] = alpha * rate + (1 - alpha) * old
         for tenant in set(self._demand) - set(counts):
-            self._demand[tenant] *= 1 - DEMAND_ALPHA
+            self._demand[tenant] *= 1 - alpha
+        for tenant in self._asked:  # a request waits for it: one a second at least
+            self._demand[tenant] = max(self._demand.get(tenant, 0.0), 1.0)
         self._seen = counts
 
     def asks(self) -> list[Ask]:

@@ -12,6 +12,7 @@ refreshes (the auth pass-through test)."""
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Iterator
@@ -100,11 +101,27 @@ def trio(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             return all(owns(planes[int(m[1])], c) for c, m in wanted.items())
 
         wait_until(settled, message="the cells to spread over the three replicas")
+
         def unheld(planes: list[Plane] = planes) -> bool:
             return not any(p.srv.on_loop(p.srv.plane.service.pool_holds)
                            for p in planes if p.srv is not None)  # fmt: skip
 
         wait_until(unheld, message="the takeover holds of the handed-off cells to end")
+
+        def shared(planes: list[Plane] = planes) -> bool:
+            # acme is decided on every replica here: each holds a share of its
+            # rate (asked for on all three, as traffic would; docs/ha.md)
+            ok = True
+            for p in planes:
+                assert p.srv is not None
+                grants = p.srv.plane.ownership.grants
+                assert grants is not None
+                ask_ = functools.partial(grants.ask_soon, ["acme"])
+                p.srv.on_loop(ask_)
+                ok = ok and bool(p.srv.on_loop(functools.partial(grants.ready, "acme")))
+            return ok
+
+        wait_until(shared, message="a share of acme's rate on every replica")
         try:
             yield Trio(url, planes, key, key_id)
         finally:
