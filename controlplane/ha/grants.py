@@ -43,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from controlplane.aiotime import within
+from controlplane.domain import TenantConfig
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR, NS_PER_S
 from controlplane.ha._blocking import call
 from controlplane.ha.share_store import Ask, ShareStore, Window
@@ -225,10 +226,16 @@ class TenantGrants:
         wanted |= set(configured) - self._primed  # new in the config: asked once
         if self.affine is not None:  # tenants at home here: where their idle shares gather
             wanted |= {t for t in configured if self.affine(t)}
-        return self._asks(wanted, queued)
+        return self._asks(wanted, queued, configured)
 
-    def _asks(self, wanted: set[str], queued: dict[str, int] | None = None) -> list[Ask]:
-        configured = self.service.shares.configured()
+    def _asks(
+        self,
+        wanted: set[str],
+        queued: dict[str, int] | None = None,
+        configured: dict[str, TenantConfig] | None = None,
+    ) -> list[Ask]:
+        if configured is None:
+            configured = self.service.shares.configured()
         queued = queued or {}
         now = self.service.clock()
         hour_s = now // NS_PER_HOUR * 3600
@@ -236,7 +243,8 @@ class TenantGrants:
         asks = []
         for tenant in sorted(wanted & set(configured)):
             cfg = configured[tenant]
-            hour_used, day_used = self.service.shares.used(tenant, now)
+            has_quota = bool(cfg.hourly_quota or cfg.daily_quota)
+            hour_used, day_used = self.service.shares.used(tenant, now) if has_quota else (0, 0)
             # decisions per second, and the requests waiting as asked now
             rate = self._demand.get(tenant, 0.0) + queued.get(tenant, 0) / self.interval_s
             demand = int(rate * 1000)
@@ -275,11 +283,13 @@ class TenantGrants:
         if self.clock() >= deadline:
             return  # an answer that came too late grants nothing here
         self._primed.update(a.tenant for a in asks)
-        shares = self.service.shares
-        for tenant, g in grants.items():
-            share = Share(g.rate_ppm, g.hour_allowance, g.day_allowance,
-                          g.hour_others_used, g.day_others_used)  # fmt: skip
-            if shares.set(tenant, share, g.hour_used, g.day_used):
+        items = [(tenant, Share(g.rate_ppm, g.hour_allowance, g.day_allowance,
+                                g.hour_others_used, g.day_others_used), g.hour_used, g.day_used)
+                 for tenant, g in grants.items()]  # fmt: skip
+        for (tenant, share, _, _), known in zip(
+            items, self.service.shares.set_many(items), strict=True
+        ):
+            if known:
                 self._shares[tenant] = share
                 self._valid_until[tenant] = deadline
         self.refreshes += 1

@@ -91,13 +91,15 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             await redirect_if_not_owner(self.ownership, pool, context)
             # a share of the tenant's limits here (several replicas); bad
             # input is refused first, having asked for nothing
-            check_admit(
-                request.tenant_id, request.request_id, request.prompt_tokens,
-                request.max_tokens, request.model, request.pool, request.lane,
-            )  # fmt: skip
             left = context.time_remaining()
-            await ensure_shares(self.ownership, self._svc, (request.tenant_id,),
-                                None if left is None else left / 2)  # fmt: skip
+            await ensure_shares(
+                self.ownership, self._svc, (request.tenant_id,),
+                None if left is None else left / 2,
+                check=lambda: check_admit(
+                    request.tenant_id, request.request_id, request.prompt_tokens,
+                    request.max_tokens, request.model, request.pool, request.lane,
+                ),
+            )  # fmt: skip
         # May wait server-side in the lane's queue (bounded by the lane's wait
         # target, the tenant's max wait and this call's deadline).
         d = await self._waiting.admit(

@@ -14,7 +14,7 @@ and replay use knows nothing of replicas.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 import grpc
@@ -72,16 +72,21 @@ async def ensure_shares(
     tenant_ids: Iterable[str],
     timeout_s: float | None = None,
     wait: bool = True,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """Several replicas: wait (bounded) until this replica holds a share of
     each configured tenant named (controlplane/ha/grants.py), or with
     ``wait`` false only ask for one at once; one dict lookup per tenant
-    when it holds them."""
+    when it holds them. ``check``: the request's validation, run before
+    anything is asked for (bad input asks for nothing), and only then: the
+    service validates every request anyway."""
     grants = ownership.grants if ownership is not None else None
     if grants is None:
         return
     wanted = {t for t in map(svc.shares.resolve, set(tenant_ids)) if t is not None}
     if any(not grants.ready(t) for t in wanted):
+        if check is not None:
+            check()
         if wait:
             await grants.ensure(wanted, timeout_s)
         else:

@@ -395,11 +395,10 @@ class AdmissionService:
         their TTL, and a cell that came back was refused. Returns how many
         ended."""
         now = self.clock()
-        released = self._log.drop_open_in_pools(pools)
+        released = self._settler.end(self._log.drop_open_in_pools(pools), now)
         for rec in released:
-            self._table.release(rec[R.SLOT], now, rec[R.RESERVED])
-            self._dispatcher.slot_freed(rec[R.SLOT])
-        for pool in pools:
+            self._freed(rec)
+        for pool in pools:  # after _freed: what it counted there goes whole
             self._gate.forget(pool)
         if released:
             self._dispatcher.dispatch(now)

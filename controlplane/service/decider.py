@@ -197,10 +197,11 @@ class Decider:
     def _tenant_wide(self, entry: Tenant, hour: int, day: int) -> tuple[int, int]:
         """The fast path's quota ``remaining`` under a share (this replica's
         allowance less its use) as what remains of the tenant's whole quota."""
+        cfg = entry.config
         share = self._tenants.share_of(entry)
-        if share is None:
+        if share is None or not (cfg.hourly_quota or cfg.daily_quota):
             return hour, day
-        dh, dd = remaining_offsets(entry.config, share)
+        dh, dd = remaining_offsets(cfg, share)
         return (max(0, hour + dh) if hour >= 0 else hour, max(0, day + dd) if day >= 0 else day)
 
     def book(
@@ -530,12 +531,14 @@ class Decider:
             shadow=per[:, _T_SHADOW] if any_shadow else None,
         )  # fmt: skip
         if self._tenants.shares is not None:  # refusals under a share (shares.py)
-            offsets = np.array(
-                [(0, 0) if e is None else self._tenant_wide(e, 0, 0) for e in t_entry],
-                dtype=np.int64,
-            )[tix_l]
-            for col, off in ((out_hour, offsets[:, 0]), (out_day, offsets[:, 1])):
-                col[:] = np.where(to_fast & (col >= 0), np.maximum(0, col + off), col)
+            if any(e is not None and (e.config.hourly_quota or e.config.daily_quota)
+                   for e in t_entry):  # fmt: skip
+                offsets = np.array(
+                    [(0, 0) if e is None else self._tenant_wide(e, 0, 0) for e in t_entry],
+                    dtype=np.int64,
+                )[tix_l]
+                for col, off in ((out_hour, offsets[:, 0]), (out_day, offsets[:, 1])):
+                    col[:] = np.where(to_fast & (col >= 0), np.maximum(0, col + off), col)
             shared = np.flatnonzero(to_fast & np.isin(out_reason, _SHARED))
             for i in shared.tolist():
                 entry = t_entry[tix_l[i]]

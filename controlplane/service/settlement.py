@@ -129,7 +129,12 @@ class Settler:
         """Release reservations older than the TTL (no refund: the tenant
         keeps paying for what it reserved) and forget old refusals; returns
         the reservations ended."""
-        released = self._log.expire(now)
-        for rec in released:
+        return self.end(self._log.expire(now), now)
+
+    def end(self, records: list[Record], now: int) -> list[Record]:
+        """End open reservations without a Complete (expired, or their pool
+        moved to another replica): no refund, the tenant keeps paying for
+        what it reserved; their slots are no longer in flight."""
+        for rec in records:
             self._table.release(rec[R.SLOT], now, rec[R.RESERVED])
-        return released
+        return records

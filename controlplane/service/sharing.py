@@ -53,15 +53,23 @@ class ShareControl:
         hour and day; the slot's counters are raised to it when lower (a
         restart that kept its member id). Requests waiting for the tenant
         are looked at again. False when the tenant is not configured."""
+        return self.set_many([(tenant_id, share, hour_used, day_used)])[0]
+
+    def set_many(self, shares: list[tuple[str, Share, int, int]]) -> list[bool]:
+        """:meth:`set` for many tenants (a refresh's), the waiting requests
+        looked at once after."""
         now = self._clock()
-        if not self._tenants.set_share(tenant_id, share, now):
-            return False
-        h, d = self.used(tenant_id, now)
-        if hour_used > h or day_used > d:
-            slot = self._tenants.active(tenant_id).slot
-            self._table.add_usage(slot, now, max(0, hour_used - h), max(0, day_used - d))
+        out = []
+        for tenant_id, share, hour_used, day_used in shares:
+            known = self._tenants.set_share(tenant_id, share, now)
+            out.append(known)
+            if known and (hour_used or day_used):
+                h, d = self.used(tenant_id, now)
+                if hour_used > h or day_used > d:
+                    slot = self._tenants.active(tenant_id).slot
+                    self._table.add_usage(slot, now, max(0, hour_used - h), max(0, day_used - d))
         self._changed(now)
-        return True
+        return out
 
     def used(self, tenant_id: str, now: int) -> tuple[int, int]:
         """Tokens this replica has counted against the tenant's quotas in

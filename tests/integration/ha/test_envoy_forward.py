@@ -33,6 +33,7 @@ from controlplane.store.db import make_engine, upgrade
 from controlplane.store.keys import KeyStore
 from tests.conftest import fresh_pg_database
 from tests.integration.envoy.conftest import DEPLOY
+from tests.integration.ha.harness import no_takeover_holds
 from tests.integration.ledger.conftest import ledger_rows
 from tests.integration.sdk.conftest import Plane, tenant
 from tests.support import add_tenants, wait_until
@@ -102,11 +103,8 @@ def trio(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
         wait_until(settled, message="the cells to spread over the three replicas")
 
-        def unheld(planes: list[Plane] = planes) -> bool:
-            return not any(p.srv.on_loop(p.srv.plane.service.pool_holds)
-                           for p in planes if p.srv is not None)  # fmt: skip
-
-        wait_until(unheld, message="the takeover holds of the handed-off cells to end")
+        wait_until(functools.partial(no_takeover_holds, planes),
+                   message="the takeover holds of the handed-off cells to end")
 
         def shared(planes: list[Plane] = planes) -> bool:
             # acme is decided on every replica here: each holds a share of its

@@ -25,6 +25,7 @@ from controlplane.ha.rendezvous import assignment
 from controlplane.sdk import AsyncAdmissionClient
 from controlplane.store.db import upgrade
 from tests.conftest import fresh_pg_database
+from tests.integration.ha.harness import no_takeover_holds
 from tests.integration.ledger.conftest import ledger_rows
 from tests.integration.sdk.conftest import SLOW_OK, Plane, tenant
 from tests.support import add_tenants, wait_until
@@ -62,9 +63,8 @@ def trio(ha_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[
         )
 
     wait_until(settled, message="the cells to spread over the three replicas")
-    wait_until(lambda: not any(p.srv.on_loop(p.srv.plane.service.pool_holds)
-                               for p in planes if p.srv is not None),
-               message="the takeover holds of the handed-off cells to end")  # fmt: skip
+    wait_until(lambda: no_takeover_holds(planes),
+               message="the takeover holds of the handed-off cells to end")
 
     def has_share(p: Plane, tenant_id: str) -> bool:
         assert p.srv is not None
