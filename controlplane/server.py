@@ -38,7 +38,7 @@ from controlplane.settings import Settings
 from controlplane.startup.errors import Exit, StartupError
 from controlplane.startup.network import port_error
 from controlplane.store.config import ConfigRepository
-from controlplane.store.db import make_engine
+from controlplane.store.db import dispose_when_idle, make_engine
 from controlplane.store.replica_lock import ReplicaGuard, lock_for
 from controlplane.telemetry.gcpause import GcPauses
 from controlplane.telemetry.metrics import (
@@ -565,7 +565,10 @@ class ControlPlane:
             await self.metering.stop()  # writes (or spools) what is queued
         if self._db_calls:  # a poll step cancelled mid-query: let its thread finish
             await asyncio.gather(*self._db_calls, return_exceptions=True)
-        self.engine.dispose()
+        # HA calls (and takeover rebuilds) cancelled above may still be on
+        # their threads with a connection out.
+        if out := await dispose_when_idle(self.engine):
+            log.warning("database engine disposed with connections still in use", connections=out)
         await self.replica.release()  # last: everything this serve writes is written
 
     async def _restore_quota_usage(self) -> None:

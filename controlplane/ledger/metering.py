@@ -52,6 +52,7 @@ from controlplane.ledger.writer import LedgerWriter, Outcome, Row
 from controlplane.service import AdmissionService
 from controlplane.service import records as R
 from controlplane.settings import Settings, sqlalchemy_url
+from controlplane.store.db import dispose_when_idle
 from controlplane.store.ledger import LedgerStore, MarginWarning, exceeds, ledger_engine
 
 log = structlog.get_logger("burstgate.ledger")
@@ -172,7 +173,10 @@ class Metering:
         await self.writer.stop()
         with contextlib.suppress(Exception):
             await self.flush_windows()
-        self.engine.dispose()
+        # A takeover rebuild cancelled by the server's stop may still be on
+        # its thread with a connection out.
+        if out := await dispose_when_idle(self.engine):
+            log.warning("ledger engine disposed with connections still in use", connections=out)
 
     def _db_state(self, ok: bool) -> None:
         if self._on_health is not None:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import QueuePool
 
 from controlplane.settings import sqlalchemy_url
+
+# How long a stopping server waits for connections still out on worker
+# threads before it disposes of their engine anyway (a hung database).
+DISPOSE_WAIT_S = 5.0
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MIGRATIONS_DIR = REPO_ROOT / "migrations"
@@ -100,3 +107,27 @@ def code_heads(current: tuple[str, ...] = ()) -> tuple[tuple[str, ...], bool]:
 
 def downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
+
+
+def checked_out(engine: Engine) -> int:
+    """Connections of ``engine``'s pool in use now (0 for a pool that keeps
+    none, which closes each connection as it comes back)."""
+    pool = engine.pool
+    return pool.checkedout() if isinstance(pool, QueuePool) else 0
+
+
+async def dispose_when_idle(engine: Engine, wait_s: float = DISPOSE_WAIT_S) -> int:
+    """Dispose of ``engine`` once the connections still checked out have
+    come back, waiting at most ``wait_s``; answers how many were still out.
+
+    Why wait: a call whose caller gave up (a cancelled task, a bounded wait
+    that timed out) runs on in its thread. ``dispose`` closes only the
+    connections in the pool and swaps in a new one; a connection handed
+    back later goes into the old pool, which nobody closes, and is
+    garbage-collected still open (psycopg's ResourceWarning, a server
+    backend held until then)."""
+    deadline = time.monotonic() + wait_s
+    while (out := checked_out(engine)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    engine.dispose()
+    return out

@@ -5,9 +5,13 @@ interval, and not before, however long the test waits in real time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from decimal import Decimal
 from typing import Any
+
+import psycopg
+from sqlalchemy.engine import make_url
 
 from controlplane.clock import ManualClock
 from controlplane.domain import TenantConfig
@@ -81,6 +85,56 @@ def test_stop_waits_for_a_poll_query_in_flight(make_server: Any, migrated_url: s
     stopping.result(timeout=10)
     assert plane.engine.pool.checkedout() == 0
     # the plane is stopped: end its loop here (the fixture would stop it again)
+    srv.loop.call_soon_threadsafe(srv.loop.stop)
+    srv.thread.join(timeout=30)
+    srv.loop.close()
+
+
+def test_stop_waits_for_calls_their_callers_gave_up_on(make_server: Any, migrated_url: str) -> None:
+    # A bounded call that timed out (HA's lease and share calls) or a task
+    # cancelled by stop (a takeover rebuild) leaves its thread running with
+    # a connection out, on the server's engine or the ledger's. stop() must
+    # dispose of each engine only once that connection is back, or it is
+    # handed to a disposed pool and garbage-collected still open.
+    import threading
+
+    from controlplane.aiotime import bounded, in_daemon_thread
+
+    srv = make_server(migrated_url)
+    plane = srv.plane
+    assert plane.metering is not None
+    engines = [plane.engine, plane.metering.engine]
+    entered, release = threading.Semaphore(0), threading.Event()
+
+    def hold(engine: Any) -> Any:
+        def run() -> None:
+            with engine.connect():
+                entered.release()
+                release.wait(10)
+
+        return run
+
+    async def give_up_on(engine: Any) -> None:
+        with contextlib.suppress(TimeoutError):
+            await bounded(in_daemon_thread(hold(engine), "held"), 0.01, "held")
+
+    for engine in engines:
+        asyncio.run_coroutine_threadsafe(give_up_on(engine), srv.loop).result(10)
+    assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+    assert all(e.pool.checkedout() >= 1 for e in engines)  # (HA's own calls may add some)
+    stopping = asyncio.run_coroutine_threadsafe(plane.stop(0), srv.loop)
+    time.sleep(REAL_PAUSE_S)
+    assert not stopping.done(), "stop() disposed of an engine under a connection still out"
+    release.set()
+    stopping.result(timeout=10)
+    assert [e.pool.checkedout() for e in engines] == [0, 0]
+    if plane.engine.dialect.name == "postgresql":  # closed, not parked in a pool nobody closes
+        url = make_url(migrated_url)
+        with psycopg.connect(url.set(database="postgres").render_as_string(False)) as admin:
+            left = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (url.database,)
+            ).fetchone()
+        assert left == (0,), "a connection of the stopped server is still open"
     srv.loop.call_soon_threadsafe(srv.loop.stop)
     srv.thread.join(timeout=30)
     srv.loop.close()

@@ -91,7 +91,7 @@ def test_admitted_then_settled_with_the_engines_usage(gateway: Gateway, stream: 
     status, headers, body = chat(gateway.base(), "acme", rid, stream=stream, max_tokens=12)
     usage = usage_of(status, body, stream)
     # the request path's answer, as headers on the client's response
-    assert headers["x-ratelimit-limit"] == "100000000"  # acme's bucket (refills at 1M/s)
+    assert headers["x-ratelimit-limit"] == "100000000"  # acme's bucket (refills at 1,000/s)
     assert int(headers["x-ratelimit-remaining"]) < 100_000_000
     rec = wait_until(lambda: row(gateway.url, "acme", rid), message="the ledger row")
     # reserved the configured estimate, settled with what the engine reported

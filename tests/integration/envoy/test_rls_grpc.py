@@ -80,7 +80,7 @@ def test_reserve_repeat_settle_repeat(gateway: Gateway, rls_call: rls_grpc.RateL
     assert (s.code, s.current_limit.name, s.current_limit.unit) == (
         OK, "token_bucket", rls.RateLimitResponse.RateLimit.SECOND,
     )  # fmt: skip
-    assert s.current_limit.requests_per_unit == 1_000_000  # acme's refill rate
+    assert s.current_limit.requests_per_unit == 1_000  # acme's refill rate
     again = call(rls_call, gateway.key, shape("request-path", "acme", rid))
     assert again.overall_code == OK  # the same admission, not a second one
     svc = gateway.plane.srv.plane.service  # type: ignore[union-attr]
