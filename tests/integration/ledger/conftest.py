@@ -24,6 +24,7 @@ from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
 from controlplane.store.keys import KeyStore
 from controlplane.store.ledger import LedgerStore
+from tests.support import wait_until
 
 NS = 1_000_000_000
 
@@ -90,6 +91,17 @@ def ledger_rows(url: str, where: str = "1=1") -> list[Any]:
             )
     finally:
         engine.dispose()
+
+
+def ledger_rows_once(url: str, count: int, where: str = "1=1") -> list[Any]:
+    """The ledger's rows once there are at least ``count``: an acknowledged
+    Complete whose write ran past the writer's hang deadline on a loaded host
+    is spooled and written on the next replay (about a second later), so a
+    test that sent many reads the ledger when that has happened."""
+    return wait_until(
+        lambda: rows if len(rows := ledger_rows(url, where)) >= count else None,
+        message=f"{count} ledger rows",
+    )
 
 
 def complete(c: AdmissionClient, tenant_id: str, request_id: str, **kw: Any) -> pb.CompleteResponse:

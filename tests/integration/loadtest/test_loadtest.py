@@ -24,8 +24,8 @@ from controlplane.loadtest import profile as prof
 from controlplane.loadtest.report import SCHEMA, by_lane, summarize
 from controlplane.loadtest.run import ADMIT_DEADLINE_S, check_loopback, run
 from controlplane.store.db import upgrade
-from tests.integration.ledger.conftest import ledger_rows
-from tests.support import add_tenants, wait_until
+from tests.integration.ledger.conftest import ledger_rows_once
+from tests.support import add_tenants
 
 TENANTS = [prof.Tenant("gold", "premium", 1), prof.Tenant("std", "standard", 2),
            prof.Tenant("cheap", "batch", 1)]  # fmt: skip
@@ -123,14 +123,7 @@ def test_a_run_sends_its_plan_and_agrees_with_the_server(
     admitted = {f"t1-{i}" for i, o in enumerate(outcomes) if o.decision == "admit"}
     assert {f"t1-{i}" for i, o in enumerate(outcomes) if o.completed} == admitted
 
-    # (a ledger write that timed out on a loaded host is spooled and written
-    # on the next replay: wait for it, then nothing more may be there)
-    def all_booked() -> set[str] | None:
-        ids = {row.request_id for row in ledger_rows(db_url)}
-        return ids if ids >= admitted else None
-
-    booked = wait_until(all_booked, message="every admitted request in the ledger")
-    assert booked == admitted
+    assert {row.request_id for row in ledger_rows_once(db_url, len(admitted))} == admitted
     stats = {s.name: s for s in summarize(phases, result)}
     assert stats["all"].requests == len(plan)
     assert sum(stats[n].requests for n in ("base", "pulse", "recovery")) == len(plan)
@@ -218,7 +211,7 @@ def test_in_front_of_a_fake_engine_the_ledger_holds_what_it_served(
     outcomes = result.outcomes
     assert len(outcomes) == 29 and all(o.decision == "admit" for o in outcomes)
     assert all(o.completed for o in outcomes) and result.engine_errors == 0
-    rows = ledger_rows(sqlite_url)
+    rows = ledger_rows_once(sqlite_url, len(outcomes))
     # settled with the engine's own usage: its lengths are the plan's (the hint header)
     assert sorted((r.prompt_tokens, r.output_tokens) for r in rows) == sorted(
         (a.prompt_tokens, a.max_tokens) for a in plan
@@ -259,7 +252,7 @@ def test_stream_mode_micro_batches_and_agrees_with_the_server(
     assert {k: v for k, v in served.items() if v} == dict(decisions)
     admitted = {o.request_id for o in outcomes if o.decision == "admit"}
     assert {o.request_id for o in outcomes if o.completed} == admitted
-    assert {r.request_id for r in ledger_rows(sqlite_url)} == admitted
+    assert {r.request_id for r in ledger_rows_once(sqlite_url, len(admitted))} == admitted
 
 
 def test_loadtest_retries_when_asked(sqlite_url: str, make_server: Callable[..., Any]) -> None:

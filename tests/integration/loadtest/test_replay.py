@@ -21,7 +21,7 @@ from controlplane.domain import TenantConfig
 from controlplane.loadtest.profile import Tenant
 from controlplane.loadtest.replay import plan
 from controlplane.store.db import upgrade
-from tests.integration.ledger.conftest import ledger_rows
+from tests.integration.ledger.conftest import ledger_rows_once
 from tests.support import add_tenants
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -85,7 +85,7 @@ def test_replay_retries_within_the_slo_and_settles(
     assert total["admitted"] == doc["completed"]
     assert total["admitted"] + total["refused"] == 30
     # the ledger holds one record per request served, under the admitted attempt's id
-    ids = [row.request_id for row in ledger_rows(sqlite_url)]
+    ids = [row.request_id for row in ledger_rows_once(sqlite_url, total["admitted"])]
     assert len(ids) == len(set(ids)) == total["admitted"]
     assert sum("-r" in i for i in ids) == total["served_after_refusal"]
     # without retries, a refusal is final
