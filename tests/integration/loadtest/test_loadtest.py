@@ -122,7 +122,6 @@ def test_a_run_sends_its_plan_and_agrees_with_the_server(
     # every admitted request was completed, and the ledger holds exactly those
     admitted = {f"t1-{i}" for i, o in enumerate(outcomes) if o.decision == "admit"}
     assert {f"t1-{i}" for i, o in enumerate(outcomes) if o.completed} == admitted
-
     assert {row.request_id for row in ledger_rows_once(db_url, len(admitted))} == admitted
     stats = {s.name: s for s in summarize(phases, result)}
     assert stats["all"].requests == len(plan)
