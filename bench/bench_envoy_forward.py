@@ -33,14 +33,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 
 import grpc
-import psycopg
-from sqlalchemy.engine import make_url
+from _pg import database
+from bench_sidecar import free_port
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
@@ -54,21 +52,8 @@ from controlplane.store.db import make_engine, upgrade
 from controlplane.store.keys import KeyStore
 
 ROOT = Path(__file__).resolve().parents[1]
-ADMIN_DSN = os.environ.get("BURSTGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 POOLS = [f"p{i}" for i in range(8)]
 OK = rls.RateLimitResponse.OK
-
-
-@contextmanager
-def database() -> Iterator[str]:
-    name = f"burstgate_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(ADMIN_DSN).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def prepare(url: str) -> str:
@@ -86,15 +71,6 @@ def prepare(url: str) -> str:
     finally:
         engine.dispose()
     return key
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def serve(url: str, member: str, port: int, spool: Path) -> subprocess.Popen[bytes]:

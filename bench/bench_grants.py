@@ -14,9 +14,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import uuid
 
-import psycopg
+from _pg import ADMIN_DSN, database
 
 from controlplane.ha.share_store import Ask, ShareStore, Window
 from controlplane.store.db import make_engine, upgrade
@@ -26,13 +25,9 @@ HOUR = 1_800_000_000 // 3600 * 3600
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--dsn", default=ADMIN_DSN)
     args = ap.parse_args()
-    name = f"burstgate_bench_grants_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = args.dsn.rsplit("/", 1)[0] + "/" + name
-    try:
+    with database(args.dsn) as url:
         upgrade(url)
         engine = make_engine(url)
         store = ShareStore(engine)
@@ -53,9 +48,6 @@ def main() -> None:
                 print(f"| {n:,} | {members} | {statistics.median(times):.1f} |"
                       f" {times[int(len(times) * 0.9)]:.1f} |")  # fmt: skip
         engine.dispose()
-    finally:
-        with psycopg.connect(args.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 if __name__ == "__main__":

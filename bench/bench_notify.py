@@ -28,21 +28,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, TypeVar
 
-import psycopg
+from _pg import database
 from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
 
 from controlplane.domain import TenantConfig
 from controlplane.ha.coordinator import Coordinator
@@ -55,19 +51,6 @@ from controlplane.store.notify import CONFIG_CHANNEL, LEASES_CHANNEL, Listener
 from controlplane.telemetry import logs
 
 T = TypeVar("T")
-ADMIN_DSN = os.environ.get("BURSTGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-@contextmanager
-def database() -> Iterator[str]:
-    name = f"burstgate_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(ADMIN_DSN).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class LoopThread:

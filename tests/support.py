@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,14 @@ from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
 
 T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now (for a process a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def add_tenants(url: str, *tenants: TenantConfig) -> None:

@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 
 from controlplane.startup.errors import Exit
 from controlplane.store.db import upgrade
+from tests.support import free_port
 
 SECRET = "not-a-real-password"
 BASE_ENV = {
@@ -77,12 +78,6 @@ def one_record(r: subprocess.CompletedProcess[str], code: Exit) -> dict[str, Any
 
 def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import socket
 import subprocess
 import sys
 import threading
@@ -36,19 +35,12 @@ from controlplane.store.db import make_engine, upgrade
 from controlplane.store.keys import KeyStore
 from tests.conftest import fresh_pg_database
 from tests.integration.sdk.conftest import Plane, planes_on
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy" / "envoy"
 ENVOY = Path(sys.executable).with_name("envoy")
 MODEL = "fake-llama"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,19 +37,13 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from tests.integration.ledger.proxy import TcpProxy
+from tests.support import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PG_ADMIN_DSN = os.environ.get(
     "BURSTGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 READY = "burstgate listening on "
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def create_database(admin_dsn: str = PG_ADMIN_DSN) -> str:

@@ -33,7 +33,7 @@ from controlplane.store.db import upgrade
 from tests.conftest import LITELLM_OFFLINE_ENV, fresh_pg_database
 from tests.integration.ledger.conftest import ledger_rows
 from tests.integration.sdk.conftest import Plane, planes_on, tenant
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 ENGINE_MODEL = "fake-llama"
 MASTER_KEY = "sk-master-0123456789abcdef0123456789abcdef"
@@ -107,15 +107,6 @@ class EngineThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class LiteLLMProxy:
