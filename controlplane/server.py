@@ -567,8 +567,7 @@ class ControlPlane:
             await asyncio.gather(*self._db_calls, return_exceptions=True)
         # HA calls (and takeover rebuilds) cancelled above may still be on
         # their threads with a connection out.
-        if out := await dispose_when_idle(self.engine):
-            log.warning("database engine disposed with connections still in use", connections=out)
+        await dispose_when_idle(self.engine, "server")
         await self.replica.release()  # last: everything this serve writes is written
 
     async def _restore_quota_usage(self) -> None:

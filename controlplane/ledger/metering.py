@@ -173,10 +173,8 @@ class Metering:
         await self.writer.stop()
         with contextlib.suppress(Exception):
             await self.flush_windows()
-        # A takeover rebuild cancelled by the server's stop may still be on
-        # its thread with a connection out.
-        if out := await dispose_when_idle(self.engine):
-            log.warning("ledger engine disposed with connections still in use", connections=out)
+        # (a takeover rebuild cancelled by the server's stop may still hold one)
+        await dispose_when_idle(self.engine, "ledger")
 
     def _db_state(self, ok: bool) -> None:
         if self._on_health is not None:

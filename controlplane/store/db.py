@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import structlog
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -17,6 +18,8 @@ from controlplane.settings import sqlalchemy_url
 # How long a stopping server waits for connections still out on worker
 # threads before it disposes of their engine anyway (a hung database).
 DISPOSE_WAIT_S = 5.0
+
+log = structlog.get_logger("burstgate.store")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MIGRATIONS_DIR = REPO_ROOT / "migrations"
@@ -116,9 +119,10 @@ def checked_out(engine: Engine) -> int:
     return pool.checkedout() if isinstance(pool, QueuePool) else 0
 
 
-async def dispose_when_idle(engine: Engine, wait_s: float = DISPOSE_WAIT_S) -> int:
-    """Dispose of ``engine`` once the connections still checked out have
-    come back, waiting at most ``wait_s``; answers how many were still out.
+async def dispose_when_idle(engine: Engine, what: str, wait_s: float = DISPOSE_WAIT_S) -> None:
+    """Dispose of ``engine`` (``what`` names it in the log) once the
+    connections still checked out have come back, waiting at most ``wait_s``
+    (past it: disposed anyway, and a warning says how many were still out).
 
     Why wait: a call whose caller gave up (a cancelled task, a bounded wait
     that timed out) runs on in its thread. ``dispose`` closes only the
@@ -130,4 +134,6 @@ async def dispose_when_idle(engine: Engine, wait_s: float = DISPOSE_WAIT_S) -> i
     while (out := checked_out(engine)) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     engine.dispose()
-    return out
+    if out:
+        log.warning("database engine disposed with connections still in use",
+                    engine=what, connections=out)  # fmt: skip

@@ -79,8 +79,11 @@ def _traffic(served: Served, clock: Any) -> int:
         complete(c, "acme", rid, prompt_tokens=100, generated_tokens=10, kv_cache_miss_rate=rate)
     assert shown == {"p": "1.200000", "q": "1.000000"}
     m = served.srv.plane.metering
-    fut = served.srv.on_loop(lambda: asyncio.ensure_future(m.close_margin_windows()))
-    asyncio.run_coroutine_threadsafe(_wait(fut), served.srv.loop).result(10)
+    # The windows as they stand now, written (the server's RPCs flush first;
+    # the CLI reads the table, which the periodic flush may not have reached)
+    for step in (m.flush_windows, m.close_margin_windows):
+        fut = served.srv.on_loop(lambda step=step: asyncio.ensure_future(step()))
+        asyncio.run_coroutine_threadsafe(_wait(fut), served.srv.loop).result(10)
     return start
 
 
