@@ -7,7 +7,13 @@ BIN    := $(VENV)/bin
 PG_HOST ?= 127.0.0.1
 PG_PORT ?= 5432
 
-.PHONY: demo test install install-test os-packages pg-up lint unit bench proto clean
+# The locks this repository runs (tools/lockfile.py says how they are made):
+# the server alone, and everything the tests and benchmarks need.
+SERVE_LOCK ?= requirements/serve.txt
+DEV_LOCK   ?= requirements/dev.txt
+
+.PHONY: demo test install install-test os-packages pg-up lint unit bench proto clean \
+        lock lock-upgrade test-latest
 
 ## Install everything, migrate the embedded SQLite database, load the demo
 ## tenants and lanes, and serve gRPC on 127.0.0.1:50051 (Ctrl-C stops).
@@ -25,18 +31,23 @@ PYTEST_WORKERS ?= auto
 test: install-test pg-up lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
-# The editable install compiles the Cython extension in place; re-run when
-# the .pyx/.pxd or the dependencies change.
+# Installs take exact, hash-checked versions from the locks (pip refuses a
+# file whose hash is not in the lock), then burstgate itself without
+# dependencies. The editable install compiles the Cython extension in place
+# with the locked Cython and setuptools (--no-build-isolation: an isolated
+# build would take whatever Cython is newest); re-run when the .pyx/.pxd,
+# pyproject.toml or a lock change. The venv's own pip is replaced by the
+# locked one in the first step.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml $(wildcard fastpath/*.pyx fastpath/*.pxd)
-	$(BIN)/pip install -q -e .
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(SERVE_LOCK) $(wildcard fastpath/*.pyx fastpath/*.pxd)
+	$(BIN)/python -m pip install -q --require-hashes -r $(SERVE_LOCK)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[test,bench,parquet,otel,tokenizer,litellm]'
+$(VENV)/.installed-test: $(VENV)/.installed $(DEV_LOCK)
+	$(BIN)/python -m pip install -q --require-hashes -r $(DEV_LOCK)
 	touch $@
 
 # The API contract tests (tests/integration/test_proto_contract.py, the
@@ -97,9 +108,42 @@ bench: install-test
 	$(BIN)/python bench/bench_fastpath.py
 	$(BIN)/python bench/bench_grpc.py
 
-## Regenerate controlplane/_proto after editing proto/.
+## Regenerate controlplane/_proto after editing proto/ (with the generators
+## pinned in pyproject.toml's test extra, installed from the lock).
 proto: install-test
 	$(BIN)/python -m controlplane.protogen
+
+## Re-lock after changing pyproject.toml or requirements/*.in: every pin the
+## new inputs still allow is kept. `make lock-upgrade` moves every package to
+## the newest version allowed (then `make test`, and read the diff).
+## uv is pinned in requirements/dev.in; it reaches PyPI.
+UV_PIN = $(shell sed -n 's/^\(uv==[^ #]*\).*/\1/p' requirements/dev.in)
+$(VENV)/.uv: $(BIN)/python requirements/dev.in
+	$(BIN)/python -m pip install -q '$(UV_PIN)' packaging
+	touch $@
+
+lock: $(VENV)/.uv
+	$(BIN)/python tools/lockfile.py compile
+	$(BIN)/python tools/lockfile.py check
+
+lock-upgrade: $(VENV)/.uv
+	$(BIN)/python tools/lockfile.py compile --upgrade
+	$(BIN)/python tools/lockfile.py check
+
+## The suite on the newest versions pyproject.toml allows, in a throwaway copy
+## of this tree with its own venv (the lock and .venv are left alone): run it
+## before `make lock-upgrade`, and on purpose now and then, so that an upstream
+## release that breaks burstgate is found by us. It prints what moved.
+LATEST_DIR ?= $(or $(TMPDIR),/tmp)/burstgate-test-latest
+test-latest: $(VENV)/.uv
+	rm -rf $(LATEST_DIR) && mkdir -p $(LATEST_DIR)/tree
+	git ls-files -z --cached --others --exclude-standard \
+	  | xargs -0 -I{} sh -c 'test -e "{}" && echo "{}"' \
+	  | tar -cf - -T - | tar -xf - -C $(LATEST_DIR)/tree
+	$(BIN)/python tools/lockfile.py latest $(LATEST_DIR)/latest.txt
+	$(BIN)/python tools/lockfile.py diff $(DEV_LOCK) $(LATEST_DIR)/latest.txt
+	$(MAKE) -C $(LATEST_DIR)/tree test PYTHON=$(PYTHON) \
+	  SERVE_LOCK=$(LATEST_DIR)/latest.txt DEV_LOCK=$(LATEST_DIR)/latest.txt
 
 clean:
 	rm -rf build *.egg-info fastpath/*.c fastpath/*.so fastpath/*.html

@@ -22,7 +22,13 @@ DISPOSE_WAIT_S = 5.0
 log = structlog.get_logger("burstgate.store")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MIGRATIONS_DIR = REPO_ROOT / "migrations"
+# The Alembic scripts live in the repository's top-level migrations/;
+# controlplane/_migrations is a symlink to it, so that a wheel carries them
+# inside the package (a plain `pip install .` has no repository beside it).
+MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "_migrations"
+# Only in a checkout (developers run `alembic revision` with it); an installed
+# package configures Alembic in code.
+ALEMBIC_INI = REPO_ROOT / "alembic.ini"
 
 
 # libpq keepalives for every PostgreSQL connection: a peer that vanished
@@ -66,8 +72,9 @@ def make_engine(url: str, *, connect_timeout_s: int = 5, statement_timeout_s: fl
 
 
 def alembic_config(url: str) -> Config:
-    cfg = Config(str(REPO_ROOT / "alembic.ini"))
+    cfg = Config(str(ALEMBIC_INI)) if ALEMBIC_INI.exists() else Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("path_separator", "os")
     # ConfigParser interpolation: a literal % in a password must be doubled.
     cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
     return cfg

@@ -21,13 +21,14 @@ READY = re.compile(r"burstgate listening on (\S+):(\d+) \(fastpath=(\w+), metric
 
 
 class Proc:
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
         self.p = subprocess.Popen(
             [sys.executable, "-m", "controlplane", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **env},
+            cwd=cwd,
         )
         self.stderr: list[str] = []
         self._reader = threading.Thread(

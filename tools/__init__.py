@@ -1,0 +1,1 @@
+"""Developer tools of this repository (not shipped)."""
