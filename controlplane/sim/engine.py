@@ -17,21 +17,30 @@ What it models, in vLLM's terms (V1 scheduler, simplified):
   front of the waiting queue, to be **recomputed** from scratch (prompt and
   the tokens generated so far), as vLLM does by default.
 - **Step time** = ``step_base_us`` (reading the weights, scheduling)
-  + ``per_token_us`` x tokens computed in the step (prefill chunks and
-  decodes: the matmuls) + ``attention_us_per_kv_token`` x KV tokens the
-  step's requests attend over (reading the KV cache). A request's first
-  token is produced at the end of the step that completes its prefill; then
-  one token per step.
+  + ``prefill_token_us`` x prompt tokens computed in the step (prefill
+  chunks, and recomputation after a preemption)
+  + ``decode_token_us`` x tokens decoded in the step (one per decoding
+  request)
+  + ``prefill_attention_us_per_pair`` x (query, key) pairs of the prefill
+  chunks' causal attention (what makes a long prompt cost more than its
+  length: a chunk of n tokens after c cached ones attends over
+  n*c + n*(n+1)/2 pairs)
+  + ``attention_us_per_kv_token`` x KV tokens the step's requests attend
+  over (reading the KV cache). A request's first token is produced at the
+  end of the step that completes its prefill; then one token per step.
+  Prefill and decode tokens are priced apart because public vLLM figures
+  price them apart (and so a sensitivity run can slow prefill alone).
 
-It is deterministic: no randomness, integer nanoseconds. The calibration of
-the default parameters (an 8B model on one H100) is in ``engine.yaml`` and
-docs/simulate.md.
+It is deterministic: no randomness, integer nanoseconds. The named
+calibrations (``h100-8b`` the default, ``h100-8b-peak``, ``h100x4-70b``)
+are in ``profiles.py`` with their public sources; docs/simulate.md derives
+them.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +52,36 @@ NS_PER_US = NS_PER_S // 1_000_000
 DEFAULT_PARAMS_FILE = Path(__file__).with_name("engine.yaml")
 
 
+# Costs that may be zero: a profile without a term (h100-8b-peak has no
+# prefill attention term, as the model had none before it was split).
+_MAY_BE_ZERO = frozenset({"prefill_attention_us_per_pair"})
+# The old single per-token cost, still read from --engine-config files:
+# it sets the prefill and the decode cost alike.
+LEGACY_PER_TOKEN = "per_token_us"
+
+
 @dataclass(frozen=True, slots=True)
 class EngineParams:
+    """One engine's parameters. The defaults are the ``h100-8b`` profile
+    (controlplane/sim/profiles.py has each figure's source)."""
+
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     kv_capacity_tokens: int = 400_000
     block_size: int = 16
     step_base_us: float = 6_000.0
-    per_token_us: float = 22.0
+    prefill_token_us: float = 39.0
+    decode_token_us: float = 22.0
+    prefill_attention_us_per_pair: float = 0.0013
     attention_us_per_kv_token: float = 0.039
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not value > 0:
-                raise ValueError(f"engine.{f.name}: must be > 0, got {value!r}")
+            ok = value >= 0 if f.name in _MAY_BE_ZERO else value > 0
+            if not ok:
+                bound = ">= 0" if f.name in _MAY_BE_ZERO else "> 0"
+                raise ValueError(f"engine.{f.name}: must be {bound}, got {value!r}")
         if self.kv_capacity_tokens < self.block_size:
             raise ValueError("engine.kv_capacity_tokens: smaller than one block")
 
@@ -65,12 +89,35 @@ class EngineParams:
     def kv_blocks(self) -> int:
         return self.kv_capacity_tokens // self.block_size
 
+    def with_prefill_slowdown(self, factor: float) -> EngineParams:
+        """The same engine with prefill ``factor`` times as costly (the
+        per-token matmuls and the causal attention of prompts); decode, the
+        step's fixed cost and KV reads unchanged."""
+        if not factor > 0:
+            raise ValueError(f"prefill slowdown: must be > 0, got {factor!r}")
+        return replace(
+            self,
+            prefill_token_us=self.prefill_token_us * factor,
+            prefill_attention_us_per_pair=self.prefill_attention_us_per_pair * factor,
+        )
+
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> EngineParams:
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown = sorted(set(values) - known - {LEGACY_PER_TOKEN})
         if unknown:
             raise ValueError(f"engine: unknown parameter(s) {unknown}; known: {sorted(known)}")
+        values = dict(values)
+        if LEGACY_PER_TOKEN in values:
+            split = {"prefill_token_us", "decode_token_us"} & set(values)
+            if split:
+                raise ValueError(
+                    f"engine.{LEGACY_PER_TOKEN}: give it or {sorted(split)}, not both "
+                    f"({LEGACY_PER_TOKEN} sets the prefill and decode cost alike)"
+                )
+            per_token = values.pop(LEGACY_PER_TOKEN)
+            values |= {"prefill_token_us": per_token, "decode_token_us": per_token}
+            values.setdefault("prefill_attention_us_per_pair", 0.0)  # the old model had none
         return cls(**values)
 
     @classmethod
@@ -180,6 +227,20 @@ class Engine:
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
 
+    def cancel_waiting(self, req: SimRequest) -> bool:
+        """Drop ``req`` if it is still waiting and was never started (its
+        client went away before the engine scheduled it). Safe during a
+        step: a request that never started holds no KV blocks and is not
+        part of the step in flight. False if it had started or is not here."""
+        if req.started_ns >= 0 or req.engine != self.engine_id:
+            return False
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            return False
+        self.outstanding_tokens -= req.prompt + req.output
+        return True
+
     def abort(self, req: SimRequest) -> bool:
         """Drop ``req`` (its client went away), freeing its blocks, as vLLM
         aborts a request. Only between steps (not while ``stepping``); False
@@ -266,10 +327,21 @@ class Engine:
             budget -= want
         if not scheduled:
             return None
-        tokens = sum(n for _, n in scheduled)
-        context = sum(r.computed + n for r, n in scheduled)
         p = self.p
-        dur_us = p.step_base_us + p.per_token_us * tokens + p.attention_us_per_kv_token * context
+        tokens = prefill = pairs = context = 0
+        for r, n in scheduled:
+            tokens += n
+            context += r.computed + n
+            if r.computed < r.prompt:  # prompt (or recomputation) still being filled
+                prefill += n
+                pairs += n * r.computed + n * (n + 1) // 2
+        dur_us = (
+            p.step_base_us
+            + p.prefill_token_us * prefill
+            + p.decode_token_us * (tokens - prefill)
+            + p.prefill_attention_us_per_pair * pairs
+            + p.attention_us_per_kv_token * context
+        )
         self._scheduled = scheduled
         self.stepping = True
         self.last_batch_tokens = tokens

@@ -3,7 +3,9 @@ capacity, every request ends exactly once, FIFO starts, deterministic."""
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections import deque
 
 import pytest
 from hypothesis import given, settings
@@ -81,12 +83,69 @@ def test_step_times_follow_the_cost_model() -> None:
     engine = Engine(0, p)
     req = SimRequest("one", 1_000, 3, 0)
     ends = run_to_idle(engine, [req])
-    # step 1: the whole prompt in one chunk; steps 2-3: one decode each
-    prefill_us = p.step_base_us + p.per_token_us * 1_000 + p.attention_us_per_kv_token * 1_000
-    decode_us = p.step_base_us + p.per_token_us + p.attention_us_per_kv_token * 1_001
+    # step 1: the whole prompt in one chunk (1,000 x 1,001 / 2 causal
+    # attention pairs); steps 2-3: one decode each
+    prefill_us = (
+        p.step_base_us + p.prefill_token_us * 1_000
+        + p.prefill_attention_us_per_pair * (1_000 * 1_001 // 2)
+        + p.attention_us_per_kv_token * 1_000
+    )  # fmt: skip
+    decode_us = p.step_base_us + p.decode_token_us + p.attention_us_per_kv_token * 1_001
     assert req.first_token_ns == ends[0] == int(prefill_us * 1_000)
     assert ends[1] - ends[0] == int(decode_us * 1_000)
     assert req.done_ns == ends[-1] and len(ends) == 3
+
+
+def test_a_later_chunk_attends_over_the_chunks_before_it() -> None:
+    """Causal attention makes a long prompt cost more than its length: the
+    second 512-token chunk attends over 512 cached tokens as well."""
+    p = EngineParams(max_num_batched_tokens=512)
+    ends = run_to_idle(Engine(0, p), [SimRequest("long", 1_024, 1, 0)])
+    first, second = ends[0], ends[1] - ends[0]
+    extra_pairs = 512 * 512  # the second chunk's pairs with the first chunk's keys
+    extra_us = p.prefill_attention_us_per_pair * extra_pairs + p.attention_us_per_kv_token * 512
+    assert second - first == pytest.approx(extra_us * 1_000, abs=2)
+
+
+def test_prefill_slowdown_slows_prefill_and_nothing_else() -> None:
+    base = EngineParams()
+    slow = base.with_prefill_slowdown(2.0)
+    assert slow.prefill_token_us == 2 * base.prefill_token_us
+    assert slow.prefill_attention_us_per_pair == 2 * base.prefill_attention_us_per_pair
+    assert (slow.decode_token_us, slow.step_base_us, slow.attention_us_per_kv_token) == (
+        base.decode_token_us, base.step_base_us, base.attention_us_per_kv_token
+    )  # fmt: skip
+    fast_ends = run_to_idle(Engine(0, base), [SimRequest("r", 2_000, 50, 0)])
+    slow_ends = run_to_idle(Engine(0, slow), [SimRequest("r", 2_000, 50, 0)])
+    # the first token comes later; each decode step after it takes as long
+    assert slow_ends[0] > 1.8 * (fast_ends[0] - base.step_base_us * 1_000)
+    assert [b - a for a, b in itertools.pairwise(slow_ends[1:])] == [
+        b - a for a, b in itertools.pairwise(fast_ends[1:])
+    ]
+    with pytest.raises(ValueError, match="prefill slowdown: must be > 0"):
+        base.with_prefill_slowdown(0)
+
+
+def test_a_legacy_per_token_cost_sets_prefill_and_decode_alike() -> None:
+    p = EngineParams.from_mapping({"per_token_us": 22})
+    assert (p.prefill_token_us, p.decode_token_us, p.prefill_attention_us_per_pair) == (22, 22, 0)
+    with pytest.raises(ValueError, match=r"engine\.per_token_us: give it or \['decode_token_us'\]"):
+        EngineParams.from_mapping({"per_token_us": 22, "decode_token_us": 30})
+
+
+def test_cancel_waiting_drops_only_requests_that_never_started() -> None:
+    engine = Engine(0, EngineParams(max_num_seqs=1))
+    first, second = SimRequest("a", 100, 5, 0), SimRequest("b", 100, 5, 0)
+    engine.submit(first, 0)
+    engine.submit(second, 0)
+    end = engine.start_step(0)  # ``first`` starts; ``second`` waits (one sequence at most)
+    assert end is not None and engine.stepping
+    assert not engine.cancel_waiting(first)  # it started: it stays
+    assert engine.cancel_waiting(second)  # mid-step: it holds no blocks, is in no step
+    assert not engine.cancel_waiting(second)  # gone already
+    assert engine.waiting == deque() and engine.outstanding_tokens == 105
+    engine.finish_step(end)
+    assert engine.free_blocks + first.blocks == engine.p.kv_blocks
 
 
 def test_long_prompt_is_prefilled_in_chunks() -> None:
