@@ -6,7 +6,7 @@ one shared Azure trace.
 - ``heavy-burst``: code-completion-like requests (prompts 1.5k-2.5k tokens,
   outputs of tens of tokens) arriving as an on/off modulated Poisson
   process: a base rate, and rare bursts at 50x it lasting 2-6 s, separated
-  by quiet spells of 100-300 s. Per-second arrival CV ~3.3, peak/mean ~25-35
+  by quiet spells of 100-300 s. Per-second arrival CV 3.2-3.4, peak/mean 23-33
   (seeds 0-7).
 - ``long-prompt``: conversation with long contexts (prompts log-normal,
   mean ~11k tokens, capped at 64k: well under a 128k context and an
@@ -115,8 +115,11 @@ def _arrivals(rng: random.Random, shape: OnOff, duration_s: float) -> list[int]:
     out: list[int] = []
     t = 0.0
     burst = False
+    # Start at a random point of a quiet spell, not at its beginning: a
+    # short trace then has its first burst ~100 s in, not 100-300 s in.
+    first = rng.uniform(0, rng.uniform(*shape.quiet_s))
     while t < duration_s:
-        spell = rng.uniform(*(shape.burst_s if burst else shape.quiet_s))
+        spell = first if t == 0 else rng.uniform(*(shape.burst_s if burst else shape.quiet_s))
         end = min(duration_s, t + spell)
         rate = shape.base_rps * (shape.factor if burst else 1.0)
         t += rng.expovariate(rate)
