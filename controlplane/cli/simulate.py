@@ -14,11 +14,14 @@ import typer
 from controlplane.cli.common import fail
 from controlplane.cli.render import table
 from controlplane.domain.errors import excerpt
+from controlplane.sim.harness import ClientKind
+from controlplane.sim.profiles import DEFAULT_PROFILE, PROFILES
 from controlplane.sim.run import BUILTIN_POLICIES, PolicyName
 
 DEFAULT_TRACE_HELP = (
-    "Trace file: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or JSON Lines "
-    "(map the columns with --time-col/--prompt-col/--output-col and give --time-unit)."
+    "A trace file: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or JSON Lines (map "
+    "the columns with --time-col/--prompt-col/--output-col and give --time-unit); or "
+    "synthetic:heavy-burst / synthetic:long-prompt, optionally :SEED[:DURATION_S]."
 )
 
 
@@ -29,6 +32,11 @@ class TimeUnit(StrEnum):
     US = "us"
     NS = "ns"
     DATETIME = "datetime"
+
+
+class RetryClient(StrEnum):
+    OPENAI = ClientKind.OPENAI.value
+    SLO_AWARE = ClientKind.SLO_AWARE.value
 
 
 def _burst(text: str | None) -> tuple[str, float, float, float] | None:
@@ -44,14 +52,29 @@ def _burst(text: str | None) -> tuple[str, float, float, float] | None:
              f"got {excerpt(text)}")  # fmt: skip
 
 
+def _slowdowns(values: list[str] | None) -> tuple[float, ...]:
+    """``--prefill-slowdown 1 --prefill-slowdown 2``, or ``1,2``."""
+    out: list[float] = []
+    for text in values or ["1"]:
+        for part in text.split(","):
+            try:
+                x = float(part)
+            except ValueError:
+                fail(f"--prefill-slowdown: expected a number (e.g. 2), got {excerpt(part)}")
+            if not (x > 0 and x < float("inf")):
+                fail(f"--prefill-slowdown: must be a positive number, got {excerpt(part)}")
+            out.append(x)
+    return tuple(dict.fromkeys(out))
+
+
 def simulate(
-    trace: Annotated[Path, typer.Argument(help=DEFAULT_TRACE_HELP)],
+    trace: Annotated[str, typer.Argument(help=DEFAULT_TRACE_HELP, show_default=False)],
     policy: Annotated[
         list[PolicyName] | None,
         typer.Option(
             "--policy",
-            help="Repeat to compare several; default: fifo, rate-limit and burstgate. "
-            "burstgate-ungated is burstgate with the pool gate off.",
+            help="Repeat to compare several; default: fifo, rate-limit, drop-late, burstgate "
+            "and the premium-only bound. burstgate-ungated is burstgate with the pool gate off.",
         ),
     ] = None,
     config: Annotated[
@@ -63,12 +86,37 @@ def simulate(
         typer.Option(help="Load as a multiple of the pool's capacity (repeat; default 1.0)."),
     ] = None,
     engines: Annotated[int, typer.Option(min=1, help="Engines in the pool.")] = 1,
+    engine_profile: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Engine calibration: {', '.join(PROFILES)} (default {DEFAULT_PROFILE}; "
+            "docs/simulate.md gives their sources).",
+            show_default=False,
+        ),
+    ] = None,
     engine_config: Annotated[
-        Path | None, typer.Option(help="YAML with an 'engine:' section (default: the 8B/H100 one).")
+        Path | None,
+        typer.Option(help="YAML with an 'engine:' section, instead of --engine-profile."),
+    ] = None,
+    prefill_slowdown: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Sensitivity: x the profile's prefill cost, decode unchanged (repeat, or "
+            "1,2,3; default 1). Capacity is measured again for each.",
+            show_default=False,
+        ),
     ] = None,
     retries: Annotated[
-        bool, typer.Option(help="Clients retry refusals (retry_after, backoff with jitter).")
+        bool, typer.Option(help="Refused clients retry (see --retry-client).")
     ] = False,
+    retry_client: Annotated[
+        RetryClient,
+        typer.Option(
+            help="With --retries: openai (the official Python client: 2 retries, retry-after, "
+            "backoff; it does not know its SLO) or slo-aware (retries only while its SLO can "
+            "still be met)."
+        ),
+    ] = RetryClient.OPENAI,
     burst: Annotated[
         str | None,
         typer.Option(help="Inject a burst: TENANT:FACTOR:START_S:DURATION_S (scaled time)."),
@@ -83,6 +131,12 @@ def simulate(
     time_unit: Annotated[
         TimeUnit, typer.Option(help="Unit of the time column; auto reads datetimes only.")
     ] = TimeUnit.AUTO,
+    write_trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the trace (e.g. a synthetic one) to this file as an Azure CSV, and exit.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="Print the tables as Markdown (for docs).")
@@ -97,21 +151,34 @@ def simulate(
     Each trace request is assigned a tenant (premium 20%, standard 50%,
     batch 30%, by a hash of its row), the trace is time-scaled to each
     --load x the pool's measured capacity, and every policy sees the same
-    input. Reports SLO attainment, goodput, TTFT and waits per lane."""
+    input. Reports SLO attainment, goodput, wasted work, TTFT and waits per
+    lane, with the drop-late baseline and the premium-only bound."""
     from controlplane.sim.engine import EngineParams
-    from controlplane.sim.report import sections, to_json, to_table
-    from controlplane.sim.run import Burst, SimSpec
+    from controlplane.sim.profiles import engine_profile as profile_of
+    from controlplane.sim.report import to_json
+    from controlplane.sim.run import Burst, SimSpec, prepare_trace
     from controlplane.sim.run import simulate as run_simulation
+    from controlplane.sim.synthetic import per_second_stats, write_azure_csv
+    from controlplane.sim.tables import sections, to_table
     from controlplane.sim.trace import ColumnMap, TraceError
 
     policies = tuple(str(p) for p in policy) if policy else (() if config else BUILTIN_POLICIES)
     b = _burst(burst)
-    if html is not None and not html.parent.is_dir():  # before a run that may take minutes
-        fail(f"--html: directory {html.parent} does not exist (create it first)")
-    if html is not None and html.is_dir():
-        fail(f"--html: {html} is a directory; give a file name")
+    slowdowns = _slowdowns(prefill_slowdown)
+    if engine_profile is not None and engine_config is not None:
+        fail("--engine-profile and --engine-config: give one or the other")
+    for target, flag in ((html, "--html"), (write_trace, "--write-trace")):
+        if target is not None and not target.parent.is_dir():  # before a run that takes minutes
+            fail(f"{flag}: directory {target.parent} does not exist (create it first)")
+        if target is not None and target.is_dir():
+            fail(f"{flag}: {target} is a directory; give a file name")
     try:
-        params = EngineParams.load(engine_config) if engine_config else EngineParams()
+        if engine_config is not None:
+            params, profile = EngineParams.load(engine_config), f"file:{engine_config.name}"
+        else:
+            profile = engine_profile or DEFAULT_PROFILE
+            params = profile_of(profile).params
+        client = ClientKind(str(retry_client)) if retries else ClientKind.NONE
         spec = SimSpec(
             trace=trace,
             columns=ColumnMap(
@@ -122,21 +189,35 @@ def simulate(
             loads=tuple(load or (1.0,)),
             engines=engines,
             params=params,
-            retries=retries,
+            profile=profile,
+            prefill_slowdowns=slowdowns,
+            client=client,
             burst=Burst(*b) if b else None,
             seed=seed,
             limit=limit,
         )
-        runs = run_simulation(spec)
+        requests = prepare_trace(spec)
+        if write_trace is not None:
+            write_azure_csv(requests, write_trace)
+            shape = per_second_stats(requests)
+            typer.echo(
+                f"{len(requests):,} requests over {shape.seconds:,} s written to {write_trace} "
+                f"(per-second arrivals: mean {shape.mean_rps:,.1f}, CV {shape.cv:.2f}, "
+                f"peak/mean {shape.peak_to_mean:.1f})"
+            )
+            return
+        runs = run_simulation(spec, requests)
     except (TraceError, ValueError, OSError) as exc:
         fail(str(exc))
+    name = trace if trace.startswith("synthetic:") else Path(trace).name
     if as_json:
         typer.echo(to_json(runs))
     else:
-        first = runs[0]
+        shape = per_second_stats(requests)
         typer.echo(
-            f"{trace.name}: {first.overall.requests:,} requests, {engines} engine(s), "
-            f"capacity {first.capacity_rps:,.1f} requests/s (measured on this trace's mix)\n"
+            f"{name}: {len(requests):,} requests (per-second arrivals CV {shape.cv:.2f}, "
+            f"peak/mean {shape.peak_to_mean:.1f}), {engines} engine(s) of {profile}, "
+            f"clients: {client}\n"
         )
         if markdown:
             typer.echo(to_table(runs))
@@ -151,9 +232,7 @@ def simulate(
         # Imported here: matplotlib costs ~0.5 s that a table run does not need.
         from controlplane.sim.html import render_html
 
-        page = render_html(
-            runs, title=f"burstgate simulate: {trace.name}", command=shlex.join(sys.argv)
-        )
+        page = render_html(runs, title=f"burstgate simulate: {name}", command=shlex.join(sys.argv))
         try:
             html.write_text(page, encoding="utf-8")
         except OSError as exc:

@@ -3,11 +3,13 @@ pool of modelled engines, on one simulated clock.
 
 Each trace request arrives at its (scaled) time and asks the policy. The
 policy releases it to the pool at once, holds it and releases it later, or
-refuses it. A released request goes to the engine with the fewest
-outstanding tokens and waits in that engine's FIFO queue. Clients without
-retries take a refusal as final; clients with retries come back after
-``max(retry_after, full-jitter exponential backoff)`` while their SLO can
-still be met, and give up once it cannot. Engines report their load every
+refuses it; a policy may also abort a released request that the engine has
+not started yet (``drop-late``). A released request goes to the engine with
+the fewest outstanding tokens and waits in that engine's FIFO queue. What a
+refused client does is its :class:`ClientModel`: give up, retry as the
+official ``openai`` Python client does (the default retrying client: it
+does not know its SLO), or retry only while its SLO can still be met (the
+model burstgate was first measured with). Engines report their load every
 ``report_interval_s``, in vLLM's terms, to the policy.
 
 Everything is integer nanoseconds on one heap of events; with the same
@@ -20,6 +22,7 @@ import heapq
 import itertools
 import random
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from controlplane.domain.units import NS_PER_S
@@ -47,23 +50,45 @@ DEFAULT_TENANTS = (
 DEFAULT_SLO_S = {"premium": 1.0, "standard": 3.0, "batch": 15.0}
 
 
+# How a request ended: served by an engine, refused for good at the front
+# door, or aborted at the engine before it started (drop-late).
+SERVED, REFUSED, ABORTED = "served", "refused", "aborted"
+OUTCOMES = (SERVED, REFUSED, ABORTED)
+
+
 @dataclass(slots=True)
 class Job:
-    """One trace request on its way through the policy and the pool."""
+    """One trace request on its way through the policy and the pool.
+
+    ``slo_ns`` and ``deadline_ns`` are the measurement's, never the
+    client's or the plane's: a real client does not send its SLO, so no
+    policy adapter may pass them to the plane (drop-late, which models an
+    engine-side timeout, is the one baseline that uses them)."""
 
     req: SimRequest
     tenant: str
     lane: str
     slo_ns: int
-    attempts: int = 0
-    outcome: str = ""  # "served" | "refused" | "" (still open)
-    reason: str = ""  # the final refusal's reason
+    # The client's own key for this request, the same on every attempt.
+    # Each attempt is a new HTTP request with a new request id
+    # (``attempt_id``), as the sidecar mints one per HTTP request; this is
+    # kept so a policy adapter can pass it as a retry key once the
+    # admission API has one (it has none today).
+    retry_key: str = ""
+    attempts: int = 0  # arrivals at the front door, the first included
+    outcome: str = ""  # SERVED | REFUSED | ABORTED | "" (still open)
+    ended_ns: int = -1  # when it was served, refused for good or aborted
+    reason: str = ""  # the final refusal's (or the abort's) reason
     refusals: int = 0  # refusals it got (retried or not)
-    rid: str = ""
 
     @property
     def deadline_ns(self) -> int:
         return self.req.arrival_ns + self.slo_ns
+
+    @property
+    def attempt_id(self) -> str:
+        """The request id of the current attempt: ``<retry_key>.<attempt>``."""
+        return f"{self.retry_key}.{self.attempts}"
 
 
 class Simulation(Protocol):
@@ -74,6 +99,8 @@ class Simulation(Protocol):
     def release(self, job: Job) -> None: ...
 
     def refuse(self, job: Job, reason: str, retry_after_ns: int, retryable: bool) -> None: ...
+
+    def abort_unstarted(self, job: Job, reason: str) -> bool: ...
 
 
 class AdmissionPolicy(Protocol):
@@ -113,11 +140,55 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class ClientKind(StrEnum):
+    NONE = "none"  # a refusal is final
+    OPENAI = "openai"  # the official openai Python client's retries
+    SLO_AWARE = "slo-aware"  # retries only while its SLO can still be met
+
+
 @dataclass(frozen=True, slots=True)
 class ClientModel:
-    retries: bool = False
-    backoff_base_s: float = 0.5  # first backoff ceiling; doubles per attempt (full jitter)
-    backoff_cap_s: float = 8.0
+    """What a refused client does.
+
+    ``openai``: the official ``openai`` Python client as this project's
+    lock pins it (2.54.0, ``openai/_base_client.py``): at most
+    ``max_retries`` (2) retries; none when the answer says a retry cannot
+    help (``retryable`` false: the sidecar's ``x-should-retry: false``);
+    the delay is the answer's ``retry-after-ms`` when 0 < it <= 120 s
+    (``MAX_RETRY_AFTER_DELAY``; 1.x clients used 60 s), no retry at all
+    above that, else ``min(0.5 s x 2^retries_taken, 8 s) x (1 - 0.25 x
+    U[0, 1))``. It does not know its SLO, so it comes back after it too.
+
+    ``slo-aware``: ``max(retry_after, U(0, min(8 s, 0.5 s x 2^attempts)))``
+    while that is before its SLO deadline; what burstgate's first figures
+    were measured with (a client that knows its SLO: rarely true)."""
+
+    kind: ClientKind = ClientKind.NONE
+    max_retries: int = 2  # openai's DEFAULT_MAX_RETRIES
+    backoff_base_s: float = 0.5  # openai's INITIAL_RETRY_DELAY
+    backoff_cap_s: float = 8.0  # openai's MAX_RETRY_DELAY
+    retry_after_max_s: float = 120.0  # openai's MAX_RETRY_AFTER_DELAY (2.x)
+
+    def retry_in_ns(
+        self, job: Job, retry_after_ns: int, retryable: bool, rng: random.Random, now_ns: int
+    ) -> int | None:
+        """Nanoseconds until the client tries again, or None: it gives up."""
+        if self.kind == ClientKind.NONE or not retryable:
+            return None
+        if self.kind == ClientKind.SLO_AWARE:
+            ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2**job.attempts)
+            delay = max(retry_after_ns, int(rng.uniform(0, ceiling) * NS_PER_S), 1)
+            return delay if now_ns + delay < job.deadline_ns else None
+        taken = job.attempts - 1  # retries already made
+        if taken >= self.max_retries:
+            return None
+        after_s = retry_after_ns / NS_PER_S
+        if after_s > self.retry_after_max_s:
+            return None  # openai 2.x will not wait that long, nor retry sooner
+        if after_s > 0:
+            return max(1, retry_after_ns)
+        backoff = min(self.backoff_base_s * 2.0**taken, self.backoff_cap_s)
+        return max(1, int(backoff * (1 - 0.25 * rng.random()) * NS_PER_S))
 
 
 # Event kinds, in the order they run at the same instant: engine steps end
@@ -154,7 +225,8 @@ class Runner:
             if lane is None:
                 raise ValueError(f"trace row {tr.row}: tenant {tr.tenant!r} is not configured")
             req = SimRequest(tr.row, tr.prompt_tokens, tr.output_tokens, tr.t_ns)
-            self.jobs.append(Job(req, tr.tenant, lane, int(slo[lane] * NS_PER_S)))
+            slo_ns = int(slo[lane] * NS_PER_S)
+            self.jobs.append(Job(req, tr.tenant, lane, slo_ns, retry_key=str(tr.row)))
         self._heap: list[tuple[int, int, int, Any]] = []
         self._seq = itertools.count()
         self._report_ns = max(1, int(report_interval_s * NS_PER_S))
@@ -174,17 +246,26 @@ class Runner:
 
     def refuse(self, job: Job, reason: str, retry_after_ns: int, retryable: bool) -> None:
         job.refusals += 1
-        c = self.client
-        if c.retries and retryable:
-            ceiling = min(c.backoff_cap_s, c.backoff_base_s * 2**job.attempts)
-            backoff = int(self.rng.uniform(0, ceiling) * NS_PER_S)
-            at = self.now + max(retry_after_ns, backoff, 1)
-            if at < job.deadline_ns:  # a retry that can still meet the SLO
-                self._push(at, _RETRY, job)
-                return
-        job.outcome = "refused"
+        delay = self.client.retry_in_ns(job, retry_after_ns, retryable, self.rng, self.now)
+        if delay is not None:
+            self._push(self.now + delay, _RETRY, job)
+            return
+        job.outcome = REFUSED
         job.reason = reason
+        job.ended_ns = self.now
         self._open -= 1
+
+    def abort_unstarted(self, job: Job, reason: str) -> bool:
+        """Abort a released request its engine has not started (its client
+        timed out, say); False, and nothing changes, once it has started."""
+        req = job.req
+        if req.engine < 0 or not self.pool.engines[req.engine].cancel_waiting(req):
+            return False
+        job.outcome = ABORTED
+        job.reason = reason
+        job.ended_ns = self.now
+        self._open -= 1
+        return True
 
     # ------------------------------------------------------------------ loop
 
@@ -220,7 +301,8 @@ class Runner:
                 result = engine.finish_step(t)
                 for req in result.finished:
                     job = self._by_key[req.key]
-                    job.outcome = "served"
+                    job.outcome = SERVED
+                    job.ended_ns = t
                     self._open -= 1
                     self.policy.completed(job)
                 if not engine.stepping:  # a completion may have released work to it
@@ -244,7 +326,10 @@ class Runner:
             policy=self.policy.name,
             jobs=self.jobs,
             samples=self.samples,
-            duration_ns=self.now,
+            # The run ends with its last request, not with its last event: a
+            # policy's timer left armed (a queue timeout, a deadline) must
+            # not stretch the time goodput is divided by.
+            duration_ns=max((j.ended_ns for j in self.jobs), default=self.now),
             engines=len(self.pool.engines),
             preemptions=sum(e.preemptions for e in self.pool.engines),
         )
@@ -264,9 +349,13 @@ def estimate_capacity_rps(
     ``sample`` requests drawn from the trace are all offered at once (the
     engine saturated, its own scheduler deciding); the rate is measured
     between the 10th and the 90th percentile of completions, so neither the
-    ramp-up nor the tail of the last long requests counts."""
+    ramp-up nor the tail of the last long requests counts. A trace shorter
+    than ``sample`` is drawn from with replacement: a few hundred requests
+    offered at once mostly run side by side (256 sequences) and would
+    measure the ramp, not the engine's sustained rate."""
     rng = random.Random(seed)
-    picked = trace if len(trace) <= sample else rng.sample(trace, sample)
+    few = len(trace) < sample
+    picked = rng.choices(trace, k=sample) if few else rng.sample(trace, sample)
     engine = Engine(0, params)
     for i, tr in enumerate(picked):
         engine.submit(SimRequest(i, tr.prompt_tokens, tr.output_tokens, 0), 0)

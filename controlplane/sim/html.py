@@ -22,14 +22,17 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from controlplane.analysis.plots import DPI, to_png
-from controlplane.sim.report import (
+from controlplane.sim.report import GroupStats, RunStats, to_json
+from controlplane.sim.tables import (
     LANE_HEAD,
+    RUNS_HEAD,
     SUMMARY_HEAD,
-    GroupStats,
-    RunStats,
-    lane_cells,
+    at,
+    comparison,
+    lane_rows,
+    policy_label,
+    runs_rows,
     summary_cells,
-    to_json,
 )
 
 PANEL = (4.4, 3.3)  # inches per panel; three panels a row fill ~1000 px
@@ -116,27 +119,37 @@ def _bars(
     ax.set_xticks(x, groups)
 
 
-def _find(runs: list[RunStats], policy: str, load: float) -> RunStats | None:
-    return next((r for r in runs if r.policy == policy and r.load == load), None)
+def _find(runs: list[RunStats], policy: str, panel: str) -> RunStats | None:
+    """The run of ``policy`` (its table label) in ``panel`` (its load, and
+    prefill slowdown when there is one: ``tables.at``)."""
+    return next((r for r in runs if policy_label(r) == policy and at(r) == panel), None)
+
+
+def _policies(runs: list[RunStats]) -> list[str]:
+    return _unique([policy_label(r) for r in runs])
+
+
+def _panels_of(runs: list[RunStats]) -> list[str]:
+    return _unique([at(r) for r in runs])
 
 
 def _lane_figure(
     runs: list[RunStats], metric: Callable[[GroupStats], float], ylabel: str, log: bool
 ) -> bytes:
     lanes = [*_lanes(runs), "all"]
-    policies = _unique([r.policy for r in runs])
-    loads = _unique([r.load for r in runs])
+    policies = _policies(runs)
+    loads = _panels_of(runs)
     fig, axes = _panels(len(loads))
     for ax, load in zip(axes, loads, strict=True):
 
-        def value(policy: str, lane: str, load: float = load) -> float:
+        def value(policy: str, lane: str, load: str = load) -> float:
             r = _find(runs, policy, load)
             g = _group(r, lane) if r is not None else None
             v = metric(g) if g is not None else math.nan
             return v if v > 0 or not log else math.nan  # nothing to draw on a log axis
 
         _bars(ax, lanes, policies, value)
-        ax.set_title(f"load {load:g}x capacity")
+        ax.set_title(f"load {load} capacity")
         ax.set_xlabel("lane")
         if log and any(value(p, lane) > 0 for p in policies for lane in lanes):
             ax.set_yscale("log")
@@ -155,14 +168,13 @@ def ttft_figure(runs: list[RunStats]) -> bytes:
 
 def goodput_figure(runs: list[RunStats]) -> bytes:
     fig, (ax,) = _panels(1, width=2 * PANEL[0])
-    loads = _unique([r.load for r in runs])
-    labels = [f"{load:g}x" for load in loads]
+    labels = _panels_of(runs)
 
     def value(policy: str, label: str) -> float:
-        r = _find(runs, policy, loads[labels.index(label)])
+        r = _find(runs, policy, label)
         return r.overall.goodput_tps if r is not None else math.nan
 
-    _bars(ax, labels, _unique([r.policy for r in runs]), value)
+    _bars(ax, labels, _policies(runs), value)
     capacity = [r.overall.goodput_tps / r.goodput_vs_capacity for r in runs
                 if r.goodput_vs_capacity > 0]  # fmt: skip
     if capacity:
@@ -185,8 +197,8 @@ def _thin(t: list[float], y: list[float]) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def series_figure(runs: list[RunStats], key: str, ylabel: str, scale: float = 1.0) -> bytes:
-    policies = _unique([r.policy for r in runs])
-    loads = _unique([r.load for r in runs])
+    policies = _policies(runs)
+    loads = _panels_of(runs)
     fig, axes = _panels(len(loads))
     for ax, load in zip(axes, loads, strict=True):
         steps = 1
@@ -199,7 +211,7 @@ def series_figure(runs: list[RunStats], key: str, ylabel: str, scale: float = 1.
             ax.plot(t, y * scale, lw=1.2, color=COLOURS[i % len(COLOURS)],
                     ls=LINESTYLES[i % len(LINESTYLES)], label=policy)  # fmt: skip
         note = f" (max per {steps} samples)" if steps > 1 else ""
-        ax.set_title(f"load {load:g}x capacity{note}")
+        ax.set_title(f"load {load} capacity{note}")
         ax.set_xlabel("simulated time (s)")
     _ylabel(axes, ylabel)
     _legend(fig, axes[0])
@@ -219,10 +231,11 @@ def _header(runs: list[RunStats], title: str, command: str) -> str:
     loads = ", ".join(f"{load:g}x" for load in _unique([r.load for r in runs]))
     items = [
         ("command", f"<code>{escape(command)}</code>"),
-        ("engines", f"{first.engines:,}"),
+        ("engines", f"{first.engines:,} ({escape(first.profile)})"),
+        ("clients", escape(first.client)),
         ("pool capacity", f"{first.capacity_rps:,.1f} requests/s (measured on this trace's mix)"),
         ("loads", escape(f"{loads} (x the pool's capacity)")),
-        ("policies", escape(", ".join(_unique([r.policy for r in runs])))),
+        ("policies", escape(", ".join(_policies(runs)))),
         ("requests per run", f"{first.overall.requests:,}"),
     ]
     rows = "".join(f"<tr><td>{escape(k)}</td><td>{v}</td></tr>" for k, v in items)
@@ -239,9 +252,6 @@ def render_html(runs: list[RunStats], *, title: str, command: str) -> str:
     """The whole page, one string; every text from the runs or the caller is escaped."""
     if not runs:
         raise ValueError("render_html: no runs to report")
-    lane_rows = [
-        lane_cells(r, lane, g) for r in runs for lane, g in [*r.lanes.items(), ("all", r.overall)]
-    ]
     plots = [
         ("SLO attainment per lane", attainment_figure(runs)),
         ("Goodput per policy and load", goodput_figure(runs)),
@@ -253,7 +263,9 @@ def render_html(runs: list[RunStats], *, title: str, command: str) -> str:
     ]  # fmt: skip
     body = [
         _header(runs, title, command),
-        "<h2>Per lane</h2>" + _table(LANE_HEAD, lane_rows),
+        "<h2>Runs</h2>" + _table(RUNS_HEAD, runs_rows(runs)),
+        "<h2>Comparison</h2>" + _table(*comparison(runs)[1:]),
+        "<h2>Per lane</h2>" + _table(LANE_HEAD, lane_rows(runs)),
         "<h2>Summary</h2>" + _table(SUMMARY_HEAD, [summary_cells(r) for r in runs]),
         *(f"<h2>{escape(name)}</h2>{_img(png, name)}" for name, png in plots),
     ]

@@ -1,13 +1,21 @@
 """Admission policies compared by ``burstgate simulate``.
 
 - ``fifo``: no admission control; every request goes straight to the pool.
+- ``drop-late``: no admission control either, but a request whose TTFT
+  deadline passes before its engine starts it is aborted at the engine (a
+  gateway timeout or a client that hangs up does that to vLLM): no engine
+  time goes to a request that has already missed. The cheapest baseline an
+  admission plane has to beat.
 - ``rate-limit``: a per-tenant request-rate limit (a token bucket over
   requests, the usual API-gateway limit): refused when the bucket is empty.
 - ``burstgate``: burstgate's real service layer
   (``controlplane.service.AdmissionService``) on the simulated clock, with
   the default lanes and policy (or a config file's lanes, tenants and
   policy), fed the engines' load reports. Requests it queues wait in its
-  own queues and are released when it says so.
+  own queues and are released when it says so. It is told only what a
+  sidecar in front of vLLM can tell it: tenant, a request id per attempt,
+  the tenant's default lane, prompt tokens, max_tokens and the pool; never
+  the client's SLO or first-arrival deadline.
 
 Tenant limits for ``rate-limit`` and the default ``burstgate`` config are
 derived from the trace the same way (the issue's measurement setup): each
@@ -18,6 +26,8 @@ tenant's rate is ``rate_factor`` (1.5) x its mean rate in the scaled trace
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -83,6 +93,35 @@ class Fifo:
         return None
 
 
+class DropLate(Fifo):
+    """FIFO into the engines; a released request still waiting in its
+    engine's queue when its TTFT deadline passes is aborted there."""
+
+    name = "drop-late"
+
+    def start(self, sim: Simulation, pool: Pool) -> None:
+        self.sim = sim
+        self._due: list[tuple[int, int, Job]] = []  # (deadline, order, job)
+        self._order = itertools.count()
+
+    def arrive(self, job: Job) -> None:
+        self.sim.release(job)
+        heapq.heappush(self._due, (job.deadline_ns, next(self._order), job))
+
+    def next_wakeup_ns(self) -> int | None:
+        due = self._due
+        while due and due[0][2].req.started_ns >= 0:  # started in time: nothing to drop
+            heapq.heappop(due)
+        return due[0][0] if due else None
+
+    def tick(self) -> None:
+        now = self.sim.now
+        due = self._due
+        while due and due[0][0] <= now:
+            _, _, job = heapq.heappop(due)
+            self.sim.abort_unstarted(job, "DEADLINE")  # False once it has started
+
+
 class RequestRateLimit(Fifo):
     """A token bucket over requests per tenant; an empty bucket refuses with
     the exact time until the next token."""
@@ -146,13 +185,17 @@ class Burstgate:
 
     def arrive(self, job: Job) -> None:
         req = job.req
-        rid = f"{req.key}.{job.attempts}"
+        # A new request id per attempt, as the HTTP sidecar mints one per
+        # HTTP request. job.retry_key (the same on every attempt) is where a
+        # retry key would come from once the admission API takes one.
+        rid = job.attempt_id
         self._rid[str(req.key)] = rid
         max_tokens = max(1, int(req.output * self._max_tokens_factor))
-        out = self.svc.admit_or_wait(
-            job.tenant, rid, "", req.prompt, max_tokens, "", POOL,
-            deadline_ns=job.deadline_ns,
-        )  # fmt: skip
+        # What a sidecar sends: lane "" (the tenant's default), model "",
+        # and no deadline of the client's: the sidecar's own gRPC deadline is
+        # its lane's max wait (0.75 x the lane's SLO by default), the same
+        # bound the server applies by itself, counted from this attempt.
+        out = self.svc.admit_or_wait(job.tenant, rid, "", req.prompt, max_tokens, "", POOL)
         if isinstance(out, AdmitDecision):
             self._answer(job, out)
         else:

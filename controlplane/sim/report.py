@@ -11,6 +11,12 @@ Definitions (stated in docs/simulate.md as well):
 - **burstgate wait**: front door to release to the pool; **engine wait**:
   release to the engine first scheduling it (its FIFO queue).
 - **Jain's fairness index** over tenants' SLO attainment.
+- **Wasted work**: prompt + output tokens the engines served for requests
+  that missed their SLO, as a share of all tokens served (an answer that
+  comes too late is work the engine could have spent on one in time).
+- **Goodput / best**: a run's goodput over the best goodput of the policies
+  at the same load and prefill slowdown (the premium-only bound excluded:
+  it serves a fifth of the requests and is no policy).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
-from controlplane.sim.harness import Job, SimResult
+from controlplane.sim.harness import ABORTED, OUTCOMES, REFUSED, SERVED, Job, SimResult
 
 
 @dataclass(slots=True)
@@ -35,6 +41,9 @@ class GroupStats:
     served: int
     refused: int
     served_after_refusal: int
+    aborted: int  # released, then aborted at the engine before it started (drop-late)
+    served_tokens: int  # prompt + output tokens of the served requests
+    late_tokens: int  # ... of those that missed their SLO (wasted work)
     ttft_p50_ms: float
     ttft_p99_ms: float
     e2e_p50_ms: float
@@ -63,9 +72,18 @@ class RunStats:
     kv_usage_mean: float
     kv_usage_max: float
     goodput_vs_capacity: float  # overall goodput / the pool's token capacity
+    wasted_share: float  # late_tokens / served_tokens, overall
     series: dict[str, list[float]] = field(default_factory=dict)
     # Per lane, the requests that arrived inside an injected burst's window.
     burst_window: dict[str, GroupStats] = field(default_factory=dict)
+    # Set by run.simulate: what was run, and against what.
+    bound: bool = False  # the premium-only bound, not a policy
+    prefill_slowdown: float = 1.0
+    profile: str = ""
+    client: str = "none"
+    arrivals_cv: float = float("nan")  # per-second arrivals of the trace as simulated
+    arrivals_peak_to_mean: float = float("nan")
+    goodput_vs_best: float = float("nan")  # see mark_best
 
 
 def _pct(values: list[int], q: float) -> float:
@@ -75,9 +93,10 @@ def _pct(values: list[int], q: float) -> float:
 def group_stats(jobs: list[Job], duration_ns: int) -> GroupStats:
     met = [
         j for j in jobs
-        if j.outcome == "served" and j.req.first_token_ns - j.req.arrival_ns <= j.slo_ns
+        if j.outcome == SERVED and j.req.first_token_ns - j.req.arrival_ns <= j.slo_ns
     ]  # fmt: skip
-    served = [j for j in jobs if j.outcome == "served"]
+    served = [j for j in jobs if j.outcome == SERVED]
+    served_tokens = sum(j.req.prompt + j.req.output for j in served)
     ttft = [j.req.first_token_ns - j.req.arrival_ns for j in served]
     e2e = [j.req.done_ns - j.req.arrival_ns for j in served]
     gate = [j.req.released_ns - j.req.arrival_ns for j in served]
@@ -89,8 +108,11 @@ def group_stats(jobs: list[Job], duration_ns: int) -> GroupStats:
         attainment=len(met) / len(jobs) if jobs else float("nan"),
         goodput_tps=tokens * NS_PER_S / duration_ns if duration_ns else 0.0,
         served=len(served),
-        refused=sum(1 for j in jobs if j.outcome == "refused"),
+        refused=sum(1 for j in jobs if j.outcome == REFUSED),
         served_after_refusal=sum(1 for j in served if j.refusals),
+        aborted=sum(1 for j in jobs if j.outcome == ABORTED),
+        served_tokens=served_tokens,
+        late_tokens=served_tokens - tokens,
         ttft_p50_ms=_pct(ttft, 50),
         ttft_p99_ms=_pct(ttft, 99),
         e2e_p50_ms=_pct(e2e, 50),
@@ -99,7 +121,7 @@ def group_stats(jobs: list[Job], duration_ns: int) -> GroupStats:
         gate_wait_p99_ms=_pct(gate, 99),
         engine_wait_p50_ms=_pct(eng, 50),
         engine_wait_p99_ms=_pct(eng, 99),
-        refusals_by_reason=dict(Counter(j.reason for j in jobs if j.outcome == "refused")),
+        refusals_by_reason=dict(Counter(j.reason for j in jobs if j.outcome == REFUSED)),
     )
 
 
@@ -126,7 +148,7 @@ def summarise(
     """Everything a run measured; ``window_ns`` = [start, end) of an injected
     burst, whose arrivals are also reported on their own, per lane."""
     jobs = result.jobs
-    open_jobs = [j for j in jobs if j.outcome not in ("served", "refused")]
+    open_jobs = [j for j in jobs if j.outcome not in OUTCOMES]
     if open_jobs:
         raise RuntimeError(f"{len(open_jobs)} requests never ended (first: {open_jobs[0]})")
     dur = max(1, result.duration_ns)
@@ -157,6 +179,7 @@ def summarise(
         goodput_vs_capacity=overall.goodput_tps / capacity_tokens_per_s
         if capacity_tokens_per_s
         else float("nan"),
+        wasted_share=overall.late_tokens / overall.served_tokens if overall.served_tokens else 0.0,
         burst_window=burst_window,
         series={
             "t_s": [s.t_ns / NS_PER_S for s in result.samples],
@@ -164,6 +187,15 @@ def summarise(
             "kv_usage": kv,
         },
     )
+
+
+def mark_best(group: list[RunStats]) -> None:
+    """Set ``goodput_vs_best`` on runs of one load and slowdown: goodput over
+    the best policy's (the bound excluded, and left NaN)."""
+    best = max((r.overall.goodput_tps for r in group if not r.bound), default=0.0)
+    for r in group:
+        if not r.bound:
+            r.goodput_vs_best = r.overall.goodput_tps / best if best > 0 else float("nan")
 
 
 def to_json(runs: list[RunStats], *, series: bool = False) -> str:
@@ -174,75 +206,3 @@ def to_json(runs: list[RunStats], *, series: bool = False) -> str:
             d.pop("series")
         out.append(d)
     return json.dumps({"runs": out}, indent=2, default=float)
-
-
-# The comparison tables' columns and cells: the terminal table and the HTML
-# report print the very same strings.
-LANE_HEAD = (
-    "load", "policy", "lane", "SLO met", "goodput tok/s", "TTFT p50/p99 ms",
-    "gate wait p99 ms", "engine wait p99 ms", "refused", "served after refusal",
-)  # fmt: skip
-SUMMARY_HEAD = (
-    "load", "policy", "goodput / capacity", "Jain (tenants)", "preemptions",
-    "engine queue max / mean", "KV usage mean / max",
-)  # fmt: skip
-
-
-def lane_cells(r: RunStats, lane: str, g: GroupStats) -> tuple[str, ...]:
-    return (
-        f"{r.load:g}x", r.policy, lane, f"{g.attainment:.1%}", f"{g.goodput_tps:,.0f}",
-        f"{g.ttft_p50_ms:,.0f} / {g.ttft_p99_ms:,.0f}", f"{g.gate_wait_p99_ms:,.0f}",
-        f"{g.engine_wait_p99_ms:,.0f}", f"{g.refused / max(1, g.requests):.1%}",
-        str(g.served_after_refusal),
-    )  # fmt: skip
-
-
-def summary_cells(r: RunStats) -> tuple[str, ...]:
-    return (
-        f"{r.load:g}x", r.policy, f"{r.goodput_vs_capacity:.0%}", f"{r.jain_fairness:.3f}",
-        f"{r.preemptions:,}", f"{r.engine_queue_max:,} / {r.engine_queue_mean:,.1f}",
-        f"{r.kv_usage_mean:.0%} / {r.kv_usage_max:.0%}",
-    )  # fmt: skip
-
-
-def _row(cells: tuple[str, ...]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-BURST_HEAD = ("load", "policy", "lane", "requests", "SLO met", "refused")
-BURST_TITLE = "Requests that arrived inside the injected burst's window:"
-Section = tuple[str, tuple[str, ...], list[tuple[str, ...]]]
-
-
-def sections(runs: list[RunStats]) -> list[Section]:
-    """The comparison as (title, head, rows) tables: per run and lane, the
-    injected burst's window (when there is one), and the per-run summary.
-    The CLI draws them with its table renderer, or as Markdown."""
-    lanes = [
-        lane_cells(r, lane, g) for r in runs for lane, g in [*r.lanes.items(), ("all", r.overall)]
-    ]
-    out: list[Section] = [("", LANE_HEAD, lanes)]
-    windowed = [r for r in runs if r.burst_window]
-    if windowed:
-        burst: list[tuple[str, ...]] = [
-            (f"{r.load:g}x", r.policy, lane, f"{g.requests:,}", f"{g.attainment:.1%}",
-             f"{g.refused / max(1, g.requests):.1%}")
-            for r in windowed
-            for lane, g in r.burst_window.items()
-        ]  # fmt: skip
-        out.append((BURST_TITLE, BURST_HEAD, burst))
-    out.append(("", SUMMARY_HEAD, [summary_cells(r) for r in runs]))
-    return out
-
-
-def to_table(runs: list[RunStats]) -> str:
-    """The comparison as Markdown tables (``simulate --markdown``: for docs)."""
-    lines: list[str] = []
-    for title, head, rows in sections(runs):
-        if lines:
-            lines.append("")
-        if title:
-            lines += [title, ""]
-        lines += [_row(head), "|" + "---|" * len(head)]
-        lines += [_row(cells) for cells in rows]
-    return "\n".join(lines)

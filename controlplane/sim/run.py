@@ -1,4 +1,11 @@
-"""``simulate``: load a trace, scale it to a load, run each policy, summarise."""
+"""``simulate``: load a trace, scale it to a load, run each policy, summarise.
+
+For each prefill slowdown the pool's capacity is measured on the engines
+actually modelled (``estimate_capacity_rps``), and each load is a multiple
+of it: "1.0x" always means the modelled engines' capacity. Every policy at
+one (load, slowdown) sees exactly the same arrivals; the premium-only bound
+sees the premium tenants' share of them.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from controlplane.sim.engine import EngineParams
 from controlplane.sim.harness import (
     DEFAULT_TENANTS,
     AdmissionPolicy,
+    ClientKind,
     ClientModel,
     Runner,
     TenantSpec,
@@ -19,13 +27,16 @@ from controlplane.sim.harness import (
 )
 from controlplane.sim.policies import (
     Burstgate,
+    DropLate,
     Fifo,
     RequestRateLimit,
     default_tenant_configs,
     from_config_file,
     tenant_rates,
 )
-from controlplane.sim.report import RunStats, summarise
+from controlplane.sim.profiles import DEFAULT_PROFILE
+from controlplane.sim.report import RunStats, mark_best, summarise
+from controlplane.sim.synthetic import generate, parse_spec, per_second_stats
 from controlplane.sim.trace import (
     ColumnMap,
     TraceRequest,
@@ -39,14 +50,19 @@ from controlplane.sim.trace import (
 class PolicyName(StrEnum):
     FIFO = "fifo"
     RATE_LIMIT = "rate-limit"
+    DROP_LATE = "drop-late"
     BURSTGATE = "burstgate"
+    # The premium tenants' requests alone, FIFO: the best premium attainment
+    # any policy could reach on these engines (a bound, not a policy).
+    PREMIUM_ONLY = "premium-only"
     # Accepted by --policy, not run by default: burstgate with the pool gate
     # off (Policy.pool_gate=false), what the default was before the gate.
     BURSTGATE_UNGATED = "burstgate-ungated"
 
 
-BUILTIN_POLICIES = ("fifo", "rate-limit", "burstgate")
+BUILTIN_POLICIES = ("fifo", "rate-limit", "drop-late", "burstgate", "premium-only")
 EXTRA_POLICIES = tuple(p.value for p in PolicyName if p.value not in BUILTIN_POLICIES)
+BOUND = PolicyName.PREMIUM_ONLY.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,16 +75,18 @@ class Burst:
 
 @dataclass(slots=True)
 class SimSpec:
-    trace: Path
+    trace: str | Path  # a file, or synthetic:NAME[:SEED[:DURATION_S]]
     columns: ColumnMap | None = None
     policies: tuple[str, ...] = BUILTIN_POLICIES
     configs: tuple[Path, ...] = ()  # extra burstgate policies from config files
     loads: tuple[float, ...] = (1.0,)
     engines: int = 1
     params: EngineParams = field(default_factory=EngineParams)
+    profile: str = DEFAULT_PROFILE  # what ``params`` are, for the reports
+    prefill_slowdowns: tuple[float, ...] = (1.0,)  # x the profile's prefill cost
     tenants: tuple[TenantSpec, ...] = DEFAULT_TENANTS
     slo_s: dict[str, float] = field(default_factory=dict)
-    retries: bool = False
+    client: ClientKind = ClientKind.NONE
     burst: Burst | None = None
     seed: int = 0
     limit: int | None = None
@@ -77,14 +95,33 @@ class SimSpec:
 
 
 def prepare_trace(spec: SimSpec) -> list[TraceRequest]:
-    trace = load_trace(spec.trace, spec.columns, limit=spec.limit)
+    synthetic = parse_spec(str(spec.trace))
+    if synthetic is not None:
+        name, seed, duration = synthetic
+        trace = generate(name, seed=seed, duration_s=duration)[: spec.limit]
+    else:
+        trace = load_trace(spec.trace, spec.columns, limit=spec.limit)
     return assign_tenants(trace, {t.name: t.share for t in spec.tenants}, seed=spec.seed)
+
+
+def premium_only(spec: SimSpec, scaled: list[TraceRequest]) -> list[TraceRequest]:
+    """The premium tenants' requests of ``scaled``, at their own times."""
+    premium = {t.name for t in spec.tenants if t.lane == "premium"}
+    if not premium:
+        raise ValueError("policy premium-only: no tenant is in the premium lane")
+    return [r for r in scaled if r.tenant in premium]
 
 
 def make_policy(name: str, spec: SimSpec, scaled: list[TraceRequest]) -> AdmissionPolicy:
     rates = tenant_rates(scaled)
     if name == "fifo":
         return Fifo()
+    if name == BOUND:  # FIFO, on the premium requests alone (see simulate)
+        bound = Fifo()
+        bound.name = BOUND
+        return bound
+    if name == "drop-late":
+        return DropLate()
     if name == "rate-limit":
         return RequestRateLimit(rates, spec.rate_factor, spec.burst_s)
     if name in ("burstgate", "burstgate-ungated"):
@@ -96,33 +133,61 @@ def make_policy(name: str, spec: SimSpec, scaled: list[TraceRequest]) -> Admissi
     raise ValueError(f"policy: unknown {name!r}; known: {known}")
 
 
-def simulate(spec: SimSpec) -> list[RunStats]:
-    trace = prepare_trace(spec)
+def _checked(spec: SimSpec) -> None:
+    for x in spec.prefill_slowdowns:
+        if not x > 0:
+            raise ValueError(f"--prefill-slowdown: must be > 0, got {x:g}")
+    for x in spec.loads:
+        if not x > 0:
+            raise ValueError(f"--load: must be > 0, got {x:g}")
+
+
+def simulate(spec: SimSpec, trace: list[TraceRequest] | None = None) -> list[RunStats]:
+    """Every (load, prefill slowdown, policy) run; ``trace``: the spec's
+    trace already prepared (``prepare_trace``), to read it once."""
+    _checked(spec)
+    trace = prepare_trace(spec) if trace is None else trace
     if len(trace) < 2:
         raise ValueError(f"{spec.trace}: a simulation needs at least 2 requests")
-    per_engine_rps = estimate_capacity_rps(trace, spec.params, seed=spec.seed)
-    pool_rps = per_engine_rps * spec.engines
     mean_tokens = sum(r.prompt_tokens + r.output_tokens for r in trace) / len(trace)
+    capacity: dict[float, float] = {}  # per slowdown: the pool's requests/s
+    for slowdown in spec.prefill_slowdowns:
+        params = spec.params.with_prefill_slowdown(slowdown)
+        capacity[slowdown] = estimate_capacity_rps(trace, params, seed=spec.seed) * spec.engines
+    window = None
+    if spec.burst is not None:
+        start = int(spec.burst.start_s * NS_PER_S)
+        window = (start, start + int(spec.burst.duration_s * NS_PER_S))
     runs: list[RunStats] = []
     for load in spec.loads:
-        scaled = scale_to_rate(trace, load * pool_rps)
-        if spec.burst is not None:
-            b = spec.burst
-            scaled = inject_burst(
-                scaled, b.tenant, b.factor, b.start_s, b.duration_s, seed=spec.seed
-            )
-        policies: list[AdmissionPolicy] = [make_policy(n, spec, scaled) for n in spec.policies]
-        policies += [from_config_file(p, f"config:{p.name}") for p in spec.configs]
-        for policy in policies:
-            result = Runner(
-                scaled, policy, engines=spec.engines, params=spec.params,
-                tenants=spec.tenants, slo_s=spec.slo_s,
-                client=ClientModel(retries=spec.retries), seed=spec.seed,
-            ).run()  # fmt: skip
-            result.capacity_rps = pool_rps
-            window = None
+        for slowdown in spec.prefill_slowdowns:
+            params = spec.params.with_prefill_slowdown(slowdown)
+            pool_rps = capacity[slowdown]
+            scaled = scale_to_rate(trace, load * pool_rps)
             if spec.burst is not None:
-                start = int(spec.burst.start_s * NS_PER_S)
-                window = (start, start + int(spec.burst.duration_s * NS_PER_S))
-            runs.append(summarise(result, load, pool_rps * mean_tokens, window))
+                b = spec.burst
+                scaled = inject_burst(
+                    scaled, b.tenant, b.factor, b.start_s, b.duration_s, seed=spec.seed
+                )
+            arrivals = per_second_stats(scaled)
+            group: list[RunStats] = []
+            named = [(n, make_policy(n, spec, scaled)) for n in spec.policies]
+            named += [(p.name, from_config_file(p, f"config:{p.name}")) for p in spec.configs]
+            for name, policy in named:
+                result = Runner(
+                    premium_only(spec, scaled) if name == BOUND else scaled, policy,
+                    engines=spec.engines, params=params, tenants=spec.tenants,
+                    slo_s=spec.slo_s, client=ClientModel(spec.client), seed=spec.seed,
+                ).run()  # fmt: skip
+                result.capacity_rps = pool_rps
+                stats = summarise(result, load, pool_rps * mean_tokens, window)
+                stats.bound = name == BOUND
+                stats.prefill_slowdown = slowdown
+                stats.profile = spec.profile
+                stats.client = str(spec.client)
+                stats.arrivals_cv = arrivals.cv
+                stats.arrivals_peak_to_mean = arrivals.peak_to_mean
+                group.append(stats)
+            mark_best(group)
+            runs += group
     return runs

@@ -136,12 +136,18 @@ def test_html_tables_carry_the_same_figures_as_the_terminal_tables(tmp_path: Pat
         for line in stdout.splitlines()
         if line.startswith("| ") and "---" not in line
     ]
-    lane_head, summary_head = (i for i, row in enumerate(markdown) if row[0] == "load")
-    html_lane = page.table("load", "lane")
-    html_summary = page.table("load", "goodput / capacity")
-    assert markdown[lane_head + 1 : summary_head] == html_lane
-    assert markdown[summary_head + 1 :] == html_summary
-    assert len(html_lane) == 2 * 2 * 4 and len(html_summary) == 2 * 2
+    heads = [i for i, row in enumerate(markdown) if row[0] == "load"]
+    tables = [markdown[a + 1 : b] for a, b in zip(heads, [*heads[1:], len(markdown)], strict=True)]
+    runs, comparison, lanes, summary = tables
+    assert runs == page.table("load", "capacity req/s")
+    assert comparison == page.table("load", "")
+    assert lanes == page.table("load", "lane")
+    assert summary == page.table("load", "goodput / capacity")
+    assert len(runs) == 2 and len(comparison) == 2 * 6
+    assert len(lanes) == 2 * 2 * 4 and len(summary) == 2 * 2
+    # the comparison: a column per policy, premium / standard / batch in one cell
+    assert markdown[heads[1]][3:] == ["fifo", "burstgate"]
+    assert comparison[0][2] == "SLO met % (premium / standard / batch)"
 
 
 def test_html_report_escapes_names_and_title() -> None:
