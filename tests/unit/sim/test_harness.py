@@ -172,3 +172,22 @@ def test_the_gate_keeps_the_engines_queue_within_one_report_intervals_releases(
         recent = bisect_right(releases, t) - bisect_left(releases, t - interval)
         assert waiting <= 2 * engines + recent, f"{waiting} waiting at {t}, {recent} released"
     assert sum(1 for j in res.jobs if j.outcome == "refused") > 0  # it was overloaded
+
+
+def test_capacity_is_the_load_fifo_keeps_up_with_on_short_and_long_prompts() -> None:
+    """"1.0x" is what the engine sustains: FIFO keeps up at 0.8x of the
+    estimate and falls behind at 1.3x, on Azure-like and on long prompts
+    (where past the edge the engine preempts and recomputes)."""
+    from controlplane.sim.synthetic import generate
+
+    for trace in (synthetic(1_500), generate("long-prompt", duration_s=900)):
+        trace = assign_tenants(trace, SHARES)
+        capacity = estimate_capacity_rps(trace, PARAMS)
+
+        def queue_max(load: float, trace: list[TraceRequest] = trace, cap: float = capacity) -> int:
+            scaled = scale_to_rate(trace, load * cap)
+            res = Runner(scaled, Fifo(), engines=1, params=PARAMS).run()
+            return summarise(res, load, 1.0).engine_queue_max
+
+        light, heavy = queue_max(0.8), queue_max(1.3)
+        assert light < 0.05 * len(trace) and heavy > 0.15 * len(trace), (light, heavy)
