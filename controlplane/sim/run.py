@@ -48,10 +48,17 @@ from controlplane.sim.trace import (
 
 
 class PolicyName(StrEnum):
+    """What --policy accepts, in the order --help lists it (the policies
+    before the baselines); the default runs and their table order are
+    BUILTIN_POLICIES."""
+
     FIFO = "fifo"
     RATE_LIMIT = "rate-limit"
-    DROP_LATE = "drop-late"
     BURSTGATE = "burstgate"
+    # Accepted by --policy, not run by default: burstgate with the pool gate
+    # off (Policy.pool_gate=false), what the default was before the gate.
+    BURSTGATE_UNGATED = "burstgate-ungated"
+    DROP_LATE = "drop-late"
     # The premium tenants' requests alone, FIFO into the engines with
     # drop-late's abort: the premium attainment to hold a policy to (a
     # reference, not a policy). Plain FIFO is no bound once premium alone
@@ -59,9 +66,6 @@ class PolicyName(StrEnum):
     # premium requests then gets more of the others in time, so late ones
     # are dropped here too, as the strongest simple reference.
     PREMIUM_ONLY = "premium-only"
-    # Accepted by --policy, not run by default: burstgate with the pool gate
-    # off (Policy.pool_gate=false), what the default was before the gate.
-    BURSTGATE_UNGATED = "burstgate-ungated"
 
 
 BUILTIN_POLICIES = ("fifo", "rate-limit", "drop-late", "burstgate", "premium-only")

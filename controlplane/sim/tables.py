@@ -140,7 +140,7 @@ def lane_rows(runs: list[RunStats]) -> list[tuple[str, ...]]:
     ]
 
 
-BURST_HEAD = ("load", "policy", "lane", "requests", "SLO met", "refused")
+BURST_HEAD = ("load", "policy", "lane", "requests", "SLO met", "refused", "aborted")
 BURST_TITLE = "Requests that arrived inside the injected burst's window:"
 
 
@@ -159,7 +159,7 @@ def sections(runs: list[RunStats]) -> list[Section]:
     if windowed:
         burst: list[tuple[str, ...]] = [
             (at(r), policy_label(r), lane, f"{g.requests:,}", f"{g.attainment:.1%}",
-             f"{g.refused / max(1, g.requests):.1%}")
+             f"{g.refused / max(1, g.requests):.1%}", f"{g.aborted / max(1, g.requests):.1%}")
             for r in windowed
             for lane, g in r.burst_window.items()
         ]  # fmt: skip
