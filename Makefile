@@ -134,15 +134,19 @@ lock-upgrade: $(VENV)/.uv
 ## of this tree with its own venv (the lock and .venv are left alone): run it
 ## before `make lock-upgrade`, and on purpose now and then, so that an upstream
 ## release that breaks burstgate is found by us. It prints what moved.
+# The copy is a git repository of its own (tests list the tree with git),
+# with ../shared beside it as beside this checkout (the shared traces).
 LATEST_DIR ?= $(or $(TMPDIR),/tmp)/burstgate-test-latest
 test-latest: $(VENV)/.uv
-	rm -rf $(LATEST_DIR) && mkdir -p $(LATEST_DIR)/tree
+	rm -rf $(LATEST_DIR) && mkdir -p $(LATEST_DIR)/repo
 	git ls-files -z --cached --others --exclude-standard \
 	  | xargs -0 -I{} sh -c 'test -e "{}" && echo "{}"' \
-	  | tar -cf - -T - | tar -xf - -C $(LATEST_DIR)/tree
+	  | tar -cf - -T - | tar -xf - -C $(LATEST_DIR)/repo
+	cd $(LATEST_DIR)/repo && git init -q && git add -A
+	if [ -d ../shared ]; then ln -s "$$(cd ../shared && pwd)" $(LATEST_DIR)/shared; fi
 	$(BIN)/python tools/lockfile.py latest $(LATEST_DIR)/latest.txt
 	$(BIN)/python tools/lockfile.py diff $(DEV_LOCK) $(LATEST_DIR)/latest.txt
-	$(MAKE) -C $(LATEST_DIR)/tree test PYTHON=$(PYTHON) \
+	$(MAKE) -C $(LATEST_DIR)/repo test PYTHON=$(PYTHON) \
 	  SERVE_LOCK=$(LATEST_DIR)/latest.txt DEV_LOCK=$(LATEST_DIR)/latest.txt
 
 clean:

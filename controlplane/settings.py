@@ -76,6 +76,11 @@ class Settings(BaseSettings):
     # A refused request_id replays its decision (duplicate=true) until its
     # retry_after has passed, but never for longer than this.
     rejection_replay_s: float = Field(default=1.0, ge=0)
+    # Refused requests with a TTFT deadline remembered (their first arrival,
+    # under their retry key, for the longest lane SLO) so that a retry is
+    # judged against its first attempt's deadline (service/retries.py); the
+    # oldest are forgotten past this many. ~150 bytes each.
+    retry_memory: int = Field(default=262_144, ge=0)
     # retry_after hint for CONCURRENCY (and OPEN_RESERVATIONS) refusals: the
     # plane cannot know when a slot frees, so it suggests a short fixed wait.
     concurrency_retry_ms: int = Field(default=250, ge=0)

@@ -117,6 +117,21 @@ def simulate(
             "still be met)."
         ),
     ] = RetryClient.OPENAI,
+    retry_keys: Annotated[
+        bool,
+        typer.Option(
+            help="Retries carry a retry key, as burstgate's sidecar and SDK send (judged "
+            "against the first attempt's deadline); --no-retry-keys: each attempt looks new."
+        ),
+    ] = True,
+    first_tokens: Annotated[
+        bool,
+        typer.Option(
+            help="Completes report each request's first-token time, as burstgate's sidecar "
+            "does (the gate learns how soon a release gets its first token); "
+            "--no-first-tokens: they do not."
+        ),
+    ] = True,
     burst: Annotated[
         str | None,
         typer.Option(help="Inject a burst: TENANT:FACTOR:START_S:DURATION_S (scaled time)."),
@@ -192,6 +207,8 @@ def simulate(
             profile=profile,
             prefill_slowdowns=slowdowns,
             client=client,
+            retry_keys=retry_keys,
+            first_tokens=first_tokens,
             burst=Burst(*b) if b else None,
             seed=seed,
             limit=limit,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from fastpath.codes import NS_PER_DAY, NS_PER_HOUR, NS_PER_S, PPM
+from fastpath.codes import MTOK_PER_TOKEN, NS_PER_DAY, NS_PER_HOUR, NS_PER_S, PPM
 
-__all__ = ["NS_PER_DAY", "NS_PER_HOUR", "NS_PER_MS", "NS_PER_S", "PPM"]
+__all__ = ["MTOK_PER_TOKEN", "NS_PER_DAY", "NS_PER_HOUR", "NS_PER_MS", "NS_PER_S", "PPM"]
 
 NS_PER_MS: Final = NS_PER_S // 1000

@@ -94,14 +94,25 @@ EXEC_TIME_PAST_SLACK_NS = NS_PER_DAY
 EXEC_TIME_FUTURE_NS = NS_PER_HOUR
 
 
-def check_exec_times(start_ns: int, end_ns: int, now_ns: int, ttl_ns: int) -> None:
-    """Complete's exec timestamps: in order, and each unset (0) or within the
-    window above; raise InvalidArgument naming the wire field."""
+def check_exec_times(
+    start_ns: int, end_ns: int, now_ns: int, ttl_ns: int, *, first_ns: int = 0
+) -> None:
+    """Complete's exec timestamps (and its first token's): in order, and each
+    unset (0) or within the window above; raise InvalidArgument naming the
+    wire field."""
     if start_ns and end_ns and end_ns < start_ns:
         raise InvalidArgument("exec_end_unix_ns", "is before exec_start_unix_ns")
+    if first_ns and start_ns and first_ns < start_ns:
+        raise InvalidArgument("first_token_unix_ns", "is before exec_start_unix_ns")
+    if first_ns and end_ns and first_ns > end_ns:
+        raise InvalidArgument("first_token_unix_ns", "is after exec_end_unix_ns")
     low = now_ns - ttl_ns - EXEC_TIME_PAST_SLACK_NS
     high = now_ns + EXEC_TIME_FUTURE_NS
-    for field, value in (("exec_start_unix_ns", start_ns), ("exec_end_unix_ns", end_ns)):
+    for field, value in (
+        ("exec_start_unix_ns", start_ns),
+        ("exec_end_unix_ns", end_ns),
+        ("first_token_unix_ns", first_ns),
+    ):
         if value and not low <= value <= high:
             raise InvalidArgument(
                 field,

@@ -199,10 +199,10 @@ class Metering:
         miss_rate_reported: bool | None = None,
         exec_start_ns: int = 0,
         exec_end_ns: int = 0,
+        first_token_ns: int = 0,
     ) -> CompleteResult:
-        """Settle and record one request; see the module docstring.
-        ``miss_rate_reported`` None means "reported when non-zero"; the
-        exec times were checked at the edge (``check_exec_times``)."""
+        """Settle and record one request (the module docstring); ``miss_rate_reported``
+        None means "reported when non-zero"; times were checked by ``check_exec_times``."""
         key = (tenant_id, request_id)
         running = self._inflight.get(key)
         if running is not None:
@@ -229,7 +229,7 @@ class Metering:
             kv_cache_miss_rate if reported else None, exec_start_ns, exec_end_ns,
         )  # fmt: skip
         task = asyncio.create_task(
-            self._settle(key, prepared, record, prompt_tokens + generated_tokens)
+            self._settle(key, prepared, record, prompt_tokens + generated_tokens, first_token_ns)
         )
         self._inflight[key] = task
         task.add_done_callback(lambda t: self._done(key, t))
@@ -241,13 +241,13 @@ class Metering:
             task.exception()  # retrieved here too: the caller may have gone
 
     async def _settle(
-        self, key: Key, prepared: tuple[Any, ...], record: LedgerRecord, actual: int
+        self, key: Key, prepared: tuple[Any, ...], record: LedgerRecord, actual: int, first: int
     ) -> CompleteResult:
         if key in self.writer.pending or key in self._recent:
             outcome = Outcome.EXISTS  # recorded under an earlier admission of this id
         else:
             outcome = await self.writer.submit(record)
-        settlement = self.svc.apply_complete(key, prepared, actual)
+        settlement = self.svc.apply_complete(key, prepared, actual, first_token_ns=first)
         if outcome is Outcome.EXISTS:
             original = await self.find(key)
             log.warning(

@@ -112,6 +112,8 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             request.pool,
             timeout_s=context.time_remaining(),
             scope=scope,
+            retry_key=request.retry_key,
+            attempt=request.attempt,
         )
         return decision_to_pb(d)
 
@@ -131,6 +133,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             request.exec_end_unix_ns,
             svc.clock(),
             int(svc.settings.reservation_ttl_s * NS_PER_S),
+            first_ns=request.first_token_unix_ns,
         )
         booked = request.HasField("offline") and await self._book_offline(request, scope)
         if scope is not None:
@@ -148,6 +151,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                 request.generated_tokens,
                 request.cached_prompt_tokens,
                 request.kv_cache_miss_rate,
+                first_token_ns=request.first_token_unix_ns,
             )
             self._waiting.reschedule()  # a settlement may have admitted waiters
             return pb.CompleteResponse(
@@ -169,6 +173,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             miss_rate_reported=True if request.kv_cache_miss_rate_reported else None,
             exec_start_ns=request.exec_start_unix_ns,
             exec_end_ns=request.exec_end_unix_ns,
+            first_token_ns=request.first_token_unix_ns,
         )
         if not r.duplicate:
             self._waiting.reschedule()  # a settlement may have admitted waiters

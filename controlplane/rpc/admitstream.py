@@ -295,11 +295,13 @@ def _decide(
         r = svc.admit_batch(
             tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
             list(batch.max_tokens), batch.model, batch.pool, scope=scope,
+            retry_keys=list(batch.retry_key), attempts=list(batch.attempt),
         )  # fmt: skip
         return batch_result(batch.batch_id, r, svc.fallback_model, tenant_ids)
     outs = svc.admit_batch_waiting(
         tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
         list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
+        retry_keys=list(batch.retry_key), attempts=list(batch.attempt),
     )  # fmt: skip
     res = waiting_result(batch.batch_id, outs, releases)
     waiting.reschedule()
@@ -346,4 +348,5 @@ def _waiting_outs(
     return svc.admit_batch_waiting(
         tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
         list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
+        retry_keys=list(batch.retry_key), attempts=list(batch.attempt),
     )  # fmt: skip

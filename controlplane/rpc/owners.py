@@ -139,7 +139,8 @@ def refusal(request_id: str, r: Redirect) -> AdmitDecision:
 def subset(batch: pb.AdmitBatch, keep: list[int]) -> pb.AdmitBatch:
     """The entries ``keep`` of ``batch`` (its batch-wide fields as they are)."""
     out = pb.AdmitBatch(batch_id=batch.batch_id, model=batch.model, pool=batch.pool)
-    for name in ("tenant_id", "request_id", "lane", "prompt_tokens", "max_tokens", "max_wait_ms"):
+    for name in ("tenant_id", "request_id", "lane", "prompt_tokens", "max_tokens", "max_wait_ms",
+                 "retry_key", "attempt"):  # fmt: skip
         column = list(getattr(batch, name))
         if len(column) == len(batch.tenant_id):
             getattr(out, name).extend(column[i] for i in keep)

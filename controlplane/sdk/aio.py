@@ -224,15 +224,22 @@ class AsyncAdmissionClient:
     async def admit(
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, max_tokens: int,
         lane: str = "", model: str = "", pool: str = "", deadline_s: float | None = None,
+        retry_key: str = "", attempt: int = 0,
     ) -> Admission:  # fmt: skip
+        """Ask to admit one request. ``retry_key`` and ``attempt``: a retry
+        of a refused request (``attempt`` 1, 2, ...) under the key its first
+        attempt used is judged against that attempt's deadline
+        (docs/gate.md); "" / 0 for a request that is nobody's retry."""
         if self._closed:
             raise RuntimeError("the client is closed")
-        check_admit_args(tenant_id, request_id, prompt_tokens, max_tokens, lane, model, pool)
+        check_admit_args(tenant_id, request_id, prompt_tokens, max_tokens, lane, model, pool,
+                         retry_key, attempt)  # fmt: skip
         d = self.deadline_s if deadline_s is None else check_deadline("deadline_s", deadline_s)
         deadline = self._batcher.now() + d
         a, where = await self._admit_routed(
-            tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool, deadline
-        )
+            tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool, deadline,
+            retry_key, attempt,
+        )  # fmt: skip
         self.counters.admits += 1
         if a.admitted:
             self._admitted.add((tenant_id, request_id), Admitted(
@@ -245,7 +252,7 @@ class AsyncAdmissionClient:
 
     async def _admit_routed(
         self, tenant_id: str, request_id: str, lane: str, prompt_tokens: int, max_tokens: int,
-        model: str, pool: str, deadline: float,
+        model: str, pool: str, deadline: float, retry_key: str = "", attempt: int = 0,
     ) -> tuple[Admission, str]:  # fmt: skip
         """Admit on the owner of the request's pool (several replicas):
         follow NOT_OWNER, and fail over from an unreachable replica to one
@@ -258,7 +265,7 @@ class AsyncAdmissionClient:
             if self._reannouncer.needed(key, r.address):  # the pool's owner changed
                 await self._reannouncer.before(key, r.address, deadline - r.batcher.now())
             e = Entry(tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
-                      deadline)  # fmt: skip
+                      deadline, retry_key, attempt)  # fmt: skip
             a = await r.batcher.admit(e, max(0.0, deadline - r.batcher.now()))
             last = hop == MAX_HOPS or r.batcher.now() >= deadline
             if a.reason == "not_owner" and not last:
@@ -306,19 +313,22 @@ class AsyncAdmissionClient:
     async def complete(
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, generated_tokens: int,
         cached_prompt_tokens: int = 0, exec_start_unix_ns: int = 0, exec_end_unix_ns: int = 0,
-        kv_cache_miss_rate: float | None = None,
+        kv_cache_miss_rate: float | None = None, first_token_unix_ns: int = 0,
     ) -> Completion:  # fmt: skip
         """Settle with the real usage. ``kv_cache_miss_rate``: this request's
-        own rate, when the engine measured it (None: the pool's window rate)."""
+        own rate, when the engine measured it (None: the pool's window rate).
+        ``first_token_unix_ns``: when its first token came (0 = unknown): the
+        pool gate learns from it how soon a release gets its first token."""
         if self._closed:
             raise RuntimeError("the client is closed")
         check_complete_args(tenant_id, request_id, prompt_tokens, generated_tokens,
                             cached_prompt_tokens, exec_start_unix_ns, exec_end_unix_ns,
-                            kv_cache_miss_rate)  # fmt: skip
+                            kv_cache_miss_rate, first_token_unix_ns)  # fmt: skip
         req = pb.CompleteRequest(
             tenant_id=tenant_id, request_id=request_id, prompt_tokens=prompt_tokens,
             generated_tokens=generated_tokens, cached_prompt_tokens=cached_prompt_tokens,
             exec_start_unix_ns=exec_start_unix_ns, exec_end_unix_ns=exec_end_unix_ns,
+            first_token_unix_ns=first_token_unix_ns,
         )  # fmt: skip
         if kv_cache_miss_rate is not None:
             req.kv_cache_miss_rate = kv_cache_miss_rate

@@ -238,6 +238,9 @@ class Batcher:
             max_tokens=[e.max_tokens for e in group], model=model, pool=pool,
             max_wait_ms=[wait_ms(e.deadline - now) for e in group] if self._wait_in_gate else (),
         )  # fmt: skip
+        if any(e.retry_key or e.attempt for e in group):  # retries, judged by their first attempt
+            batch.retry_key.extend(e.retry_key for e in group)
+            batch.attempt.extend(e.attempt for e in group)
         for e in group:
             e.sent = e.streamed = True
         if st.ended:  # the stream failed while this batch was being built
@@ -354,6 +357,7 @@ class Batcher:
         req = pb.AdmitRequest(
             tenant_id=e.tenant_id, request_id=e.request_id, lane=e.lane,
             prompt_tokens=e.prompt_tokens, max_tokens=e.max_tokens, model=e.model, pool=e.pool,
+            retry_key=e.retry_key, attempt=e.attempt,
         )  # fmt: skip
         try:
             resp = await self._stub.Admit(req, timeout=left, metadata=self._meta)

@@ -59,9 +59,13 @@ def _fine_tokens(value: object) -> bool:
     return type(value) is int and 0 <= value <= MAX_TOKENS_PER_FIELD
 
 
+# As the server's AdmitRequest.attempt: a client retrying more is looping.
+MAX_ATTEMPT = 1_000
+
+
 def check_admit_args(
     tenant_id: str, request_id: str, prompt_tokens: int, max_tokens: int,
-    lane: str, model: str, pool: str,
+    lane: str, model: str, pool: str, retry_key: str = "", attempt: int = 0,
 ) -> None:  # fmt: skip
     # The common case in one expression; the precise check (and its message)
     # only when something is off.
@@ -69,7 +73,8 @@ def check_admit_args(
         _fine_tokens(prompt_tokens) and _fine_tokens(max_tokens)
         and _fine_id(tenant_id, MAX_ID_LEN) and _fine_id(request_id, MAX_ID_LEN)
         and _fine_name(lane, MAX_LANE_NAME) and _fine_name(model, MAX_MODEL_LEN)
-        and _fine_name(pool, MAX_POOL_LEN)
+        and _fine_name(pool, MAX_POOL_LEN) and _fine_name(retry_key, MAX_ID_LEN)
+        and attempt == 0
     ):  # fmt: skip
         return
     try:
@@ -80,14 +85,17 @@ def check_admit_args(
         check_optional_name("lane", _str("lane", lane), max_len=MAX_LANE_NAME)
         check_optional_name("model", _str("model", model))
         check_optional_name("pool", _str("pool", pool), max_len=MAX_POOL_LEN)
+        check_optional_name("retry_key", _str("retry_key", retry_key), max_len=MAX_ID_LEN)
     except InvalidArgument as exc:
         raise _value_error(exc) from None
+    if not 0 <= _int("attempt", attempt) <= MAX_ATTEMPT:
+        raise ValueError(f"attempt: must be between 0 and {MAX_ATTEMPT}, got {attempt}")
 
 
 def check_complete_args(
     tenant_id: str, request_id: str, prompt_tokens: int, generated_tokens: int,
     cached_prompt_tokens: int, exec_start_unix_ns: int, exec_end_unix_ns: int,
-    kv_cache_miss_rate: float | None,
+    kv_cache_miss_rate: float | None, first_token_unix_ns: int = 0,
 ) -> None:  # fmt: skip
     try:
         check_id("tenant_id", _str("tenant_id", tenant_id))
@@ -104,11 +112,17 @@ def check_complete_args(
             f"cached_prompt_tokens: {cached_prompt_tokens} exceeds prompt_tokens {prompt_tokens}"
         )
     for name, ns in (("exec_start_unix_ns", exec_start_unix_ns),
-                     ("exec_end_unix_ns", exec_end_unix_ns)):  # fmt: skip
+                     ("exec_end_unix_ns", exec_end_unix_ns),
+                     ("first_token_unix_ns", first_token_unix_ns)):  # fmt: skip
         if _int(name, ns) < 0:
             raise ValueError(f"{name}: must be >= 0 (0 = unknown), got {ns}")
     if exec_start_unix_ns and exec_end_unix_ns and exec_end_unix_ns < exec_start_unix_ns:
         raise ValueError("exec_end_unix_ns: is before exec_start_unix_ns")
+    first = first_token_unix_ns
+    if first and exec_start_unix_ns and first < exec_start_unix_ns:
+        raise ValueError("first_token_unix_ns: is before exec_start_unix_ns")
+    if first and exec_end_unix_ns and first > exec_end_unix_ns:
+        raise ValueError("first_token_unix_ns: is after exec_end_unix_ns")
 
 
 def check_tenant_id(tenant_id: str) -> None:

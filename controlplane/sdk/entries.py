@@ -30,6 +30,8 @@ class Entry:
     model: str
     pool: str
     deadline: float  # loop.time() by which the first caller wants its answer
+    retry_key: str = ""  # the same on every attempt of one request (docs/gate.md)
+    attempt: int = 0  # 0 the first, then 1, 2, ...
     waiters: list[asyncio.Future[Admission]] = field(default_factory=list)  # its callers
     sent: bool = False  # in an AdmitBatch (or a unary Admit) on the wire
     streamed: bool = False  # in an AdmitBatch: its first result comes at once

@@ -114,25 +114,27 @@ class AdmissionClient:
     def admit(
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, max_tokens: int,
         lane: str = "", model: str = "", pool: str = "", deadline_s: float | None = None,
+        retry_key: str = "", attempt: int = 0,
     ) -> Admission:  # fmt: skip
         """As :meth:`AsyncAdmissionClient.admit`."""
         coro = self._client.admit(
             tenant_id, request_id, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-            lane=lane, model=model, pool=pool, deadline_s=deadline_s,
+            lane=lane, model=model, pool=pool, deadline_s=deadline_s, retry_key=retry_key,
+            attempt=attempt,
         )  # fmt: skip
         return self._run(coro, (deadline_s or self._client.deadline_s) + SLACK_S)
 
     def complete(
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, generated_tokens: int,
         cached_prompt_tokens: int = 0, exec_start_unix_ns: int = 0, exec_end_unix_ns: int = 0,
-        kv_cache_miss_rate: float | None = None,
+        kv_cache_miss_rate: float | None = None, first_token_unix_ns: int = 0,
     ) -> Completion:  # fmt: skip
         """As :meth:`AsyncAdmissionClient.complete`."""
         coro = self._client.complete(
             tenant_id, request_id, prompt_tokens=prompt_tokens,
             generated_tokens=generated_tokens, cached_prompt_tokens=cached_prompt_tokens,
             exec_start_unix_ns=exec_start_unix_ns, exec_end_unix_ns=exec_end_unix_ns,
-            kv_cache_miss_rate=kv_cache_miss_rate,
+            kv_cache_miss_rate=kv_cache_miss_rate, first_token_unix_ns=first_token_unix_ns,
         )  # fmt: skip
         return self._run(coro, self._client.complete_deadline_s + SLACK_S)
 

@@ -68,9 +68,16 @@ from controlplane.domain.units import NS_PER_MS, NS_PER_S
 from controlplane.domain.validate import check_id
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult, Outcomes
+from controlplane.service.deadlines import Deadlines
 from controlplane.service.decider import Decider, early_reason
 from controlplane.service.dispatcher import Dispatcher
-from controlplane.service.edge import check_admit, check_batch, check_max_wait
+from controlplane.service.edge import (
+    check_admit,
+    check_batch,
+    check_max_wait,
+    check_retries,
+    check_retry,
+)
 from controlplane.service.gate import PoolGate
 from controlplane.service.keyscope import check_scope
 from controlplane.service.limits import TenantLimits
@@ -82,19 +89,20 @@ from controlplane.service.pressure import (
     load_sample,
 )
 from controlplane.service.pricing import FlatPricing, Pricing
-from controlplane.service.queueing import Waiter
+from controlplane.service.queueing import Waiter, WaitQueues
 from controlplane.service.records import Key, Record, RequestLog
 from controlplane.service.restore import OpenReservation, Restore, Restorer
 from controlplane.service.settlement import Settler
 from controlplane.service.sharing import ShareControl
 from controlplane.service.stats import QUEUE_WAIT_BUCKETS_NS, AdmissionStats
-from controlplane.service.tenants import TenantDirectory
+from controlplane.service.tenants import Tenant, TenantDirectory
 from controlplane.settings import Settings
 from fastpath import IMPLEMENTATION, Reason, TokenBucketTable
 
 __all__ = ["QUEUE_WAIT_BUCKETS_NS", "AdmissionService", "BatchResult"]
 
 _TOKEN_RATE = int(Reason.TOKEN_RATE)
+_BACKPRESSURE = int(Reason.BACKPRESSURE)
 
 
 class AdmissionService:
@@ -130,14 +138,19 @@ class AdmissionService:
         stale_ns = int(settings.load_report_stale_s * NS_PER_S)
         self._pressure = PressureGate(stale_ns=stale_ns)
         self._gate = PoolGate(stale_ns=stale_ns)
+        queues = WaitQueues()
+        self._deadlines = Deadlines(
+            self._tenants, self._gate, self._pressure, queues, settings.retry_memory
+        )
         self._decider = Decider(
             self._table, self._tenants, self._pressure, self._gate, self._pricing,
-            settings.concurrency_retry_ms * NS_PER_MS,
+            settings.concurrency_retry_ms * NS_PER_MS, self._deadlines,
         )  # fmt: skip
         self._outcomes = Outcomes(self._log, self.stats, self._tenants)
         self._dispatcher = Dispatcher(
-            self._tenants, self._decider, self._outcomes, self.stats, self._gate
-        )
+            self._tenants, self._decider, self._outcomes, self.stats, self._gate, queues,
+            self._deadlines,
+        )  # fmt: skip
         self._settler = Settler(self._table, self._log, settings.complete_max_overrun_ratio)
         # Several replicas deciding for one tenant: controlplane/ha/grants.py
         # drives this (service/shares.py); unused in process and on SQLite.
@@ -173,7 +186,7 @@ class AdmissionService:
         self._table.set_global_inflight_limit(policy.global_inflight_tokens)
         self._table.set_bucket_debt(policy.bucket_debt)
         self._pressure.configure(directory.by_priority, policy, now)
-        self._gate.configure(policy)
+        self._gate.configure(policy, [ln.name for ln in directory.by_priority if ln.fail_open])
         self._dispatcher.configured()
         self._dispatcher.dispatch(now)
 
@@ -283,6 +296,8 @@ class AdmissionService:
         deadline_ns: int | None = None,
         wait_bound_ns: int | None = None,
         scope: KeyScope | None = None,
+        retry_key: str = "",
+        attempt: int = 0,
     ) -> AdmitDecision | Waiter:
         """Decide, or queue the request when only waiting stands between it
         and admission. A returned ``Waiter`` is resolved later through its
@@ -300,8 +315,18 @@ class AdmissionService:
         ``scope``: a scoped sidecar key's (the caller checked ``tenant_id``);
         the pool the request goes to, as resolved here, and the tenant it
         would be charged to (the default tenant for an unknown id) must be
-        in it, else PermissionDenied and nothing changes."""
+        in it, else PermissionDenied and nothing changes.
+
+        ``retry_key``: what stays the same across a request's retries (the
+        client's idempotency key, the sidecar's digest of the request; ""
+        = its ``request_id``); ``attempt``: 0 for a first attempt, the
+        retries counted from 1 (the openai client's x-stainless-retry-count).
+        A retry (``attempt`` > 0, or a request id seen before) whose earlier
+        attempt under the same key was refused is due at that attempt's
+        first arrival plus its lane's TTFT SLO, and is refused at once,
+        flagged late, when it can no longer make it (service/retries.py)."""
         check_admit(tenant_id, request_id, prompt_tokens, max_tokens, model, pool, lane)
+        check_retry(retry_key, attempt)
         self._tenants.check_pool(pool)
         now = self.clock()
         key = (tenant_id, request_id)
@@ -320,22 +345,53 @@ class AdmissionService:
         if entry is None or early:
             slot = -1 if entry is None else entry.slot
             return self._outcomes.record(key, R.refused(early, 0, lane, slot, now, now))
+        # When its first token is due: its first arrival plus the SLO of the
+        # lane it asked for (placement below moves where it runs, not that).
+        deadlines = self._deadlines
+        slo = deadlines.slo_ns(lane)
+        # a first attempt under a key of its own starts a new deadline
+        retried = attempt > 0 or not retry_key
+        retry_key = retry_key or request_id
+        first = deadlines.retries.first(entry.slot, retry_key, now) if slo and retried else None
+        due = (now if first is None else first) + slo if slo else 0
         lane = tenants.place(entry, lane, prompt_tokens, max_tokens)
         pool = tenants.pool_for(entry, lane, pool)  # after placement: the final lane's pool
         if scope is not None:
             check_scope(scope, tenant_id, entry, pool, "this request's")
+        release_by = deadlines.release_by_ns(due, slo, pool, prompt_tokens) if due else 0
+        if first is not None and now > release_by:
+            # a retry of a request that can no longer meet its deadline:
+            # engine time for it would be spent on work that has missed
+            return self._late(key, entry, lane, pool, prompt_tokens, slo, now, retry_key, first)
         max_wait = (
-            dispatcher.max_wait_ns(entry, lane, now, deadline_ns, wait_bound_ns) if wait else 0
+            dispatcher.max_wait_ns(entry, lane, now, deadline_ns, wait_bound_ns, release_by)
+            if wait
+            else 0
         )
         if max_wait > 0 and dispatcher.competes(entry.slot):
             # Join the backlog so the fair order decides who goes first; the
             # dispatch right after admits it at once if it can.
+            if deadlines.hopeless(pool, lane, now, release_by):
+                return self._late(key, entry, lane, pool, prompt_tokens, slo, now, retry_key,
+                                  due - slo)  # fmt: skip
             return dispatcher.enqueue(key, entry, lane, prompt_tokens, max_tokens, model, pool,
-                                      now, now + max_wait)  # fmt: skip
+                                      now, now + max_wait, due=due, slo=slo,
+                                      retry_key=retry_key)  # fmt: skip
         rec = self._decider.decide(entry, lane, prompt_tokens, max_tokens, model, pool, now, now)
         if rec[R.STATE] == R.OPEN:
             dispatcher.admitted(lane, entry.slot, rec[R.RESERVED])
             return self._outcomes.record(key, rec)
+        if (
+            due
+            and wait
+            and rec[R.REASON] == _BACKPRESSURE
+            and dispatcher.waitable(rec)
+            and (release_by <= now or deadlines.hopeless(pool, lane, now, release_by))
+        ):
+            # Held by the pool, and it cannot be released in time for its
+            # deadline: refused now, flagged late (a retry cannot help).
+            return self._late(key, entry, lane, pool, prompt_tokens, slo, now, retry_key,
+                              due - slo)  # fmt: skip
         if (
             max_wait <= 0
             or not dispatcher.waitable(rec)
@@ -343,9 +399,26 @@ class AdmissionService:
         ):
             # Refused for good, or the bucket cannot refill before the wait
             # would end: answer now.
+            if due:
+                deadlines.retries.refused(entry.slot, retry_key, due - slo, now)
+                rec = deadlines.late_if_past(rec, due, slo, pool, prompt_tokens, now)
             return self._outcomes.record(key, rec)
         return dispatcher.enqueue(key, entry, lane, prompt_tokens, max_tokens, model, pool, now,
-                                  now + max_wait, first_try=rec)  # fmt: skip
+                                  now + max_wait, first_try=rec, due=due, slo=slo,
+                                  retry_key=retry_key)  # fmt: skip
+
+    def _late(
+        self, key: Key, entry: Tenant, lane: str, pool: str, prompt: int, slo: int, now: int,
+        retry_key: str, first: int,
+    ) -> AdmitDecision:  # fmt: skip
+        """Refuse a request that cannot meet its deadline (BACKPRESSURE,
+        flagged late), remembering its first arrival for its retries."""
+        deadlines = self._deadlines
+        deadlines.retries.refused(entry.slot, retry_key, first, now)
+        rec = deadlines.late_refusal(
+            int(Reason.BACKPRESSURE), lane, entry.slot, pool, prompt, slo, now, now
+        )
+        return self._outcomes.record(key, rec)
 
     def tick(self) -> None:
         """Time passed: time out waiters past their deadline, then dispatch.
@@ -457,6 +530,8 @@ class AdmissionService:
         pool: str = "",
         *,
         scope: KeyScope | None = None,
+        retry_keys: Sequence[str] = (),
+        attempts: Sequence[int] = (),
     ) -> BatchResult:
         """Decide a whole batch with one call into the fast path; never waits.
 
@@ -466,18 +541,32 @@ class AdmissionService:
         a repeated field costs ~6x a list index). An empty ``pool`` is
         resolved per entry (``TenantDirectory.pool_for``). ``scope``: as in
         :meth:`admit_or_wait`, per entry (the caller checked the tenant
-        column); an entry outside it fails the whole batch."""
+        column); an entry outside it fails the whole batch. ``retry_keys``
+        and ``attempts``: as :meth:`admit_or_wait`'s, 0 or one per entry
+        (``attempts``: or one for all); only entries with a retry key are
+        judged as retries and remembered for their retries."""
         lane_of = check_batch(
             self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
             prompt_tokens, max_tokens, model, pool,
         )  # fmt: skip
+        n = len(request_ids)
+        keys, tries = check_retries(retry_keys, attempts, n)
         self._tenants.check_pool(pool)
-        return self._decider.decide_batch(
-            tenant_ids if isinstance(tenant_ids, list) else list(tenant_ids),
-            request_ids if isinstance(request_ids, list) else list(request_ids),
+        tenant_ids = tenant_ids if isinstance(tenant_ids, list) else list(tenant_ids)
+        now = self.clock()
+        keyed = any(keys)
+        lanes_of = (lane_of or [""] * n) if keyed else []
+        late = self._deadlines.late_retries(
+            tenant_ids, lanes_of, prompt_tokens, max_tokens, pool, keys, tries, now
+        ) if keyed else None  # fmt: skip
+        result = self._decider.decide_batch(
+            tenant_ids, request_ids if isinstance(request_ids, list) else list(request_ids),
             lane_of, prompt_tokens, max_tokens, model,
-            pool, self.clock(), self._log, self.stats, scope,
+            pool, now, self._log, self.stats, scope, late,
         )  # fmt: skip
+        if keyed:
+            self._deadlines.remember_refused(tenant_ids, lanes_of, keys, result.reason, now)
+        return result
 
     def admit_batch_waiting(
         self,
@@ -491,6 +580,8 @@ class AdmissionService:
         pool: str = "",
         *,
         scope: KeyScope | None = None,
+        retry_keys: Sequence[str] = (),
+        attempts: Sequence[int] = (),
     ) -> list[AdmitDecision | Waiter]:
         """A batch whose entries may wait (AdmitBatch.max_wait_ms): each entry
         goes through :meth:`admit_or_wait` with its own deadline (now + its
@@ -499,13 +590,14 @@ class AdmissionService:
         :meth:`admit_batch`; an entry already waiting for another call, or
         outside ``scope``, fails the batch before anything is decided. A
         returned ``Waiter`` is resolved through its ``on_done`` later (or is
-        already ``done``)."""
+        already ``done``). ``retry_keys``, ``attempts``: as :meth:`admit_batch`."""
         lane_of = check_batch(
             self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
             prompt_tokens, max_tokens, model, pool,
         )  # fmt: skip
         n = len(tenant_ids)
         waits = check_max_wait(max_wait_ms, n)
+        keys, tries = check_retries(retry_keys, attempts, n)
         self._tenants.check_pool(pool)
         lane_of = lane_of or [""] * n
         queued = self._dispatcher.queues.by_key
@@ -523,6 +615,7 @@ class AdmissionService:
             out.append(self.admit_or_wait(
                 tenant_ids[i], request_ids[i], lane_of[i], prompt_tokens[i], max_tokens[i],
                 model, pool, wait=waits[i] > 0, wait_bound_ns=waits[i] * NS_PER_MS, scope=scope,
+                retry_key=keys[i], attempt=tries[i],
             ))  # fmt: skip
         return out
 
@@ -557,6 +650,8 @@ class AdmissionService:
         generated_tokens: int,
         cached_prompt_tokens: int = 0,
         kv_cache_miss_rate: float = 0.0,
+        *,
+        first_token_ns: int = 0,
     ) -> Settlement:
         """Settle a reservation with real usage; refund the unused part.
 
@@ -564,7 +659,10 @@ class AdmissionService:
         settlement with ``duplicate=True`` and changes nothing. This is the
         in-memory settlement alone; the server goes through the metering
         package, which makes the ledger record durable between
-        :meth:`prepare_complete` and :meth:`apply_complete`."""
+        :meth:`prepare_complete` and :meth:`apply_complete`.
+        ``first_token_ns``: when the request's first token came (the
+        service clock; 0 = not measured), which teaches the pool gate how
+        soon a released request gets its first token (service/pace.py)."""
         prepared = self.prepare_complete(
             tenant_id, request_id, reservation_id, prompt_tokens, generated_tokens,
             cached_prompt_tokens, kv_cache_miss_rate,
@@ -572,7 +670,9 @@ class AdmissionService:
         if isinstance(prepared, Settlement):
             return prepared
         actual = prompt_tokens + generated_tokens
-        return self.apply_complete((tenant_id, request_id), prepared, actual)
+        return self.apply_complete(
+            (tenant_id, request_id), prepared, actual, first_token_ns=first_token_ns
+        )
 
     @property
     def offline(self) -> Booking:
@@ -602,11 +702,19 @@ class AdmissionService:
             cached_prompt_tokens, kv_cache_miss_rate,
         )  # fmt: skip
 
-    def apply_complete(self, key: Key, rec: Record, actual: int) -> Settlement:
+    def apply_complete(
+        self, key: Key, rec: Record, actual: int, *, first_token_ns: int = 0
+    ) -> Settlement:
         """Settle the record :meth:`prepare_complete` returned: refund the
         unused reservation, free the slot. If the reservation expired in the
-        meantime (it was released without a refund) only the answer is built."""
+        meantime (it was released without a refund) only the answer is built.
+        ``first_token_ns``: as in :meth:`complete`."""
         now = self.clock()
+        if first_token_ns and rec[R.POOL] and self._gate.enabled:
+            released = rec[R.DECIDED_NS]
+            if released < first_token_ns <= now:  # a time it could have been
+                prompt = rec[R.RESERVED] - rec[R.GRANTED]  # what it was admitted with
+                self._gate.observe_ttft(rec[R.POOL], prompt, first_token_ns - released)
         settlement, ended = self._settler.apply(key, rec, actual, now)
         self.stats.count_settled(rec, actual)
         if ended is not None:

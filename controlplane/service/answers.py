@@ -42,6 +42,8 @@ NOT_RETRYABLE = frozenset({Reason.MAX_TOKENS, Reason.UNKNOWN_TENANT, Reason.TENA
 
 
 def retryable(reason: int) -> bool:
+    """Whether a refusal for ``reason`` may pass when retried; a record
+    flagged late (records.LATE_BIT) is not, whatever its reason."""
     return reason != _OK and reason not in NOT_RETRYABLE
 
 
@@ -114,7 +116,7 @@ class Outcomes:
                 rec[R.SCORE_PPM] / PPM,
                 freshness,
                 "" if freshness == FRESH else policy.stale_policy,
-                bool(rec[R.SHED]),
+                bool(rec[R.SHED] & R.SHED_BIT),
             ),
-            retryable=retryable(reason),
+            retryable=retryable(reason) and not rec[R.SHED] & R.LATE_BIT,
         )

@@ -27,9 +27,10 @@ import numpy.typing as npt
 
 from controlplane.domain import Decision, Degradation, Pressure
 from controlplane.domain.scope import KeyScope
-from controlplane.domain.units import NS_PER_MS, PPM
+from controlplane.domain.units import MTOK_PER_TOKEN, NS_PER_MS, PPM
 from controlplane.service import records as R
 from controlplane.service.answers import NOT_RETRYABLE, BatchResult
+from controlplane.service.deadlines import Deadlines
 from controlplane.service.gate import PoolGate
 from controlplane.service.keyscope import check_scope
 from controlplane.service.pools import FRESH, UNKNOWN
@@ -44,6 +45,7 @@ from controlplane.service.shares import SHARED_REASONS, explain, remaining_offse
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
+from fastpath.codes import MAX_REQUEST_TOKENS
 
 _OK = int(Reason.OK)
 _ADMIT = int(Decision.ADMIT)
@@ -52,6 +54,11 @@ _BACKPRESSURE = int(Reason.BACKPRESSURE)
 # reason -> whether retrying may cure it (answers' ``retryable`` column)
 _RETRYABLE = np.array([r != _OK and r not in NOT_RETRYABLE for r in range(max(Reason) + 1)])
 _CONCURRENCY = int(Reason.CONCURRENCY)
+_TOKEN_RATE = int(Reason.TOKEN_RATE)
+_MAX_TOKENS = int(Reason.MAX_TOKENS)
+# What a fail-open lane's request may borrow past (Decider._borrows).
+_BORROWABLE = frozenset({_TOKEN_RATE, _MAX_TOKENS})
+_BORROWABLE_A = np.array(sorted(_BORROWABLE), dtype=np.int64)
 _OPEN_RESERVATIONS = int(Reason.OPEN_RESERVATIONS)
 _SHARED = np.array(sorted(SHARED_REASONS), dtype=np.int64)
 # reason -> the answer's decision enum
@@ -121,7 +128,9 @@ class Decider:
         gate: PoolGate,
         pricing: Pricing,
         concurrency_retry_ns: int,
+        deadlines: Deadlines,
     ) -> None:
+        self._deadlines = deadlines
         self._table = table
         self._tenants = tenants
         self._pressure = pressure
@@ -159,7 +168,9 @@ class Decider:
         shadow = self._tenants.shadow(entry)
         if v.reason and not shadow:
             return self.pressure_refusal(v, lane, slot, now, arrived)
-        if not shadow and not self._gate.has_room(pool, now):
+        if not shadow and not self._gate.has_room(
+            pool, now, prompt, self._tenants.lanes[lane].fail_open
+        ):
             return self.gate_refusal(v, lane, slot, pool, now, arrived)
         if shadow:
             reason, reserved, retry, bucket, hour, day = self._table.charge(
@@ -169,6 +180,10 @@ class Decider:
             reason, reserved, retry, bucket, hour, day = self._table.admit(
                 slot, now, prompt, max_tokens
             )
+            if reason in _BORROWABLE and self._borrows(lane, slot, now, prompt, max_tokens, reason):
+                reason, reserved, retry, bucket, hour, day = self._borrow(
+                    slot, now, prompt, max_tokens
+                )
             if self._tenants.shares is not None:
                 if reason in SHARED_REASONS:
                     reason, retry = self._explain(entry, reason, retry, prompt, max_tokens)
@@ -180,6 +195,61 @@ class Decider:
         if rec[R.STATE] == R.OPEN:
             self._next_reservation += 1
         return rec
+
+    def _borrows(
+        self, lane: str, slot: int, now: int, prompt: int, max_tokens: int, reason: int
+    ) -> bool:
+        """Premium is protected by priority, not by refusal: a fail-open
+        lane's request its tenant's bucket refuses while the pool has room
+        (the gate let it this far) borrows from the bucket instead.
+
+        - TOKEN_RATE: when the debt stays within one burst, so the tenant's
+          rate still bounds it over time (the next requests wait for the
+          refill that repays it);
+        - MAX_TOKENS for a request larger than twice the burst, the largest
+          the bucket takes, and nothing else (not a per-request cap, a
+          quota, the watermark or the absolute ceiling): when the bucket is
+          full, which it then leaves one burst into debt.
+
+        Not past the global watermark, the tenant's concurrency or its
+        quotas, which a forced charge does not check."""
+        if not self._tenants.lanes[lane].fail_open:
+            return False
+        cfg = self._tenants.by_slot[slot].config
+        per = cfg.max_tokens_per_request or 0
+        cost = prompt + (min(max_tokens, per) if per else max_tokens)
+        burst = cfg.burst_tokens * MTOK_PER_TOKEN
+        level = self._table.level_mtok(slot, now)
+        if reason == _TOKEN_RATE:
+            if level - cost * MTOK_PER_TOKEN < -burst:
+                return False
+        elif reason == _MAX_TOKENS:
+            if (per and prompt > per) or cost > MAX_REQUEST_TOKENS or level < burst:
+                return False
+            if cost * MTOK_PER_TOKEN <= 2 * burst:
+                return False  # within the bucket's size: another limit refused it
+            state = self._table.snapshot(slot)
+            for quota, used in ((cfg.hourly_quota, state["hour_used"]),
+                                (cfg.daily_quota, state["day_used"])):  # fmt: skip
+                if quota and used + cost > quota:
+                    return False
+            if cfg.max_concurrency and state["inflight"] >= cfg.max_concurrency:
+                return False
+        else:
+            return False
+        limit = self._tenants.policy.global_inflight_tokens
+        return not limit or self._table.total_inflight_tokens() + cost <= limit
+
+    def _borrow(self, slot: int, now: int, prompt: int, max_tokens: int) -> tuple[int, ...]:
+        """Charge a request the bucket refused (``_borrows``): the cost is
+        reserved whatever the level (floored at one burst of debt); refused
+        only by the cap on open reservations, which charges nothing."""
+        reason, reserved, _, bucket, hour, day = self._table.charge(
+            slot, now, prompt, max_tokens
+        )
+        if reason == _OPEN_RESERVATIONS:
+            return reason, 0, 0, bucket, hour, day
+        return _OK, reserved, 0, bucket, hour, day
 
     def _explain(
         self, entry: Tenant, reason: int, retry: int, prompt: int, max_tokens: int
@@ -300,7 +370,7 @@ class Decider:
             reason = _OK
         if reason == _OK:
             if release and self._gate.enabled:
-                self._gate.released(pool, now, prompt)
+                self._gate.released(pool, now, prompt, self._tenants.lanes[lane].fail_open)
             if price is None:
                 price = self.pricing.quote(pool, model, now)
             return R.admitted(
@@ -331,6 +401,7 @@ class Decider:
         log: RequestLog,
         stats: AdmissionStats,
         scope: KeyScope | None = None,
+        late_retries: dict[int, int] | None = None,
     ) -> BatchResult:
         """Decide a validated batch with one call into the fast path; store
         and count the fresh decisions. ``lanes`` has one entry per request
@@ -339,7 +410,9 @@ class Decider:
         (``TenantDirectory.pool_for``). Repeated keys answer their earlier
         decision. ``scope``: a scoped sidecar key's; an entry it does not
         cover (``keyscope.check_scope``) fails the batch before anything is
-        decided.
+        decided. ``late_retries``: entry -> retry_after of retries that can
+        no longer meet their first attempt's deadline (deadlines.py),
+        refused BACKPRESSURE, flagged late, before anything is charged.
 
         Columns throughout, with as few numpy calls as possible (each costs
         about a microsecond whatever its length): what differs per tenant
@@ -381,6 +454,10 @@ class Decider:
         replayed = log.replay_rows(tkeys, tenant_ids, request_ids, now)
         slots = per[:, _T_SLOT]
         early = per[:, _T_EARLY]
+        if late_retries:
+            gone = list(late_retries)
+            early = early.copy()
+            early[gone] = np.where(early[gone] == _OK, _BACKPRESSURE, early[gone])
         shadow = per[:, _T_SHADOW].astype(bool)
         any_shadow = bool(tmat[:, _T_SHADOW].any())
         prompt = np.array(prompt_tokens, dtype=np.int64)
@@ -407,6 +484,7 @@ class Decider:
                     c = combos[j, ln] = pair_of(t_entry[j], ln or t_lane[j])
                 pair_l.append(c)
             pair = np.array(pair_l, dtype=np.intp)
+        asked = pair.copy()  # the lanes asked for, before placement: their SLOs apply
         if (prompt + maxt > per[:, _T_LONG]).any():
             pair_keys = list(pair_ix)
             for i in np.flatnonzero(prompt + maxt > per[:, _T_LONG]).tolist():
@@ -510,7 +588,8 @@ class Decider:
                     gated = gated[np.argsort(1 - fail_open, kind="stable")]
                 for k in dict.fromkeys(pool_ix[gated].tolist()):
                     mine = gated if len(pools) == 1 else gated[pool_ix[gated] == k]
-                    fits = self._gate.plan(pools[k], now, prompt[mine].tolist())
+                    first = pv[mine, _P_FAIL_OPEN].astype(bool).tolist()
+                    fits = self._gate.plan(pools[k], now, prompt[mine].tolist(), first)
                     if not all(fits):
                         refused = mine[~np.array(fits, dtype=bool)]
                         if gate_refused is None:
@@ -530,6 +609,17 @@ class Decider:
             out_retry, out_bucket, out_hour, out_day,
             shadow=per[:, _T_SHADOW] if any_shadow else None,
         )  # fmt: skip
+        # Premium borrows what its bucket refuses while the pool has room
+        # (_borrows): the entries the gate let through, one by one (rare).
+        borrowers = to_fast & np.isin(out_reason, _BORROWABLE_A) & (pv[:, _P_FAIL_OPEN] != 0)
+        if any_shadow:
+            borrowers &= ~shadow
+        for i in np.flatnonzero(borrowers).tolist():
+            slot = int(slots[i])
+            lane = pair_keys[pair[i]][0]
+            if self._borrows(lane, slot, now, int(prompt[i]), int(maxt[i]), int(out_reason[i])):
+                (out_reason[i], out_reserved[i], out_retry[i], out_bucket[i], out_hour[i],
+                 out_day[i]) = self._borrow(slot, now, int(prompt[i]), int(maxt[i]))  # fmt: skip
         if self._tenants.shares is not None:  # refusals under a share (shares.py)
             if any(e is not None and (e.config.hourly_quota or e.config.daily_quota)
                    for e in t_entry):  # fmt: skip
@@ -589,6 +679,16 @@ class Decider:
                 retry[gate_refused] = gate_retry[gate_refused]
                 rows[gate_refused, R.SHED] = 1
             rows[:, R.RETRY_NS] = retry
+            for i, retry_ns in (late_retries or {}).items():
+                if rows[i, R.REASON] == _BACKPRESSURE and is_fresh[i]:
+                    rows[i, R.RETRY_NS] = retry_ns
+                    rows[i, R.SHED] = R.SHED_BIT | R.LATE_BIT
+            # refusals whose retry could not be released in time for their
+            # deadline are late: not retryable (service/deadlines.py)
+            waitable = ok_tenant & ~admitted & _RETRYABLE[reason]
+            if self._gate.enabled and waitable.any():
+                late = self._deadlines.late_columns(pair_keys, asked, pair, waitable, retry, prompt)
+                rows[late, R.SHED] |= R.LATE_BIT
         rows[:, R.BUCKET] = out_bucket
         rows[:, R.HOUR] = out_hour
         rows[:, R.DAY] = out_day
@@ -605,7 +705,8 @@ class Decider:
             adm = np.flatnonzero(admitted)
             for k in dict.fromkeys(pool_ix[adm].tolist()):
                 mine = adm if len(pools) == 1 else adm[pool_ix[adm] == k]
-                self._gate.released_many(pools[k], now, prompt[mine].tolist())
+                first = pv[mine, _P_FAIL_OPEN].astype(bool).tolist()
+                self._gate.released_many(pools[k], now, prompt[mine].tolist(), first)
         log.add_rows(tkeys, tenant_ids, request_ids, rows, fresh if replayed else None)
         stats.count_rows(
             rows[is_fresh] if replayed else rows, names.names, len(tenants.by_slot), any_shadow
@@ -648,7 +749,7 @@ class Decider:
             duplicate=(~is_fresh).tolist(),
             shadow_reason=shadow_l,
             degraded=degraded.tolist(),
-            retryable=_RETRYABLE[reason].tolist(),
+            retryable=(_RETRYABLE[reason] & ((rows[:, R.SHED] & R.LATE_BIT) == 0)).tolist(),
             pricing_multiplier=multiplier,
             # Per-tenant fallback models are only in unary answers: one batch
             # mixes tenants, and the instructions here are the pool's.

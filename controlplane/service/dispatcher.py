@@ -22,6 +22,7 @@ from controlplane.domain import AdmitDecision
 from controlplane.domain.units import NS_PER_MS
 from controlplane.service import records as R
 from controlplane.service.answers import Outcomes
+from controlplane.service.deadlines import Deadlines
 from controlplane.service.decider import WAITABLE, Decider
 from controlplane.service.gate import PoolGate
 from controlplane.service.queueing import Waiter, WaitQueues
@@ -44,8 +45,12 @@ class Dispatcher:
         outcomes: Outcomes,
         stats: AdmissionStats,
         gate: PoolGate,
+        queues: WaitQueues,
+        deadlines: Deadlines,
     ) -> None:
-        self.queues = WaitQueues()
+        self.queues = queues
+        # When waiting requests are due, and whether they can still make it.
+        self.deadlines = deadlines
         self._tenants = tenants
         self._gate = gate
         # Lanes served before all others while the pool gate is on (the
@@ -59,6 +64,9 @@ class Dispatcher:
         self._concurrency_blocked: set[int] = set()
         self._shed_blocked: dict[tuple[int, int], str] = {}  # (lane, slot) -> pool
         self._watermark_blocked = False
+        # Pools whose gate has held back a waiter since their backlog last
+        # emptied: releases to them are the engines' pace (service/pace.py).
+        self._gated_pools: set[str] = set()
         self._now = 0
 
     # ---------------------------------------------------------------- events
@@ -74,6 +82,7 @@ class Dispatcher:
         self._concurrency_blocked.clear()
         self._shed_blocked.clear()
         self._watermark_blocked = False
+        self.deadlines.configured()
 
     def slot_freed(self, slot: int) -> None:
         """A reservation of ``slot`` ended: its concurrency and the shared
@@ -106,21 +115,18 @@ class Dispatcher:
 
     def max_wait_ns(
         self, entry: Tenant, lane: str, now: int, deadline_ns: int | None,
-        bound_ns: int | None = None,
+        bound_ns: int | None = None, release_by: int = 0,
     ) -> int:  # fmt: skip
-        """How long a request may wait: the lane's wait target, the tenant's
-        max wait, the caller's own deadline (less a margin) and its own bound
-        on the wait (``bound_ns``, no margin: AdmitBatch.max_wait_ms),
-        whichever is earliest."""
-        wait = self._tenants.lanes[lane].wait_target_ms * NS_PER_MS
-        if self._gate.enabled:
-            # held by the gate, a request may wait as long as its lane's SLO
-            # allows; the wait target stays the target for ordering and alerts
-            policy = self._tenants.policy
-            slo_ms = policy.lane_ttft_slo_ms.get(lane)
-            if slo_ms is not None:
-                release_by = int(slo_ms * (1 - policy.gate_release_headroom))
-                wait = max(wait, release_by * NS_PER_MS)
+        """How long a request may wait: until its latest release that can
+        still meet its deadline (``release_by``, with the pool gate; else the
+        lane's wait target), the tenant's max wait, the caller's own
+        deadline (less a margin) and its own bound on the wait
+        (``bound_ns``, no margin: AdmitBatch.max_wait_ms), whichever is
+        earliest."""
+        if release_by:
+            wait = release_by - now
+        else:
+            wait = self._tenants.lanes[lane].wait_target_ms * NS_PER_MS
         if entry.config.max_wait_ms is not None:
             wait = min(wait, entry.config.max_wait_ms * NS_PER_MS)
         if deadline_ns is not None:
@@ -143,6 +149,9 @@ class Dispatcher:
         now: int,
         deadline: int,
         first_try: Record | None = None,
+        due: int = 0,
+        slo: int = 0,
+        retry_key: str = "",
     ) -> AdmitDecision | Waiter:
         """Queue a request until ``deadline`` (or answer at once when the
         queues are full), then dispatch; ``first_try`` is the refusal it just
@@ -171,13 +180,21 @@ class Dispatcher:
                 rec = self._decider.decide(entry, lane, prompt, max_tokens, model, pool, now, now)
                 if rec[R.STATE] == R.OPEN:
                     self.admitted(lane, entry.slot, rec[R.RESERVED])
-                if rec[R.STATE] == R.OPEN or not self.waitable(rec):
+                if rec[R.STATE] == R.OPEN:
                     return self._outcomes.record(key, rec)
+                if not self.waitable(rec):
+                    return self._refused(key, rec, entry.slot, pool, prompt, now, due, slo,
+                                         retry_key)  # fmt: skip
             retry = lane_cfg.wait_target_ms * NS_PER_MS
             rec = R.refused(Reason.QUEUE_FULL, retry, lane, entry.slot, now, now)
-            return self._outcomes.record(key, rec)
+            return self._refused(key, rec, entry.slot, pool, prompt, now, due, slo, retry_key)
         w = Waiter(key, entry.slot, lane, lane_idx, prompt, max_tokens, model, pool, now, deadline,
                    q.next_seq())  # fmt: skip
+        w.due_ns, w.slo_ns, w.retry_key = due, slo, retry_key
+        # its wait ends before its latest release for its deadline: bounded
+        # by the tenant's max wait or the caller (deadline, max_wait_ms)
+        w.bounded = not due or deadline < self.deadlines.release_by_ns(due, slo, pool, prompt)
+        w.order = self._order(w, max_tokens)
         q.add(w)
         try:
             if first_try is not None:
@@ -193,14 +210,45 @@ class Dispatcher:
             return w.result
         return w
 
+    def _emptied(self, pool: str) -> None:
+        """Nothing waits for ``pool`` any more: its pace's stretch ends."""
+        self._gated_pools.discard(pool)
+        self._gate.idle(pool)
+
+    def _refused(
+        self, key: Key, rec: Record, slot: int, pool: str, prompt: int, now: int, due: int,
+        slo: int, retry_key: str,
+    ) -> AdmitDecision:  # fmt: skip
+        """Answer a refusal of a request that never waited: remembered for
+        its retries and flagged late when a retry could not make its
+        deadline (service/deadlines.py)."""
+        if due:
+            self.deadlines.retries.refused(slot, retry_key, due - slo, now)
+            rec = self.deadlines.late_if_past(rec, due, slo, pool, prompt, now)
+        return self._outcomes.record(key, rec)
+
     @staticmethod
     def waitable(rec: Record) -> bool:
         """A refusal that waiting can cure (a shed request, not one above the
         hard backpressure threshold)."""
         reason = rec[R.REASON]
+        if rec[R.SHED] & R.LATE_BIT:
+            return False  # it can no longer meet its deadline: waiting cannot help
         if reason == Reason.BACKPRESSURE:
-            return bool(rec[R.SHED])
+            return bool(rec[R.SHED] & R.SHED_BIT)
         return reason in WAITABLE
+
+    @staticmethod
+    def _order(w: Waiter, max_tokens: int) -> int:
+        """Where a waiter goes in its tenant's queue: cheapest first, by its
+        prompt and output tokens (what it costs the engines), ties in
+        arrival order. Measured against FIFO, FIFO with aging and newest
+        first, on the shared trace and the synthetic ones, cheapest first
+        met the most SLOs in every lane (docs/gate.md). Nothing starves
+        unseen: a request that waits until it can no longer meet its
+        deadline is refused then (flagged late), and without a deadline its
+        wait is bounded by its lane's wait target."""
+        return w.prompt + max_tokens
 
     def remove(self, w: Waiter) -> None:
         """The caller went away: leave the queue (nothing is remembered)."""
@@ -221,6 +269,7 @@ class Dispatcher:
             self._watermark_blocked = True
         elif reason == Reason.BACKPRESSURE:
             self._shed_blocked[(w.lane_idx, w.slot)] = w.pool
+            self._gated_pools.add(w.pool)
 
     def _eligible(self, w: Waiter) -> bool:
         slot = w.slot
@@ -243,6 +292,12 @@ class Dispatcher:
 
     def _resolve(self, w: Waiter, rec: Record) -> None:
         self.queues.remove(w)
+        if w.pool not in self.queues.pool_waiting:
+            self._emptied(w.pool)
+        if w.due_ns and rec[R.STATE] != R.OPEN:
+            decided = rec[R.DECIDED_NS]
+            self.deadlines.retries.refused(w.slot, w.retry_key, w.due_ns - w.slo_ns, decided)
+            rec = self.deadlines.late_if_past(rec, w.due_ns, w.slo_ns, w.pool, w.prompt, decided)
         self._stats.observe_wait(w.lane, rec[R.DECIDED_NS] - w.arrived_ns)
         w.result = self._outcomes.record(w.key, rec)
         if w.on_done is not None:
@@ -269,6 +324,9 @@ class Dispatcher:
             )
             if rec[R.STATE] == R.OPEN:
                 self.admitted(w.lane, w.slot, rec[R.RESERVED])
+                if w.pool in self._gated_pools:
+                    # the pool held its backlog back: its releases are its pace
+                    self._gate.paced(w.pool, now, w.prompt)
                 self._resolve(w, rec)
             elif not self.waitable(rec) or (
                 rec[R.REASON] == Reason.TOKEN_RATE and now + rec[R.RETRY_NS] > w.deadline_ns
@@ -281,21 +339,49 @@ class Dispatcher:
                     # request is not starved by smaller ones slipping past.
                     return
 
+    def _still_due(self, w: Waiter) -> int:
+        """A waiter whose wait ended at its latest release for its deadline,
+        as predicted when it was queued, may wait on when the pool's pace
+        now predicts a later one (and nothing else bounds its wait)."""
+        if not w.due_ns or w.bounded:
+            return 0
+        return self.deadlines.release_by_ns(w.due_ns, w.slo_ns, w.pool, w.prompt)
+
     def expire(self, now: int) -> None:
-        """Answer waiters whose deadline passed with QUEUE_TIMEOUT."""
-        for w in self.queues.expired(now):
+        """Answer waiters whose wait ended with QUEUE_TIMEOUT: flagged late
+        (not retryable) when it ended at their latest release for their
+        deadline; ``retry_after`` when what held them may let a request
+        like them through (a fresh one, for a late refusal)."""
+        deadlines = self.deadlines
+        for w in self.queues.expired(now, self._still_due):
+            if w.pool not in self.queues.pool_waiting:
+                self._emptied(w.pool)
+            late = bool(w.due_ns) and (
+                not w.bounded
+                or now >= deadlines.release_by_ns(w.due_ns, w.slo_ns, w.pool, w.prompt)
+            )
+            if w.due_ns:  # a retry of it is judged against the same deadline
+                deadlines.retries.refused(w.slot, w.retry_key, w.due_ns - w.slo_ns, now)
             blocked = self._blocked_until.get(w.slot, 0) - now
-            if blocked > 0:  # its bucket refills then
-                retry = blocked
-            elif (w.lane_idx, w.slot) in self._shed_blocked and self._gate.enabled:
-                retry = self._gate.retry_ns(w.pool, now)  # when its pool takes more
+            held = (w.lane_idx, w.slot) in self._shed_blocked and self._gate.enabled
+            if late and held:  # when the pool takes a fresh request like it in time
+                rec = deadlines.late_refusal(
+                    Reason.QUEUE_TIMEOUT, w.lane, w.slot, w.pool, w.prompt, w.slo_ns, now,
+                    w.arrived_ns,
+                )  # fmt: skip
             else:
-                retry = self._tenants.lanes[w.lane].wait_target_ms * NS_PER_MS
-            # the answer reports the pool as it is now (it may have reported
-            # while the request waited), like any other decision
-            v = self._decider.verdict(w.lane, w.pool, now)
-            rec = R.refused(Reason.QUEUE_TIMEOUT, retry, w.lane, w.slot, now, w.arrived_ns,
-                            score_ppm=v.score_ppm, freshness=v.freshness)  # fmt: skip
+                if blocked > 0:  # its bucket refills then
+                    retry = blocked
+                elif held:
+                    retry = self._gate.retry_ns(w.pool, now)  # when its pool takes more
+                else:
+                    retry = self._tenants.lanes[w.lane].wait_target_ms * NS_PER_MS
+                # the answer reports the pool as it is now (it may have
+                # reported while the request waited), like any other decision
+                v = self._decider.verdict(w.lane, w.pool, now)
+                rec = R.refused(Reason.QUEUE_TIMEOUT, retry, w.lane, w.slot, now, w.arrived_ns,
+                                score_ppm=v.score_ppm, freshness=v.freshness,
+                                shed=R.LATE_BIT if late else 0)  # fmt: skip
             self._stats.observe_wait(w.lane, now - w.arrived_ns)
             w.done = True
             w.result = self._outcomes.record(w.key, rec)

@@ -20,6 +20,9 @@ from controlplane.domain.validate import (
 from controlplane.service.records import Key
 from controlplane.service.tenants import TenantDirectory
 
+# A client that retries this often is looping: refused as bad input.
+MAX_ATTEMPT = 1_000
+
 
 def check_admit(
     tenant_id: str,
@@ -128,3 +131,34 @@ def check_max_wait(max_wait_ms: Sequence[int], n: int) -> list[int]:
     if len(max_wait_ms) == n:
         return list(max_wait_ms)
     return [max_wait_ms[0] if max_wait_ms else 0] * n
+
+
+def check_retry(retry_key: str, attempt: int, index: str = "") -> None:
+    """AdmitRequest.retry_key (empty, or an id) and attempt
+    (0..MAX_ATTEMPT); ``index`` names a batch entry ("[i]")."""
+    if retry_key:
+        check_id(f"retry_key{index}", retry_key)
+    if not 0 <= attempt <= MAX_ATTEMPT:
+        raise InvalidArgument(
+            f"attempt{index}", f"must be between 0 and {MAX_ATTEMPT}, got {attempt}"
+        )
+
+
+def check_retries(
+    retry_keys: Sequence[str], attempts: Sequence[int], n: int
+) -> tuple[list[str], list[int]]:
+    """AdmitBatch.retry_key (0 or ``n`` entries, each empty or an id) and
+    attempt (0, 1 or ``n`` entries, each 0..MAX_ATTEMPT); returns one of
+    each per request."""
+    if len(retry_keys) not in (0, n):
+        raise InvalidArgument("retry_key", f"must have 0 or {n} entries, got {len(retry_keys)}")
+    if len(attempts) not in (0, 1, n):
+        raise InvalidArgument("attempt", f"must have 0, 1 or {n} entries, got {len(attempts)}")
+    for i, key in enumerate(retry_keys):
+        check_retry(key, 0, f"[{i}]")
+    for i, attempt in enumerate(attempts):
+        check_retry("", attempt, f"[{i}]")
+    keys = list(retry_keys) if retry_keys else [""] * n
+    if len(attempts) == n:
+        return keys, list(attempts)
+    return keys, [attempts[0] if attempts else 0] * n

@@ -5,19 +5,23 @@ where no lane or fairness rule can reach it. With ``Policy.pool_gate`` on,
 burstgate holds the backlog itself instead and releases work only while the
 pool is below its saturation point:
 
-- **with fresh load reports**, a request may go when either
+- **with fresh load reports**, a request may go when
   - it will start at the engines' next step: an engine that reports no
-    waiting request, its running requests and ``max_num_seqs`` has free
-    sequence slots, and the prompts released into them since the reports
-    fit the step's token budget (``max_batch_tokens`` less one token per
-    running decode): vLLM only starts what its chunked-prefill budget
-    allows, so free slots alone would let a burst of long prompts queue; or
+    waiting request, its running requests and ``max_num_seqs`` has a free
+    sequence slot, and the prompts released into it since the reports have
+    not used up the step's prefill budget (``max_batch_tokens`` less what
+    the last step carried: ``batch_tokens``, or one token per running
+    decode; and at most ``_step_tokens`` of it, the bound premium's SLO
+    sets on slow engines): vLLM starts a request with a partial chunk when
+    less is left than its prompt; or, for a fail-open lane (premium) only,
   - it will wait, but the engines' waiting requests (as last reported) plus
     the releases that will wait since the reports stay below
     ``gate_waiting_per_engine`` x the reporting engines;
-  and no engine's KV cache is at or above ``gate_kv_usage_threshold``.
+  and no engine's KV cache is at or above ``gate_kv_usage_threshold``. So
+  the engines' queues hold nothing premium waits behind (docs/gate.md).
   Counting its own releases between reports is what keeps a burst inside one
-  report interval from overrunning the pool;
+  report interval from overrunning the pool. An engine that reports no
+  running count lets every lane go by the waiting target;
 - **without** (no engine reported, or every report is stale): at most
   ``gate_fallback_inflight`` requests released and not completed — a
   conservative concurrency, never "unlimited";
@@ -37,14 +41,20 @@ the gate opens is the dispatcher's business.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from controlplane.domain import LoadSample
 from controlplane.domain.policy import Policy
+from controlplane.domain.units import NS_PER_MS, NS_PER_S
+from controlplane.service.pace import PoolPace
 
 DEFAULT_POOL = "default"  # the pool of an Admit that names none
 
 
+# Weight of each fail-open release in the average premium prompt (about the
+# last 1/weight releases count).
+FIRST_PROMPT_WEIGHT = 0.05
 # Completions remembered per pool to measure its drain rate.
 DRAIN_WINDOW = 64
 # Bounds of a predicted retry_after (ns).
@@ -60,6 +70,10 @@ class _Room:
     slots: int = 0  # free sequence slots of engines with nothing waiting
     tokens: int = 0  # those engines' next-step token budget for new prompts
     waiting: int = 0  # how many more may wait before the target is reached
+    # Some engine reports its running requests and max_num_seqs, so whether
+    # a release starts at the next step can be told; without them every
+    # lane goes by the waiting target alone.
+    steps_known: bool = False
 
 
 @dataclass(slots=True)
@@ -77,6 +91,8 @@ class _PoolState:
     done: deque[int] = field(default_factory=lambda: deque(maxlen=DRAIN_WINDOW))
     report_gap_ns: int = 0  # typical time between two reports of one engine
     held_until: int = 0  # a takeover hold: closed until then or the next report (0 = none)
+    pace: PoolPace = field(default_factory=PoolPace)  # how fast it takes held work
+    first_prompt: float = 0.0  # fail-open lanes' mean prompt (exponential average)
     # The pool's room from its reports, cached until a report arrives, the
     # first fresh one goes stale or the policy changes.
     room: _Room | None = None
@@ -97,12 +113,19 @@ class PoolGate:
         self._per_engine = 2
         self._fallback = 64
         self._kv_threshold = 0.9
+        self._first_slo_ns = 0  # the tightest fail-open lane's TTFT SLO (0 = none)
 
-    def configure(self, policy: Policy) -> None:
+    def configure(self, policy: Policy, first_lanes: Iterable[str] = ()) -> None:
+        """Install the policy; ``first_lanes`` are the fail-open lanes
+        (premium), whose tightest TTFT SLO bounds how much prefill the other
+        lanes may put into one engine step (``_step_tokens``)."""
         self.enabled = policy.pool_gate
         self._per_engine = policy.gate_waiting_per_engine
         self._fallback = policy.gate_fallback_inflight
         self._kv_threshold = policy.gate_kv_usage_threshold
+        slos = [policy.lane_ttft_slo_ms[lane] for lane in first_lanes
+                if policy.lane_ttft_slo_ms.get(lane)]  # fmt: skip
+        self._first_slo_ns = min(slos) * NS_PER_MS if slos else 0
         for state in self._pools.values():
             state.room = None  # the thresholds changed
 
@@ -143,15 +166,26 @@ class PoolGate:
         while waiting and waiting[0] <= oldest:
             waiting.popleft()
 
-    def released(self, pool: str, now: int, prompt: int) -> None:
-        """A request of ``prompt`` tokens was released to ``pool``."""
-        self.released_many(pool, now, [prompt])
+    def released(self, pool: str, now: int, prompt: int, first: bool = False) -> None:
+        """A request of ``prompt`` tokens was released to ``pool``;
+        ``first``: a fail-open lane's."""
+        self.released_many(pool, now, [prompt], first)
 
-    def released_many(self, pool: str, now: int, prompts: list[int]) -> None:
+    def released_many(
+        self, pool: str, now: int, prompts: list[int], first: bool | list[bool] = False
+    ) -> None:
         """Requests of these prompt sizes were released to ``pool`` at once
-        (an AdmitStream batch), in this order."""
+        (an AdmitStream batch), in this order; ``first``: whether they are
+        fail-open lanes' (one flag for all, or one each)."""
         state = self._pool(pool)
         state.inflight += len(prompts)
+        if first is True or (isinstance(first, list) and any(first)):
+            flags = [first] * len(prompts) if isinstance(first, bool) else first
+            mean = state.first_prompt
+            for prompt, f in zip(prompts, flags, strict=True):
+                if f:  # premium's typical prompt, for _step_tokens
+                    mean += FIRST_PROMPT_WEIGHT * (prompt - mean)
+            state.first_prompt = mean
         starts = self._classify(state, self._room(state, now), prompts)
         if starts is None:  # the usual case: all start at the next step
             state.starting.extend([now] * len(prompts))
@@ -213,20 +247,31 @@ class PoolGate:
             state.inflight -= 1
             state.done.append(now)
 
-    def has_room(self, pool: str, now: int) -> bool:
-        """Whether one more request may be released to ``pool`` now (always,
-        with the gate off; its size decides only whether it will start or
-        wait, not whether it may go). Asking creates nothing: only
-        releases and reports make a pool's state."""
+    def has_room(self, pool: str, now: int, prompt: int = 0, first: bool = True) -> bool:
+        """Whether one more request of ``prompt`` tokens may be released to
+        ``pool`` now (always, with the gate off). ``first``: a fail-open
+        lane's (premium), which may wait in an engine's queue up to the
+        target; any other lane's request goes only where it starts at the
+        engines' next step, so the engines' queues hold nothing but premium
+        and premium is never queued behind another lane's work. Asking
+        creates nothing: only releases and reports make a pool's state."""
         if not self.enabled:
             return True
         state = self._pools.get(pool) or _EMPTY
-        return self._fits(state, self._room(state, now))
+        room = self._room(state, now)
+        if first or room.fallback >= 0 or not room.steps_known:
+            return self._fits(state, room)
+        return self._starts(state, room, prompt)
 
-    def plan(self, pool: str, now: int, prompts: list[int]) -> list[bool]:
+    def plan(
+        self, pool: str, now: int, prompts: list[int], first: list[bool] | None = None
+    ) -> list[bool]:
         """Which of ``prompts``, released in this order, the pool would take
         now (all, with the gate off): a batch's share, before the fast path
-        decides. One that does not fit does not stop a later, smaller one."""
+        decides. One that does not fit does not stop a later, smaller one.
+        ``first[i]``: entry i is a fail-open lane's (None = all are), which
+        may wait in the engines' queues; the others take only what starts
+        at the next step (:meth:`has_room`)."""
         if not self.enabled:
             return [True] * len(prompts)
         state = self._pools.get(pool) or _EMPTY
@@ -234,10 +279,16 @@ class PoolGate:
         if room.fallback >= 0:
             left = room.fallback - state.inflight
             return [i < left for i in range(len(prompts))]
-        if len(state.waiting) + len(prompts) <= room.waiting:
+        everyone_first = first is None or all(first) or not room.steps_known
+        if everyone_first and len(state.waiting) + len(prompts) <= room.waiting:
             return [True] * len(prompts)  # room for all, wherever they go
         starts = self._classify(state, room, prompts)
-        return [True] * len(prompts) if starts is None else [c != _NO_ROOM for c in starts]
+        if starts is None:
+            return [True] * len(prompts)
+        if everyone_first:
+            return [c != _NO_ROOM for c in starts]
+        assert first is not None
+        return [c == _START or (c == _WAIT and f) for c, f in zip(starts, first, strict=True)]
 
     def retry_ns(self, pool: str, now: int) -> int:
         """When the pool is predicted to take one more request: the requests
@@ -275,10 +326,35 @@ class PoolGate:
         fresh = [e for e in state.engines.values() if now - e.received_ns <= stale]
         # valid until the first fresh report goes stale (or the next report)
         state.room_until = min((e.received_ns + stale + 1 for e in fresh), default=1 << 62)
-        room = state.room = self._compute(fresh)
+        room = state.room = self._compute(fresh, self._step_tokens(state))
         return room
 
-    def _compute(self, fresh: list[LoadSample]) -> _Room:
+    def _step_tokens(self, state: _PoolState) -> int:
+        """How many prompt tokens other lanes' work may put into one engine
+        step (0 = no bound beyond the engine's own budget), so that premium
+        arriving at any moment gets its first token within its SLO.
+
+        vLLM adds a new request between steps, so premium released while a
+        step runs waits for that step, then shares the next one: about two
+        steps' worth of other lanes' prefill ``X`` ahead of its own prompt
+        ``p``. With the first-token fit ``a + b x tokens`` (service/pace.py:
+        ``b`` an engine's time per prompt token, ``a`` what does not grow
+        with it), premium's TTFT is about ``a + b (2X + p)``, plus up to a
+        report interval before the gate can release it; keeping that within
+        its SLO bounds ``X``. ``p`` is premium's recent mean prompt. Without
+        measured first tokens, or where the bound exceeds the engine's own
+        budget (fast engines, loose SLOs), nothing is bounded."""
+        slo = self._first_slo_ns
+        fit = state.pace.fit()
+        if not slo or fit is None or fit[1] <= 0:
+            return 0
+        a, b = fit
+        left_s = (slo - state.report_gap_ns) / NS_PER_S - a
+        if left_s <= 0:
+            return 1  # nothing fits: one release at a time
+        return max(1, int((left_s / b - state.first_prompt) / 2))
+
+    def _compute(self, fresh: list[LoadSample], step_tokens: int = 0) -> _Room:
         if not fresh:
             return _Room(self._fallback)
         kv_full = self._kv_threshold
@@ -286,15 +362,24 @@ class PoolGate:
             return _CLOSED  # KV cache nearly full: more work now means preemptions
         slots = tokens = 0
         waiting = self._per_engine * len(fresh)
+        known = False
         for e in fresh:
             waiting -= e.queue_depth
             running, seqs = e.requests_running, e.max_num_seqs
+            known = known or (running is not None and bool(seqs))
             if e.queue_depth == 0 and running is not None and seqs and running < seqs:
-                # it starts new requests at its next step, within its token
-                # budget less one token for each running decode
+                # it starts new requests at its next step, within the step's
+                # token budget less what the engine's steps already carry:
+                # one token per running decode, or the last step's tokens
+                # (batch_tokens) when more, i.e. prefill chunks still running
+                # (vLLM schedules running requests first); the budget is at
+                # most step_tokens of prefill beyond the decodes
+                budget = e.max_batch_tokens
+                if step_tokens:
+                    budget = min(budget, running + step_tokens)
                 slots += seqs - running
-                tokens += max(0, e.max_batch_tokens - running)
-        return _Room(-1, slots, tokens, waiting)
+                tokens += max(0, budget - max(running, e.batch_tokens))
+        return _Room(-1, slots, tokens, waiting, known)
 
     @staticmethod
     def _classify(state: _PoolState, room: _Room, prompts: list[int]) -> list[int] | None:
@@ -316,7 +401,9 @@ class PoolGate:
         for prompt in prompts:
             if n_wait >= room.waiting:
                 out.append(_NO_ROOM)
-            elif n_start < room.slots and tokens + prompt <= room.tokens:
+            elif n_start < room.slots and tokens < room.tokens:
+                # vLLM starts it at the next step, with a partial chunk when
+                # the budget left is smaller than its prompt
                 n_start += 1
                 tokens += prompt
                 out.append(_START)
@@ -326,11 +413,61 @@ class PoolGate:
         return out
 
     @staticmethod
+    def _starts(state: _PoolState, room: _Room, prompt: int) -> bool:
+        """One more release of ``prompt`` tokens would start at the engines'
+        next step: a free sequence slot and prefill budget on an engine with
+        nothing waiting, the pool under its waiting target."""
+        return (
+            len(state.waiting) < room.waiting
+            and len(state.starting) < room.slots
+            and state.starting_tokens < room.tokens
+        )
+
+    @staticmethod
     def _fits(state: _PoolState, room: _Room) -> bool:
         if room.fallback >= 0:
             return state.inflight < room.fallback
         # a release that would start needs the pool under its target too
         return len(state.waiting) < room.waiting
+
+    # ------------------------------------------------------------- pace
+
+    def paced(self, pool: str, now: int, prompt: int) -> None:
+        """A request the gate had held was released to ``pool``: the
+        engines' pace (service/pace.py)."""
+        self._pool(pool).pace.paced(now, prompt)
+
+    def idle(self, pool: str) -> None:
+        """Nothing waits for ``pool`` any more."""
+        state = self._pools.get(pool)
+        if state is not None:
+            state.pace.idle()
+
+    def wait_ns(self, pool: str, tokens: int) -> int | None:
+        """Predicted time to release ``tokens`` of held work to ``pool``
+        (None: its pace is not known yet)."""
+        state = self._pools.get(pool)
+        return None if state is None else state.pace.wait_ns(tokens)
+
+    def ttft_ns(self, pool: str, prompt: int) -> int | None:
+        """Predicted time from release to first token of a request of
+        ``prompt`` tokens in ``pool`` (None: no measured first tokens yet,
+        service/pace.py)."""
+        state = self._pools.get(pool)
+        return None if state is None else state.pace.ttft_ns(prompt)
+
+    def ttft_fit(self, pool: str) -> tuple[float, float] | None:
+        """The pool's first-token fit (seconds, seconds per prompt token),
+        service/pace.py; None without enough measured first tokens."""
+        state = self._pools.get(pool)
+        return None if state is None else state.pace.fit()
+
+    def observe_ttft(self, pool: str, prompt: int, measured_ns: int) -> None:
+        """A request released to ``pool`` got its first token
+        ``measured_ns`` after its release."""
+        state = self._pools.get(pool)
+        if state is not None:
+            state.pace.observe_ttft(prompt, measured_ns)
 
     def inflight(self, pool: str) -> int:
         state = self._pools.get(pool)

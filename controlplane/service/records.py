@@ -52,8 +52,15 @@ SHADOW_REASON = 19  # shadow mode: the reason it would have been refused for (0 
 DEGRADED_CAP = 20  # max_tokens cap when admitted under degradation (0 = not degraded)
 SCORE_PPM = 21  # the pool's backpressure score at decision time
 FRESHNESS = 22  # the pool view's freshness (pools.FRESH / STALE / UNKNOWN)
-SHED = 23  # 1 when the lane was held back by backpressure
+SHED = 23  # flags: SHED_BIT, LATE_BIT
 FIELDS = 24
+
+# SHED's flags. The lane was held back by backpressure (the pool gate or the
+# score); late: the request can no longer meet its deadline (first arrival +
+# its lane's TTFT SLO), so a retry of it cannot either (answered retryable
+# false; retry_after then says when a fresh request of the lane could).
+SHED_BIT = 1
+LATE_BIT = 2
 
 # States.
 OPEN = 0  # admitted, reservation not settled yet

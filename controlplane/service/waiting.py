@@ -35,12 +35,14 @@ class WaitingRoom:
         *,
         timeout_s: float | None,
         scope: KeyScope | None = None,
+        retry_key: str = "",
+        attempt: int = 0,
     ) -> AdmitDecision:
         svc = self.service
         deadline = None if timeout_s is None else svc.clock() + int(timeout_s * NS_PER_S)
         out = svc.admit_or_wait(
             tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
-            deadline_ns=deadline, scope=scope,
+            deadline_ns=deadline, scope=scope, retry_key=retry_key, attempt=attempt,
         )  # fmt: skip
         if isinstance(out, AdmitDecision):
             self.reschedule()

@@ -80,11 +80,13 @@ class Admitter(Protocol):
     async def admit(
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, max_tokens: int,
         lane: str = "", model: str = "", pool: str = "", deadline_s: float | None = None,
+        retry_key: str = "", attempt: int = 0,
     ) -> AdmissionLike: ...  # fmt: skip
 
     async def complete(
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, generated_tokens: int,
         cached_prompt_tokens: int = 0, exec_start_unix_ns: int = 0, exec_end_unix_ns: int = 0,
+        first_token_unix_ns: int = 0,
     ) -> CompletionLike: ...  # fmt: skip
 
     async def report_load(self, report: pb.LoadReport) -> pb.LoadReportAck | None: ...

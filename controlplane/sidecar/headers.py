@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -53,6 +54,30 @@ def request_id(given: str | None) -> tuple[str, str | None]:
             f"header {REQUEST_ID}: expected 1..{MAX_REQUEST_ID} printable characters"
         )
     return given, None
+
+
+# Retries (docs/gate.md, "Retries"): the client's own key for a request, and
+# how many times it has retried it (the official openai clients send it).
+IDEMPOTENCY_KEY = "idempotency-key"
+RETRY_COUNT = "x-stainless-retry-count"
+MAX_ATTEMPT = 1_000  # as AdmitRequest.attempt
+
+
+def retry_of(headers: Mapping[str, str], tenant: str, body: bytes) -> tuple[str, int]:
+    """(retry key, attempt) of a request: the client's ``Idempotency-Key``
+    when it sends a usable one, else a digest of the tenant and the body (a
+    retry sends the same body again); the attempt from
+    ``x-stainless-retry-count`` (0 when absent or not a count). The plane
+    judges only retries (attempt > 0) by their key, so two first attempts
+    with the same body are two requests."""
+    given = headers.get(IDEMPOTENCY_KEY, "")
+    if 0 < len(given) <= MAX_REQUEST_ID and given.isprintable():
+        key = given
+    else:
+        key = "b:" + hashlib.blake2b(tenant.encode() + b"\0" + body, digest_size=16).hexdigest()
+    raw = headers.get(RETRY_COUNT, "")
+    attempt = int(raw) if raw.isdigit() and len(raw) <= 4 else 0
+    return key, min(attempt, MAX_ATTEMPT)
 
 
 def upstream_headers(

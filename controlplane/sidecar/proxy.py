@@ -59,6 +59,7 @@ class Ticket:
     request_id: str
     prompt_estimate: int
     exec_start_ns: int = 0
+    first_token_ns: int = 0  # streamed: when the first generated text came (0 = unknown)
     settled: bool = False
 
 
@@ -116,18 +117,21 @@ class Proxy:
             return json_error(401, "No tenant: send an API key the sidecar knows (Authorization: "
                               "Bearer ...) or a tenant header.", "invalid_request_error",
                               "invalid_api_key", headers=ours)  # fmt: skip
+        raw = await request.read()
         try:
-            req = parse(await request.read(), chat=chat)
+            req = parse(raw, chat=chat)
         except BadRequest as exc:
             return self._bad(str(exc), exc.param, ours)
         lane = self._lane(request, tenant)
         prompt = self.counter.prompt_tokens(req.body, chat)
+        retry_key, attempt = H.retry_of(request.headers, tenant, raw)
         try:
             a = await self.admitter.admit(
                 tenant, rid, prompt_tokens=prompt,
                 max_tokens=req.admit_max_tokens(self.cfg.default_max_tokens), lane=lane,
                 model=req.model, pool=self.cfg.pool,
                 deadline_s=self.cfg.lane(lane).max_wait_ms / 1000 + ADMIT_CALL_S,
+                retry_key=retry_key, attempt=attempt,
             )  # fmt: skip
         except ValueError as exc:  # the SDK's check of an argument (names it)
             return self._bad(str(exc), None, ours)
@@ -220,6 +224,8 @@ class Proxy:
             await out.prepare(request)
             async for data in resp.content.iter_any():
                 chunk = relay.feed(data)
+                if not ticket.first_token_ns and relay.text_chunks:
+                    ticket.first_token_ns = time.time_ns()  # what the client's TTFT is
                 if chunk:
                     await out.write(chunk)
             if tail := relay.flush():
@@ -258,6 +264,7 @@ class Proxy:
                 ticket.tenant, ticket.request_id, prompt_tokens=prompt,
                 generated_tokens=generated, cached_prompt_tokens=cached,
                 exec_start_unix_ns=ticket.exec_start_ns, exec_end_unix_ns=end,
+                first_token_unix_ns=ticket.first_token_ns,
             )  # fmt: skip
         except Exception:
             self.metrics.settlements.labels("failed").inc()

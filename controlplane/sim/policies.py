@@ -160,12 +160,16 @@ class Burstgate:
         *,
         name: str = "burstgate",
         max_tokens_factor: float = 1.0,
+        retry_keys: bool = True,
+        first_tokens: bool = True,
     ) -> None:
         self.name = name
         self._tenants = tenants
         self._lanes = list(lanes)
         self._policy = policy
         self._max_tokens_factor = max_tokens_factor
+        self._retry_keys = retry_keys  # pass Job.retry_key with each attempt
+        self._first_tokens = first_tokens  # report first-token times with Completes
 
     def start(self, sim: Simulation, pool: Pool) -> None:
         self.sim = sim
@@ -186,8 +190,8 @@ class Burstgate:
     def arrive(self, job: Job) -> None:
         req = job.req
         # A new request id per attempt, as the HTTP sidecar mints one per
-        # HTTP request. job.retry_key (the same on every attempt) is where a
-        # retry key would come from once the admission API takes one.
+        # HTTP request, and the retry key the sidecar derives from the
+        # request (the same on every attempt; service/retries.py).
         rid = job.attempt_id
         self._rid[str(req.key)] = rid
         max_tokens = max(1, int(req.output * self._max_tokens_factor))
@@ -195,7 +199,11 @@ class Burstgate:
         # and no deadline of the client's: the sidecar's own gRPC deadline is
         # its lane's max wait (0.75 x the lane's SLO by default), the same
         # bound the server applies by itself, counted from this attempt.
-        out = self.svc.admit_or_wait(job.tenant, rid, "", req.prompt, max_tokens, "", POOL)
+        out = self.svc.admit_or_wait(
+            job.tenant, rid, "", req.prompt, max_tokens, "", POOL,
+            retry_key=job.retry_key if self._retry_keys else "",
+            attempt=job.attempts - 1 if self._retry_keys else 0,
+        )  # fmt: skip
         if isinstance(out, AdmitDecision):
             self._answer(job, out)
         else:
@@ -203,7 +211,10 @@ class Burstgate:
 
     def completed(self, job: Job) -> None:
         req = job.req
-        self.svc.complete(job.tenant, self._rid.pop(str(req.key)), 0, req.prompt, req.output)
+        # what burstgate's sidecar reports: when the first token came
+        first = req.first_token_ns if self._first_tokens else 0
+        self.svc.complete(job.tenant, self._rid.pop(str(req.key)), 0, req.prompt, req.output,
+                          first_token_ns=first)  # fmt: skip
 
     def report(self, engine: Engine) -> None:
         p = engine.p

@@ -95,6 +95,13 @@ class SimSpec:
     tenants: tuple[TenantSpec, ...] = DEFAULT_TENANTS
     slo_s: dict[str, float] = field(default_factory=dict)
     client: ClientKind = ClientKind.NONE
+    # Retries carry a retry key (what burstgate's sidecar and SDK send), so
+    # the plane judges them against their first attempt's deadline; off:
+    # every attempt looks like a new request to it.
+    retry_keys: bool = True
+    # Completes carry the request's first-token time (what burstgate's
+    # sidecar measures and reports); off: the plane never learns it.
+    first_tokens: bool = True
     burst: Burst | None = None
     seed: int = 0
     limit: int | None = None
@@ -136,7 +143,8 @@ def make_policy(name: str, spec: SimSpec, scaled: list[TraceRequest]) -> Admissi
         lanes = {t.name: t.lane for t in spec.tenants}
         tenants = default_tenant_configs(rates, lanes, spec.rate_factor, spec.burst_s)
         policy = Policy(pool_gate=False) if name == "burstgate-ungated" else None
-        return Burstgate(tenants, policy=policy, name=name)
+        return Burstgate(tenants, policy=policy, name=name, retry_keys=spec.retry_keys,
+                         first_tokens=spec.first_tokens)  # fmt: skip
     known = ", ".join((*BUILTIN_POLICIES, *EXTRA_POLICIES))
     raise ValueError(f"policy: unknown {name!r}; known: {known}")
 

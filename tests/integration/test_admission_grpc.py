@@ -82,15 +82,18 @@ def test_admit_complete_round_trip(served: Any, clock: Any) -> None:
 def test_denial_is_a_reply_with_retry_after_from_the_bucket(served: Any) -> None:
     _, c = served
     assert c.admit("beta", "a", prompt_tokens=1500, max_tokens=0).decision == pb.DECISION_ADMIT
-    # 1,500 short at 1,000 tokens/s: the refill (1.5 s) is longer than a
-    # premium request may wait (0.75 x its 1 s SLO), so it is refused at once
-    d = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0, lane="premium")
+    # 3,000 tokens, more than the 2,000-token burst: it needs a full bucket,
+    # 1,500 short at 1,000 tokens/s. Premium borrows from its bucket only
+    # within one burst of debt (500 - 3,000 is past it), and the refill
+    # (1.5 s) is longer than a premium request may wait (0.75 x its 1 s
+    # SLO), so it is refused at once
+    d = c.admit("beta", "b", prompt_tokens=3000, max_tokens=0, lane="premium")
     assert d.decision == pb.DECISION_REJECT
     assert d.reason == pb.REASON_TOKEN_RATE
     assert d.retry_after_ms == 1500
     assert d.queue_wait_ms == 0
     assert "bucket" in d.message
-    dup = c.admit("beta", "b", prompt_tokens=2000, max_tokens=0, lane="premium")
+    dup = c.admit("beta", "b", prompt_tokens=3000, max_tokens=0, lane="premium")
     assert dup.duplicate and dup.reason == pb.REASON_TOKEN_RATE
     unknown = c.admit("nobody", "x", prompt_tokens=1, max_tokens=1)
     assert unknown.reason == pb.REASON_UNKNOWN_TENANT
@@ -110,13 +113,14 @@ def test_retry_after_ms_is_rounded_up_alike_in_unary_and_batch_answers(
     srv = make_server(migrated_url, clock=clock)
     with AdmissionClient(srv.target) as c:
         assert c.admit("u", "a", prompt_tokens=10, max_tokens=0).decision == pb.DECISION_ADMIT
-        d = c.admit("u", "b", prompt_tokens=1, max_tokens=0, lane="premium")
+        # (the standard lane: premium would borrow from its bucket)
+        d = c.admit("u", "b", prompt_tokens=1, max_tokens=0)
         assert (d.reason, d.retryable) == (pb.REASON_TOKEN_RATE, True)
-        short = srv.on_loop(lambda: srv.plane.service.admit("u", "c", "premium", 1, 0))
+        short = srv.on_loop(lambda: srv.plane.service.admit("u", "c", "", 1, 0))
         assert short.retry_after_ns % 1_000_000 != 0  # the case worth testing
         assert d.retry_after_ms == -(-short.retry_after_ns // 1_000_000) == 334
         (r,) = c.admit_stream(
-            [make_batch(1, ["b", "b"], ["a", "b"], [10, 1], [0, 0], lanes=["premium"])]
+            [make_batch(1, ["b", "b"], ["a", "b"], [10, 1], [0, 0])]
         )
         assert list(r.reason) == [pb.REASON_UNSPECIFIED, pb.REASON_TOKEN_RATE]
         assert list(r.retry_after_ms) == [0, d.retry_after_ms]

@@ -80,14 +80,24 @@ def test_bad_vllm_load_fields_are_refused_and_nothing_is_stored(
 def test_refusals_carry_retryable_over_grpc(
     migrated_url: str, make_server: Callable[..., Any]
 ) -> None:
+    # max_wait_ms 0: refused at once rather than held for the refill
     add_tenants(
-        migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1), burst_tokens=1_000)
-    )
+        migrated_url,
+        TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=1_000,
+                     max_wait_ms=0),
+        TenantConfig(tenant_id="slow", token_rate=Decimal(1), burst_tokens=1_000, max_wait_ms=0),
+    )  # fmt: skip
     srv = make_server(migrated_url)
     with AdmissionClient(srv.target) as c:
         assert not c.admit("acme", "a", prompt_tokens=900, max_tokens=0).retryable  # admitted
-        short = c.admit("acme", "b", prompt_tokens=900, max_tokens=0)
+        short = c.admit("acme", "b", prompt_tokens=900, max_tokens=0)  # refills in 0.8 s
         assert short.reason == pb.REASON_TOKEN_RATE and short.retryable
+        # 800 s of refill: long past the standard lane's 3 s SLO, so a retry
+        # cannot get its first token in time (it is late: docs/gate.md)
+        c.admit("slow", "a", prompt_tokens=900, max_tokens=0)
+        late = c.admit("slow", "b", prompt_tokens=900, max_tokens=0)
+        assert late.reason == pb.REASON_TOKEN_RATE and not late.retryable
+        assert late.retry_after_ms > 700_000  # the exact refill, still
         huge = c.admit("acme", "c", prompt_tokens=5_000, max_tokens=0)
         assert huge.reason == pb.REASON_MAX_TOKENS and not huge.retryable
         unknown = c.admit("nobody", "d", prompt_tokens=1, max_tokens=1)

@@ -65,7 +65,8 @@ def test_refusal_is_litellms_429_with_retry_after(stack: Stack) -> None:
     h = resp.headers
     wait_ms = int(h["retry-after-ms"])
     assert wait_ms > 100_000 and int(h["retry-after"]) == -(-wait_ms // 1000)
-    assert h["x-burstgate-reason"] == "token_rate" and h["x-should-retry"] == "true"
+    # the refill comes long after the lane's SLO: a retry cannot be in time
+    assert h["x-burstgate-reason"] == "token_rate" and h["x-should-retry"] == "false"
     assert h["x-ratelimit-limit-tokens"] == "400"
     assert "tiny" in resp.json()["error"]["message"]
     assert set(stack.rows("tiny-1")) == {"tiny-1"}  # nothing booked for the refused one

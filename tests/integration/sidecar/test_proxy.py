@@ -376,3 +376,43 @@ def test_an_engine_stream_that_breaks_is_settled_with_what_it_carried() -> None:
             await runner.cleanup()
 
     run(main)
+
+
+def test_retries_carry_the_clients_key_or_a_digest_and_their_attempt() -> None:
+    # docs/gate.md, "Retries": the plane judges a retry (x-stainless-retry-count
+    # > 0, as the openai client counts them) against its first attempt's
+    # deadline, under a key that is the same on every attempt
+    async def main() -> None:
+        async with rig() as r:
+            body = {**CHAT, "max_tokens": 2}
+            await r.post("/v1/chat/completions", body, **{"x-stainless-retry-count": "0"})
+            await r.post("/v1/chat/completions", body, **{"x-stainless-retry-count": "2"})
+            await r.post("/v1/chat/completions", {**body, "max_tokens": 3})
+            await r.post("/v1/chat/completions", body, **{"idempotency-key": "mine-1",
+                                                          "x-stainless-retry-count": "x"})
+            first, retry, other, keyed = r.admitter.admits
+            assert first.request_id != retry.request_id  # a new ledger id per HTTP request
+            assert first.kw["retry_key"] == retry.kw["retry_key"] != other.kw["retry_key"]
+            assert first.kw["retry_key"].startswith("b:")  # the digest of tenant and body
+            assert (first.kw["attempt"], retry.kw["attempt"], other.kw["attempt"]) == (0, 2, 0)
+            assert (keyed.kw["retry_key"], keyed.kw["attempt"]) == ("mine-1", 0)  # not a count
+
+    run(main)
+
+
+def test_a_stream_reports_when_its_first_token_came() -> None:
+    async def main() -> None:
+        async with rig(speed=1.0) as r:  # the modelled engine in real time (~6 ms a token)
+            resp = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 40, "stream": True})
+            await resp.read()
+            plain = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 5})
+            await plain.read()
+            streamed, whole = await r.settled(2)
+            start, first, end = (streamed.kw[k] for k in (
+                "exec_start_unix_ns", "first_token_unix_ns", "exec_end_unix_ns"))  # fmt: skip
+            # the first of 40 tokens comes well before the last
+            assert start < first < end and first - start < (end - start) / 4
+            # a whole answer arrives at once: its first token's time is not known
+            assert whole.kw["first_token_unix_ns"] == 0
+
+    run(main)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.domain.policy import Policy
 from controlplane.domain.units import NS_PER_S
 from controlplane.sim.engine import EngineParams, SimRequest
 from controlplane.sim.harness import ClientKind, ClientModel, Job, Runner, estimate_capacity_rps
@@ -69,11 +70,15 @@ def test_openai_does_not_know_its_slo_the_slo_aware_client_does() -> None:
 def test_the_plane_is_told_only_what_a_sidecar_sees(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Admit: tenant, a fresh request id per attempt (<key>.<attempt>),
     lane "" (the tenant's default), prompt tokens, max_tokens, model "",
-    the pool; no deadline or wait bound of the client's."""
+    the pool, the retry key and the attempt (0 first); no deadline or wait bound of the client's.
+    With the pool gate off (no deadlines: its refusals may be retried), so
+    the clients retry and the key is seen on every attempt."""
     trace = synthetic(500)
     params = EngineParams()
     scaled = scale_to_rate(trace, 1.5 * estimate_capacity_rps(trace, params))
-    policy = Burstgate(default_tenant_configs(tenant_rates(scaled), LANES))
+    policy = Burstgate(
+        default_tenant_configs(tenant_rates(scaled), LANES), policy=Policy(pool_gate=False)
+    )
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     started = Burstgate.start
 
@@ -90,11 +95,14 @@ def test_the_plane_is_told_only_what_a_sidecar_sees(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(Burstgate, "start", start)
     res = Runner(scaled, policy, engines=1, params=params, client=OPENAI).run()
     assert len(calls) == sum(j.attempts for j in res.jobs)
-    assert all(kwargs == {} for _, kwargs in calls)  # no deadline_ns, no wait bound
+    # no deadline_ns, no wait bound: only the retry key the sidecar derives
+    # from the request, the same on every attempt
+    assert all(set(kwargs) == {"retry_key", "attempt"} for _, kwargs in calls)
     by_row = {j.retry_key: j for j in res.jobs}
-    for args, _ in calls:
+    for args, kwargs in calls:
         tenant, rid, lane, prompt, max_tokens, model, pool = args
         key, attempt = rid.rsplit(".", 1)
+        assert (kwargs["retry_key"], kwargs["attempt"]) == (key, int(attempt) - 1)
         j = by_row[key]
         assert (tenant, lane, model, pool) == (j.tenant, "", "", POOL)
         assert (prompt, max_tokens) == (j.req.prompt, j.req.output)

@@ -344,6 +344,8 @@ class AdmitRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
+    RETRY_KEY_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """1..128 printable chars"""
     request_id: _builtins.str
@@ -364,6 +366,20 @@ class AdmitRequest(_message.Message):
     INVALID_ARGUMENT naming `pool`; otherwise a pool no engine reports for
     answers with pressure.freshness UNKNOWN.
     """
+    retry_key: _builtins.str
+    """Retries (docs/gate.md, "Deadlines"). With the pool gate on, a request
+    is due at its first arrival plus its lane's TTFT SLO. A retry of a
+    refused request (attempt > 0, or the same request_id again) under the
+    same retry_key is judged against its first attempt's deadline: it is
+    held no later than its first attempt could have been, and refused at
+    once (retryable false) when it can no longer make it. retry_key: <= 128
+    printable chars, the same on every attempt (the client's
+    Idempotency-Key, the SDK's key, or the HTTP sidecar's digest of the
+    tenant and the request body); empty = request_id. attempt: 0 for the
+    first attempt, 1, 2, ... for retries (the openai client's
+    x-stainless-retry-count), at most 1,000.
+    """
+    attempt: _builtins.int
     def __init__(
         self,
         *,
@@ -374,10 +390,12 @@ class AdmitRequest(_message.Message):
         max_tokens: _builtins.int = ...,
         model: _builtins.str = ...,
         pool: _builtins.str = ...,
+        retry_key: _builtins.str = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane", b"lane", "max_tokens", b"max_tokens", "model", b"model", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lane", b"lane", "max_tokens", b"max_tokens", "model", b"model", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "retry_key", b"retry_key", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -436,7 +454,11 @@ class AdmitResponse(_message.Message):
     decision: Global___Decision.ValueType
     reason: Global___Reason.ValueType
     retry_after_ms: _builtins.int
-    """Milliseconds, rounded up; 0 when admitted or when retrying cannot help."""
+    """Milliseconds, rounded up; 0 when admitted or when retrying cannot help.
+    For a refusal that is not retryable because the request can no longer
+    meet its deadline (a wait cures its reason, but not in time), when a
+    fresh request of its lane could be admitted in time.
+    """
     reserved_tokens: _builtins.int
     """taken from bucket and quotas; refunded on Complete"""
     reservation_id: _builtins.int
@@ -462,9 +484,13 @@ class AdmitResponse(_message.Message):
     """
     retryable: _builtins.bool
     """A refusal that the same request may cure by retrying after retry_after_ms
-    (false when admitted, and for MAX_TOKENS, UNKNOWN_TENANT and
-    TENANT_DISABLED: retrying as is cannot help). Read this, not
-    retry_after_ms == 0, to decide whether to retry.
+    (false when admitted; for MAX_TOKENS, UNKNOWN_TENANT and
+    TENANT_DISABLED: retrying as is cannot help; and, with the pool gate on,
+    when a retry after retry_after_ms could not get its first token within
+    its lane's TTFT SLO from its first arrival: it would only spend engine
+    time on a request that has already missed). Read this, not
+    retry_after_ms == 0, to decide whether to retry; the HTTP sidecar sends
+    it as x-should-retry.
     """
     @_builtins.property
     def remaining(self) -> Global___Remaining: ...
@@ -517,6 +543,7 @@ class CompleteRequest(_message.Message):
     KV_CACHE_MISS_RATE_REPORTED_FIELD_NUMBER: _builtins.int
     OFFLINE_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
+    FIRST_TOKEN_UNIX_NS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     request_id: _builtins.str
     reservation_id: _builtins.int
@@ -547,6 +574,12 @@ class CompleteRequest(_message.Message):
     (as AdmitRequest.pool). Set: a replica that does not own its cell
     answers UNAVAILABLE/NOT_OWNER, so the owner settles it. Empty: settled
     by the replica that gets it (clients from before scale-out).
+    """
+    first_token_unix_ns: _builtins.int
+    """Optional (Unix nanoseconds, UTC): when the engine's first token of the
+    answer reached the sidecar; 0 = unknown. The pool gate learns from it
+    how soon a released request gets its first token (docs/gate.md). The
+    same window as exec_start_unix_ns, and not before it.
     """
     @_builtins.property
     def offline(self) -> Global___OfflineAdmission:
@@ -580,10 +613,11 @@ class CompleteRequest(_message.Message):
         kv_cache_miss_rate_reported: _builtins.bool = ...,
         offline: Global___OfflineAdmission | None = ...,
         pool: _builtins.str = ...,
+        first_token_unix_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["offline", b"offline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "offline", b"offline", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "first_token_unix_ns", b"first_token_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "offline", b"offline", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -713,6 +747,8 @@ class AdmitBatch(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
     MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    RETRY_KEY_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     """chosen by the client; echoed in the result and in errors"""
     model: _builtins.str
@@ -735,6 +771,14 @@ class AdmitBatch(_message.Message):
         to its request's own deadline less a margin for the answer's trip.
         """
 
+    @_builtins.property
+    def retry_key(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """As AdmitRequest.retry_key and attempt: retry_key 0 entries (none) or
+        N; attempt 0, 1 (applies to all) or N.
+        """
+
+    @_builtins.property
+    def attempt(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -747,10 +791,12 @@ class AdmitBatch(_message.Message):
         model: _builtins.str = ...,
         pool: _builtins.str = ...,
         max_wait_ms: _abc.Iterable[_builtins.int] | None = ...,
+        retry_key: _abc.Iterable[_builtins.str] | None = ...,
+        attempt: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "lane", b"lane", "max_tokens", b"max_tokens", "max_wait_ms", b"max_wait_ms", "model", b"model", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "batch_id", b"batch_id", "lane", b"lane", "max_tokens", b"max_tokens", "max_wait_ms", b"max_wait_ms", "model", b"model", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "retry_key", b"retry_key", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
