@@ -341,13 +341,22 @@ class PoolGate:
         ``b`` an engine's time per prompt token, ``a`` what does not grow
         with it), premium's TTFT is about ``a + b (2X + p)``, plus up to a
         report interval before the gate can release it; keeping that within
-        its SLO bounds ``X``. ``p`` is premium's recent mean prompt. Without
-        measured first tokens, or where the bound exceeds the engine's own
-        budget (fast engines, loose SLOs), nothing is bounded."""
+        its SLO bounds ``X``. ``p`` is premium's recent mean prompt. Before
+        the pool has a pace or a fit, and where the bound exceeds the
+        engine's own budget (fast engines, loose SLOs), nothing is bounded."""
         slo = self._first_slo_ns
-        fit = state.pace.fit()
-        if not slo or fit is None or fit[1] <= 0:
+        if not slo:
             return 0
+        fit = state.pace.fit()
+        if fit is None or fit[1] <= 0:
+            # Without measured first tokens, an engine's share of the pool's
+            # pace stands in for its prefill rate: the pool takes new work no
+            # faster than it prefills it, so the bound is stricter than it
+            # needs to be, never looser.
+            rate = state.pace.rate()
+            if not rate:
+                return 0
+            fit = (0.0, max(1, len(state.engines)) / rate)
         a, b = fit
         left_s = (slo - state.report_gap_ns) / NS_PER_S - a
         if left_s <= 0:

@@ -110,3 +110,36 @@ def test_a_slow_engine_takes_less_of_other_lanes_prefill_per_step(
     report(svc, running=250)  # 6 free slots, 7,942 tokens of budget
     out = [svc.admit("acme", f"s{i}", "", 1_000, 10, pool="p").reason for i in range(8)]
     assert out.count(0) == starts
+
+
+def test_without_first_tokens_the_pace_bounds_the_step_instead() -> None:
+    """An engine's share of the pool's pace stands in for its prefill rate:
+    the pool takes new work no faster than it prefills it."""
+    from controlplane.service.gate import PoolGate
+    from controlplane.service.pressure import load_sample
+
+    def gate_after(pace_tokens_per_s: int) -> PoolGate:
+        gate = PoolGate(stale_ns=10 * S)
+        gate.configure(Policy(), ["premium"])
+        for i in range(11):  # 1,000 tokens every 1,000,000 / pace ms
+            gate.paced("p", i * 1_000 * S // pace_tokens_per_s, 1_000)
+        now = 11 * 1_000 * S // pace_tokens_per_s
+        for t in (now - 200 * MS, now - 100 * MS, now):  # reports every 100 ms
+            gate.report(load_sample("p", "e1", 0, 8192, 0, 0, None, 0.0, t, 250, 256))
+        assert gate._pools["p"].report_gap_ns == 100 * MS
+        return gate
+
+    def starts(gate: PoolGate) -> int:
+        n = 0
+        while gate.has_room("p", gate._pools["p"].engines["e1"].received_ns, 1_000, False):
+            gate.released("p", gate._pools["p"].engines["e1"].received_ns, 1_000)
+            n += 1
+        return n
+
+    # a fast pool: (pace x (1 s - the report gap) - 0) / 2 is past the budget
+    assert starts(gate_after(100_000)) == 6  # the 6 free slots
+    # a slow one: (2,000 tokens/s x 0.9 s - 0) / 2 = 900 tokens a step: one
+    # release (it starts with a partial chunk), and at 10,000 tokens/s 4,500:
+    # five (the fifth starts with what is left)
+    assert starts(gate_after(2_000)) == 1
+    assert starts(gate_after(10_000)) == 5
