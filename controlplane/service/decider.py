@@ -604,15 +604,20 @@ class Decider:
         out = np.zeros((6, n), dtype=np.int64)
         out[4:] = -1
         out_reason, out_reserved, out_retry, out_bucket, out_hour, out_day = out
-        self._table.admit_batch(
+        fast_ok = self._table.admit_batch(
             now, np.where(to_fast, slots, -1), prompt, maxt, out_reason, out_reserved,
             out_retry, out_bucket, out_hour, out_day,
             shadow=per[:, _T_SHADOW] if any_shadow else None,
         )  # fmt: skip
         # Premium borrows what its bucket refuses while the pool has room
-        # (_borrows): the entries the gate let through, one by one (rare).
-        borrowers = to_fast & np.isin(out_reason, _BORROWABLE_A) & (pv[:, _P_FAIL_OPEN] != 0)
-        if any_shadow:
+        # (_borrows): the entries the gate let through, one by one (rare);
+        # nothing to look at when the fast path admitted all it was given.
+        borrowers = (
+            to_fast & np.isin(out_reason, _BORROWABLE_A) & (pv[:, _P_FAIL_OPEN] != 0)
+            if fast_ok < np.count_nonzero(to_fast)
+            else np.zeros(0, dtype=bool)
+        )
+        if any_shadow and borrowers.size:
             borrowers &= ~shadow
         for i in np.flatnonzero(borrowers).tolist():
             slot = int(slots[i])

@@ -44,6 +44,7 @@ TTFT_MIN_SAMPLES = 20
 class PoolPace:
     __slots__ = (
         "_broken",
+        "_fitted",
         "_last",
         "_n",
         "_released",
@@ -69,6 +70,7 @@ class PoolPace:
         # exponentially weighted sums of (prompt x, first-token time y in s)
         self._n = 0
         self._s1 = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._fitted: tuple[float, float] | None = None  # fit(), kept until a sample
 
     # ----------------------------------------------------------- the pace
 
@@ -122,10 +124,15 @@ class PoolPace:
         self._sxx = self._sxx * keep + x * x
         self._sxy = self._sxy * keep + x * y
         self._n += 1
+        self._fitted = self._solve()
 
     def fit(self) -> tuple[float, float] | None:
         """(a seconds, b seconds per prompt token), or None before enough
-        samples with a spread of prompt sizes."""
+        samples with a spread of prompt sizes (solved once per sample: every
+        decision asks)."""
+        return self._fitted
+
+    def _solve(self) -> tuple[float, float] | None:
         if self._n < TTFT_MIN_SAMPLES:
             return None
         s1, sx, sy = self._s1, self._sx, self._sy
