@@ -20,8 +20,9 @@ Two different speeds, measured from two different signals:
   a pool limited by its decodes or its KV cache takes new work far slower
   than it prefills it, so predictions from the pace would refuse requests
   that would have met their SLO. Without measured first tokens there is no
-  prediction, and the rules that need one fall back to a share of the
-  lanes' SLOs (``gate_release_headroom``).
+  prediction: the latest release falls back to a share of the lanes' SLOs
+  (``gate_release_headroom``), and the gate's bound on a step's prefill to
+  the pace (a lower bound on the prefill rate, PoolGate._step_tokens).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from controlplane.domain.units import NS_PER_S
 # Releases remembered to measure the pace: enough to average over a few
 # report intervals of a busy pool, few enough to follow a change of load.
 PACE_WINDOW = 128
-# Measured first tokens count with weights that halve every ~this many
-# samples (forgetting factor 1 - 1/TTFT_MEMORY): the fit follows load
-# changes within a few hundred requests.
+# Measured first tokens count with weights that shrink by 1 - 1/TTFT_MEMORY
+# per newer sample (halved after ~140): the fit follows a change of load
+# within a few hundred requests.
 TTFT_MEMORY = 200
 # Samples before the fit is trusted: a line needs a spread of prompt sizes.
 TTFT_MIN_SAMPLES = 20

@@ -51,10 +51,6 @@ class FirstArrivals:
         while len(entries) > self.capacity:
             entries.popitem(last=False)
 
-    def forget(self, slot: int, key: str) -> None:
-        """The request under ``key`` was admitted: nothing to judge any more."""
-        self._entries.pop((slot, key), None)
-
     def _expire(self, now: int) -> None:
         entries = self._entries
         horizon = now - self.ttl_ns
