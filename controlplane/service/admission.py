@@ -786,6 +786,11 @@ class AdmissionService:
         restored here, not yet completed)."""
         return self._gate.inflight(pool)
 
+    def ttft_samples(self, pool: str) -> int:
+        """First tokens Completes reported for ``pool`` (docs/gate.md: they
+        teach the gate the pool's time to first token)."""
+        return self._gate.ttft_samples(pool)
+
     def reservation_pool(self, tenant_id: str, request_id: str) -> str:
         """The pool a remembered request was decided for ("" if none, or if
         the request is not remembered)."""

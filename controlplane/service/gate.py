@@ -478,6 +478,11 @@ class PoolGate:
         if state is not None:
             state.pace.observe_ttft(prompt, measured_ns)
 
+    def ttft_samples(self, pool: str) -> int:
+        """First tokens measured in ``pool`` (what the first-token fit has seen)."""
+        state = self._pools.get(pool)
+        return 0 if state is None else state.pace.ttft_samples
+
     def inflight(self, pool: str) -> int:
         state = self._pools.get(pool)
         return 0 if state is None else state.inflight

@@ -127,6 +127,11 @@ class PoolPace:
         self._n += 1
         self._fitted = self._solve()
 
+    @property
+    def ttft_samples(self) -> int:
+        """First tokens measured so far."""
+        return self._n
+
     def fit(self) -> tuple[float, float] | None:
         """(a seconds, b seconds per prompt token), or None before enough
         samples with a spread of prompt sizes (solved once per sample: every

@@ -115,3 +115,62 @@ def test_complete_takes_the_first_tokens_time_in_its_window(served: Any, clock: 
         exec_start_unix_ns=now, first_token_unix_ns=now + 30 * MS,
         exec_end_unix_ns=now + 40 * MS), timeout=5)  # fmt: skip
     assert done.actual_tokens == 11 and not done.duplicate
+
+
+# ------------------------------------------------------------ Envoy's RLS door
+
+ENVOY_MAPPING = "domain: burstgate\ndefaults: {estimate_tokens: 500}\n"
+
+
+def rls_ask(rid: str, key: str, attempt: str) -> Any:
+    from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
+
+    req = rls.RateLimitRequest(domain="burstgate")
+    d = req.descriptors.add()
+    d.entries.add(key="tenant", value="acme")
+    d.entries.add(key="request_id", value=rid)
+    if key:
+        d.entries.add(key="retry_key", value=key)
+    if attempt:
+        d.entries.add(key="attempt", value=attempt)
+    return req
+
+
+def test_envoy_rls_judges_a_retry_by_its_key_and_attempt(
+    migrated_url: str, make_server: Callable[..., Any], clock: Any, tmp_path: Any
+) -> None:
+    from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
+    from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
+
+    mapping = tmp_path / "burstgate-envoy.yaml"
+    mapping.write_text(ENVOY_MAPPING)
+    add_tenants(
+        migrated_url,
+        TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=1000,
+                     max_wait_ms=0),
+    )  # fmt: skip
+    srv = make_server(migrated_url, clock=clock, envoy_rls_config=mapping)
+    over = rls.RateLimitResponse.OVER_LIMIT
+    with grpc.insecure_channel(srv.target) as ch:
+        stub = rls_grpc.RateLimitServiceStub(ch)
+
+        def ask(rid: str, key: str = "", attempt: str = "") -> tuple[int, dict[str, str]]:
+            r = stub.ShouldRateLimit(rls_ask(rid, key, attempt), timeout=5)
+            return r.overall_code, {h.key: h.value for h in r.response_headers_to_add}
+
+        assert ask("all")[0] == rls.RateLimitResponse.OK  # 500 of the 1,000-token bucket
+        assert ask("all2")[0] == rls.RateLimitResponse.OK  # the bucket is empty now
+        code, h = ask("k.0", "idem-1", "0")  # refused by the bucket: 0.5 s, in time
+        assert (code, h["x-burstgate-reason"], h["x-should-retry"]) == (over, "token_rate", "true")
+        clock.advance(2_300 * MS)  # the bucket refilled; past the standard lane's 2.25 s
+        code, h = ask("k.1", "idem-1", "1")
+        assert (code, h["x-burstgate-reason"], h["x-should-retry"]) == (
+            over, "backpressure", "false"
+        )
+        # the same id as a first attempt of its own key: admitted
+        assert ask("k2.0", "idem-2", "0")[0] == rls.RateLimitResponse.OK
+        # a bad attempt count is named, and spends nothing
+        before = srv.on_loop(lambda: srv.plane.service.tenant_state("acme"))
+        code, h = ask("k.2", "idem-1", "many")
+        assert code == over and h["x-burstgate-error"].startswith("attempt:")
+        assert srv.on_loop(lambda: srv.plane.service.tenant_state("acme")) == before

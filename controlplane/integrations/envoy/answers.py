@@ -32,6 +32,7 @@ RESET = "x-ratelimit-reset"
 RETRY_AFTER = "retry-after"
 REASON = "x-burstgate-reason"
 ERROR = "x-burstgate-error"
+SHOULD_RETRY = "x-should-retry"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,10 @@ class Verdict:
     retry_after_ns: int = 0  # 0: retrying will not help (or admitted)
     window: Window | None = None  # None: nothing to report (unknown tenant, bad input)
     error: str = ""  # a request burstgate could not decide: what was wrong
+    # A refusal a retry may cure (AdmitResponse.retryable): x-should-retry,
+    # which the openai clients obey. False for a request that can no longer
+    # meet its deadline (its retry_after is for a fresh request).
+    retryable: bool = True
 
 
 def windows(t: TenantLimits) -> dict[int, Window]:
@@ -111,6 +116,8 @@ def headers(v: Verdict) -> list[HeaderValue]:
         out.append(HeaderValue(key=RETRY_AFTER, value=str(max(1, _seconds(v.retry_after_ns)))))
     if v.over and v.reason:
         out.append(HeaderValue(key=REASON, value=Reason(v.reason).name.lower()))
+        retry = v.retryable and v.retry_after_ns > 0
+        out.append(HeaderValue(key=SHOULD_RETRY, value="true" if retry else "false"))
     if v.error:
         out.append(HeaderValue(key=ERROR, value=v.error[:256]))
     return out

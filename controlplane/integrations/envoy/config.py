@@ -52,6 +52,12 @@ class Keys(_Strict):
     # hits_addend is booked as generated tokens).
     prompt_tokens: str = Field(default="prompt_tokens", min_length=1)
     completion_tokens: str = Field(default="completion_tokens", min_length=1)
+    # Optional, request path: what stays the same across a request's
+    # retries (the client's Idempotency-Key) and which attempt this is (the
+    # openai client's x-stainless-retry-count): a retry is judged against
+    # its first attempt's deadline (AdmitRequest.retry_key / attempt).
+    retry_key: str = Field(default="retry_key", min_length=1)
+    attempt: str = Field(default="attempt", min_length=1)
 
     @model_validator(mode="after")
     def _distinct(self) -> Keys:

@@ -4,10 +4,10 @@ Envoy sends one descriptor per matching rate-limit configuration, each a list
 of (key, value) entries built by its actions. burstgate decides a request
 once, so the entries of all descriptors are read together: the configured
 keys (config.py ``descriptors``) give the tenant, lane, pool, model, request
-id and phase, wherever they sit; a key given twice with different values is
-an error. Descriptors with none of those keys are not burstgate's (answered
-OK with no limit, as envoyproxy/ratelimit answers a descriptor it has no
-rule for).
+id, phase and a retry's key and attempt, wherever they sit; a key given
+twice with different values is an error. Descriptors with none of those keys
+are not burstgate's (answered OK with no limit, as envoyproxy/ratelimit
+answers a descriptor it has no rule for).
 
 The cost (docs/envoy.md, "hits_addend"):
 
@@ -31,6 +31,7 @@ from controlplane.integrations.envoy.config import EnvoyConfig
 MAX_ID_LEN = 128
 MAX_NAME_LEN = 64
 MAX_TOKENS = 1_000_000_000  # Envoy's own bound on a hits_addend
+MAX_ATTEMPT = 1_000  # as AdmitRequest.attempt
 
 
 class Phase(StrEnum):
@@ -61,6 +62,8 @@ class Ask:
     prompt_tokens: int | None  # the usage split, when both entries are given
     completion_tokens: int | None
     mapped: tuple[bool, ...]  # per descriptor: carries a burstgate entry
+    retry_key: str = ""  # "" = the request id (a retry under its own id)
+    attempt: int = 0  # 0 = a first attempt
 
 
 def _clean(field: str, value: str, max_len: int) -> str:
@@ -84,7 +87,7 @@ def parse(request: rls.RateLimitRequest, cfg: EnvoyConfig) -> Ask:
         raise BadInput("descriptors", "no descriptor")
     k = cfg.descriptors
     wanted = {k.tenant, k.lane, k.pool, k.model, k.request_id, k.phase, k.prompt_tokens,
-              k.completion_tokens}  # fmt: skip
+              k.completion_tokens, k.retry_key, k.attempt}  # fmt: skip
     found: dict[str, str] = {}
     mapped: list[bool] = []
     hits: int | None = None
@@ -126,6 +129,9 @@ def parse(request: rls.RateLimitRequest, cfg: EnvoyConfig) -> Ask:
     if (prompt is None) != (completion is None):
         missing = k.completion_tokens if completion is None else k.prompt_tokens
         raise BadInput(missing, "the usage split needs both prompt and completion tokens")
+    attempt = found.get(k.attempt, "0")
+    if not attempt.isdigit() or len(attempt) > 4 or int(attempt) > MAX_ATTEMPT:
+        raise BadInput(k.attempt, f"expected a retry count 0..{MAX_ATTEMPT}, got {attempt[:40]!r}")
     return Ask(
         tenant=_clean(k.tenant, tenant, MAX_ID_LEN),
         lane=_clean(k.lane, found[k.lane], MAX_NAME_LEN) if k.lane in found else cfg.defaults.lane,
@@ -140,4 +146,8 @@ def parse(request: rls.RateLimitRequest, cfg: EnvoyConfig) -> Ask:
         prompt_tokens=prompt,
         completion_tokens=completion,
         mapped=tuple(mapped),
+        retry_key=_clean(k.retry_key, found[k.retry_key], MAX_ID_LEN)
+        if k.retry_key in found
+        else "",
+        attempt=int(attempt),
     )

@@ -166,12 +166,12 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
             timeout = bound if remaining is None else max(0.0, min(remaining, bound))
             d = await self._waiting.admit(
                 ask.tenant, rid, ask.lane, 0, ask.tokens, ask.model, ask.pool,
-                timeout_s=timeout, scope=scope,
+                timeout_s=timeout, scope=scope, retry_key=ask.retry_key, attempt=ask.attempt,
             )  # fmt: skip
         else:
             out = self._svc.admit_or_wait(
                 ask.tenant, rid, ask.lane, 0, ask.tokens, ask.model, ask.pool,
-                wait=False, scope=scope,
+                wait=False, scope=scope, retry_key=ask.retry_key, attempt=ask.attempt,
             )  # fmt: skip
             if not isinstance(out, AdmitDecision):  # wait=False never queues
                 raise TypeError("admit_or_wait(wait=False) queued a request")
@@ -186,6 +186,7 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
         return A.Verdict(
             over=not admitted, reason=reason, retry_after_ns=0 if admitted else d.retry_after_ns,
             window=A.binding(self._limits(ask.tenant), reason, d.retry_after_ns),
+            retryable=d.retryable,
         )  # fmt: skip
 
     def _limits(self, tenant: str) -> TenantLimits | None:

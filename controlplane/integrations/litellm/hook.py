@@ -106,6 +106,7 @@ class BurstgateHook(CustomLogger):
         if not isinstance(request_id, str) or not request_id:
             request_id = data["litellm_call_id"] = str(uuid.uuid4())
         prompt = self._count(data, chat)
+        retry_key, attempt = M.retry_of(data, t.tenant)
         client = self.client()
         try:
             a = await client.admit(
@@ -113,6 +114,7 @@ class BurstgateHook(CustomLogger):
                 max_tokens=M.admit_max_tokens(data, chat, self.cfg.default_max_tokens),
                 lane=t.lane, model=t.model, pool=t.pool,
                 deadline_s=self.cfg.lane(t.lane).max_wait_ms / 1000 + ADMIT_CALL_S,
+                retry_key=retry_key, attempt=attempt,
             )  # fmt: skip
         except ValueError as exc:  # an argument burstgate cannot take, named
             raise bad_request_error(f"burstgate: {exc}") from None
@@ -192,7 +194,10 @@ class BurstgateHook(CustomLogger):
         ticket.stream_started_ns = time.time_ns()
         try:
             async for item in response:
-                ticket.streamed_chunks += M.chunk_text_count(item)
+                texts = M.chunk_text_count(item)
+                if texts and not ticket.first_token_ns:
+                    ticket.first_token_ns = time.time_ns()  # the client's time to first token
+                ticket.streamed_chunks += texts
                 if getattr(item, "usage", None) is not None:
                     ticket.streamed_usage = M.usage_of(item) or ticket.streamed_usage
                 yield item
@@ -213,6 +218,9 @@ class BurstgateHook(CustomLogger):
     async def _complete(self, ticket: Ticket, usage: M.Usage, start_ns: int, end_ns: int) -> None:
         if not 0 < start_ns <= end_ns:
             start_ns = end_ns = 0
+        first = ticket.first_token_ns
+        if start_ns and not start_ns <= first <= end_ns:  # outside the execution: not sent
+            first = 0
         client = self._client
         if client is None:
             return
@@ -220,7 +228,7 @@ class BurstgateHook(CustomLogger):
             await self._on_client_loop(client.complete(
                 ticket.tenant, ticket.request_id, prompt_tokens=usage.prompt_tokens,
                 generated_tokens=usage.generated_tokens, cached_prompt_tokens=usage.cached_tokens,
-                exec_start_unix_ns=start_ns, exec_end_unix_ns=end_ns,
+                exec_start_unix_ns=start_ns, exec_end_unix_ns=end_ns, first_token_unix_ns=first,
             ))  # fmt: skip
         except Exception:  # never into LiteLLM's logging: log it, the TTL frees the tokens
             log.exception("burstgate: the Complete of request %s (tenant %s) failed",

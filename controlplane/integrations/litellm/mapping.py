@@ -7,12 +7,14 @@ they are tested without a proxy (tests/unit/integrations/).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from controlplane.integrations.litellm.config import HookSettings, Rule
+from controlplane.sidecar import headers as H
 from controlplane.sidecar.tokens import TokenCounter
 
 # LiteLLM call types the hook admits (chat and text completions, sync or
@@ -251,3 +253,17 @@ def unix_ns(value: Any) -> int:
         return int(value * 1e9)
     return 0
 
+
+
+# What a retry sends again unchanged: the parts of the request that name it.
+_RETRY_FIELDS = ("model", "messages", "prompt", "max_tokens", "max_completion_tokens")
+
+
+def retry_of(data: Mapping[str, Any], tenant: str) -> tuple[str, int]:
+    """(retry key, attempt) of a proxy request, as the sidecar reads them
+    (sidecar/headers.py ``retry_of``): the client's ``Idempotency-Key``,
+    else a digest of the tenant and the request's own fields; the attempt
+    from the openai client's ``x-stainless-retry-count``."""
+    headers = {str(k).lower(): v for k, v in _headers(data).items() if isinstance(v, str)}
+    body = json.dumps({k: data.get(k) for k in _RETRY_FIELDS}, sort_keys=True, default=str)
+    return H.retry_of(headers, tenant, body.encode())

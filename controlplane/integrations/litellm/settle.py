@@ -43,6 +43,7 @@ class Ticket:
     streamed_usage: Usage | None = None  # the usage chunk, when it came
     stream_started_ns: int = 0
     stream_ended_ns: int = 0
+    first_token_ns: int = 0  # when the first chunk with text came (0: not streamed, or none)
 
     def seen(self) -> Usage:
         """The usage the stream showed: its usage chunk, else the estimated

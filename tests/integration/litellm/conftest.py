@@ -50,6 +50,7 @@ KEYS = {
     "sk-tiny": ("tiny", {}),
     "sk-g": ("g", {}),
     "sk-d": ("d", {}),
+    "sk-r": ("r", {}),
     "sk-nobody": (None, {}),
 }
 
@@ -185,6 +186,8 @@ def stack(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 tenant("tiny", token_rate=Decimal(1), burst_tokens=400),
                 tenant("g", max_concurrency=1, max_wait_ms=60_000, max_queued=100),
                 tenant("d", fallback_model="fake-small"),
+                # refused at once (no wait), refilled within the standard lane's SLO
+                tenant("r", token_rate=Decimal(100), burst_tokens=400, max_wait_ms=0),
                 policy=Policy(gate_fallback_inflight=100_000, degrade_max_tokens=8),
             )  # fmt: skip
             engine = EngineThread(speed=5.0)

@@ -7,6 +7,7 @@ LiteLLM reported; refusals are LiteLLM's own 429s."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import openai
@@ -144,3 +145,45 @@ def test_unreachable_control_plane_fails_open_or_closed_by_lane(stack: Stack) ->
     row = stack.rows("down-premium")["down-premium"]
     assert (row.lane, row.output_tokens) == ("premium", 4)
     assert not ledger_rows(stack.plane.url, "request_id = 'down-standard'")  # refused: none
+
+
+def test_a_retry_past_its_first_attempts_deadline_is_refused_for_good(stack: Stack) -> None:
+    """The openai client's retry of a refused request (the same body,
+    ``x-stainless-retry-count`` 1) is judged against its first attempt's
+    deadline (docs/gate.md): once that has passed it is refused with
+    ``x-should-retry: false`` even though the bucket has refilled; the same
+    body as a first attempt is a new request."""
+    client = stack.client("sk-r")  # 100 tokens/s, a burst of 400, no waiting
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 300}
+    chat(client, "r-1", **body)
+    with pytest.raises(openai.RateLimitError) as err:
+        chat(client, "r-2", **body)
+    h = err.value.response.headers
+    # the bucket refills within the standard lane's SLO: a retry may be in time
+    assert (h["x-burstgate-reason"], h["x-should-retry"]) == ("token_rate", "true")
+    time.sleep(3.2)  # past the first attempt's deadline (3 s); the bucket is full again
+    with pytest.raises(openai.RateLimitError) as err:
+        chat(client, "r-3", **body, extra_headers={"x-stainless-retry-count": "1"})
+    h = err.value.response.headers
+    assert (h["x-burstgate-reason"], h["x-should-retry"]) == ("backpressure", "false")
+    assert chat(client, "r-4", **body).parse().usage.completion_tokens == 300
+    assert set(stack.rows("r-1", "r-4")) == {"r-1", "r-4"}  # nothing booked for the refused
+
+
+def test_a_stream_reports_its_first_token(stack: Stack) -> None:
+    srv = stack.plane.srv
+    assert srv is not None
+
+    def samples() -> int:
+        n: int = srv.on_loop(lambda: srv.plane.service.ttft_samples("fake-llama"))
+        return n
+
+    before = samples()
+    list(stack.client().chat.completions.create(
+        model="fake-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
+        stream=True, extra_headers={"x-litellm-call-id": "first-token-1"}))  # fmt: skip
+    stack.rows("first-token-1")
+    wait_until(lambda: samples() == before + 1 or None, message="the first token's report")
+    chat(stack.client(), "first-token-2", max_tokens=5)  # not streamed: no first token known
+    stack.rows("first-token-2")
+    assert samples() == before + 1

@@ -58,8 +58,12 @@ def test_over_limit_has_retry_after_and_the_refusing_limit() -> None:
     assert (s.duration_until_reset.seconds, s.duration_until_reset.nanos) == (2, 500_000_000)
     assert header_map(resp) == {
         "x-ratelimit-limit": "1000", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "3",
-        "retry-after": "3", "x-burstgate-reason": "token_rate",
+        "retry-after": "3", "x-burstgate-reason": "token_rate", "x-should-retry": "true",
     }  # fmt: skip
+    # a refusal a retry cannot cure (a request past its deadline) says so
+    late = A.Verdict(over=True, reason=int(Reason.BACKPRESSURE), retry_after_ns=retry,
+                     retryable=False)  # fmt: skip
+    assert header_map(A.response(late, (True,), True))["x-should-retry"] == "false"
 
 
 def test_hourly_quota_refusal_reports_the_hour() -> None:
@@ -73,7 +77,8 @@ def test_headers_off_and_refusals_without_a_tenant() -> None:
     assert not A.response(A.Verdict(over=False, window=A.binding(limits(), 0, 0)), (True,),
                           with_headers=False).response_headers_to_add  # fmt: skip
     unknown = A.Verdict(over=True, reason=int(Reason.UNKNOWN_TENANT))  # nothing to retry
-    assert header_map(A.response(unknown, (True,), True)) == {"x-burstgate-reason":
-                                                              "unknown_tenant"}  # fmt: skip
+    assert header_map(A.response(unknown, (True,), True)) == {
+        "x-burstgate-reason": "unknown_tenant", "x-should-retry": "false",
+    }  # fmt: skip
     bad = A.response(A.Verdict(over=True, error="tenant: missing"), (True,), with_headers=False)
     assert header_map(bad) == {"x-burstgate-error": "tenant: missing"}  # errors always say why

@@ -85,3 +85,25 @@ def test_bad_input_names_the_entry(req: rls.RateLimitRequest, field: str, words:
         parse(req, CFG)
     assert err.value.field == field
     assert words in err.value.message
+
+
+def test_a_retry_key_and_attempt_are_read_and_checked() -> None:
+    cfg = EnvoyConfig()
+    req = rls.RateLimitRequest(domain="burstgate")
+    d = req.descriptors.add()
+    d.entries.add(key="tenant", value="acme")
+    assert (parse(req, cfg).retry_key, parse(req, cfg).attempt) == ("", 0)  # absent: a first try
+    d.entries.add(key="retry_key", value="idem-1")
+    d.entries.add(key="attempt", value="2")
+    ask = parse(req, cfg)
+    assert (ask.retry_key, ask.attempt) == ("idem-1", 2)
+    for bad in ("-1", "1001", "two", "99999"):
+        d.entries[2].value = bad
+        with pytest.raises(BadInput) as err:
+            parse(req, cfg)
+        assert err.value.field == "attempt"
+    d.entries[2].value = "1"
+    d.entries[1].value = "x" * 129
+    with pytest.raises(BadInput) as err:
+        parse(req, cfg)
+    assert err.value.field == "retry_key"

@@ -211,3 +211,18 @@ def test_tickets_never_settled_are_forgotten() -> None:
     t.open(Ticket("acme", "old", 1, admitted_mono=100.0))
     t.open(Ticket("acme", "new", 1, admitted_mono=111.0))
     assert "old" not in t and "new" in t and len(t) == 1
+
+
+def test_a_retry_is_known_by_its_idempotency_key_or_its_body() -> None:
+    def data(content: str, **headers: str) -> dict[str, Any]:
+        return {"model": "m", "messages": [{"role": "user", "content": content}],
+                "max_tokens": 5, "proxy_server_request": {"headers": headers}}  # fmt: skip
+
+    first = M.retry_of(data("hi", **{"x-stainless-retry-count": "0"}), "acme")
+    again = M.retry_of(data("hi", **{"X-Stainless-Retry-Count": "2"}), "acme")
+    assert first[1] == 0 and again == (first[0], 2)  # the same body: the same key
+    assert M.retry_of(data("hi"), "beta")[0] != first[0]  # another tenant's
+    assert M.retry_of(data("bye"), "acme")[0] != first[0]  # another request
+    keyed = M.retry_of(data("hi", **{"Idempotency-Key": "idem-7",
+                                     "x-stainless-retry-count": "x"}), "acme")  # fmt: skip
+    assert keyed == ("idem-7", 0)  # not a count: a first attempt
