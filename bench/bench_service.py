@@ -5,10 +5,11 @@
         --rounds 1 --n 5000 --only "admit_batch 100"    # instruction counts
 
 Drives ``AdmissionService`` directly, as the simulator and replays do, with
-a fake clock: unary ``admit`` + ``complete``, ``admit_or_wait`` against a
-backlog, and ``admit_batch`` at batch sizes 100 and 1,000, each with the
-pool gate on (the default: requests name a pool whose one engine reports,
-every 100 decisions, free room for all of them) and off. Prints the median
+a fake clock: unary ``admit`` + ``complete`` (and the same requests as
+batches of one), ``admit_or_wait`` against a backlog, and ``admit_batch``
+at batch sizes 100 and 1,000, each with the pool gate on (the default:
+requests name a pool whose one engine reports, every 100 decisions, free
+room for all of them) and off. Prints the median
 nanoseconds per decision over interleaved rounds (JSON with ``--json``).
 
 It measures only the Python around the fast path, so two checkouts can be
@@ -79,6 +80,22 @@ def unary(n: int, gate: bool) -> float:
     return (time.perf_counter_ns() - start) / n
 
 
+def batch_of_one(n: int) -> float:
+    """``unary``'s requests, each as an AdmitStream batch of one: what a
+    unary Admit would cost through the batch's columns (service/batchdecision.py)."""
+    svc, clock = make_service(True)
+    start = time.perf_counter_ns()
+    for i in range(n):
+        t = f"t{i % TENANTS}"
+        rid = f"r{i}"
+        svc.admit_batch([t], [rid], ["standard"], [500], [200], pool=POOL)
+        svc.complete(t, rid, 0, 500, 100)
+        clock.now += 1000
+        if i % 100 == 99:
+            report(svc)
+    return (time.perf_counter_ns() - start) / n
+
+
 def batch(n: int, size: int, gate: bool, spread: int = TENANTS) -> float:
     """``spread``: distinct tenants per batch (100, the worst case for the
     per-tenant work; 4, like bench_grpc's load)."""
@@ -126,6 +143,7 @@ def main() -> None:
     scenarios: dict[str, Callable[[], float]] = {
         "admit+complete": lambda: unary(args.n, True),
         "admit+complete, gate off": lambda: unary(args.n, False),
+        "admit_batch 1 + complete": lambda: batch_of_one(args.n),
         "admit_or_wait (backlog)": lambda: waiting(args.n),
         "admit_batch 100": lambda: batch(args.n, 100, True),
         "admit_batch 100, gate off": lambda: batch(args.n, 100, False),

@@ -543,8 +543,9 @@ class AdmissionService:
         :meth:`admit_or_wait`, per entry (the caller checked the tenant
         column); an entry outside it fails the whole batch. ``retry_keys``
         and ``attempts``: as :meth:`admit_or_wait`'s, 0 or one per entry
-        (``attempts``: or one for all); only entries with a retry key are
-        judged as retries and remembered for their retries."""
+        (``attempts``: or one for all); each entry is judged as a retry and
+        remembered for its retries as a unary Admit is (an entry without a
+        key is known by its request id)."""
         lane_of = check_batch(
             self._tenants, self.settings.max_batch, tenant_ids, request_ids, lanes,
             prompt_tokens, max_tokens, model, pool,
@@ -554,18 +555,21 @@ class AdmissionService:
         self._tenants.check_pool(pool)
         tenant_ids = tenant_ids if isinstance(tenant_ids, list) else list(tenant_ids)
         now = self.clock()
-        keyed = any(keys)
-        lanes_of = (lane_of or [""] * n) if keyed else []
-        late = self._deadlines.late_retries(
-            tenant_ids, lanes_of, prompt_tokens, max_tokens, pool, keys, tries, now
-        ) if keyed else None  # fmt: skip
-        result = self._decider.decide_batch(
-            tenant_ids, request_ids if isinstance(request_ids, list) else list(request_ids),
-            lane_of, prompt_tokens, max_tokens, model,
-            pool, now, self._log, self.stats, scope, late,
+        request_ids = request_ids if isinstance(request_ids, list) else list(request_ids)
+        deadlines = self._deadlines
+        lanes_of = lane_of or [""] * n
+        retries = deadlines.batch_retries(
+            tenant_ids, request_ids, lanes_of, prompt_tokens, max_tokens, pool, keys, tries, now
         )  # fmt: skip
-        if keyed:
-            self._deadlines.remember_refused(tenant_ids, lanes_of, keys, result.reason, now)
+        result = self._decider.decide_batch(
+            tenant_ids, request_ids, lane_of, prompt_tokens, max_tokens, model,
+            pool, now, self._log, self.stats, scope, retries,
+        )  # fmt: skip
+        if any(result.reason):
+            deadlines.remember_refused(
+                tenant_ids, request_ids, lanes_of, keys, tries, result.reason,
+                result.duplicate, now,
+            )  # fmt: skip
         return result
 
     def admit_batch_waiting(

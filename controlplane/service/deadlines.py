@@ -31,6 +31,7 @@ measurements behind these rules.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,18 @@ from controlplane.service.queueing import WaitQueues
 from controlplane.service.records import Record
 from controlplane.service.retries import FirstArrivals
 from controlplane.service.tenants import TenantDirectory
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRetries:
+    """The retries among a batch's entries (Deadlines.batch_retries)."""
+
+    # entry -> retry_after: retries that can no longer meet their first
+    # attempt's deadline, refused at arrival (when a fresh one could be)
+    late: dict[int, int]
+    # entry -> its first attempt's arrival: retries still in time, due then
+    # plus their lane's SLO
+    first: dict[int, int]
 
 
 class Deadlines:
@@ -110,14 +123,16 @@ class Deadlines:
         self, pairs: list[tuple[str, str]], asked: npt.NDArray[np.intp],
         placed: npt.NDArray[np.intp], refused: npt.NDArray[np.bool_],
         retry_ns: npt.NDArray[np.int64], prompts: npt.NDArray[np.int64],
+        waited: npt.NDArray[np.int64] | None = None,
     ) -> npt.NDArray[np.bool_]:  # fmt: skip
         """A batch's ``late_if_past``: which of its ``refused`` entries (a
         retryable refusal each, ``retry_ns`` after now) could not be
         released in time for their deadline when retried. ``pairs`` are the
         batch's (lane, pool) pairs; entry i asked for the lane of
         ``pairs[asked[i]]`` (its SLO applies) and goes to the pool of
-        ``pairs[placed[i]]``. Batch entries arrive now and carry no retry
-        key."""
+        ``pairs[placed[i]]``. ``waited``: per entry, how long ago it first
+        arrived (a retry judged against its first attempt, BatchRetries.first;
+        None: every entry arrived now)."""
         late = np.zeros(len(refused), dtype=bool)
         if not self._gate.enabled:
             return late
@@ -128,6 +143,8 @@ class Deadlines:
                 continue
             mine = refused & (asked == ka) & (placed == kp)
             budget = slo - self.engine_ns_many(slo, pairs[kp][1], prompts[mine])
+            if waited is not None:  # retries: due at their first arrival plus the SLO
+                budget = budget - waited[mine]
             late[mine] = retry_ns[mine] > budget
         return late
 
@@ -212,49 +229,61 @@ class Deadlines:
 
     # ------------------------------------------------- batches (AdmitStream)
 
-    def late_retries(
-        self, tenant_ids: list[str], lanes: list[str], prompts: Sequence[int],
-        max_tokens: Sequence[int], pool: str, keys: list[str], attempts: list[int], now: int,
-    ) -> dict[int, int]:  # fmt: skip
+    def batch_retries(
+        self, tenant_ids: list[str], request_ids: list[str], lanes: list[str],
+        prompts: Sequence[int], max_tokens: Sequence[int], pool: str, keys: list[str],
+        attempts: list[int], now: int,
+    ) -> BatchRetries | None:  # fmt: skip
         """The entries of an AdmitStream batch answered at once that are
-        retries (``attempts[i]`` > 0, ``keys[i]`` set) of a refused request
-        that can no longer meet its first attempt's deadline -> when a fresh
-        request like each could (``fresh_retry_ns``). ``lanes`` has one
-        entry per request ("" = the tenant's default)."""
+        retries of a refused request (None: none). As a unary Admit judges
+        them: an entry is a retry when its attempt is > 0 or it has no retry
+        key of its own (then its request id is its key). ``lanes`` has one
+        entry per request ("" = the tenant's default); ``keys`` and
+        ``attempts`` one per request, or none."""
+        if not self._gate.enabled or not len(self.retries):
+            return None  # nothing refused is remembered: no entry is a retry
         late: dict[int, int] = {}
-        if not self._gate.enabled:
-            return late
+        firsts: dict[int, int] = {}
         tenants = self._tenants
-        for i, (key, attempt) in enumerate(zip(keys, attempts, strict=True)):
-            if not key or attempt <= 0:
-                continue
+        for i, rid in enumerate(request_ids):
+            key = keys[i] if keys else ""
+            if key and attempts[i] <= 0:
+                continue  # a first attempt under a key of its own
             entry = tenants.resolve(tenant_ids[i])
             if entry is None or not entry.config.enabled:
                 continue  # refused for that, as any other entry
             asked = tenants.lane_for(f"lane[{i}]", lanes[i], entry)
             slo = self.slo_ns(asked)
-            first = self.retries.first(entry.slot, key, now) if slo else None
+            first = self.retries.first(entry.slot, key or rid, now) if slo else None
             if first is None:
                 continue
             lane = tenants.place(entry, asked, prompts[i], max_tokens[i])
             where = tenants.pool_for(entry, lane, pool)
             if now > self.release_by_ns(first + slo, slo, where, prompts[i]):
                 late[i] = self.fresh_retry_ns(lane, where, prompts[i], slo, now)
-        return late
+            else:
+                firsts[i] = first
+        return BatchRetries(late, firsts) if late or firsts else None
 
     def remember_refused(
-        self, tenant_ids: list[str], lanes: list[str], keys: list[str],
-        reasons: Sequence[int], now: int,
+        self, tenant_ids: list[str], request_ids: list[str], lanes: list[str], keys: list[str],
+        attempts: list[int], reasons: Sequence[int], duplicate: Sequence[bool], now: int,
     ) -> None:  # fmt: skip
-        """The refused entries of an AdmitStream batch answered at once that
-        carry a retry key: their retries are judged from now (or from their
-        first attempt, for a refused retry)."""
+        """The refused entries of an AdmitStream batch answered at once, as
+        a unary Admit remembers them: their retries are judged from now, or
+        from their first attempt for a refused retry (keys and attempts as
+        in :meth:`batch_retries`); a replayed answer changes nothing."""
         tenants = self._tenants
-        for i, key in enumerate(keys):
-            if not key or not reasons[i]:
+        for i, reason in enumerate(reasons):
+            if not reason or duplicate[i]:
                 continue
             entry = tenants.resolve(tenant_ids[i])
-            if entry is None or not self.slo_ns(tenants.lane_for("lane", lanes[i], entry)):
+            if entry is None or not entry.config.enabled:
                 continue
-            first = self.retries.first(entry.slot, key, now)
+            if not self.slo_ns(tenants.lane_for("lane", lanes[i], entry)):
+                continue
+            key = keys[i] if keys else ""
+            retried = not key or attempts[i] > 0
+            key = key or request_ids[i]
+            first = self.retries.first(entry.slot, key, now) if retried else None
             self.retries.refused(entry.slot, key, now if first is None else first, now)
