@@ -166,33 +166,32 @@ class Decider:
         self, lane: str, slot: int, now: int, prompt: int, max_tokens: int, reason: int
     ) -> bool:
         """Premium is protected by priority, not by refusal: a fail-open
-        lane's request its tenant's bucket refuses while the pool has room
-        (the gate let it this far) borrows from the bucket instead.
+        lane's request its tenant's bucket refuses (TOKEN_RATE, or MAX_TOKENS
+        for a request larger than the bucket takes, twice its burst) while
+        the pool gate has room for it (it let the request this far) is
+        admitted, charged into debt: the bucket's level stays at one burst of
+        debt at most, so once the burst passes the tenant's next requests
+        wait one burst's refill, never longer. The tenant's rate binds its
+        premium traffic where it matters, when the pool is full: then the
+        gate holds or refuses it like anyone's, and other lanes' capacity is
+        never taken by borrowing. Measured against borrowing within one
+        burst (docs/gate.md, rule 8): premium 97.9 -> 99.0 % at 2x slower
+        prefill, long prompts 78.5 -> 82.5 %, the other lanes within 0.6
+        point.
 
-        - TOKEN_RATE: when the debt stays within one burst, so the tenant's
-          rate still bounds it over time (the next requests wait for the
-          refill that repays it);
-        - MAX_TOKENS for a request larger than twice the burst, the largest
-          the bucket takes, and nothing else (not a per-request cap, a
-          quota, the watermark or the absolute ceiling): when the bucket is
-          full, which it then leaves one burst into debt.
-
-        Not past the global watermark, the tenant's concurrency or its
-        quotas, which a forced charge does not check."""
-        if not self.tenants.lanes[lane].fail_open:
+        Not with the gate off (no pool room is known), and not past what a
+        forced charge does not check: the global watermark, the tenant's
+        concurrency and quotas, an operator's per-request cap and the
+        absolute ceiling."""
+        if not self.gate.enabled or not self.tenants.lanes[lane].fail_open:
             return False
         cfg = self.tenants.by_slot[slot].config
         per = cfg.max_tokens_per_request or 0
         cost = prompt + (min(max_tokens, per) if per else max_tokens)
-        burst = cfg.burst_tokens * MTOK_PER_TOKEN
-        level = self.table.level_mtok(slot, now)
-        if reason == _TOKEN_RATE:
-            if level - cost * MTOK_PER_TOKEN < -burst:
+        if reason == _MAX_TOKENS:
+            if (per and prompt > per) or cost > MAX_REQUEST_TOKENS:
                 return False
-        elif reason == _MAX_TOKENS:
-            if (per and prompt > per) or cost > MAX_REQUEST_TOKENS or level < burst:
-                return False
-            if cost * MTOK_PER_TOKEN <= 2 * burst:
+            if cost * MTOK_PER_TOKEN <= 2 * cfg.burst_tokens * MTOK_PER_TOKEN:
                 return False  # within the bucket's size: another limit refused it
             state = self.table.snapshot(slot)
             for quota, used in ((cfg.hourly_quota, state["hour_used"]),
@@ -201,7 +200,7 @@ class Decider:
                     return False
             if cfg.max_concurrency and state["inflight"] >= cfg.max_concurrency:
                 return False
-        else:
+        elif reason != _TOKEN_RATE:
             return False
         limit = self.tenants.policy.global_inflight_tokens
         return not limit or self.table.total_inflight_tokens() + cost <= limit

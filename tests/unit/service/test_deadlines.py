@@ -216,27 +216,51 @@ def test_premium_borrows_from_its_bucket_while_the_pool_has_room(make_service: A
     svc = make_service(vip, std)
     report(svc, waiting=0, running=0)
     assert svc.admit("vip", "a", "", 1_000, 0, pool="p").reason == Reason.OK  # level 0
-    assert svc.admit("vip", "b", "", 600, 0, pool="p").reason == Reason.OK  # borrowed: -600
-    # another 600 would take the debt past one burst: refused by its rate
-    assert svc.admit("vip", "c", "", 600, 0, pool="p").reason == Reason.TOKEN_RATE
+    # past its rate while the pool has room: served, the bucket in debt
+    assert svc.admit("vip", "b", "", 600, 0, pool="p").reason == Reason.OK
     assert svc.tenant_state("vip")["level_mtok"] == -600_000
+    assert svc.admit("vip", "c", "", 600, 0, pool="p").reason == Reason.OK
+    # charged in full (billing uses the usage), the level held at one burst of debt
+    assert svc.record("vip", "c") is not None and svc.record("vip", "c")[3] == 600
+    assert svc.tenant_state("vip")["level_mtok"] == -1_000_000
     # the other lanes do not borrow
     assert svc.admit("std", "a", "", 1_000, 0, pool="p").reason == Reason.OK
     assert svc.admit("std", "b", "", 600, 0, pool="p").reason == Reason.TOKEN_RATE
 
 
-def test_premium_larger_than_its_bucket_runs_on_a_full_bucket(make_service: Any) -> None:
+def test_premium_is_held_by_its_rate_when_the_pool_is_full(make_service: Any) -> None:
+    """Where the rate matters: the gate holds premium with no room, and the
+    refusal is the bucket's, as for anyone; with the gate off nobody borrows."""
     vip = tenant("vip", default_lane="premium", burst_tokens=1_000, token_rate=1)
+    svc = make_service(vip)
+    svc.apply_config([vip], LANES, GATE)
+    report(svc, waiting=0, running=0)
+    assert svc.admit("vip", "a", "", 1_000, 0, pool="p").reason == Reason.OK
+    report(svc, waiting=5, running=256)  # the engines' queue is past its target
+    assert svc.admit("vip", "b", "", 600, 0, pool="p").reason == Reason.BACKPRESSURE
+    assert svc.tenant_state("vip")["level_mtok"] == 0  # nothing borrowed
+    off = make_service(vip)
+    off.apply_config([vip], LANES, GATE.model_copy(update={"pool_gate": False}))
+    assert off.admit("vip", "a", "", 1_000, 0, pool="p").reason == Reason.OK
+    assert off.admit("vip", "b", "", 600, 0, pool="p").reason == Reason.TOKEN_RATE
+
+
+def test_premium_larger_than_its_bucket_runs_while_the_pool_has_room(
+    make_service: Any,
+) -> None:
+    vip = tenant("vip", default_lane="premium", burst_tokens=1_000, token_rate=1,
+                 hourly_quota=12_000)  # fmt: skip
     capped = tenant("capped", default_lane="premium", burst_tokens=1_000, token_rate=1,
                     max_tokens_per_request=1_500)  # fmt: skip
     svc = make_service(vip, capped)
     report(svc, waiting=0, running=0)
-    # 5,000 tokens: more than the bucket takes (2 x 1,000); on a full bucket
-    # premium runs it, leaving the bucket one burst in debt
+    # 5,000 tokens: more than the bucket takes (2 x 1,000); premium runs it,
+    # leaving the bucket one burst in debt, and the next one too
     assert svc.admit("vip", "huge", "", 5_000, 0, pool="p").reason == Reason.OK
     assert svc.tenant_state("vip")["level_mtok"] == -1_000_000
-    assert svc.admit("vip", "again", "", 5_000, 0, pool="p").reason == Reason.MAX_TOKENS
-    # a per-request cap the operator set still refuses
+    assert svc.admit("vip", "again", "", 5_000, 0, pool="p").reason == Reason.OK
+    # a quota still binds, and a per-request cap the operator set still refuses
+    assert svc.admit("vip", "third", "", 5_000, 0, pool="p").reason == Reason.MAX_TOKENS
     assert svc.admit("capped", "huge", "", 2_000, 0, pool="p").reason == Reason.MAX_TOKENS
 
 
