@@ -35,7 +35,7 @@ def served(migrated_url: str, make_server: Callable[..., Any], clock: Any) -> An
     add_tenants(
         migrated_url,
         acme(max_concurrency=50, hourly_quota=1_000_000),
-        acme(tenant_id="beta", burst_tokens=2000),
+        acme(tenant_id="beta", burst_tokens=2000, max_wait_ms=0),
     )
     # These tests are about the tenants' own limits: admitted requests are
     # not completed, so the pool gate's fallback (no load reports) must not
@@ -83,18 +83,20 @@ def test_denial_is_a_reply_with_retry_after_from_the_bucket(served: Any) -> None
     _, c = served
     assert c.admit("beta", "a", prompt_tokens=1500, max_tokens=0).decision == pb.DECISION_ADMIT
     # 3,000 tokens, more than the 2,000-token burst: it needs a full bucket,
-    # 1,500 short at 1,000 tokens/s. Premium borrows from its bucket only
-    # within one burst of debt (500 - 3,000 is past it), and the refill
-    # (1.5 s) is longer than a premium request may wait (0.75 x its 1 s
-    # SLO), so it is refused at once
-    d = c.admit("beta", "b", prompt_tokens=3000, max_tokens=0, lane="premium")
+    # 1,500 short at 1,000 tokens/s; beta does not wait (max_wait_ms 0), so
+    # a standard request is refused at once, retry_after from the bucket
+    d = c.admit("beta", "b", prompt_tokens=3000, max_tokens=0)
     assert d.decision == pb.DECISION_REJECT
     assert d.reason == pb.REASON_TOKEN_RATE
     assert d.retry_after_ms == 1500
     assert d.queue_wait_ms == 0
     assert "bucket" in d.message
-    dup = c.admit("beta", "b", prompt_tokens=3000, max_tokens=0, lane="premium")
+    dup = c.admit("beta", "b", prompt_tokens=3000, max_tokens=0)
     assert dup.duplicate and dup.reason == pb.REASON_TOKEN_RATE
+    # premium is protected by priority: while the pool has room it borrows
+    # from its bucket instead (docs/gate.md, rule 8), charged in full
+    p = c.admit("beta", "p", prompt_tokens=3000, max_tokens=0, lane="premium")
+    assert p.decision == pb.DECISION_ADMIT and p.reserved_tokens == 3000
     unknown = c.admit("nobody", "x", prompt_tokens=1, max_tokens=1)
     assert unknown.reason == pb.REASON_UNKNOWN_TENANT
 
