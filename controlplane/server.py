@@ -9,7 +9,7 @@ import contextlib
 import gc
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -199,6 +199,16 @@ class ControlPlane:
             raise TimeoutError(
                 f"no answer from the database within {self.settings.operator_db_timeout_s} s"
             ) from None
+
+    async def ready_tenants(self, tenant_ids: Sequence[str]) -> None:
+        """Wait (bounded: three share refreshes) until this replica holds a
+        share of each tenant's limits (several replicas, or one on
+        PostgreSQL: controlplane/ha/grants.py); at once otherwise. The admin
+        API calls it so that a tenant it created is usable on every door,
+        AdmitStream included, once the call returns."""
+        from controlplane.rpc.owners import ensure_shares
+
+        await ensure_shares(self.ownership, self.service, tenant_ids)
 
     async def load_config(self) -> bool:
         """Reload tenants and lanes when the database changed; True if applied."""

@@ -8,7 +8,7 @@ Reads of live state run on the loop, where the fast path lives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -69,6 +69,8 @@ class Plane(Protocol):
 
     async def load_config(self) -> bool: ...
 
+    async def ready_tenants(self, tenant_ids: Sequence[str]) -> None: ...
+
 
 class AdminServicer(apb_grpc.AdminServiceServicer):
     def __init__(
@@ -92,11 +94,16 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     def _actor() -> Actor:
         return current_actor()
 
-    async def _apply(self) -> None:
+    async def _apply(self, tenant_id: str = "") -> None:
         """Make a committed change live before answering (the reload's
-        database reads are bounded like the poll's)."""
+        database reads are bounded like the poll's); ``tenant_id``: a tenant
+        created, changed or enabled, usable on every door of this replica
+        once the call returns (its share of its limits held here, which an
+        AdmitStream batch does not wait for)."""
         try:
             await self._plane.load_config()
+            if tenant_id:
+                await self._plane.ready_tenants((tenant_id,))
         except Exception as exc:  # stored; the config poll applies it
             log.warning("change stored but reload failed; the poll will retry", error=str(exc))
 
@@ -108,7 +115,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     ) -> apb.Tenant:
         cfg = tenant_from_pb(request.tenant)
         rec = await self._db.run(self._store.add_tenant, cfg, self._actor())
-        await self._apply()
+        await self._apply(cfg.tenant_id)
         return tenant_to_pb(rec)
 
     @unary_errors
@@ -137,12 +144,12 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         rec = await self._db.run(
             self._store.update_tenant, request.tenant.tenant_id, changes, self._actor()
         )
-        await self._apply()
+        await self._apply(request.tenant.tenant_id)
         return tenant_to_pb(rec)
 
     async def _set_enabled(self, tenant_id: str, enabled: bool) -> apb.Tenant:
         rec = await self._db.run(self._store.set_enabled, tenant_id, enabled, self._actor())
-        await self._apply()
+        await self._apply(tenant_id if enabled else "")
         return tenant_to_pb(rec)
 
     @unary_errors

@@ -106,3 +106,21 @@ def test_limit_change_under_load(env: Env) -> None:
     assert beta_before.bucket_tokens <= beta_after.bucket_tokens
     assert beta_after.bucket_tokens <= beta_before.bucket_tokens + elapsed // 1_000_000_000 + 1
     assert beta_after.bucket_tokens < 5000
+
+
+def test_a_new_tenant_is_admitted_on_every_door_once_create_returns(env: Env) -> None:
+    """AdmitStream never waits for a share of a tenant's limits (a batch
+    would hold up the stream), so CreateTenant gives this replica one
+    before it answers: the first batch is decided as the first Admit is."""
+    from controlplane.client import AdmissionClient, make_batch
+
+    for i, door in enumerate(("stream", "unary")):
+        tid = f"fresh-{door}"
+        env.admin.call("CreateTenant", apb.CreateTenantRequest(
+            tenant=apb.Tenant(tenant_id=tid, token_rate="1000", burst_tokens=10_000)))  # fmt: skip
+        if door == "stream":
+            with AdmissionClient(env.target) as c:
+                (res,) = c.admit_stream([make_batch(i + 1, [tid], ["r1"], [10], [10])])
+            assert list(res.decision) == [pb.DECISION_ADMIT], res
+        else:
+            assert env.admit(tid, "r1", prompt=10).decision == pb.DECISION_ADMIT
