@@ -32,6 +32,7 @@ from decimal import Decimal
 from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.money import parse_decimal
 from controlplane.domain.scope import KeyScope
+from controlplane.domain.units import NS_PER_S
 from controlplane.domain.validate import MAX_POOL_LEN, check_id, check_optional_name, check_tokens
 from controlplane.service import records as R
 from controlplane.service.decider import Decider
@@ -53,6 +54,9 @@ MAX_MULTIPLIER_TEXT = 32
 # (controlplane/domain/validate.py): a TTL plus a day before now, an hour after.
 PAST_SLACK_NS = 86_400 * 10**9
 FUTURE_NS = 3_600 * 10**9
+# A pricing window starts at most one window before its admission; windows
+# are minutes (Settings.pricing_window_s), a day covers any sane one.
+WINDOW_SLACK_S = 86_400
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +121,19 @@ def check_fields(r: OpenReservation, now: int, ttl_ns: int) -> float:
         )
     if not 0 <= r.reservation_id < 2**63:
         raise InvalidArgument("reservation_id", f"must be below 2^63, got {r.reservation_id}")
-    if r.pricing_window < 0:
-        raise InvalidArgument("pricing_window", f"must be >= 0, got {r.pricing_window}")
+    if r.pricing_window:
+        # a window starts before its admission: within the admission time's
+        # own bounds (below), in Unix seconds; a window far in the future
+        # would be billed and exported as a date no export can write
+        low_s = (now - ttl_ns - PAST_SLACK_NS) // NS_PER_S - WINDOW_SLACK_S
+        high_s = (now + FUTURE_NS) // NS_PER_S
+        if not low_s <= r.pricing_window <= high_s:
+            raise InvalidArgument(
+                "pricing_window",
+                f"{r.pricing_window} is outside [{low_s}, {high_s}]: Unix seconds from the "
+                "reservation TTL plus one day before the server's clock to one hour after it "
+                "(0 = unknown)",
+            )
     text = r.pricing_multiplier
     if isinstance(text, str) and not text:
         raise InvalidArgument("pricing_multiplier", "required (the Admit answer's)")
