@@ -10,6 +10,7 @@ from controlplane.domain.validate import check_fraction, check_id, check_tokens
 from controlplane.service import records as R
 from controlplane.service.records import Key, Record, RequestLog
 from fastpath import Reason, TokenBucketTable
+from fastpath.codes import MAX_REQUEST_TOKENS
 
 # Usage above ratio x what was admitted, plus this slack, is refused as a
 # sidecar bug rather than billed (a tokenizer mismatch stays well under).
@@ -36,6 +37,15 @@ def check_usage(
             f"{cached_prompt_tokens} exceeds prompt_tokens {prompt_tokens}",
         )
     check_fraction("kv_cache_miss_rate", kv_cache_miss_rate)
+    if prompt_tokens + generated_tokens > MAX_REQUEST_TOKENS:
+        # the fast path's bound on one request: a larger usage could be
+        # charged (an offline booking, Envoy's response path) and then not
+        # settled; refused here, before anything changes, on every door
+        raise InvalidArgument(
+            "generated_tokens",
+            f"prompt_tokens + generated_tokens = {prompt_tokens + generated_tokens:,} exceeds "
+            f"{MAX_REQUEST_TOKENS:,}, the most one request may use",
+        )
 
 
 class Settler:
