@@ -60,8 +60,8 @@ def prebuilt_response() -> pb.AdmitResponse:
 
 
 class EmptyAdmissionServicer(pb_grpc.AdmissionServiceServicer):
-    """Answers without deciding. Takes (and ignores) the service, waiting and
-    metering arguments so it can stand in for
+    """Answers without deciding. Takes (and ignores) the service, waiting,
+    metering and ownership arguments so it can stand in for
     ``controlplane.rpc.admission.AdmissionServicer``."""
 
     def __init__(
@@ -71,6 +71,7 @@ class EmptyAdmissionServicer(pb_grpc.AdmissionServiceServicer):
         batch_sizes: Sequence[int] = (100, 1000),
         *,
         metering: object = None,
+        ownership: object = None,
     ) -> None:
         self._response = prebuilt_response()
         self._results: dict[int, pb.AdmitBatchResult] = {n: prebuilt_result(n) for n in batch_sizes}

@@ -435,8 +435,10 @@ def holder_main(conn: Connection) -> None:
 
 def prober_main(conn: Connection, tenants: tuple[str, ...]) -> None:
     """Process entry point of the open-loop prober: bench_grpc's load
-    generator with every unary Admit sent to ``tenants`` (in turn)."""
-    # _loadgen reads its module-level tenant cycle at each round.
+    generator with every Admit sent to ``tenants`` (in turn)."""
+    # AdmitStream rows read _loadgen's module-level tenant cycle at each
+    # round; unary Admits go to ``UnaryParams.tenants``, which bench_shaping
+    # sets to the same tenants (its default is bound when _loadgen loads).
     vars(lg)["TENANT_CYCLE"] = tenants
     sys.setswitchinterval(0.0005)
     lg.loadgen_main(conn)

@@ -3,6 +3,7 @@
 Run on demand (not a test; nothing here asserts on time):
 
     .venv/bin/python bench/bench_fastpath.py [--rounds 9] [--tenants 1000] [--only admit|sched]
+    .venv/bin/python bench/bench_fastpath.py --round-ms 1 --cap 20000   # tiny (CI's smoke run)
 
 Every contender decides the same pre-generated stream of requests (tenant, prompt
 tokens, max_tokens) over ``--tenants`` tenants, each request costing prompt + max_tokens
@@ -296,9 +297,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--round-ms", type=float, default=40.0, help="target time per round")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--only", choices=["admit", "sched"], help="run one table only")
+    parser.add_argument("--cap", type=int, help="most calls per round, and the pre-generated "
+                        "stream's length (default 400,000 admit, 200,000 sched)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.rounds < 7:
         parser.error("--rounds must be >= 7")
+    if args.cap is not None and args.cap < 2_000:
+        parser.error("--cap must be >= 2000")
 
     print(f"Python {platform.python_version()} on {platform.machine()} ({_cpu()}), "
           f"numpy {np.__version__}, Cython-built fastpath")  # fmt: skip
@@ -309,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def sched_table(args: argparse.Namespace) -> None:
-    cap = 200_000
+    cap = args.cap or 200_000
     ops = ["pick", "pick(mask)", "charge", "pick+charge", "score"]
     contenders: list[tuple[str, Setup, int]] = []
     for flows in (8, 32):
@@ -345,7 +350,7 @@ def sched_table(args: argparse.Namespace) -> None:
 
 
 def admit_table(args: argparse.Namespace) -> None:
-    cap = 400_000
+    cap = args.cap or 400_000
     requests = make_requests(cap, args.tenants, args.seed)
     tenants = args.tenants
     contenders: list[tuple[str, Setup, int]] = [

@@ -53,6 +53,7 @@ import datetime as dt
 import functools
 import gc
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -440,17 +441,28 @@ def serve(url: str, rate: int, spool_dir: str, sink: str) -> None:
                 nxt += tick
                 await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
 
-        if rate:
-            asyncio.get_running_loop().create_task(feed())
+        feeder = asyncio.get_running_loop().create_task(feed()) if rate else None
+        # SIGTERM stops the plane as serve_forever does: its cells are handed
+        # off at once, so the next run's server on this database owns them
+        # from its start (not redirecting to this one, gone, for a lease TTL).
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         t0 = time.perf_counter()
         while True:
-            await asyncio.sleep(2)
+            try:
+                await asyncio.wait_for(stop.wait(), 2)
+                break
+            except TimeoutError:
+                pass
             el = time.perf_counter() - t0
             st, gcp = writer.stats, plane.gc_pauses
             print(f"DURABLE {done[0] / el:.0f} {st.spooled} {st.batches / el:.1f} "
                   f"{gcp.total_s:.6f} {gcp.collections[2]} {gcp.longest_s:.6f} "
                   f"{st.batch_seconds / max(st.batches, 1):.6f}", flush=True)  # fmt: skip
             gcp.longest_s = 0.0  # the longest pause of each 2-s interval
+        if feeder is not None:
+            feeder.cancel()
+        await plane.stop(0)
 
     uvloop.run(main())
 

@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_sdk.py            # ~2 minutes
     .venv/bin/python bench/bench_sdk.py --quick    # smoke run, ~40 s
+    .venv/bin/python bench/bench_sdk.py --quick --seconds 0.2 --callers 8 --rates 200 \
+        --quiesce 0.25                             # tiny (CI's smoke run), ~8 s
 
 Two kinds of load, each for ``--seconds`` after a warm-up, every Admit
 with a fresh request id: open loop at ``--rates`` Admits per second (evenly
@@ -304,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--callers", type=str, default=None, help="closed loop: N values, a,b,c")
     ap.add_argument("--rates", type=str, default=None, help="open loop: Admits/s, a,b,c")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    ap.add_argument("--quiesce", type=float, default=4.0,
+                    help="longest wait (s) for an idle machine before each run")  # fmt: skip
     args = ap.parse_args(argv)
     seconds = args.seconds or (1.5 if args.quick else 4.0)
     warmup = 0.5 if args.quick else 1.0
@@ -324,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = f"127.0.0.1:{port}"
             for load in loads:
                 for mode in MODES:
-                    h.quiesce([pid])
+                    h.quiesce([pid], args.quiesce)
                     r = run_client(run_mode(mode, target, load, warmup, seconds, pid), args.loop)
                     print(f"  {mode:10} {r.load:>8}: {r.per_s:9,.0f}/s p50 {r.p50_ms:.2f} ms "
                           f"p99 {r.p99_ms:.2f} ms", file=sys.stderr)  # fmt: skip

@@ -12,11 +12,12 @@ Processes (all spawned, all on 127.0.0.1):
 
 * the server: ``controlplane.server.ControlPlane`` (grpc.aio on uvloop, the
   production wiring and background tasks) over a temporary SQLite database
-  migrated with ``controlplane.store.db.upgrade``, with admission auth off
-  and, unless ``--ledger``, the ledger off (Complete settles in memory, so
-  the per-admission CPU is admission and queueing, not SQLite commits). Its
-  control pipe answers state questions on the event-loop thread (how many
-  calls wait, open reservations, queue internals) outside measured windows.
+  migrated with ``controlplane.store.db.upgrade``, with admission auth and
+  the pool gate off and, unless ``--ledger``, the ledger off (Complete
+  settles in memory, so the per-admission CPU is admission and queueing,
+  not SQLite commits). Its control pipe answers state questions on the
+  event-loop thread (how many calls wait, open reservations, queue
+  internals) outside measured windows.
 * the holder (``_shaping_load.holder_main``): the sidecar of tenant
   ``blocked`` (max_concurrency K, max_queued 2,000, max_wait 120 s, lane
   ``batch`` whose wait target is raised to 180 s). It takes the K slots,
@@ -176,7 +177,12 @@ async def _serve(conn: Connection, db_url: str, ledger: bool) -> None:
 
 
 def prepare_db(url: str, concurrency: int) -> None:
+    """The two tenants, and the pool gate off (on in the default policy):
+    nothing here reports load, so the gate would let only its fallback of
+    64 requests in at a time, and ``free``'s calls, never settled, would
+    queue behind them (as bench_grpc.prepare_db)."""
     from controlplane.domain import TenantConfig
+    from controlplane.domain.policy import Policy
     from controlplane.store.config import ConfigRepository
     from controlplane.store.db import make_engine, upgrade
 
@@ -203,6 +209,7 @@ def prepare_db(url: str, concurrency: int) -> None:
             repo.add_tenant(
                 TenantConfig(tenant_id=FREE, token_rate=Decimal(1_000_000), burst_tokens=10**12)
             )
+            repo.update_policy(Policy(), {"pool_gate": False}, [])
         finally:
             engine.dispose()
 
@@ -403,6 +410,7 @@ def probe_round(env: Env, plan: Plan, mode: str, rate: int, rnd: int) -> ProbeSa
             seconds=plan.probe_seconds,
             warmup_s=plan.probe_warmup_s,
             id_prefix=env.prefix(f"u{rate}{mode[0]}"),
+            tenants=(FREE,),
         ),
         plan.probe_seconds + plan.probe_warmup_s + 60,
     )
@@ -587,6 +595,7 @@ def profile_all(env: Env, plan: Plan, tmp: Path) -> list[tuple[str, str]]:
                 seconds=min(3.0, plan.probe_seconds),
                 warmup_s=0.2,
                 id_prefix=env.prefix(f"pu{mode[0]}"),
+                tenants=(FREE,),
             )
             ures, st = _profiled(
                 env, tmp / f"probe-{mode}.pstats", partial(env.prober.run, up, 120)

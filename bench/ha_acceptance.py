@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/ha_acceptance.py            # ~10 minutes
     .venv/bin/python bench/ha_acceptance.py --quick    # TTL 1 s, a few faults, ~2 minutes
+    BURSTGATE_SHUTDOWN_GRACE_S=1 .venv/bin/python bench/ha_acceptance.py --ttl 1 --margin 0.25 \
+        --rate 300 --single 1 --steady 1 --warmup 1 --config-changes 1 --kills 1 --stops 1 \
+        --cuts 1 --terms 1                             # tiny (CI's smoke run), ~40 s
 
 Three ``burstgate serve`` processes on one fresh PostgreSQL database (each
 behind a TCP proxy of its own), TTL 5 s, margin 1 s, the SDK load of
@@ -77,6 +80,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=1500.0, help="Admits/s in total")
     ap.add_argument("--single", type=float, default=40.0, help="s of the one-replica phase")
     ap.add_argument("--steady", type=float, default=60.0, help="s of the steady phase")
+    ap.add_argument("--warmup", type=float, default=5.0, help="s of load before each phase")
     ap.add_argument("--config-changes", type=int, default=20)
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--stops", type=int, default=5)
@@ -139,13 +143,13 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         c.start([c[0]])
         single = LoadProc(Spec([c[0].address], args.rate / 3, mix.loads(),
                                str(out / "load-single"), run_id="single"))  # fmt: skip
-        time.sleep(5)
+        time.sleep(args.warmup)
         cpu1 = CpuWindow({"r0": c[0].pid, "load": single.proc.pid})
         time.sleep(args.single)
         cores1 = cpu1.cores()
         single.stop()
         a1 = single.admits()
-        t1 = single.started_ns + 5 * 10**9
+        t1 = single.started_ns + int(args.warmup * 1e9)
         t1_end = t1 + int(args.single * 1e9)
         lat1 = latencies_ms(a1, t1, t1_end)
         log(f"single: {len(lat1)} decisions, p99 {p(lat1, 99)} ms")
@@ -157,7 +161,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         loads = [single, load]
         try:
             faults.settle()
-            time.sleep(5)
+            time.sleep(args.warmup)
             t3 = time.monotonic_ns()
             cpu3 = CpuWindow({r.member: r.pid for r in c.replicas} | {"load": load.proc.pid})
             time.sleep(args.steady)

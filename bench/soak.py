@@ -1,10 +1,14 @@
 """Soak: a real ``burstgate serve`` on PostgreSQL under steady mixed load for
 an hour, with database outages and server restarts, then the ledger
-reconciled against every acknowledged Complete. On demand, not in CI.
+reconciled against every acknowledged Complete. On demand; CI runs it only
+at tiny size, to check that it still runs (the last command below).
 
     .venv/bin/python bench/soak.py                      # 1 h (BENCHMARKS.md "Soak")
     .venv/bin/python bench/soak.py --duration 180 --cut-every 60 --restart-every 90
                                                         # a 3-minute smoke run
+    .venv/bin/python bench/soak.py --duration 9 --tail 2 --restart-every 1 --sigkill-at 1 \
+        --cut-every 6.5 --cut-length 0.5 --ttl 2 --rate 100 --report-every 2 --sample-every 1 \
+        --server-env BURSTGATE_SHUTDOWN_GRACE_S=1      # tiny (CI's smoke run), ~25 s
 
 What it does:
 
@@ -155,8 +159,8 @@ class Event:
 def schedule(args: argparse.Namespace) -> list[Event]:
     """Cuts at k x cut_every (alternating refuse, hang), restarts at
     k x restart_every (moved to 5 s after a cut they fall in), all ending
-    at least 20 s before the end of the run."""
-    end = args.duration - 20
+    at least ``--tail`` (20) s before the end of the run."""
+    end = args.duration - args.tail
     events: list[Event] = []
     cuts: list[tuple[float, float]] = []
     k = 1
@@ -613,6 +617,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cut-length", type=float, default=30)
     ap.add_argument("--restart-every", type=float, default=900, help="s (0 = none)")
     ap.add_argument("--sigkill-at", type=int, default=2, help="this restart is SIGKILL (0: none)")
+    ap.add_argument("--tail", type=float, default=20, help="s of load after the last event")
     ap.add_argument("--report-every", type=float, default=60)
     ap.add_argument("--sample-every", type=float, default=5, help="/metrics and RSS peaks, s")
     ap.add_argument("--max-in-flight", type=int, default=2000)
