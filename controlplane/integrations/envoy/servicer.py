@@ -199,7 +199,10 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
 
     async def _settle(self, ask: Ask) -> rls.RateLimitResponse:
         self.calls["settle"] += 1
-        s = await settle(self._svc, self._waiting, self.metering, ask, admission_scope.get())
+        scope = admission_scope.get()
+        if scope is not None:  # as the request path: a key settles only its own tenants
+            scope.check_tenant("tenant_id", ask.tenant)
+        s = await settle(self._svc, self._waiting, self.metering, ask, scope)
         if s.outcome == "booked" and ask.request_id:
             # Usage with no reservation under its id: worth knowing (the
             # request-path call did not reserve, or under another id).

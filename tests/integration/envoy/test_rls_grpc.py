@@ -168,3 +168,51 @@ def test_a_bad_mapping_file_fails_the_start(sqlite_url: str, tmp_path: Path) -> 
         asyncio.run(start())
     assert err.value.code == 2
     assert "defaults.estimate_tokens" in err.value.line
+
+
+def test_the_response_path_is_scoped_like_the_request_path(
+    gateway: Gateway, rls_call: rls_grpc.RateLimitServiceStub
+) -> None:
+    """A key scoped to tiny cannot settle (or book) acme's usage: every
+    ShouldRateLimit call is checked against the key's tenants, as Admit is."""
+    from controlplane.domain.audit import Actor
+    from controlplane.domain.keys import Role
+    from controlplane.store.db import make_engine
+    from controlplane.store.keys import KeyStore
+
+    engine = make_engine(gateway.url)
+    try:
+        tiny_only, _ = KeyStore(engine).create_key(
+            "tiny-only", Role.SIDECAR, Actor("local:test", "local"), tenants=["tiny"], pools=["*"]
+        )
+    finally:
+        engine.dispose()
+    rid = uuid.uuid4().hex
+    assert call(rls_call, gateway.key, shape("request-path", "acme", rid)).overall_code == OK
+
+    def key_known() -> bool:  # the server's key cache learns a new key soon, not at once
+        probe = shape("request-path", "tiny", uuid.uuid4().hex)
+        probe.descriptors[0].hits_addend.value = 0  # a check: spends nothing of tiny's
+        try:
+            call(rls_call, tiny_only, probe)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return False
+            raise
+        return True
+
+    wait_until(key_known, message="the new key in the server's cache")
+    for phase in ("stream-done", "request-path"):
+        resp = call(rls_call, tiny_only, usage(shape(phase, "acme", rid), 10, 990))
+        assert resp.overall_code == OVER
+        assert headers(resp)["x-burstgate-error"].startswith("tenant_id: ")
+    # acme's reservation is still open: settled only by a key that covers acme
+    srv = gateway.plane.srv
+    assert srv is not None
+    rec = srv.on_loop(lambda: srv.plane.service.record("acme", rid))
+    assert rec is not None and rec[0] == 0  # R.OPEN
+    done = call(rls_call, gateway.key, usage(shape("stream-done", "acme", rid), 10, 5))
+    assert done.overall_code == OK
+    row = wait_until(lambda: ledger_rows(gateway.url, f"request_id = '{rid}'") or None,
+                     message="acme's row")  # fmt: skip
+    assert [(r.tenant_id, r.output_tokens) for r in row] == [("acme", 5)]
