@@ -55,13 +55,49 @@ def _positive_int(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
+# Deeper than any OpenAI request needs (a tool's JSON schema nests a few
+# levels): a deeper body is refused before anything walks it (token counting,
+# the rewrite for the engine), which Python's recursion would fail on.
+MAX_DEPTH = 64
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when a key repeats (which value an engine
+    would take is undefined)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise BadRequest(f"the request body repeats the key {key[:40]!r}")
+            seen.add(key)
+    return out
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests (iteratively: no recursion of our own)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if d > MAX_DEPTH:
+                return d
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def parse(raw: bytes, *, chat: bool) -> CompletionRequest:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, object_pairs_hook=_object)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BadRequest("the request body is not valid JSON") from None
+        raise BadRequest("the request body is not valid JSON (UTF-8)") from None
+    except RecursionError:
+        raise BadRequest(f"the request body nests deeper than {MAX_DEPTH} levels") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    if _depth(body) > MAX_DEPTH:
+        raise BadRequest(f"the request body nests deeper than {MAX_DEPTH} levels")
     model = body.get("model", "")
     if not isinstance(model, str):
         raise BadRequest("model must be a string", "model")

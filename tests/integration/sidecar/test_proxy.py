@@ -247,6 +247,18 @@ def test_who_the_request_is_for_and_bad_requests() -> None:
             long_id = await r.post("/v1/chat/completions", CHAT, **{"x-request-id": "x" * 129})
             assert long_id.status == 400 and "x-request-id" in (await long_id.json())["error"][
                 "message"]
+            # every malformed body is a 400 that says why (never a 500)
+            for raw, says in (
+                (b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nests deeper"),
+                (b'{"model": "m", "messages": ' + b"[" * 70 + b"]" * 70 + b"}", "nests deeper"),
+                (b'{"model": "a", "model": "b", "messages": []}', "repeats the key 'model'"),
+                (b'{"model": "\xff"}', "not valid JSON"),  # not UTF-8
+                ('{"model": "\u00e9"}'.encode("latin-1"), "not valid JSON"),
+            ):
+                bad_body = await r.http.post(r.url + "/v1/chat/completions", data=raw,
+                                             headers={"authorization": "Bearer sk-acme"})
+                assert bad_body.status == 400, raw[:40]
+                assert says in (await bad_body.json())["error"]["message"]
             assert len(r.admitter.admits) == n  # none of these was admitted
             generated = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 1})
             assert len(generated.headers["x-request-id"]) == 32
