@@ -87,13 +87,18 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[rls.RateLimitRequ
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_admitted_then_settled_with_the_engines_usage(gateway: Gateway, stream: bool) -> None:
-    rid = uuid.uuid4().hex
-    status, headers, body = chat(gateway.base(), "acme", rid, stream=stream, max_tokens=12)
+    chosen = uuid.uuid4().hex  # the client's x-request-id: not what the ledger is keyed on
+    status, headers, body = chat(gateway.base(), "acme", chosen, stream=stream, max_tokens=12)
     usage = usage_of(status, body, stream)
+    # use_remote_address: Envoy replaced the external client's id with its
+    # own, and says it in the answer (always_set_request_id_in_response)
+    rid = headers["x-request-id"]
+    assert rid != chosen
     # the request path's answer, as headers on the client's response
     assert headers["x-ratelimit-limit"] == "100000000"  # acme's bucket (refills at 1,000/s)
     assert int(headers["x-ratelimit-remaining"]) < 100_000_000
     rec = wait_until(lambda: row(gateway.url, "acme", rid), message="the ledger row")
+    assert row(gateway.url, "acme", chosen) is None
     # reserved the configured estimate, settled with what the engine reported
     assert (rec.reserved_tokens, rec.prompt_tokens, rec.output_tokens) == (
         1024, usage["prompt_tokens"], usage["completion_tokens"],
@@ -103,9 +108,9 @@ def test_admitted_then_settled_with_the_engines_usage(gateway: Gateway, stream: 
 def test_over_limit_is_429_with_rate_limit_headers(gateway: Gateway) -> None:
     # tiny-1 reserves 1,024 of tiny's 1,500 and uses 608 (600 + 8): whether
     # it is settled yet or not, fewer than 1,024 are left for tiny-2
-    first, _, body = chat(gateway.base(), "tiny", "tiny-1", prompt_tokens=600)
+    first, first_headers, body = chat(gateway.base(), "tiny", "tiny-1", prompt_tokens=600)
     assert first == 200, body
-    status, headers, _ = chat(gateway.base(), "tiny", "tiny-2")
+    status, headers, refusal = chat(gateway.base(), "tiny", "tiny-2")
     assert status == 429
     assert headers["x-envoy-ratelimited"] == "true"
     assert headers["x-burstgate-reason"] == "token_rate"
@@ -115,17 +120,27 @@ def test_over_limit_is_429_with_rate_limit_headers(gateway: Gateway) -> None:
     retry = int(headers["retry-after"])
     assert 1024 - left - 1 <= retry <= 1024 - left  # a token a second refills the rest
     assert headers["x-ratelimit-reset"] == headers["retry-after"]
-    wait_until(lambda: row(gateway.url, "tiny", "tiny-1"), message="tiny-1 settled")
-    assert row(gateway.url, "tiny", "tiny-2") is None  # refused: never ran, never billed
+    # a body the openai client shows: why, and when to come back
+    error = json.loads(refusal)["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "token_rate")
+    assert f"retry after {retry} s" in error["message"]
+    wait_until(lambda: row(gateway.url, "tiny", first_headers["x-request-id"]),
+               message="tiny-1 settled")  # fmt: skip
+    # refused: never ran, never billed
+    assert row(gateway.url, "tiny", headers["x-request-id"]) is None
 
 
 def test_requests_burstgate_cannot_decide_are_refused(gateway: Gateway) -> None:
-    status, headers, _ = chat(gateway.base(), None)  # no x-tenant header
-    assert status == 429
-    assert "no entry with a burstgate key" in headers["x-burstgate-error"]
-    status, headers, _ = chat(gateway.base(), "outsider")  # outside the key's scope
+    status, headers, body = chat(gateway.base(), None)  # no x-tenant header
+    assert status == 400  # the client's mistake, said in the OpenAI error shape
+    error = json.loads(body)["error"]
+    assert (error["param"], error["code"], error["type"]) == (
+        "x-tenant", "no_tenant", "invalid_request_error")
+    assert "no x-tenant header" in error["message"]
+    status, headers, body = chat(gateway.base(), "outsider")  # outside the key's scope
     assert status == 429
     assert "outsider" in headers["x-burstgate-error"]
+    assert "outsider" in json.loads(body)["error"]["message"]
 
 
 def test_the_exact_requests_envoy_sends(
@@ -133,9 +148,9 @@ def test_the_exact_requests_envoy_sends(
 ) -> None:
     """The request path and the stream-done call of one request, as Envoy
     1.40 sends them (fixtures/*.txtpb; BURSTGATE_RECAPTURE=1 rewrites them)."""
-    rid = "captured-request-id"
-    status, _, body = chat(gateway.base(), "acme", rid)
+    status, headers, body = chat(gateway.base(), "acme", "client-chosen-id")
     usage = usage_of(status, body, False)
+    rid = headers["x-request-id"]  # Envoy's own (use_remote_address)
 
     def ours() -> list[rls.RateLimitRequest]:  # (a late call of an earlier test may be there)
         return [r for r in captured if any(e.value == rid for e in r.descriptors[0].entries)]
@@ -144,6 +159,9 @@ def test_the_exact_requests_envoy_sends(
     request_path, stream_done = ours()
     assert usage["total_tokens"] == stream_done.descriptors[0].hits_addend.value
     for name, msg in (("request-path", request_path), ("stream-done", stream_done)):
+        for e in msg.descriptors[0].entries:  # Envoy's id differs per request
+            if e.key == "request_id":
+                e.value = "captured-request-id"
         path = FIXTURES / f"envoy-1.40-{name}.txtpb"
         text = text_format.MessageToString(msg)
         if os.environ.get("BURSTGATE_RECAPTURE"):
