@@ -58,6 +58,11 @@ class Keys(_Strict):
     # its first attempt's deadline (AdmitRequest.retry_key / attempt).
     retry_key: str = Field(default="retry_key", min_length=1)
     attempt: str = Field(default="attempt", min_length=1)
+    # Optional, response path: "reported" (the split or hits_addend is the
+    # answer's usage), "missing" (a successful answer carried no usage: it
+    # is settled at its reservation, or at the usage given when more, never
+    # at zero), "none" (an error or a refusal: nothing was generated).
+    usage: str = Field(default="usage", min_length=1)
 
     @model_validator(mode="after")
     def _distinct(self) -> Keys:

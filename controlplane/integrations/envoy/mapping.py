@@ -32,6 +32,7 @@ MAX_ID_LEN = 128
 MAX_NAME_LEN = 64
 MAX_TOKENS = 1_000_000_000  # Envoy's own bound on a hits_addend
 MAX_ATTEMPT = 1_000  # as AdmitRequest.attempt
+USAGE_VALUES = ("reported", "missing", "none")  # the usage entry (config.py Keys.usage)
 
 
 class Phase(StrEnum):
@@ -64,6 +65,8 @@ class Ask:
     mapped: tuple[bool, ...]  # per descriptor: carries a burstgate entry
     retry_key: str = ""  # "" = the request id (a retry under its own id)
     attempt: int = 0  # 0 = a first attempt
+    # response path: the answer carried no usage (settled at the reservation)
+    usage_missing: bool = False
 
 
 def _clean(field: str, value: str, max_len: int) -> str:
@@ -87,7 +90,7 @@ def parse(request: rls.RateLimitRequest, cfg: EnvoyConfig) -> Ask:
         raise BadInput("descriptors", "no descriptor")
     k = cfg.descriptors
     wanted = {k.tenant, k.lane, k.pool, k.model, k.request_id, k.phase, k.prompt_tokens,
-              k.completion_tokens, k.retry_key, k.attempt}  # fmt: skip
+              k.completion_tokens, k.retry_key, k.attempt, k.usage}  # fmt: skip
     found: dict[str, str] = {}
     mapped: list[bool] = []
     hits: int | None = None
@@ -129,6 +132,9 @@ def parse(request: rls.RateLimitRequest, cfg: EnvoyConfig) -> Ask:
     if (prompt is None) != (completion is None):
         missing = k.completion_tokens if completion is None else k.prompt_tokens
         raise BadInput(missing, "the usage split needs both prompt and completion tokens")
+    usage = found.get(k.usage, "reported")
+    if usage not in USAGE_VALUES:
+        raise BadInput(k.usage, f"expected one of {', '.join(USAGE_VALUES)}, got {usage[:40]!r}")
     attempt = found.get(k.attempt, "0")
     if not attempt.isdigit() or len(attempt) > 4 or int(attempt) > MAX_ATTEMPT:
         raise BadInput(k.attempt, f"expected a retry count 0..{MAX_ATTEMPT}, got {attempt[:40]!r}")
@@ -150,4 +156,5 @@ def parse(request: rls.RateLimitRequest, cfg: EnvoyConfig) -> Ask:
         if k.retry_key in found
         else "",
         attempt=int(attempt),
+        usage_missing=usage == "missing",
     )

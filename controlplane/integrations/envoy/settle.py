@@ -10,7 +10,9 @@ the real token count): settle the request's reservation with it.
   delivery), then nothing;
 - already settled: a duplicate, nothing changes;
 - no usage and nothing open: nothing to do (e.g. the request was refused
-  and Envoy's stream-done call reports the local 429 reply).
+  and Envoy's stream-done call reports the local 429 reply);
+- ``usage: missing`` (a successful answer that carried no usage): settled
+  at the reservation, or at the usage counted when more, never at zero.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ async def settle(
     rid = ask.request_id or uuid.uuid4().hex  # no id: a usage report of its own
     key = (ask.tenant, rid)
     rec = svc.record(*key)
+    if ask.usage_missing and rec is not None and rec[R.STATE] == R.OPEN:
+        # a successful answer without its usage is billed its reservation
+        # (or what was counted, when more): never the zero it reported
+        generated = max(generated, rec[R.RESERVED] - prompt)
     booked = False
     if rec is None or rec[R.STATE] == R.REJECTED:
         if prompt + generated == 0:

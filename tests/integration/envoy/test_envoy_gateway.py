@@ -29,14 +29,16 @@ FIXTURES = Path(__file__).with_name("fixtures")
 
 
 def chat(base: str, tenant: str | None, rid: str | None = None, *, stream: bool = False,
-         max_tokens: int = 8, prompt_tokens: int | None = None,
+         max_tokens: int = 8, prompt_tokens: int | None = None, include_usage: bool = True,
          ) -> tuple[int, dict[str, str], str]:  # fmt: skip
     body: dict[str, Any] = {
         "model": MODEL, "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": "Hello there, how are you?"}],
     }  # fmt: skip
     if stream:
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        body |= {"stream": True}
+        if include_usage:
+            body["stream_options"] = {"include_usage": True}
     headers = {"content-type": "application/json"}
     if tenant is not None:
         headers["x-tenant"] = tenant
@@ -85,10 +87,17 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[rls.RateLimitRequ
     yield seen
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_admitted_then_settled_with_the_engines_usage(gateway: Gateway, stream: bool) -> None:
+@pytest.mark.parametrize(("stream", "include_usage"), [(False, True), (True, True), (True, False)],
+                         ids=["whole", "streamed", "streamed-without-asking-for-usage"])
+def test_admitted_then_settled_with_the_engines_usage(
+    gateway: Gateway, stream: bool, include_usage: bool
+) -> None:
+    """A stream whose client did not ask for its usage (the openai SDK's
+    default) is made to: the Lua filter adds stream_options.include_usage,
+    so it is billed what it used, not nothing."""
     chosen = uuid.uuid4().hex  # the client's x-request-id: not what the ledger is keyed on
-    status, headers, body = chat(gateway.base(), "acme", chosen, stream=stream, max_tokens=12)
+    status, headers, body = chat(gateway.base(), "acme", chosen, stream=stream, max_tokens=12,
+                                 include_usage=include_usage)  # fmt: skip
     usage = usage_of(status, body, stream)
     # use_remote_address: Envoy replaced the external client's id with its
     # own, and says it in the answer (always_set_request_id_in_response)

@@ -216,3 +216,29 @@ def test_the_response_path_is_scoped_like_the_request_path(
     row = wait_until(lambda: ledger_rows(gateway.url, f"request_id = '{rid}'") or None,
                      message="acme's row")  # fmt: skip
     assert [(r.tenant_id, r.output_tokens) for r in row] == [("acme", 5)]
+
+
+def said(req: rls.RateLimitRequest, what: str) -> rls.RateLimitRequest:
+    """The stream-done call with the Lua filter's ``usage`` entry set to ``what``."""
+    (entry,) = [e for e in req.descriptors[0].entries if e.key == "usage"]
+    entry.value = what
+    return req
+
+
+def test_an_answer_without_usage_is_settled_at_its_reservation(
+    gateway: Gateway, rls_call: rls_grpc.RateLimitServiceStub
+) -> None:
+    """The Lua filter says ``usage: missing`` for a successful answer that
+    carried no usage (an engine that ignores include_usage): billed its
+    reservation (or the chunks counted, when more), never zero."""
+    for counted, billed in ((0, 1024), (2000, 2000)):
+        rid = uuid.uuid4().hex
+        assert call(rls_call, gateway.key, shape("request-path", "acme", rid)).overall_code == OK
+        done = said(usage(shape("stream-done", "acme", rid), 0, counted), "missing")
+        assert call(rls_call, gateway.key, done).overall_code == OK
+        where = f"request_id = '{rid}'"
+        rows = wait_until(lambda: ledger_rows(gateway.url, where) or None,  # noqa: B023
+                          message="the row")  # fmt: skip
+        assert [(r.reserved_tokens, r.output_tokens) for r in rows] == [(1024, billed)]
+    bad = said(usage(shape("stream-done", "acme", uuid.uuid4().hex), 0, 1), "lost")
+    assert headers(call(rls_call, gateway.key, bad))["x-burstgate-error"].startswith("usage: ")
