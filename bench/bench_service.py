@@ -66,29 +66,18 @@ def report(svc: AdmissionService) -> None:
                     requests_running=0, max_num_seqs=10**9, kv_cache_usage=0.1)  # fmt: skip
 
 
-def unary(n: int, gate: bool) -> float:
+def unary(n: int, gate: bool, as_batch: bool = False) -> float:
+    """``as_batch``: each request as an AdmitStream batch of one, what a
+    unary Admit would cost through the batch's columns (service/batchdecision.py)."""
     svc, clock = make_service(gate)
     start = time.perf_counter_ns()
     for i in range(n):
         t = f"t{i % TENANTS}"
         rid = f"r{i}"
-        svc.admit(t, rid, "standard", 500, 200, pool=POOL)
-        svc.complete(t, rid, 0, 500, 100)
-        clock.now += 1000
-        if i % 100 == 99:
-            report(svc)
-    return (time.perf_counter_ns() - start) / n
-
-
-def batch_of_one(n: int) -> float:
-    """``unary``'s requests, each as an AdmitStream batch of one: what a
-    unary Admit would cost through the batch's columns (service/batchdecision.py)."""
-    svc, clock = make_service(True)
-    start = time.perf_counter_ns()
-    for i in range(n):
-        t = f"t{i % TENANTS}"
-        rid = f"r{i}"
-        svc.admit_batch([t], [rid], ["standard"], [500], [200], pool=POOL)
+        if as_batch:
+            svc.admit_batch([t], [rid], ["standard"], [500], [200], pool=POOL)
+        else:
+            svc.admit(t, rid, "standard", 500, 200, pool=POOL)
         svc.complete(t, rid, 0, 500, 100)
         clock.now += 1000
         if i % 100 == 99:
@@ -143,7 +132,7 @@ def main() -> None:
     scenarios: dict[str, Callable[[], float]] = {
         "admit+complete": lambda: unary(args.n, True),
         "admit+complete, gate off": lambda: unary(args.n, False),
-        "admit_batch 1 + complete": lambda: batch_of_one(args.n),
+        "admit_batch 1 + complete": lambda: unary(args.n, True, as_batch=True),
         "admit_or_wait (backlog)": lambda: waiting(args.n),
         "admit_batch 100": lambda: batch(args.n, 100, True),
         "admit_batch 100, gate off": lambda: batch(args.n, 100, False),

@@ -32,6 +32,7 @@ from controlplane.rpc.assembly import (
     keepalive_options,
 )
 from controlplane.rpc.dbcall import DbCaller
+from controlplane.rpc.owners import ensure_shares
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
@@ -206,8 +207,6 @@ class ControlPlane:
         PostgreSQL: controlplane/ha/grants.py); at once otherwise. The admin
         API calls it so that a tenant it created is usable on every door,
         AdmitStream included, once the call returns."""
-        from controlplane.rpc.owners import ensure_shares
-
         await ensure_shares(self.ownership, self.service, tenant_ids)
 
     async def load_config(self) -> bool:

@@ -155,7 +155,6 @@ class BatchDecision:
     prompt: npt.NDArray[np.int64]
     maxt: npt.NDArray[np.int64]
     # place
-    pair_ix: dict[tuple[str, str], int]
     pair: npt.NDArray[np.intp]
     asked: npt.NDArray[np.intp]
     pair_keys: list[tuple[str, str]]
@@ -250,7 +249,6 @@ class BatchDecision:
         pool. ``asked`` keeps the lane asked for: its SLO applies."""
         n, tenants, t_entry, tix = self.n, self.tenants, self.t_entry, self.tix
         pair_ix: dict[tuple[str, str], int] = {}
-        self.pair_ix = pair_ix
 
         def pair_of(entry: Tenant | None, lane: str) -> int:
             lp = (lane, tenants.pool_for(entry, lane, self.pool))

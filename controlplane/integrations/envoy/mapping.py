@@ -27,11 +27,11 @@ from enum import StrEnum
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
 from controlplane.domain.validate import MAX_POOL_LEN
 from controlplane.integrations.envoy.config import EnvoyConfig
+from controlplane.service.edge import MAX_ATTEMPT
 
 MAX_ID_LEN = 128
 MAX_NAME_LEN = 64
 MAX_TOKENS = 1_000_000_000  # Envoy's own bound on a hits_addend
-MAX_ATTEMPT = 1_000  # as AdmitRequest.attempt
 USAGE_VALUES = ("reported", "missing", "none")  # the usage entry (config.py Keys.usage)
 
 
