@@ -111,6 +111,9 @@ def export_command(
     finally:
         engine.dispose()
     text = manifest_json(result)
+    if result.set_aside:
+        typer.echo(f"warning: {result.set_aside} ledger records could not be written and were "
+                   "set aside; the manifest's set_aside names them", err=True)  # fmt: skip
     target = manifest or (out.with_name(out.name + ".manifest.json") if out else None)
     if target is None:
         sys.stderr.write(text)

@@ -21,6 +21,14 @@
   rows (read in group order, one group in memory at a time) rather than by
   SQL ``GROUP BY``: the base charge is rounded per record, which SQL cannot
   do exactly on both databases.
+- **Never failed by one row**: a record that cannot be written (a time
+  outside what ISO 8601 and Parquet's 64-bit nanoseconds can say, left by
+  an older server or written into the database by hand: issue 30 item 10)
+  is *set aside*: not in the file, listed in the manifest's ``set_aside``
+  (tenant, request id, settled time, why), its figures in
+  ``set_aside_totals``, and the reconciliation checks rows written plus rows
+  set aside against the database's sums. Finance sees every record either
+  in the file or named in the manifest; the rest of the period exports.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import structlog
 from sqlalchemy import Connection, Engine, Select, String, cast, func, literal_column, select
 
 from controlplane.domain.errors import InvalidArgument, excerpt
@@ -46,7 +55,13 @@ from controlplane.domain.validate import check_id
 from controlplane.ledger.revenue import MicroCache, Sums, add_record
 from controlplane.store.ledger import LEDGER
 
+log = structlog.get_logger("burstgate.export")
+
 FETCH_ROWS = 5_000
+# The manifest names at most this many set-aside rows (all are counted and summed).
+SET_ASIDE_LISTED = 1_000
+# What rendering a damaged record raises (datetime, Decimal, int conversions).
+_UNWRITABLE = (ValueError, OverflowError, ArithmeticError, TypeError)
 # Period bounds: the ledger's times are Unix nanoseconds in BIGINT columns,
 # so a bound outside [1970, 2262] cannot even be compared in SQL.
 MAX_TIME_NS = 2**63 - 1
@@ -113,6 +128,38 @@ class ExportResult:
     sha256: str = ""
     totals: dict[str, Totals] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
+    set_aside: int = 0  # records not written (listed in the manifest)
+
+
+@dataclass
+class _SetAside:
+    """Records that could not be written, named for the manifest."""
+
+    count: int = 0
+    listed: list[dict[str, Any]] = field(default_factory=list)
+    totals: dict[str, Totals] = field(default_factory=dict)
+    unsummed: int = 0  # whose amounts could not be read either
+
+    def add(self, r: Sequence[Any], daily: bool, exc: Exception, micro: MicroCache) -> None:
+        self.count += 1
+        if daily:  # (tenant, day, model, currency, sums...)
+            entry = {"tenant_id": str(r[0]), "day": str(r[1]), "model": str(r[2])}
+        else:
+            entry = {"tenant_id": str(r[_IDX["tenant_id"]]),
+                     "request_id": str(r[_IDX["request_id"]]),
+                     "settled_unix_ns": str(r[_IDX["settled_ns"]])}  # fmt: skip
+        entry["reason"] = excerpt(f"{type(exc).__name__}: {exc}")
+        if len(self.listed) < SET_ASIDE_LISTED:
+            self.listed.append(entry)
+        log.warning("ledger record set aside from an export", **entry)
+        try:
+            if daily:
+                sums = self.totals.setdefault(r[3], Totals())
+                add_record(sums, r, 4, micro)
+            else:
+                _add_request(self.totals, r, micro)
+        except _UNWRITABLE:
+            self.unsummed += 1
 
 
 def period_filter(q: Select[Any], spec: ExportSpec) -> Select[Any]:
@@ -260,6 +307,9 @@ class _Text:
         if self._csv is not None:
             self._csv.writerow(columns)
 
+    def prepare(self, values: list[Any]) -> list[Any]:
+        return values  # text takes any rendered row
+
     def add(self, values: list[Any]) -> None:
         if self._csv is not None:
             self._csv.writerow(values)
@@ -314,15 +364,23 @@ class _Parquet:
         self.granularity = granularity
         self.rows: list[list[Any]] = []
 
+    def prepare(self, values: list[Any]) -> list[Any]:
+        """The row as Arrow values, checked here so that a row Parquet cannot
+        hold is set aside alone rather than failing its whole row group."""
+        return self._native(values)
+
     def add(self, values: list[Any]) -> None:
-        self.rows.append(values)
+        self.rows.append(values)  # as prepare() made them
 
     def _native(self, values: list[Any]) -> list[Any]:
         out: list[Any] = []
         for v, f in zip(values, self.schema, strict=True):
             t = f.type
             if self.pa.types.is_timestamp(t):
-                out.append(_iso_to_ns(v) if v else None)
+                ns = _iso_to_ns(v) if v else None
+                if ns is not None and not 0 <= ns <= MAX_TIME_NS:
+                    raise OverflowError(f"{f.name} {v} is past Parquet's 64-bit nanoseconds")
+                out.append(ns)
             elif self.pa.types.is_decimal(t):
                 out.append(Decimal(v) if v != "" else None)
             elif self.pa.types.is_date32(t):
@@ -333,7 +391,7 @@ class _Parquet:
 
     def take(self, final: bool = False) -> bytes:
         if self.rows:
-            cols = list(zip(*(self._native(r) for r in self.rows), strict=True))
+            cols = list(zip(*self.rows, strict=True))
             arrays = [
                 self.pa.array(col, type=f.type) for col, f in zip(cols, self.schema, strict=True)
             ]
@@ -366,9 +424,11 @@ class _DailyGroups:
     def feed(self, r: Sequence[Any]) -> list[Any] | None:
         """Add a record; the finished group's row when this one starts a new group."""
         key = (r[0], int(r[1]), r[2], r[3])
+        one = Sums()
+        add_record(one, r, 4, self.micro)  # first: a record that cannot be read changes nothing
         done = self.finish() if key != self.key else None
         self.key = key
-        add_record(self.sums, r, 4, self.micro)
+        self.sums.merge(one)
         return done
 
     def finish(self) -> list[Any] | None:
@@ -393,6 +453,7 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
     running: dict[str, Totals] = {}
     groups = _DailyGroups(running)
     micro = MicroCache()
+    aside = _SetAside()
     rows = 0
     options: dict[str, Any] = {}
     if engine.dialect.name == "postgresql":
@@ -405,12 +466,21 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
         for part in cursor.partitions():
             for r in part:
                 if daily:
-                    done = groups.feed(r)
+                    try:
+                        done = groups.feed(r)
+                    except _UNWRITABLE as exc:
+                        aside.add(r, True, exc, micro)
+                        continue
                     if done is not None:
-                        out.add(done)
+                        out.add(out.prepare(done))
                         rows += 1
                 else:
-                    out.add(_request_values(r))
+                    try:  # rendered whole before anything of it is written
+                        values = out.prepare(_request_values(r))
+                    except _UNWRITABLE as exc:
+                        aside.add(r, False, exc, micro)
+                        continue
+                    out.add(values)
                     _add_request(running, r, micro)
                     rows += 1
             data = out.take(final=False) if spec.fmt != "parquet" else out.take()
@@ -419,15 +489,24 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
                 yield data
         last = groups.finish()
         if last is not None:
-            out.add(last)
+            out.add(out.prepare(last))
             rows += 1
     data = out.take(final=True)
     if data:
         sha.update(data)
         yield data
-    if {k: v.key() for k, v in running.items()} != {k: v.key() for k, v in expected.items()}:
-        raise ExportMismatch(f"export rows add up to {running}, the database's SUM() to {expected}")
+    accounted: dict[str, Totals] = {}
+    for part_totals in (running, aside.totals):
+        for currency, t in part_totals.items():
+            accounted.setdefault(currency, Totals()).merge(t)
+    reconciled = not aside.unsummed
+    if reconciled and (
+        {k: v.key() for k, v in accounted.items()} != {k: v.key() for k, v in expected.items()}
+    ):
+        raise ExportMismatch(f"export rows add up to {running} (set aside: {aside.totals}), "
+                             f"the database's SUM() to {expected}")  # fmt: skip
     result.rows = rows
+    result.set_aside = aside.count
     result.sha256 = sha.hexdigest()
     # The SQL figures equal the rows' (checked above); the rows' sums also
     # carry the base charge.
@@ -445,9 +524,19 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
         ),
         "rows": rows,
         "totals": [running[c].as_json(c) for c in sorted(running)],
-        "reconciled_with": "SUM() over ledger_records in the export's snapshot",
+        "reconciled_with": (
+            "SUM() over ledger_records in the export's snapshot"
+            if reconciled
+            else f"not reconciled: {aside.unsummed} set-aside records have unreadable amounts"
+        ),
         "sha256": result.sha256,
     }
+    if aside.count:  # only then: a clean export's manifest is unchanged
+        result.manifest["set_aside_rows"] = aside.count
+        result.manifest["set_aside"] = aside.listed
+        result.manifest["set_aside_totals"] = [
+            aside.totals[c].as_json(c) for c in sorted(aside.totals)
+        ]
 
 
 def manifest_json(result: ExportResult) -> str:
