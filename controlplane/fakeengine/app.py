@@ -33,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.fakeengine.live import LiveEngine, LiveRequest, RequestTooLong
 from controlplane.fakeengine.metrics import EngineMetrics
-from controlplane.fakeengine.text import PrefixCache, estimate_tokens, words
+from controlplane.fakeengine.text import PrefixCache, chat_prompt, estimate_tokens, words
 
 OUTPUT_TOKENS_HEADER = "x-burstgate-output-tokens"
 PROMPT_TOKENS_HEADER = "x-burstgate-prompt-tokens"
@@ -111,7 +111,7 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> str:
             if content is not None and not isinstance(content, str):
                 raise BadRequest(f"messages[{i}].content must be a string or parts", "messages")
             parts.append(f"{m['role']}: {content or ''}")
-        return "\n".join(parts)
+        return chat_prompt(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

@@ -9,6 +9,16 @@
   space. The words are drawn from a generator seeded by the server's seed,
   the request's ``seed`` when it gives one, and the prompt text: the same
   request gets the same answer, whatever else the engine is doing.
+- **Chat template**: a chat request's messages are rendered the way vLLM
+  renders them through the model's chat template before it counts and
+  caches the prompt: a fixed header first (``CHAT_HEADER``, modelled on
+  Llama 3.1's, whose default system block carries its knowledge-cutoff
+  date), then one ``role: content`` line per message, then the assistant's
+  turn. The header is part of the prompt's tokens, as on vLLM, and it is
+  what makes even one-line chats share their first cache blocks: without
+  it a stream of short, different questions reads as a 100% miss rate,
+  which no real chat engine reports (and which priced the demo at the
+  miss-rate step, issue 30 item 6).
 - **Prefix cache**: the prompt text is cut into blocks of
   ``block_size`` tokens (4 bytes each); a block whose hash chain (its own
   text and every block before it) was seen before is a hit, as vLLM's
@@ -32,6 +42,22 @@ WORDS = (
     "cache", "blocks", "fill", "step", "by", "latency", "stays", "low", "when", "load",
     "is", "shaped", "well", "so", "every", "request", "gets", "its", "turn", "fairly", "soon",
 )  # fmt: skip
+
+
+# 134 bytes (34 tokens at 4 bytes each), so two whole 16-token blocks (the
+# default block size) are the same in every chat, as Llama 3.1's ~30 header
+# tokens are on vLLM.
+CHAT_HEADER = (
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+    "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+)
+ASSISTANT_TURN = "assistant:"
+
+
+def chat_prompt(lines: list[str]) -> str:
+    """The prompt text of a chat request: the template's header, one line per
+    message (``role: content``), then the assistant's turn."""
+    return "\n".join([CHAT_HEADER, *lines, ASSISTANT_TURN])
 
 
 def estimate_tokens(text: str) -> int:

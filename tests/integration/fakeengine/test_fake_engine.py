@@ -19,7 +19,7 @@ from typing import Any
 import openai
 import pytest
 
-from controlplane.fakeengine.text import estimate_tokens
+from controlplane.fakeengine.text import CHAT_HEADER, chat_prompt, estimate_tokens
 from controlplane.sim.engine import EngineParams
 from tests.integration.fakeengine.conftest import EngineThread
 from tests.support import wait_until
@@ -43,6 +43,26 @@ def chat(c: openai.OpenAI, **kw: Any) -> Any:
     return c.chat.completions.create(model=MODEL, **kw)
 
 
+def test_different_short_chats_share_the_templates_header_blocks(
+    make_engine: Callable[..., EngineThread],
+) -> None:
+    """As on vLLM, the chat template's header is part of every chat's prompt:
+    short, different questions hit its whole blocks after the first, and the
+    engine's miss rate stays that of a chat engine, not 100%."""
+    srv = make_engine()
+    c = client(srv)
+    header_blocks = len(CHAT_HEADER.encode()) // (16 * 4) * 16  # whole 16-token blocks
+    cached = []
+    for i in range(12):
+        r = chat(c, max_tokens=1, messages=[{"role": "user", "content": f"Question {i}?"}])
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        assert r.usage.prompt_tokens == estimate_tokens(chat_prompt([f"user: Question {i}?"]))
+    assert cached[0] == 0 and cached[1:] == [header_blocks] * 11
+    m = srv.metrics()
+    miss = 1 - m["vllm:prefix_cache_hits_total"] / m["vllm:prefix_cache_queries_total"]
+    assert miss < 0.30  # below the spec's default step: the price stays at the base
+
+
 def test_chat_not_streamed(make_engine: Callable[..., EngineThread]) -> None:
     srv = make_engine()
     c = client(srv)
@@ -52,7 +72,7 @@ def test_chat_not_streamed(make_engine: Callable[..., EngineThread]) -> None:
     assert choice.message.role == "assistant" and choice.finish_reason == "length"
     assert len(choice.message.content.split()) == 17
     assert r.usage.completion_tokens == 17
-    assert r.usage.prompt_tokens == estimate_tokens(f"user: {PROMPT}")
+    assert r.usage.prompt_tokens == estimate_tokens(chat_prompt([f"user: {PROMPT}"]))
     assert r.usage.total_tokens == r.usage.prompt_tokens + 17
     # the same request, the same answer (seeded); the second finds its prefix cached
     again = chat(c, max_tokens=17)
@@ -91,7 +111,7 @@ def test_chat_streamed_with_and_without_usage(make_engine: Callable[..., EngineT
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
     assert (last.usage.completion_tokens, last.usage.prompt_tokens) == (
-        12, estimate_tokens(f"user: {PROMPT}"),
+        12, estimate_tokens(chat_prompt([f"user: {PROMPT}"])),
     )  # fmt: skip
     assert all(ch.usage is None for ch in chunks[:-1])
     # one chunk per step: a token each (the role first, the finish last)
