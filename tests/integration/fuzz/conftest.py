@@ -35,6 +35,7 @@ from sqlalchemy.engine import make_url
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2, ledger_pb2
+from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy
 from controlplane.rpc.errors import DOMAIN
@@ -47,7 +48,9 @@ from tests.support import error_details
 
 # The services the server mounts (besides health and reflection, which take
 # no input worth fuzzing); test_fuzz_rpc checks this against reflection.
-SERVICE_MODULES = (admission_pb2, apb, ledger_pb2)
+# Envoy's rate-limit service is mounted when the server has an Envoy mapping
+# (the fuzzed server has deploy/envoy's): it is an admission door too.
+SERVICE_MODULES = (admission_pb2, apb, ledger_pb2, rls_pb2)
 SERVICES: tuple[ServiceDescriptor, ...] = tuple(
     s for m in SERVICE_MODULES for s in m.DESCRIPTOR.services_by_name.values()
 )
@@ -55,6 +58,11 @@ RPCS: tuple[tuple[ServiceDescriptor, MethodDescriptor], ...] = tuple(
     (s, m) for s in SERVICES for m in s.methods
 )
 ADMISSION = "burstgate.v1.AdmissionService"
+ENVOY_RLS = "envoy.service.ratelimit.v3.RateLimitService"
+REJECT = admission_pb2.DECISION_REJECT
+# The doors a sidecar key opens (the rest take an admin key).
+SIDECAR_SERVICES = frozenset({ADMISSION, ENVOY_RLS})
+ENVOY_MAPPING = Path(__file__).parents[3] / "deploy" / "envoy" / "burstgate-envoy.yaml"
 
 # Statuses a call may answer (README "Errors", the protos' status lists).
 # UNAUTHENTICATED is not among them: every call carries a valid key.
@@ -99,6 +107,9 @@ DOMAIN_WORDS = (
     *TENANTS, "gamma", "r1", "r2", "r3", "standard", "premium", "batch", "default", "gpu-a",
     "px", "e", "llama-3.1-70b", "*", "USD", "EUR", "admin", "viewer", "sidecar",
     "tenant:acme", "policy", "tenant.create", "tenant.update", "policy.update",
+    # The Envoy mapping's descriptor keys and values (deploy/envoy).
+    "burstgate", "tenant", "lane", "request_id", "phase", "response", "prompt_tokens",
+    "completion_tokens", "usage", "reported", "missing", "none", "retry_key", "attempt",
     *Policy.model_fields,
 )  # fmt: skip
 CALL_TIMEOUT_S = 10.0
@@ -108,6 +119,8 @@ LONG_ECHO = 200  # an input string this long must never come back whole
 def is_write(service: ServiceDescriptor, method: MethodDescriptor) -> bool:
     if service.full_name == ADMISSION:
         return method.name in ADMISSION_WRITES
+    if service.full_name == ENVOY_RLS:
+        return True  # ShouldRateLimit admits (request path) or settles (response path)
     return method.name.startswith(WRITE_PREFIXES)
 
 
@@ -188,7 +201,7 @@ class Fuzzed:
     last: Snapshot | None = None  # the state after the previous call, when taken
 
     def metadata(self, service: ServiceDescriptor) -> tuple[tuple[str, str], ...]:
-        key = self.keys.sidecar if service.full_name == ADMISSION else self.keys.admin
+        key = self.keys.sidecar if service.full_name in SIDECAR_SERVICES else self.keys.admin
         return (("authorization", f"Bearer {key}"),)
 
     def snapshot(self) -> Snapshot:
@@ -303,7 +316,7 @@ def judge(
         after = fz.snapshot()
         diff = before.diff(after)
         assert not diff, f"{name} answered {out.code.name} and changed state: {diff}"
-    elif service.full_name != ADMISSION:
+    elif service.full_name not in SIDECAR_SERVICES:
         after = fz.snapshot()
         # Every change through an admin-capable call is audited (admin.proto).
         if before.changed_besides_audit(after):
@@ -366,6 +379,11 @@ def may_change_state(service: ServiceDescriptor, method: MethodDescriptor, out: 
             decisions.append(r.decision)
         elif isinstance(r, admission_pb2.AdmitBatchResult) and decisions is not None:
             decisions.extend(r.decision)
+        elif isinstance(r, rls_pb2.RateLimitResponse) and decisions is not None:
+            # OVER_LIMIT is a refusal (or bad input named in x-burstgate-error)
+            # and must change nothing; OK admitted, settled, or only checked.
+            over = r.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
+            decisions.append(REJECT if over else admission_pb2.DECISION_ADMIT)
         else:
             decisions = None  # not an admission answer
     admitted = decisions is not None and admission_pb2.DECISION_ADMIT in decisions
@@ -394,7 +412,8 @@ def fuzzed(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         repo.update_policy(Policy(), {"pool_gate": False}, [])
         keys = make_keys(url)
         spool: Path = tmp_path_factory.mktemp("spool")
-        srv = start_server(url, admission_auth=True, ledger_spool_dir=spool)
+        srv = start_server(url, admission_auth=True, ledger_spool_dir=spool,
+                           envoy_rls_config=ENVOY_MAPPING)  # fmt: skip
         with grpc.insecure_channel(srv.target) as channel:
             yield Fuzzed(url, srv, keys, channel, engine)
     finally:

@@ -21,6 +21,8 @@ from google.protobuf.message import Message
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
+from controlplane._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as rl
+from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
 from tests.integration.admin.conftest import Keys
 from tests.integration.fuzz.conftest import ADMISSION, RPCS, Fuzzed, call, judge
 
@@ -74,6 +76,14 @@ def complete(rid: str, start: int = 0, end: int = 0) -> pb.CompleteRequest:
         tenant_id="acme", request_id=rid, prompt_tokens=1, generated_tokens=1,
         exec_start_unix_ns=start, exec_end_unix_ns=end,
     )  # fmt: skip
+
+
+def envoy(domain: str = "burstgate", hits: int = 10, **entries: str) -> rls.RateLimitRequest:
+    """A ShouldRateLimit call in the shipped mapping's keys (deploy/envoy)."""
+    d = rl.RateLimitDescriptor(
+        entries=[rl.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries.items()]
+    )
+    return rls.RateLimitRequest(domain=domain, descriptors=[d], hits_addend=hits)
 
 
 def policy(key: str, value: str) -> apb.UpdatePolicyRequest:
@@ -191,6 +201,21 @@ CASES: list[Case] = [
          frozenset({Code.NOT_FOUND, Code.INVALID_ARGUMENT}), ("tenant_id", "request_id")),
     Case("usage-tenant-nul", "GetUsage", (lpb.GetUsageRequest(tenant_ids=["a\x00"]),),
          INVALID, ("tenant_ids",)),
+    # Issue 30: Envoy's door. What burstgate cannot decide is OVER_LIMIT with
+    # x-burstgate-error (an OK status: Envoy reads the answer, not the code),
+    # and judge() holds an OVER_LIMIT to "nothing changed".
+    Case("envoy-tenant-nul", "ShouldRateLimit",
+         (envoy(tenant="acme\x00", request_id="e1"),), OK),
+    Case("envoy-request-id-10k", "ShouldRateLimit", (envoy(tenant="acme", request_id=HUGE),), OK),
+    Case("envoy-tenant-10k", "ShouldRateLimit", (envoy(tenant=HUGE, request_id="e2"),), OK),
+    Case("envoy-hits-past-envoys-bound", "ShouldRateLimit",
+         (envoy(hits=2**32 - 1, tenant="acme", request_id="e3"),), OK),
+    Case("envoy-unknown-tenant", "ShouldRateLimit",
+         (envoy(tenant="nobody", request_id="e4"),), OK),
+    Case("envoy-attempt-not-a-number", "ShouldRateLimit",
+         (envoy(tenant="acme", request_id="e5", retry_key="k", attempt="two"),), OK),
+    Case("envoy-usage-not-a-value", "ShouldRateLimit",
+         (envoy(tenant="acme", request_id="e6", phase="response", usage="lots"),), OK),
 ]  # fmt: skip
 
 # Bug 8: malformed bytes, to every RPC (a client stream gets them as its one message).
@@ -214,6 +239,12 @@ def test_hostile_request(fuzzed: Fuzzed, case: Case) -> None:
         fuzzed.last = None  # that Admit changed the state: snapshot it anew
     metadata = case.metadata(fuzzed.keys) if case.metadata else None
     out = judge(fuzzed, service, method, case.requests, metadata, expect=case.expect)
+    if case.rpc == "ShouldRateLimit" and out.responses:
+        # Every Envoy case above is one burstgate cannot (or must not) grant.
+        [resp] = cast("list[rls.RateLimitResponse]", out.responses)
+        assert resp.overall_code == rls.RateLimitResponse.OVER_LIMIT, (case.id, resp)
+        said = {h.key: h.value for h in resp.response_headers_to_add}
+        assert case.id == "envoy-unknown-tenant" or said.get("x-burstgate-error"), said
     if out.code == Code.INVALID_ARGUMENT and case.fields:
         # The field as named ("set[queue_limit]"), or without its index ("tenant_ids").
         named = out.details.removeprefix(f"batch {1}: ").split(":")[0]
