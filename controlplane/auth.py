@@ -9,6 +9,9 @@ from controlplane.domain.errors import Unauthenticated
 from controlplane.domain.keys import SALT_BYTES, KeyVerifier, Principal, hash_secret, split_key
 from controlplane.store.keys import KeyStore
 
+# Key ids remembered as unknown at most (then forgotten all at once).
+MAX_UNKNOWN = 10_000
+
 
 class KeyCache:
     """An in-memory copy of the keys: every call is authenticated against it
@@ -17,6 +20,12 @@ class KeyCache:
     Refreshed by the server's config poll when the table changed, at once
     after a key is created or revoked through the admin API, and on demand
     (rate-limited) when an operator presents a key id it does not know yet.
+
+    A key id it does not know is remembered as unknown (``remember_unknown``)
+    once a re-read of the keys has confirmed it, until the keys change: a
+    repeat is refused from memory, without another re-read. Whether the
+    last re-read reached the database (``note_refresh``, ``unreachable``)
+    lets an unknown key be refused at once while it does not.
 
     It also records which keys were used (a set add per call, on the event
     loop); the server writes that to the database once per config poll
@@ -29,6 +38,11 @@ class KeyCache:
         self._fingerprint: tuple[object, ...] | None = None
         self.refreshes = 0
         self._used: set[str] = set()
+        # key id -> ``refreshes`` when a re-read confirmed it unknown: valid
+        # while no re-read has swapped the keys since (then it may exist).
+        self._unknown: dict[str, int] = {}
+        # The last re-read of the keys (poll or forced) failed or timed out.
+        self.unreachable = False
 
     def refresh(self, *, force: bool = False) -> bool:
         """Re-read the keys if the table changed (blocking: run in a thread)."""
@@ -40,6 +54,21 @@ class KeyCache:
         self._fingerprint = fp
         self.refreshes += 1
         return True
+
+    def note_refresh(self, ok: bool) -> None:
+        """A re-read of the keys reached the database or not (on the loop)."""
+        self.unreachable = not ok
+
+    def known_unknown(self, key_id: str) -> bool:
+        """A re-read since which the keys have not changed found no such id."""
+        return self._unknown.get(key_id) == self.refreshes
+
+    def remember_unknown(self, key_id: str, generation: int) -> None:
+        """``key_id`` was not in the keys of ``generation`` (``refreshes``
+        read before the lookup, after a re-read that reached the database)."""
+        if len(self._unknown) >= MAX_UNKNOWN:
+            self._unknown = {}  # a caller guessing ids: start over
+        self._unknown[key_id] = generation
 
     def authenticate(self, key: str) -> Principal:
         principal = self.lookup(key)

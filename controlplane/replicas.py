@@ -78,7 +78,7 @@ class ReplicaWiring:
             trace.configure(s.ha_trace_file, member)
         coordinator = Coordinator(
             HaStore(engine), member, address, self.ownership.cellmap.cells(()),
-            ttl_s=s.ha_lease_ttl_s, margin_s=s.ha_margin_s,
+            ttl_s=s.ha_lease_ttl_s, margin_s=s.ha_margin_s, lone_ttl_s=s.ha_lone_lease_ttl_s,
             on_acquired=self.cell_acquired, on_lost=self.cell_lost,
         )  # fmt: skip
         self.ownership.coordinator = coordinator
@@ -92,6 +92,7 @@ class ReplicaWiring:
             grants = TenantGrants(
                 self.service, ShareStore(engine), coordinator.member_id, s.ha_lease_ttl_s,
                 s.ha_margin_s, interval_s=self.share_interval_s(), affine=self._home_here,
+                ttl_for=coordinator.lease_ttl,
             )  # fmt: skip
             await grants.start()
             self.ownership.grants = grants

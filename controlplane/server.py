@@ -524,8 +524,11 @@ class ControlPlane:
         try:
             await self._in_thread(self.key_cache.refresh)
         except Exception as exc:  # database down: keep the keys as last read
+            self.key_cache.note_refresh(False)  # unknown keys are refused at once meanwhile
             self.key_refresh_failures += 1
             log.warning("key refresh failed; serving last keys", error=str(exc))
+        else:
+            self.key_cache.note_refresh(True)
 
     async def _save_key_use(self) -> None:
         """The keys used since the last poll, written as last used now (one

@@ -201,6 +201,13 @@ class Settings(BaseSettings):
     # trusting its own lease (its clock against the database's).
     ha_lease_ttl_s: float = Field(default=5.0, gt=0, le=300)
     ha_margin_s: float = Field(default=1.0, ge=0)
+    # A lone replica (the last member list it read had no other live member)
+    # takes and renews its leases and tenant shares for this long instead,
+    # so it keeps deciding through a database outage this long (less the
+    # margin); the price: a replacement that starts under a new member id
+    # after it crashed waits this long for its cells (docs/ha.md, "Database
+    # outages"). A value at or below ha_lease_ttl_s turns this off.
+    ha_lone_lease_ttl_s: float = Field(default=30.0, gt=0, le=3600)
     # Explicit cells: JSON object cell id -> list of pools
     # (BURSTGATE_HA_CELLS='{"eu": ["eu-1", "eu-2"]}'); pools not listed are
     # each a cell of their own, named after the pool.

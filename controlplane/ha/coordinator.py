@@ -20,6 +20,15 @@ stops deciding before anyone else can start. ``owns(cell)`` checks the clock
 on every call: a replica whose loop is stuck (a pause, a hung database call,
 SIGSTOP) stops owning on time, and ``on_lost`` fires then.
 
+**A lone member** (the last live-member list it read names only itself)
+takes and renews its leases for ``lone_ttl_s`` instead of ``ttl_s``: with
+nobody to fail over to, a database outage shorter than that (less the
+margin) costs it nothing, and the arithmetic above is the same with the
+longer TTL. A renew is sent with the TTL in force at the time; before it is
+sent the local deadline drops to what that renew would allow (a shorter
+renew whose answer is lost may still have shortened the lease in the
+database). docs/ha.md, "Database outages".
+
 Every DB call runs on a daemon thread, awaited at most ``call_wait_s``.
 Callbacks (``on_acquired(cell, epoch)``, ``on_lost(cell, epoch, why)``) run
 on the loop; their exceptions are logged, never raised into the loop.
@@ -91,6 +100,7 @@ class Coordinator:
         *,
         ttl_s: float = 5.0,
         margin_s: float = 1.0,
+        lone_ttl_s: float | None = None,
         tick_s: float | None = None,
         call_wait_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -115,6 +125,8 @@ class Coordinator:
         self.member_id = member_id
         self.address = address
         self.ttl_s, self.margin_s, self.tick_s = float(ttl_s), float(margin_s), float(tick)
+        # No shorter than ttl_s: a lone member never holds a lease for less.
+        self.lone_ttl_s = max(self.ttl_s, float(lone_ttl_s or 0.0))
         self.call_wait_s = float(ttl_s if call_wait_s is None else call_wait_s)
         self._cells = sorted(set(cells))
         self._clock, self._sleep = clock, sleep
@@ -149,6 +161,16 @@ class Coordinator:
     def leases(self) -> dict[str, Lease]:
         """The leases held locally (not checked against the clock)."""
         return dict(self._leases)
+
+    @property
+    def lone(self) -> bool:
+        """The live members of the last tick that read them were this one alone."""
+        return self.members == [self.member_id]
+
+    def lease_ttl(self) -> float:
+        """The TTL an acquire or renew sent now asks for (and a tenant share:
+        grants.py): ``lone_ttl_s`` while this member is lone, else ``ttl_s``."""
+        return self.lone_ttl_s if self.lone else self.ttl_s
 
     def wake(self) -> None:
         """Run a tick now rather than at the end of the current pause (a cell
@@ -283,10 +305,16 @@ class Coordinator:
         lease = self._leases.get(cell)
         if lease is None or self.owns(cell) is None:
             return
-        t_sent = self._clock()
+        ttl, t_sent = self.lease_ttl(), self._clock()
+        # Whatever becomes of this renew, the database's lease may end at
+        # t_sent + ttl from now on (a lone member's longer lease shortened
+        # when it stops being lone): never trust it longer than that.
+        if t_sent + ttl - self.margin_s < lease.deadline:
+            lease.deadline = t_sent + ttl - self.margin_s
+            self._trace("renew", cell, lease.epoch, deadline_ns=lease.deadline)
         try:
             ok = await self._call(
-                self.store.renew, cell, self.member_id, lease.epoch, self.ttl_s, what="renew"
+                self.store.renew, cell, self.member_id, lease.epoch, ttl, what="renew"
             )
         except Exception as exc:  # keep the lease until its deadline; retry next tick
             log.warning("ha renew failed", cell=cell, error=str(exc))
@@ -298,22 +326,20 @@ class Coordinator:
         if not ok:
             self._lose(cell, REFUSED)
         elif self.owns(cell) is not None:  # still valid now: extend from t_sent
-            deadline = max(lease.deadline, t_sent + self.ttl_s - self.margin_s)
+            deadline = t_sent + ttl - self.margin_s
             self._trace("renew", cell, lease.epoch, deadline_ns=deadline)  # before it is used
             lease.deadline = deadline
 
     async def _acquire(self, cell: str) -> None:
-        t_sent = self._clock()
+        ttl, t_sent = self.lease_ttl(), self._clock()
         try:
-            epoch = await self._call(
-                self.store.acquire, cell, self.member_id, self.ttl_s, what="acquire"
-            )
+            epoch = await self._call(self.store.acquire, cell, self.member_id, ttl, what="acquire")
         except Exception as exc:  # unknown outcome: a later acquire re-takes it
             log.warning("ha acquire failed", cell=cell, error=str(exc))
             return
         if epoch is None:
             return
-        now, deadline = self._clock(), t_sent + self.ttl_s - self.margin_s
+        now, deadline = self._clock(), t_sent + ttl - self.margin_s
         if now >= deadline or self._draining or cell in self._leases:
             # Too late to use it (or we are leaving): give it straight back.
             self._trace("unused", cell, epoch, at_ns=now)

@@ -23,7 +23,11 @@ the service (``AdmissionService.shares``, service/shares.py).
   sent, so it lapses here before the database lets the others take it
   over. A share that lapses (the database is unreachable) becomes nothing:
   the replica admits nothing for that tenant, as it decides nothing for
-  cells whose leases it cannot renew.
+  cells whose leases it cannot renew. The TTL is the coordinator's
+  ``lease_ttl()`` (``ttl_for``): a lone member's shares last its lone TTL,
+  as its leases do, so it rides through a database outage as long; before a
+  refresh is sent the shares it renews are trusted no longer than it allows
+  (a shorter TTL whose answer is lost may have shortened them already).
 - **Quota windows** are the service clock's UTC hour and day (the fast
   path's windows). An allowance runs at most the tokens the tenant can
   spend in one TTL ahead of what this replica used (``Ask.spend_bound``).
@@ -76,6 +80,7 @@ class TenantGrants:
         interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         affine: Callable[[str], bool] | None = None,
+        ttl_for: Callable[[], float] | None = None,
     ) -> None:
         if not 0 <= margin_s < ttl_s:
             raise ValueError(f"margin_s must be in [0, ttl_s), got {margin_s} (ttl {ttl_s})")
@@ -89,6 +94,9 @@ class TenantGrants:
         # Whether this replica owns the cell of a tenant's configured pool:
         # its idle tenants' shares gather there rather than split equally.
         self.affine = affine
+        # The TTL a refresh sent now asks for (the coordinator's lease_ttl:
+        # longer while this member is lone); None: always ttl_s.
+        self.ttl_for = ttl_for
         self._valid_until: dict[str, float] = {}  # tenant -> local deadline
         self._shares: dict[str, Share] = {}
         self._demand: dict[str, float] = {}
@@ -214,7 +222,11 @@ class TenantGrants:
             self._demand[tenant] = max(self._demand.get(tenant, 0.0), 1.0)
         self._seen = counts
 
-    def asks(self) -> list[Ask]:
+    def grant_ttl(self) -> float:
+        """The TTL of the grants a refresh sent now asks for."""
+        return self.ttl_s if self.ttl_for is None else max(self.ttl_s, self.ttl_for())
+
+    def asks(self, ttl_s: float | None = None) -> list[Ask]:
         """What the next refresh asks for (see the module docstring)."""
         self._observe_demand()
         configured = self.service.shares.configured()
@@ -226,17 +238,19 @@ class TenantGrants:
         wanted |= set(configured) - self._primed  # new in the config: asked once
         if self.affine is not None:  # tenants at home here: where their idle shares gather
             wanted |= {t for t in configured if self.affine(t)}
-        return self._asks(wanted, queued, configured)
+        return self._asks(wanted, queued, configured, ttl_s)
 
     def _asks(
         self,
         wanted: set[str],
         queued: dict[str, int] | None = None,
         configured: dict[str, TenantConfig] | None = None,
+        ttl_s: float | None = None,
     ) -> list[Ask]:
         if configured is None:
             configured = self.service.shares.configured()
         queued = queued or {}
+        ttl = self.ttl_s if ttl_s is None else ttl_s
         now = self.service.clock()
         hour_s = now // NS_PER_HOUR * 3600
         day_s = now // NS_PER_DAY * 86400
@@ -256,12 +270,13 @@ class TenantGrants:
                 tenant, demand, first=tenant not in self._primed,
                 hour=Window(hour_s, hour_used, cfg.hourly_quota) if cfg.hourly_quota else None,
                 day=Window(day_s, day_used, cfg.daily_quota) if cfg.daily_quota else None,
-                spend_bound=cfg.burst_tokens + math.ceil(cfg.rate_mtok_per_s * self.ttl_s / 1000),
+                spend_bound=cfg.burst_tokens + math.ceil(cfg.rate_mtok_per_s * ttl / 1000),
             ))  # fmt: skip
         return asks
 
     async def refresh(self) -> None:
-        asks = self.asks()
+        ttl = self.grant_ttl()
+        asks = self.asks(ttl)
         waiting = self._asked
         self._asked = set()
         if not asks:
@@ -271,14 +286,25 @@ class TenantGrants:
         # tenants renews most of them even when one statement is slow.
         asks.sort(key=lambda a: a.tenant not in waiting)
         for i in range(0, len(asks), CHUNK):
-            await self._refresh(asks[i : i + CHUNK])
+            await self._refresh(asks[i : i + CHUNK], ttl)
 
-    async def _refresh(self, asks: list[Ask]) -> None:
+    async def _refresh(self, asks: list[Ask], ttl: float) -> None:
         t_sent = self.clock()
-        deadline = t_sent + self.ttl_s - self.margin_s
+        deadline = t_sent + ttl - self.margin_s
+        for a in asks:  # this refresh may shorten them in the database, answered or not
+            if self._valid_until.get(a.tenant, -math.inf) > deadline:
+                self._valid_until[a.tenant] = deadline
+        # Awaited at most an ordinary TTL (less the margin), even for a lone
+        # member's longer grants: a refresh lost in a hung database is tried
+        # again, not waited for until the grants run out. And no later than
+        # the first share held here runs out: the loop lapses it then (a
+        # refresh sent after the last good one must not keep it in the fast
+        # path past its deadline while it waits).
+        soonest = min((u for u in self._valid_until.values() if u > t_sent), default=math.inf)
+        wait = min(min(ttl, self.ttl_s) - self.margin_s, soonest - t_sent)
         grants = await call(
-            self.store.refresh, self.member_id, asks, self.ttl_s,
-            wait_s=max(0.0, deadline - t_sent), what="grant refresh",
+            self.store.refresh, self.member_id, asks, ttl,
+            wait_s=max(0.0, wait), what="grant refresh",
         )  # fmt: skip
         if self.clock() >= deadline:
             return  # an answer that came too late grants nothing here

@@ -9,7 +9,9 @@ window write landed under a superseded epoch:
   with its self-fencing deadline (``deadline_ns``). Written *before*
   ``owns()`` can answer with it, so a replica killed with ``kill -9`` leaves
   this line; its interval then ends at its last deadline.
-- ``renew``: the lease's new deadline, written before it is used.
+- ``renew``: the lease's new deadline, written before it is used; the
+  latest line is in force (a lone member's lease can be shortened: the
+  coordinator's "lone" TTL).
 - ``end``: the interval is over (``end_ns``: the release, the loss, or the
   deadline for a lease that ran out), with why.
 - ``unused``: an acquire answered too late to be used (given straight back):

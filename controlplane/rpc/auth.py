@@ -17,7 +17,11 @@ Rules by service:
   database (a revocation made through this server applies to the next call,
   one made by another process within the config poll interval); a key id the
   copy does not know yet makes it re-read the keys, at most once per
-  ``UNKNOWN_KEY_REFRESH_S`` and bounded like every operator database call.
+  ``UNKNOWN_KEY_REFRESH_S``; the call waits for that re-read at most
+  ``UNKNOWN_KEY_WAIT_S`` from its start, and not at all while the last
+  re-read failed (the database is unreachable) or when a re-read since
+  which the keys have not changed did not know the id either: then it is
+  refused at once. An authentication never waits on the database longer.
   ``viewer`` may call Get*/List*/Export* only. Every call gets an access log
   line and a request id.
 
@@ -28,6 +32,7 @@ ids and counts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import random
@@ -40,10 +45,11 @@ from typing import Any
 import grpc
 import structlog
 
+from controlplane.aiotime import within
 from controlplane.auth import KeyCache
 from controlplane.domain.audit import Actor
 from controlplane.domain.errors import DomainError, PermissionDenied, Unauthenticated
-from controlplane.domain.keys import Principal, Role, bearer_token
+from controlplane.domain.keys import Principal, Role, bearer_token, split_key
 from controlplane.domain.scope import KeyScope
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.errors import abort, error_status
@@ -77,6 +83,9 @@ MAX_REQUEST_ID = 128
 # Most one forced key refresh per this many seconds for unknown key ids: a
 # caller guessing keys costs the database nothing more than the poll does.
 UNKNOWN_KEY_REFRESH_S = 1.0
+# The most an unknown key id's call waits for that re-read, from its start
+# (a database that hangs must not hold up an authentication: issue 30).
+UNKNOWN_KEY_WAIT_S = 0.5
 # Wrapped admission handlers kept (one per method and key scope).
 MAX_WRAPPED = 4096
 
@@ -189,7 +198,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.key_cache = key_cache
         self.db = db
         self._refreshed_at = -UNKNOWN_KEY_REFRESH_S
-        self._refreshing: asyncio.Future[bool] | None = None
+        self._refreshing: asyncio.Future[None] | None = None
         self.stats = stats
         self.admission_auth = admission_auth
         self.admission_log_sample = admission_log_sample
@@ -232,27 +241,57 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return self._operator_handler(handler, rule, operator, _request_id(metadata))
 
     async def _lookup_unknown(self, token: str) -> Principal:
-        """A key id the cache does not know: re-read the keys (one refresh
+        """A key id the cache does not know: re-read the keys (one re-read
         shared by concurrent callers, at most one per
-        ``UNKNOWN_KEY_REFRESH_S``) and look again. With the database down the
-        key stays unknown: UNAUTHENTICATED, and nothing about the database."""
+        ``UNKNOWN_KEY_REFRESH_S``, none while the last one failed) and look
+        again, waiting for it at most ``UNKNOWN_KEY_WAIT_S`` from its start.
+        An id a successful re-read did not know either (and the keys have
+        not changed since) is refused without one. Unknown: UNAUTHENTICATED,
+        and nothing about the database."""
+        cache = self.key_cache
+        key_id, _ = split_key(token)
+        if cache.known_unknown(key_id):
+            raise Unauthenticated("invalid or revoked API key")
         now = time.monotonic()
-        if self._refreshing is None and now - self._refreshed_at >= UNKNOWN_KEY_REFRESH_S:
+        if (
+            self._refreshing is None
+            and not cache.unreachable
+            and now - self._refreshed_at >= UNKNOWN_KEY_REFRESH_S
+        ):
             self._refreshed_at = now
-            self._refreshing = asyncio.ensure_future(self.db.run(self.key_cache.refresh))
-        if self._refreshing is not None:
-            refreshing = self._refreshing
-            try:
-                await asyncio.shield(refreshing)
-            except Exception:  # logged by the DbCaller; the key stays unknown
-                pass
-            finally:
-                if self._refreshing is refreshing:
-                    self._refreshing = None
-        principal = self.key_cache.lookup(token)
+            self._refreshing = asyncio.ensure_future(self._forced_refresh())
+            self._refreshing.add_done_callback(_retrieved)
+        refreshing = self._refreshing
+        wait = self._refreshed_at + UNKNOWN_KEY_WAIT_S - now
+        if refreshing is not None and not cache.unreachable and wait > 0:
+            with contextlib.suppress(Exception):  # a timeout, or logged by the DbCaller
+                await within(asyncio.shield(refreshing), wait)
+        confirmed = (
+            refreshing is not None
+            and refreshing.done()
+            and not refreshing.cancelled()
+            and refreshing.exception() is None
+        )
+        generation = cache.refreshes
+        principal = cache.lookup(token)
         if principal is None:
+            if confirmed:
+                cache.remember_unknown(key_id, generation)
             raise Unauthenticated("invalid or revoked API key")
         return principal
+
+    async def _forced_refresh(self) -> None:
+        """Re-read the keys for an unknown id (bounded like every operator
+        database call); whether it reached the database is noted."""
+        try:
+            await self.db.run(self.key_cache.refresh)
+        except BaseException:
+            self.key_cache.note_refresh(False)
+            raise
+        else:
+            self.key_cache.note_refresh(True)
+        finally:
+            self._refreshing = None
 
     # ------------------------------------------------------------- refusals
 
@@ -538,6 +577,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+def _retrieved(fut: asyncio.Future[None]) -> None:
+    """A forced re-read's failure is logged by the DbCaller: mark it seen."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def current_actor() -> Actor:

@@ -93,7 +93,7 @@ def read_traces(paths: Iterable[Path], deaths: dict[int, int] | None = None) -> 
                 prev = starts[line["cell"]].get(line["epoch"])
                 starts[line["cell"]][line["epoch"]] = min(line["at_ns"], prev or line["at_ns"])
             elif ev == "renew" and key in opened:
-                opened[key]["deadline_ns"] = max(opened[key]["deadline_ns"], line["deadline_ns"])
+                opened[key]["deadline_ns"] = line["deadline_ns"]  # the latest is in force
             elif ev == "end" and key in opened:
                 s = opened.pop(key)
                 out.intervals.append(

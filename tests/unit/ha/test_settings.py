@@ -24,6 +24,7 @@ def make(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     s = make(monkeypatch, HOST="127.0.0.1", PORT="50051")
     assert (s.ha_lease_ttl_s, s.ha_margin_s, s.ha_cells) == (5.0, 1.0, None)
+    assert s.ha_lone_lease_ttl_s == 30.0
     assert s.advertised() == "127.0.0.1:50051"
     assert s.advertised(41234) == "127.0.0.1:41234"  # the bound port, for port 0
     host, pid, rand = s.member_id().rsplit("-", 2)
