@@ -168,6 +168,15 @@ BENCHMARKS = (
         r"^\| config change visible on all replicas \| .* \(1 changes\) \|$",
         r"^load: [1-9]\d* Admits sent",
     ), part=2, postgres=True, env=(("BURSTGATE_SHUTDOWN_GRACE_S", "1"),)),
+    # A lone serve through a 1 s database cut (issue 30 item 12): it keeps
+    # admitting, and every acknowledged Complete reaches the ledger (it exits
+    # 1 when one is missing).
+    Bench("bench_db_outage", (
+        "--mode", "hang", "--rate", "40", "--before", "1", "--cut", "1.5", "--after", "1",
+    ), (
+        r"^\| cut \| 1\.5 \| [1-9][\d,]* \| ",
+        r"^Completes acknowledged [1-9][\d,]*; missing from the ledger 0$",
+    ), part=2, postgres=True),
     Bench("bench_ledger", (
         "--records", "2000", "--batch", "500", "--window", "1000", "--rounds", "1",
         "--admit-rounds", "1", "--seconds", "1", "--rate", "200",
