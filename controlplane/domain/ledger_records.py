@@ -54,6 +54,10 @@ class LedgerRecord(NamedTuple):
     user_charge_nanos: int
     actual_cost_nanos: int
     price_id: int  # the catalog entry used (0 = none: priced at zero)
+    # The caller's own id for the request (the HTTP sidecar: the client's
+    # x-request-id), for correlation only; None = none given. Last, with a
+    # default: spool rows written before it have one value less.
+    correlation_id: str | None = None
 
     @property
     def key(self) -> Key:

@@ -200,9 +200,11 @@ class Metering:
         exec_start_ns: int = 0,
         exec_end_ns: int = 0,
         first_token_ns: int = 0,
+        correlation_id: str = "",
     ) -> CompleteResult:
         """Settle and record one request (the module docstring); ``miss_rate_reported``
-        None means "reported when non-zero"; times were checked by ``check_exec_times``."""
+        None means "reported when non-zero"; times were checked by ``check_exec_times``;
+        ``correlation_id``: the caller's own id, recorded as it is ("" = none)."""
         key = (tenant_id, request_id)
         running = self._inflight.get(key)
         if running is not None:
@@ -229,6 +231,7 @@ class Metering:
         record = self.build_record(
             key, prepared, prompt_tokens, cached_prompt_tokens, generated_tokens,
             kv_cache_miss_rate if reported else None, exec_start_ns, exec_end_ns,
+            correlation_id,
         )  # fmt: skip
         task = asyncio.create_task(
             self._settle(key, prepared, record, prompt_tokens + generated_tokens, first_token_ns)
@@ -329,6 +332,7 @@ class Metering:
         miss_rate: float | None,
         exec_start_ns: int,
         exec_end_ns: int,
+        correlation_id: str = "",
     ) -> LedgerRecord:
         """Both ledgers of one request (pure: reads memory, changes nothing)."""
         now = self.clock()
@@ -376,6 +380,7 @@ class Metering:
             user_charge_nanos=to_nanos(user),
             actual_cost_nanos=to_nanos(cost),
             price_id=price.id,
+            correlation_id=correlation_id or None,
         )
 
     async def find_admission(self, key: Key, reservation_id: int) -> LedgerRecord | None:

@@ -20,6 +20,7 @@ HOP_BY_HOP = frozenset({
 # Hints and routing meant for the sidecar are still passed on (the fake
 # engine reads x-burstgate-output-tokens); these never are.
 REQUEST_ID = "x-request-id"
+LEDGER_ID = "x-burstgate-request-id"
 PRICING = "x-burstgate-pricing-multiplier"
 QUEUE_WAIT = "x-burstgate-queue-wait-ms"
 DEGRADED = "x-burstgate-degraded"
@@ -44,15 +45,22 @@ def admission_headers(a: AdmissionLike) -> dict[str, str]:
     return h
 
 
-def request_id(given: str | None) -> tuple[str, str | None]:
-    """The request's id (the client's x-request-id, else a new one) and an
-    error message when the client's cannot be a burstgate request_id."""
+def new_request_id() -> str:
+    """The id burstgate keys a request on (request_id: its reservation and
+    its ledger row): minted here for every request, never the client's, so
+    that a client reusing its x-request-id cannot ride on an earlier
+    request's admission or settlement (issue 30 item 3)."""
+    return uuid.uuid4().hex
+
+
+def correlation_id(given: str | None) -> tuple[str, str | None]:
+    """The client's x-request-id ("" when none), kept as the request's
+    correlation id (the ledger records it; not unique), and an error message
+    when it cannot be one."""
     if given is None or given == "":
-        return uuid.uuid4().hex, None
+        return "", None
     if len(given) > MAX_REQUEST_ID or not given.isprintable():
-        return uuid.uuid4().hex, (
-            f"header {REQUEST_ID}: expected 1..{MAX_REQUEST_ID} printable characters"
-        )
+        return "", f"header {REQUEST_ID}: expected 1..{MAX_REQUEST_ID} printable characters"
     return given, None
 
 

@@ -3,7 +3,9 @@
 One request: its tenant (the API key's mapping, else the tenant header,
 else the configured default: 401 otherwise), lane (the lane header, else
 the tenant's configured lane, else the server's default for the tenant),
-request id (``x-request-id``, else generated), prompt tokens (tokens.py)
+request id (minted here for every request: the reservation's and the
+ledger's key; the client's ``x-request-id`` is its correlation id, recorded
+in the ledger beside it), prompt tokens (tokens.py)
 and max tokens; then ``admit`` waits at most the lane's max wait in
 burstgate's gate. Refused: refusal.py's answer. Admitted: the request is
 rewritten (rewrite.py), forwarded, its answer relayed (streams event by
@@ -14,7 +16,8 @@ headers below; a request the engine did not serve is settled with 0
 generated. A client that goes away cancels the engine's request and is
 settled with what was generated.
 
-Added to every completions answer: ``x-request-id``,
+Added to every completions answer: ``x-request-id`` (the client's, else
+the minted id), ``x-burstgate-request-id`` (the minted id: the ledger's key),
 ``x-burstgate-pricing-multiplier`` (when the control plane gave one),
 ``x-burstgate-queue-wait-ms`` (held in the gate), ``x-burstgate-degraded``,
 ``x-burstgate-offline`` (admitted locally while the control plane was
@@ -58,6 +61,7 @@ class Ticket:
     tenant: str
     request_id: str
     prompt_estimate: int
+    correlation_id: str = ""  # the client's x-request-id ("" = none)
     exec_start_ns: int = 0
     first_token_ns: int = 0  # streamed: when the first generated text came (0 = unknown)
     settled: bool = False
@@ -107,8 +111,9 @@ class Proxy:
 
     async def _handle(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         arrived = time.perf_counter()
-        rid, bad_id = H.request_id(request.headers.get(H.REQUEST_ID))
-        ours = {H.REQUEST_ID: rid}
+        rid = H.new_request_id()
+        correlation, bad_id = H.correlation_id(request.headers.get(H.REQUEST_ID))
+        ours = {H.REQUEST_ID: correlation or rid, H.LEDGER_ID: rid}
         if bad_id:
             return self._bad(bad_id, None, ours)
         tenant = self._tenant(request)
@@ -138,13 +143,13 @@ class Proxy:
         self.metrics.admit_seconds.observe(time.perf_counter() - arrived)
         ours.update(H.admission_headers(a))
         if not a.admitted:
-            return await self._refuse(a, tenant, rid, ours)
+            return await self._refuse(a, tenant, ours[H.REQUEST_ID], ours)  # the id it knows
         (self._offline if a.offline else self._admitted).inc()
         limits = self.limits.get(tenant)
         body = forwarded_body(req, granted_max_tokens=a.granted_max_tokens,
                               fallback_model=a.fallback_model,
                               default_max=self.cfg.default_max_tokens)  # fmt: skip
-        ticket = Ticket(tenant, rid, prompt)
+        ticket = Ticket(tenant, rid, prompt, correlation)
         self.metrics.inflight.inc()
         try:
             return await self._forward(request, req, body, ticket, a, ours, limits)
@@ -265,6 +270,7 @@ class Proxy:
                 generated_tokens=generated, cached_prompt_tokens=cached,
                 exec_start_unix_ns=ticket.exec_start_ns, exec_end_unix_ns=end,
                 first_token_unix_ns=ticket.first_token_ns,
+                correlation_id=ticket.correlation_id,
             )  # fmt: skip
         except Exception:
             self.metrics.settlements.labels("failed").inc()

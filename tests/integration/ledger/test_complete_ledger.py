@@ -118,6 +118,8 @@ def test_expired_record_is_answered_from_the_ledger(served: Served, clock: Any) 
         ({"prompt_tokens": 9_000_000}, "prompt_tokens"),
         ({"kv_cache_miss_rate": 1.5}, "kv_cache_miss_rate"),
         ({"exec_start_unix_ns": 10, "exec_end_unix_ns": 5}, "exec_end"),
+        ({"correlation_id": "x" * 129}, "correlation_id"),
+        ({"correlation_id": "a\r\nb"}, "correlation_id"),
     ],
 )
 def test_bad_complete_is_invalid_argument_and_changes_nothing(
@@ -144,6 +146,21 @@ def test_unknown_and_refused_requests(served: Served) -> None:
     assert d.decision == pb.DECISION_REJECT
     code = rpc_code(lambda: complete(c, "ghost", "g1", prompt_tokens=1, generated_tokens=1))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_the_callers_correlation_id_is_recorded_and_exported(served: Served) -> None:
+    c = served.client
+    for rid, correlation in (("c1", "client-42"), ("c2", "client-42"), ("c3", "")):
+        c.admit("acme", rid, prompt_tokens=10, max_tokens=10)
+        complete(c, "acme", rid, prompt_tokens=10, generated_tokens=1, correlation_id=correlation)
+    got = {r.request_id: r.correlation_id for r in ledger_rows(served.url)}
+    assert got == {"c1": "client-42", "c2": "client-42", "c3": None}  # not a key; NULL = none
+    from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
+
+    rec = served.ledger().GetLedgerRecord(
+        lpb.GetLedgerRecordRequest(tenant_id="acme", request_id="c1"), timeout=10
+    )
+    assert rec.correlation_id == "client-42"
 
 
 def test_sidecar_timestamps_are_recorded(served: Served, clock: Any) -> None:

@@ -98,13 +98,17 @@ def test_an_admitted_request_is_forwarded_and_settled_with_the_engines_usage() -
             assert resp.headers["x-ratelimit-remaining-tokens"] == "1000"
             assert "x-ratelimit-limit-tokens" not in resp.headers
             (admit,) = r.admitter.admits
-            assert (admit.tenant_id, admit.request_id) == ("acme", "req-1")
+            # burstgate's request id is minted per request, never the client's
+            # (issue 30 item 3); the client's is its correlation id
+            minted = resp.headers["x-burstgate-request-id"]
+            assert (admit.tenant_id, admit.request_id) == ("acme", minted)
+            assert len(minted) == 32 and minted != "req-1"
             assert admit.kw["lane"] == "standard" and admit.kw["pool"] == "default"
             assert admit.kw["model"] == MODEL and admit.kw["max_tokens"] == 7
             assert admit.kw["prompt_tokens"] == 3 + 4 + 5  # priming, message, 19 bytes
             assert admit.kw["deadline_s"] == 2.25 + 0.25  # the lane's max wait + the call
             (done,) = await r.settled()
-            assert done.request_id == "req-1"
+            assert (done.request_id, done.kw["correlation_id"]) == (minted, "req-1")
             assert done.kw["prompt_tokens"] == 40 and done.kw["generated_tokens"] == 7
             assert done.kw["cached_prompt_tokens"] == 0
             start, end = done.kw["exec_start_unix_ns"], done.kw["exec_end_unix_ns"]
@@ -261,7 +265,9 @@ def test_who_the_request_is_for_and_bad_requests() -> None:
                 assert says in (await bad_body.json())["error"]["message"]
             assert len(r.admitter.admits) == n  # none of these was admitted
             generated = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 1})
-            assert len(generated.headers["x-request-id"]) == 32
+            assert len(generated.headers["x-request-id"]) == 32  # none given: the minted one
+            assert generated.headers["x-request-id"] == generated.headers["x-burstgate-request-id"]
+            assert (await r.settled(2))[-1].kw["correlation_id"] == ""
 
     run(main)
 
