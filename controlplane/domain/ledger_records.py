@@ -11,7 +11,22 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from controlplane.domain import MAX_ID_LEN
+
 Key = tuple[str, str]  # (tenant_id, request_id)
+
+# Keys a record is tried under when its request id is in the ledger for
+# another admission: ``<id>#<reservation_id>``, then ``.2``, ``.3`` ...
+REBOOK_KEYS = 4
+
+
+def rebooked_id(request_id: str, reservation_id: int, n: int = 1) -> str:
+    """The ledger key of an admission whose request id is in the ledger
+    already for another admission: ``<id>#<reservation_id>`` (``.<n>``
+    after, n > 1), the id cut to keep it within MAX_ID_LEN. Deterministic:
+    a repeated Complete of the same admission arrives at the same key."""
+    suffix = f"#{reservation_id}" + (f".{n}" if n > 1 else "")
+    return request_id[: MAX_ID_LEN - len(suffix)] + suffix
 
 
 class LedgerRecord(NamedTuple):
@@ -39,6 +54,10 @@ class LedgerRecord(NamedTuple):
     user_charge_nanos: int
     actual_cost_nanos: int
     price_id: int  # the catalog entry used (0 = none: priced at zero)
+    # The caller's own id for the request (the HTTP sidecar: the client's
+    # x-request-id), for correlation only; None = none given. Last, with a
+    # default: spool rows written before it have one value less.
+    correlation_id: str | None = None
 
     @property
     def key(self) -> Key:

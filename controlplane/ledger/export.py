@@ -79,7 +79,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     # ... then the ledger's own.
     "settled_ts", "reservation_id", "reserved_tokens", "kv_cache_miss_rate", "miss_rate_source",
     "pricing_multiplier", "pricing_window_start", "lane_multiplier", "currency", "user_charge",
-    "actual_cost", "price_id",
+    "actual_cost", "price_id", "correlation_id",
 )  # fmt: skip
 DAILY_COLUMNS: tuple[str, ...] = (
     "tenant_id", "day", "model", "currency", "requests", "prompt_tokens", "cached_tokens",
@@ -258,7 +258,7 @@ def _request_values(r: Sequence[Any]) -> list[Any]:
         iso_ns(window * 1_000_000_000) if window else "",
         format_fixed(Decimal(r[i["lane_multiplier"]]), 6), r[i["currency"]],
         format_nanos(int(r[i["user_charge_nanos"]])), format_nanos(int(r[i["actual_cost_nanos"]])),
-        int(r[i["price_id"]] or 0),
+        int(r[i["price_id"]] or 0), r[i["correlation_id"]] or "",
     ]  # fmt: skip
 
 
@@ -352,6 +352,7 @@ class _Parquet:
                 pa.string(), pa.string(), pa.string(), pa.string(), pa.string(), ts, ts, ts, ts,
                 pa.int64(), pa.int64(), pa.int64(), pa.string(), ts, pa.int64(), pa.int64(),
                 ratio, pa.string(), ratio, ts, ratio, pa.string(), money, money, pa.int64(),
+                pa.string(),
             ]  # fmt: skip
         else:
             types = [

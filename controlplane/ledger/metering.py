@@ -41,7 +41,7 @@ from controlplane.aiotime import within
 from controlplane.domain import Settlement
 from controlplane.domain.catalog import PriceCatalog, actual_cost, user_charge, zero_price
 from controlplane.domain.errors import LedgerUnavailable, NotFound, excerpt
-from controlplane.domain.ledger_records import Key, LedgerRecord
+from controlplane.domain.ledger_records import REBOOK_KEYS, Key, LedgerRecord, rebooked_id
 from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
 from controlplane.domain.units import NS_PER_S, PPM
 from controlplane.ledger.fencing import Fencing, StaleWrites, WindowWriter, no_fencing
@@ -200,9 +200,11 @@ class Metering:
         exec_start_ns: int = 0,
         exec_end_ns: int = 0,
         first_token_ns: int = 0,
+        correlation_id: str = "",
     ) -> CompleteResult:
         """Settle and record one request (the module docstring); ``miss_rate_reported``
-        None means "reported when non-zero"; times were checked by ``check_exec_times``."""
+        None means "reported when non-zero"; times were checked by ``check_exec_times``;
+        ``correlation_id``: the caller's own id, recorded as it is ("" = none)."""
         key = (tenant_id, request_id)
         running = self._inflight.get(key)
         if running is not None:
@@ -215,18 +217,21 @@ class Metering:
                 cached_prompt_tokens, kv_cache_miss_rate,
             )  # fmt: skip
         except NotFound:
-            found = await self.find(key)
+            found = await self.find_admission(key, reservation_id)
             if found is None:
                 raise
             self.duplicates += 1
             return CompleteResult(_settlement_of(found), found, duplicate=True)
         if isinstance(prepared, Settlement):
             self.duplicates += 1
-            return CompleteResult(prepared, await self.find(key), duplicate=True)
+            rec = self.svc.record(tenant_id, request_id)
+            found = await self.find_admission(key, rec[R.RID] if rec is not None else 0)
+            return CompleteResult(prepared, found, duplicate=True)
         reported = kv_cache_miss_rate > 0 if miss_rate_reported is None else miss_rate_reported
         record = self.build_record(
             key, prepared, prompt_tokens, cached_prompt_tokens, generated_tokens,
             kv_cache_miss_rate if reported else None, exec_start_ns, exec_end_ns,
+            correlation_id,
         )  # fmt: skip
         task = asyncio.create_task(
             self._settle(key, prepared, record, prompt_tokens + generated_tokens, first_token_ns)
@@ -243,17 +248,15 @@ class Metering:
     async def _settle(
         self, key: Key, prepared: tuple[Any, ...], record: LedgerRecord, actual: int, first: int
     ) -> CompleteResult:
-        if key in self.writer.pending or key in self._recent:
-            outcome = Outcome.EXISTS  # recorded under an earlier admission of this id
-        else:
-            outcome = await self.writer.submit(record)
+        record, outcome = await self._book(record)
         settlement = self.svc.apply_complete(key, prepared, actual, first_token_ns=first)
         if outcome is Outcome.EXISTS:
-            original = await self.find(key)
+            original = record
             log.warning(
-                "request id already in the ledger; the original record stands",
+                "this admission is in the ledger already; the stored record stands",
                 tenant_id=key[0],
-                request_id=key[1],
+                request_id=record.request_id,
+                reservation_id=record.reservation_id,
             )
             self.duplicates += 1
             return CompleteResult(
@@ -277,6 +280,43 @@ class Metering:
         self._remember(record)
         return CompleteResult(settlement, record, duplicate=False)
 
+    async def _book(self, record: LedgerRecord) -> tuple[LedgerRecord, Outcome]:
+        """Make ``record`` durable under the key of its own admission: the
+        request id, or, when the ledger holds that id for another admission
+        (an id admitted again once the settled one was forgotten,
+        ``settled_id_window_s``), ``rebooked_id`` (docs/ledger.md, "A
+        reused request id"). Returns the record as stored and how: EXISTS
+        with the stored record when its admission is in the ledger already
+        (a repeated Complete). Raises LedgerUnavailable as the writer and
+        ``find`` do, before anything is written for a rebooked key."""
+        base = record.request_id
+        for n in range(REBOOK_KEYS + 1):
+            if n:
+                record = record._replace(
+                    request_id=rebooked_id(base, record.reservation_id, n)
+                )
+            stored = self._known(record.key)
+            if stored is None:
+                outcome = await self.writer.submit(record)
+                if outcome is not Outcome.EXISTS:
+                    return record, outcome
+                stored = await self.find(record.key)
+                if stored is None:  # (gone again: retention) as the writer said
+                    return record, outcome
+            if stored.reservation_id == record.reservation_id:
+                return stored, Outcome.EXISTS
+        raise LedgerUnavailable(
+            f"request_id: {excerpt(base)} and the {REBOOK_KEYS} keys derived from it are "
+            "all in the ledger under other admissions; nothing was recorded"
+        )
+
+    def _known(self, key: Key) -> LedgerRecord | None:
+        """The record of ``key`` this plane wrote or spooled lately (no I/O)."""
+        row = self._recent.get(key)
+        if row is None:
+            row = self.writer.pending.get(key)
+        return None if row is None else LedgerRecord._make(row)
+
     def _remember(self, record: LedgerRecord) -> None:
         self._recent[record.key] = tuple(record)
         if len(self._recent) > RECENT_LIMIT:
@@ -292,6 +332,7 @@ class Metering:
         miss_rate: float | None,
         exec_start_ns: int,
         exec_end_ns: int,
+        correlation_id: str = "",
     ) -> LedgerRecord:
         """Both ledgers of one request (pure: reads memory, changes nothing)."""
         now = self.clock()
@@ -339,7 +380,22 @@ class Metering:
             user_charge_nanos=to_nanos(user),
             actual_cost_nanos=to_nanos(cost),
             price_id=price.id,
+            correlation_id=correlation_id or None,
         )
+
+    async def find_admission(self, key: Key, reservation_id: int) -> LedgerRecord | None:
+        """The ledger record of ``key``'s admission ``reservation_id`` (0 =
+        whichever has the request id): under the request id, or under
+        the key ``_book`` derived for it. Raises as ``find``."""
+        found = await self.find(key)
+        n = 0
+        while (
+            found is not None and reservation_id and found.reservation_id != reservation_id
+            and n < REBOOK_KEYS
+        ):  # fmt: skip
+            n += 1
+            found = await self.find((key[0], rebooked_id(key[1], reservation_id, n)))
+        return found
 
     async def find(self, key: Key) -> LedgerRecord | None:
         """The ledger record of ``key``: recent cache, spool, then database.

@@ -45,7 +45,7 @@ import structlog
 
 from controlplane.aiotime import within
 from controlplane.domain.errors import LedgerUnavailable
-from controlplane.domain.ledger_records import Key, LedgerRecord
+from controlplane.domain.ledger_records import REBOOK_KEYS, Key, LedgerRecord, rebooked_id
 from controlplane.ledger.spool import CorruptSegment, Spool, SpoolFull
 from controlplane.store.ledger import LedgerStore
 
@@ -386,20 +386,7 @@ class LedgerWriter:
                 records.extend(frame)
         except CorruptSegment as exc:
             corrupt = exc
-        conflicts = self.store.insert(records)
-        if conflicts:
-            existing = self.store.fetch_many(conflicts)
-            for key in conflicts:
-                mine = next(r for r in records if r.key == key)
-                if existing.get(key) != mine:
-                    log.warning(
-                        "spooled record differs from the one already in the ledger; "
-                        "the stored one is kept",
-                        tenant_id=key[0],
-                        request_id=key[1],
-                        spooled_user_charge_nanos=mine.user_charge_nanos,
-                        spooled_actual_cost_nanos=mine.actual_cost_nanos,
-                    )
+        self._insert_replayed(records)
         if corrupt is not None:
             self.spool.quarantine(seg, corrupt.target, len(records))
         else:
@@ -408,6 +395,46 @@ class LedgerWriter:
         keys = [r.key for r in records]
         asyncio.run_coroutine_threadsafe(self._forget(keys), self._loop).result()
         return len(records)
+
+    def _insert_replayed(self, records: list[LedgerRecord]) -> None:
+        """Insert spooled records. One whose key is stored already for the
+        same admission (reservation id) is a record that reached the
+        database twice: the stored one is kept. One whose key is stored for
+        another admission (a request id admitted again after the settled one
+        was forgotten, spooled while the database could not say so) is
+        booked under the key derived from its admission, as Metering books
+        it (``rebooked_id``), never dropped."""
+        base = {r.key: r.request_id for r in records}
+        batch, n = records, 0
+        while batch:
+            conflicts = self.store.insert(batch)
+            if not conflicts:
+                return
+            existing = self.store.fetch_many(conflicts)
+            retry: list[LedgerRecord] = []
+            for mine in batch:
+                stored = existing.get(mine.key) if mine.key in conflicts else None
+                if stored is None or stored.reservation_id == mine.reservation_id:
+                    if stored is not None and stored != mine:
+                        log.warning(
+                            "spooled record differs from the one already in the ledger; "
+                            "the stored one is kept",
+                            tenant_id=mine.tenant_id,
+                            request_id=mine.request_id,
+                            spooled_user_charge_nanos=mine.user_charge_nanos,
+                            spooled_actual_cost_nanos=mine.actual_cost_nanos,
+                        )
+                    continue
+                if n >= REBOOK_KEYS:
+                    raise RuntimeError(
+                        f"ledger: {mine.request_id[:64]!r} and the keys derived from it are "
+                        "stored for other admissions; the segment stays in the spool"
+                    )
+                first = base.get(mine.key, mine.request_id)
+                again = mine._replace(request_id=rebooked_id(first, mine.reservation_id, n + 1))
+                base[again.key] = first
+                retry.append(again)
+            batch, n = retry, n + 1
 
     async def _forget(self, keys: list[Key]) -> None:
         for k in keys:

@@ -9,11 +9,11 @@ import grpc
 
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.domain import AdmitDecision
+from controlplane.domain import MAX_ID_LEN, AdmitDecision
 from controlplane.domain.money import format_multiplier
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_S
-from controlplane.domain.validate import check_exec_times, check_pool
+from controlplane.domain.validate import check_exec_times, check_optional_name, check_pool
 from controlplane.rpc.admitstream import admit_stream
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.convert import MISS_RATE_SOURCE, ceil_ms, degradation_pb, pressure_pb
@@ -135,6 +135,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             int(svc.settings.reservation_ttl_s * NS_PER_S),
             first_ns=request.first_token_unix_ns,
         )
+        check_optional_name("correlation_id", request.correlation_id, max_len=MAX_ID_LEN)
         booked = request.HasField("offline") and await self._book_offline(request, scope)
         if scope is not None:
             pool = self._svc.reservation_pool(request.tenant_id, request.request_id)
@@ -174,6 +175,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             exec_start_ns=request.exec_start_unix_ns,
             exec_end_ns=request.exec_end_unix_ns,
             first_token_ns=request.first_token_unix_ns,
+            correlation_id=request.correlation_id,
         )
         if not r.duplicate:
             self._waiting.reschedule()  # a settlement may have admitted waiters

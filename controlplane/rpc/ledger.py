@@ -72,6 +72,7 @@ def record_to_pb(r: LedgerRecord) -> lpb.LedgerRecord:
         user_charge=format_nanos(r.user_charge_nanos),
         actual_cost=format_nanos(r.actual_cost_nanos),
         price_id=r.price_id,
+        correlation_id=r.correlation_id or "",
     )
 
 

@@ -314,21 +314,24 @@ class AsyncAdmissionClient:
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, generated_tokens: int,
         cached_prompt_tokens: int = 0, exec_start_unix_ns: int = 0, exec_end_unix_ns: int = 0,
         kv_cache_miss_rate: float | None = None, first_token_unix_ns: int = 0,
+        correlation_id: str = "",
     ) -> Completion:  # fmt: skip
         """Settle with the real usage. ``kv_cache_miss_rate``: this request's
         own rate, when the engine measured it (None: the pool's window rate).
         ``first_token_unix_ns``: when its first token came (0 = unknown): the
-        pool gate learns from it how soon a release gets its first token."""
+        pool gate learns from it how soon a release gets its first token.
+        ``correlation_id``: the caller's own id for the request (0..128
+        printable characters), recorded in the ledger beside request_id."""
         if self._closed:
             raise RuntimeError("the client is closed")
         check_complete_args(tenant_id, request_id, prompt_tokens, generated_tokens,
                             cached_prompt_tokens, exec_start_unix_ns, exec_end_unix_ns,
-                            kv_cache_miss_rate, first_token_unix_ns)  # fmt: skip
+                            kv_cache_miss_rate, first_token_unix_ns, correlation_id)  # fmt: skip
         req = pb.CompleteRequest(
             tenant_id=tenant_id, request_id=request_id, prompt_tokens=prompt_tokens,
             generated_tokens=generated_tokens, cached_prompt_tokens=cached_prompt_tokens,
             exec_start_unix_ns=exec_start_unix_ns, exec_end_unix_ns=exec_end_unix_ns,
-            first_token_unix_ns=first_token_unix_ns,
+            first_token_unix_ns=first_token_unix_ns, correlation_id=correlation_id,
         )  # fmt: skip
         if kv_cache_miss_rate is not None:
             req.kv_cache_miss_rate = kv_cache_miss_rate

@@ -95,11 +95,13 @@ def check_admit_args(
 def check_complete_args(
     tenant_id: str, request_id: str, prompt_tokens: int, generated_tokens: int,
     cached_prompt_tokens: int, exec_start_unix_ns: int, exec_end_unix_ns: int,
-    kv_cache_miss_rate: float | None, first_token_unix_ns: int = 0,
+    kv_cache_miss_rate: float | None, first_token_unix_ns: int = 0, correlation_id: str = "",
 ) -> None:  # fmt: skip
     try:
         check_id("tenant_id", _str("tenant_id", tenant_id))
         check_id("request_id", _str("request_id", request_id))
+        check_optional_name("correlation_id", _str("correlation_id", correlation_id),
+                            max_len=MAX_ID_LEN)  # fmt: skip
         check_tokens("prompt_tokens", _int("prompt_tokens", prompt_tokens))
         check_tokens("generated_tokens", _int("generated_tokens", generated_tokens))
         check_tokens("cached_prompt_tokens", _int("cached_prompt_tokens", cached_prompt_tokens))

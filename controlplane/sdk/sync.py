@@ -128,6 +128,7 @@ class AdmissionClient:
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, generated_tokens: int,
         cached_prompt_tokens: int = 0, exec_start_unix_ns: int = 0, exec_end_unix_ns: int = 0,
         kv_cache_miss_rate: float | None = None, first_token_unix_ns: int = 0,
+        correlation_id: str = "",
     ) -> Completion:  # fmt: skip
         """As :meth:`AsyncAdmissionClient.complete`."""
         coro = self._client.complete(
@@ -135,6 +136,7 @@ class AdmissionClient:
             generated_tokens=generated_tokens, cached_prompt_tokens=cached_prompt_tokens,
             exec_start_unix_ns=exec_start_unix_ns, exec_end_unix_ns=exec_end_unix_ns,
             kv_cache_miss_rate=kv_cache_miss_rate, first_token_unix_ns=first_token_unix_ns,
+            correlation_id=correlation_id,
         )  # fmt: skip
         return self._run(coro, self._client.complete_deadline_s + SLACK_S)
 

@@ -145,6 +145,7 @@ class AdmissionService:
         self._decider = Decider(
             self._table, self._tenants, self._pressure, self._gate, self._pricing,
             settings.concurrency_retry_ms * NS_PER_MS, self._deadlines,
+            first_reservation=max(1, clock() // 1000),  # microseconds: see Decider
         )  # fmt: skip
         self._outcomes = Outcomes(self._log, self.stats, self._tenants)
         self._dispatcher = Dispatcher(

@@ -89,6 +89,7 @@ class Decider:
         pricing: Pricing,
         concurrency_retry_ns: int,
         deadlines: Deadlines,
+        first_reservation: int = 1,
     ) -> None:
         self.deadlines = deadlines
         self.table = table
@@ -97,7 +98,11 @@ class Decider:
         self.gate = gate
         self.pricing = pricing
         self.concurrency_retry_ns = concurrency_retry_ns
-        self._next_reservation = 1
+        # Reservation ids count up from ``first_reservation``: the service
+        # starts them at its clock's microseconds, so that an id is not
+        # given again after a restart or by another replica (the ledger
+        # tells two admissions of one request id apart by it, docs/ledger.md).
+        self._next_reservation = first_reservation
         # Under shares (several replicas): when a refused share may have grown.
         self.share_refresh_ns = 0
 

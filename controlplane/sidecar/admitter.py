@@ -86,7 +86,7 @@ class Admitter(Protocol):
     async def complete(
         self, tenant_id: str, request_id: str, *, prompt_tokens: int, generated_tokens: int,
         cached_prompt_tokens: int = 0, exec_start_unix_ns: int = 0, exec_end_unix_ns: int = 0,
-        first_token_unix_ns: int = 0,
+        first_token_unix_ns: int = 0, correlation_id: str = "",
     ) -> CompletionLike: ...  # fmt: skip
 
     async def report_load(self, report: pb.LoadReport) -> pb.LoadReportAck | None: ...

@@ -20,6 +20,7 @@ HOP_BY_HOP = frozenset({
 # Hints and routing meant for the sidecar are still passed on (the fake
 # engine reads x-burstgate-output-tokens); these never are.
 REQUEST_ID = "x-request-id"
+LEDGER_ID = "x-burstgate-request-id"
 PRICING = "x-burstgate-pricing-multiplier"
 QUEUE_WAIT = "x-burstgate-queue-wait-ms"
 DEGRADED = "x-burstgate-degraded"
@@ -44,16 +45,39 @@ def admission_headers(a: AdmissionLike) -> dict[str, str]:
     return h
 
 
-def request_id(given: str | None) -> tuple[str, str | None]:
-    """The request's id (the client's x-request-id, else a new one) and an
-    error message when the client's cannot be a burstgate request_id."""
-    if given is None or given == "":
-        return uuid.uuid4().hex, None
-    if len(given) > MAX_REQUEST_ID or not given.isprintable():
-        return uuid.uuid4().hex, (
-            f"header {REQUEST_ID}: expected 1..{MAX_REQUEST_ID} printable characters"
-        )
-    return given, None
+class BadHeader(ValueError):
+    """A header the sidecar derives an id or a name from, that cannot be
+    one: 400, naming the header."""
+
+
+def text_of(headers: Mapping[str, str], name: str, *, max_len: int = 0) -> str:
+    """The value of header ``name`` ("" when absent), checked as text the
+    sidecar may use as an id or a name and send on: printable characters
+    only (no TAB or other control character, no byte that is not UTF-8
+    text), at most ``max_len`` of them when given. CR, LF, NUL and the
+    other control characters never get this far: aiohttp's parser answers
+    400 to them itself (docs/sidecar.md, "Bad requests")."""
+    value = headers.get(name, "")
+    if value and not value.isprintable():
+        raise BadHeader(f"header {name}: must be printable text (no control characters, "
+                        "UTF-8)")  # fmt: skip
+    if max_len and len(value) > max_len:
+        raise BadHeader(f"header {name}: longer than {max_len} characters ({len(value)})")
+    return value
+
+
+def new_request_id() -> str:
+    """The id burstgate keys a request on (request_id: its reservation and
+    its ledger row): minted here for every request, never the client's, so
+    that a client reusing its x-request-id cannot ride on an earlier
+    request's admission or settlement (issue 30 item 3)."""
+    return uuid.uuid4().hex
+
+
+def correlation_id(headers: Mapping[str, str]) -> str:
+    """The client's x-request-id ("" when none), kept as the request's
+    correlation id (the ledger records it; not unique). Raises BadHeader."""
+    return text_of(headers, REQUEST_ID, max_len=MAX_REQUEST_ID)
 
 
 # Retries (docs/gate.md, "Retries"): the client's own key for a request, and
@@ -69,9 +93,10 @@ def retry_of(headers: Mapping[str, str], tenant: str, body: bytes) -> tuple[str,
     retry sends the same body again); the attempt from
     ``x-stainless-retry-count`` (0 when absent or not a count). The plane
     judges only retries (attempt > 0) by their key, so two first attempts
-    with the same body are two requests."""
-    given = headers.get(IDEMPOTENCY_KEY, "")
-    if 0 < len(given) <= MAX_REQUEST_ID and given.isprintable():
+    with the same body are two requests. A key that is not printable text
+    raises BadHeader; one longer than 128 characters is digested too."""
+    given = text_of(headers, IDEMPOTENCY_KEY)
+    if 0 < len(given) <= MAX_REQUEST_ID:
         key = given
     else:
         key = "b:" + hashlib.blake2b(tenant.encode() + b"\0" + body, digest_size=16).hexdigest()

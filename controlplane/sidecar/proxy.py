@@ -3,7 +3,9 @@
 One request: its tenant (the API key's mapping, else the tenant header,
 else the configured default: 401 otherwise), lane (the lane header, else
 the tenant's configured lane, else the server's default for the tenant),
-request id (``x-request-id``, else generated), prompt tokens (tokens.py)
+request id (minted here for every request: the reservation's and the
+ledger's key; the client's ``x-request-id`` is its correlation id, recorded
+in the ledger beside it), prompt tokens (tokens.py)
 and max tokens; then ``admit`` waits at most the lane's max wait in
 burstgate's gate. Refused: refusal.py's answer. Admitted: the request is
 rewritten (rewrite.py), forwarded, its answer relayed (streams event by
@@ -14,7 +16,8 @@ headers below; a request the engine did not serve is settled with 0
 generated. A client that goes away cancels the engine's request and is
 settled with what was generated.
 
-Added to every completions answer: ``x-request-id``,
+Added to every completions answer: ``x-request-id`` (the client's, else
+the minted id), ``x-burstgate-request-id`` (the minted id: the ledger's key),
 ``x-burstgate-pricing-multiplier`` (when the control plane gave one),
 ``x-burstgate-queue-wait-ms`` (held in the gate), ``x-burstgate-degraded``,
 ``x-burstgate-offline`` (admitted locally while the control plane was
@@ -58,6 +61,7 @@ class Ticket:
     tenant: str
     request_id: str
     prompt_estimate: int
+    correlation_id: str = ""  # the client's x-request-id ("" = none)
     exec_start_ns: int = 0
     first_token_ns: int = 0  # streamed: when the first generated text came (0 = unknown)
     settled: bool = False
@@ -84,17 +88,20 @@ class Proxy:
     # --- who, what ---------------------------------------------------------
 
     def _tenant(self, request: web.Request) -> str | None:
+        """Raises BadHeader for a tenant header that cannot be a tenant id."""
         auth = request.headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             tenant = self.cfg.api_keys.get(auth[7:].strip())
             if tenant is not None:
                 return tenant
-        if self.cfg.tenant_header and (t := request.headers.get(self.cfg.tenant_header)):
+        if self.cfg.tenant_header and (
+            t := H.text_of(request.headers, self.cfg.tenant_header, max_len=H.MAX_REQUEST_ID)
+        ):
             return t
         return self.cfg.default_tenant
 
     def _lane(self, request: web.Request, tenant: str) -> str:
-        given = request.headers.get(self.cfg.lane_header) if self.cfg.lane_header else None
+        given = H.text_of(request.headers, self.cfg.lane_header) if self.cfg.lane_header else ""
         return given or self.cfg.tenant_lanes.get(tenant, "")
 
     # --- the handler ---------------------------------------------------------
@@ -107,24 +114,33 @@ class Proxy:
 
     async def _handle(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         arrived = time.perf_counter()
-        rid, bad_id = H.request_id(request.headers.get(H.REQUEST_ID))
-        ours = {H.REQUEST_ID: rid}
-        if bad_id:
-            return self._bad(bad_id, None, ours)
-        tenant = self._tenant(request)
+        rid = H.new_request_id()
+        ours = {H.REQUEST_ID: rid, H.LEDGER_ID: rid}
+        try:
+            correlation = H.correlation_id(request.headers)
+            ours[H.REQUEST_ID] = correlation or rid
+            tenant = self._tenant(request)
+        except H.BadHeader as exc:
+            return self._bad(str(exc), None, ours)
         if tenant is None:
             self._bad_request.inc()
             return json_error(401, "No tenant: send an API key the sidecar knows (Authorization: "
                               "Bearer ...) or a tenant header.", "invalid_request_error",
                               "invalid_api_key", headers=ours)  # fmt: skip
-        raw = await request.read()
+        try:
+            raw = await read_body(request, self.cfg.max_body_bytes)
+        except BodyTooLarge as exc:
+            self._bad_request.inc()
+            return exc.response(ours)
         try:
             req = parse(raw, chat=chat)
+            lane = self._lane(request, tenant)
+            retry_key, attempt = H.retry_of(request.headers, tenant, raw)
         except BadRequest as exc:
             return self._bad(str(exc), exc.param, ours)
-        lane = self._lane(request, tenant)
+        except H.BadHeader as exc:
+            return self._bad(str(exc), None, ours)
         prompt = self.counter.prompt_tokens(req.body, chat)
-        retry_key, attempt = H.retry_of(request.headers, tenant, raw)
         try:
             a = await self.admitter.admit(
                 tenant, rid, prompt_tokens=prompt,
@@ -138,13 +154,13 @@ class Proxy:
         self.metrics.admit_seconds.observe(time.perf_counter() - arrived)
         ours.update(H.admission_headers(a))
         if not a.admitted:
-            return await self._refuse(a, tenant, rid, ours)
+            return await self._refuse(a, tenant, ours[H.REQUEST_ID], ours)  # the id it knows
         (self._offline if a.offline else self._admitted).inc()
         limits = self.limits.get(tenant)
         body = forwarded_body(req, granted_max_tokens=a.granted_max_tokens,
                               fallback_model=a.fallback_model,
                               default_max=self.cfg.default_max_tokens)  # fmt: skip
-        ticket = Ticket(tenant, rid, prompt)
+        ticket = Ticket(tenant, rid, prompt, correlation)
         self.metrics.inflight.inc()
         try:
             return await self._forward(request, req, body, ticket, a, ours, limits)
@@ -265,12 +281,42 @@ class Proxy:
                 generated_tokens=generated, cached_prompt_tokens=cached,
                 exec_start_unix_ns=ticket.exec_start_ns, exec_end_unix_ns=end,
                 first_token_unix_ns=ticket.first_token_ns,
+                correlation_id=ticket.correlation_id,
             )  # fmt: skip
         except Exception:
             self.metrics.settlements.labels("failed").inc()
             log.exception("Complete failed for %s/%s", ticket.tenant, ticket.request_id)
             return
         (self._delivered if c.delivered else self.metrics.settlements.labels("buffered")).inc()
+
+
+class BodyTooLarge(Exception):
+    """A request body over the sidecar's ``max_body_bytes``: 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The request body is larger than {limit:,} bytes, the most this "
+                         "sidecar accepts (max_body_bytes).")  # fmt: skip
+
+    def response(self, headers: dict[str, str] | None = None) -> web.Response:
+        # the connection closes after the answer: the rest of the body is
+        # discarded as it comes (aiohttp's lingering close), never kept
+        resp = json_error(413, str(self), "invalid_request_error", "request_too_large",
+                          headers=headers)  # fmt: skip
+        resp.force_close()
+        return resp
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request's body, at most ``limit`` bytes: a larger declared
+    Content-Length is refused before anything is read; a chunked (or
+    compressed) body is read only until it passes the limit (aiohttp's
+    ``client_max_size``, set to the same limit). Raises BodyTooLarge."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(limit)
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyTooLarge(limit) from None
 
 
 def _json_usage(data: bytes) -> Usage | None:

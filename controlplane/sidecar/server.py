@@ -31,7 +31,7 @@ from controlplane.sidecar import headers as H
 from controlplane.sidecar.admitter import Admitter
 from controlplane.sidecar.config import SidecarConfig
 from controlplane.sidecar.metrics import SidecarMetrics
-from controlplane.sidecar.proxy import Proxy
+from controlplane.sidecar.proxy import BodyTooLarge, Proxy, read_body
 from controlplane.sidecar.scrape import LoadReader
 from controlplane.sidecar.tokens import TokenCounter, estimate, load_tokenizer
 
@@ -148,7 +148,12 @@ class Sidecar:
         if self.cfg.upstream_api_key is not None:
             headers["authorization"] = f"Bearer {self.cfg.upstream_api_key}"
         url = self.cfg.upstream + request.rel_url.path_qs
-        data = await request.read() if request.body_exists else None
+        data = None
+        if request.body_exists:
+            try:
+                data = await read_body(request, self.cfg.max_body_bytes)
+            except BodyTooLarge as exc:
+                return exc.response()
         try:
             async with self._session.request(request.method, url, data=data,
                                              headers=headers) as resp:  # fmt: skip

@@ -223,6 +223,8 @@ class LedgerRecordRow(Base):
     user_charge_nanos: Mapped[int] = mapped_column(BigInteger)
     actual_cost_nanos: Mapped[int] = mapped_column(BigInteger)
     price_id: Mapped[int] = mapped_column(BigInteger)  # price_catalog.id; 0 = none
+    # The caller's own id (CompleteRequest.correlation_id); NULL = none given.
+    correlation_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class PriceCatalogEntry(Base):

@@ -100,6 +100,7 @@ def ledger_rows(count: int, seed: int = 3) -> list[list[Any]]:
             "user_charge": "0.000001000",
             "actual_cost": "0.000000500",
             "price_id": 1,
+            "correlation_id": "",
         }
         rows.append([values[c] for c in REQUEST_COLUMNS])
     return rows

@@ -5,6 +5,7 @@ no reservation, bad input, callers without a key."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -242,3 +243,46 @@ def test_an_answer_without_usage_is_settled_at_its_reservation(
         assert [(r.reserved_tokens, r.output_tokens) for r in rows] == [(1024, billed)]
     bad = said(usage(shape("stream-done", "acme", uuid.uuid4().hex), 0, 1), "lost")
     assert headers(call(rls_call, gateway.key, bad))["x-burstgate-error"].startswith("usage: ")
+
+
+def test_an_id_settled_past_the_window_is_admitted_again_and_billed(
+    pg_admin_dsn: str, tmp_path: Path
+) -> None:
+    """Issue 30 item 4: once the plane has forgotten a settled id
+    (settled_id_window_s, here 0), a request-path call with it is a new
+    admission; its stream-done call was answered as a duplicate of the first
+    row and never billed. Now it is booked under ``<id>#<reservation>``."""
+    from controlplane.store.db import upgrade
+    from tests.conftest import fresh_pg_database
+    from tests.integration.envoy.conftest import DEPLOY, TENANTS, sidecar_key
+    from tests.integration.sdk.conftest import planes_on
+
+    # a plane of its own (another on the gateway's database would be its
+    # replica), which forgets a settled id at its next expiry
+    for url in fresh_pg_database(pg_admin_dsn):
+        upgrade(url)
+        key = sidecar_key(url)
+        for make in planes_on(url, tmp_path):
+            plane = make(*TENANTS, admission_auth=True, settled_id_window_s=0,
+                         envoy_rls_config=DEPLOY / "burstgate-envoy.yaml")  # fmt: skip
+            srv = plane.srv
+            assert srv is not None
+            with grpc.insecure_channel(plane.direct) as ch:
+                stub = rls_grpc.RateLimitServiceStub(ch)
+                rid, rids = uuid.uuid4().hex, []
+                record = functools.partial(srv.plane.service.record, "acme", rid)
+                for prompt, completion in ((30, 70), (20, 500)):
+                    srv.on_loop(srv.plane.expire_once)  # the settled id is forgotten
+                    assert srv.on_loop(record) is None
+                    got = call(stub, key, shape("request-path", "acme", rid))
+                    assert got.overall_code == OK
+                    rec = srv.on_loop(record)
+                    assert rec is not None and rec[0] == 0  # open: admitted anew, not replayed
+                    rids.append(rec[4])
+                    done = usage(shape("stream-done", "acme", rid), prompt, completion)
+                    assert call(stub, key, done).overall_code == OK
+                    assert call(stub, key, done).overall_code == OK  # repeated: once
+        rows = ledger_rows(url, f"request_id LIKE '{rid}%'")
+        assert [(r.request_id, r.reservation_id, r.prompt_tokens, r.output_tokens)
+                for r in rows] == [(rid, rids[0], 30, 70),
+                                   (f"{rid}#{rids[1]}", rids[1], 20, 500)]  # fmt: skip

@@ -118,6 +118,8 @@ def test_expired_record_is_answered_from_the_ledger(served: Served, clock: Any) 
         ({"prompt_tokens": 9_000_000}, "prompt_tokens"),
         ({"kv_cache_miss_rate": 1.5}, "kv_cache_miss_rate"),
         ({"exec_start_unix_ns": 10, "exec_end_unix_ns": 5}, "exec_end"),
+        ({"correlation_id": "x" * 129}, "correlation_id"),
+        ({"correlation_id": "a\r\nb"}, "correlation_id"),
     ],
 )
 def test_bad_complete_is_invalid_argument_and_changes_nothing(
@@ -146,6 +148,21 @@ def test_unknown_and_refused_requests(served: Served) -> None:
     assert code == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def test_the_callers_correlation_id_is_recorded_and_exported(served: Served) -> None:
+    c = served.client
+    for rid, correlation in (("c1", "client-42"), ("c2", "client-42"), ("c3", "")):
+        c.admit("acme", rid, prompt_tokens=10, max_tokens=10)
+        complete(c, "acme", rid, prompt_tokens=10, generated_tokens=1, correlation_id=correlation)
+    got = {r.request_id: r.correlation_id for r in ledger_rows(served.url)}
+    assert got == {"c1": "client-42", "c2": "client-42", "c3": None}  # not a key; NULL = none
+    from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
+
+    rec = served.ledger().GetLedgerRecord(
+        lpb.GetLedgerRecordRequest(tenant_id="acme", request_id="c1"), timeout=10
+    )
+    assert rec.correlation_id == "client-42"
+
+
 def test_sidecar_timestamps_are_recorded(served: Served, clock: Any) -> None:
     c = served.client
     t0 = clock()
@@ -157,3 +174,42 @@ def test_sidecar_timestamps_are_recorded(served: Served, clock: Any) -> None:
     (row,) = ledger_rows(served.url)
     assert (row.arrival_ns, row.queue_start_ns) == (t0, t0)
     assert (row.exec_start_ns, row.end_ns, row.settled_ns) == (t0 + 5, t0 + 99, t0)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["recent", "database"])
+def test_an_id_admitted_again_past_the_settled_window_is_billed_under_its_own_key(
+    served: Served, clock: Any, cached: bool
+) -> None:
+    # Issue 30 item 4: once the settled id is forgotten (settled_id_window_s),
+    # the same id is admitted anew; its Complete was answered duplicate=true
+    # against the first admission's row and never billed.
+    c, srv = served.client, served.srv
+    first_admit = c.admit("acme", "again", prompt_tokens=100, max_tokens=100)
+    first = complete(c, "acme", "again", prompt_tokens=100, generated_tokens=10)
+    clock.advance(121 * NS)  # past settled_id_window_s (120 s)
+    srv.on_loop(srv.plane.service.expire)
+    if not cached:  # only the database knows the first row (a restart, a busy plane)
+        srv.on_loop(lambda: srv.plane.metering._recent.clear())
+    d = c.admit("acme", "again", prompt_tokens=100, max_tokens=100)
+    assert d.decision == pb.DECISION_ADMIT and not d.duplicate
+    assert d.reservation_id != first_admit.reservation_id
+    second = complete(c, "acme", "again", prompt_tokens=100, generated_tokens=40)
+    assert not second.duplicate and second.actual_tokens == 140
+    assert Decimal(second.user_charge) > Decimal(first.user_charge)
+    # a genuine retry of the same Complete is still exactly once
+    retry = complete(c, "acme", "again", prompt_tokens=100, generated_tokens=40)
+    assert retry.duplicate and retry.user_charge == second.user_charge
+    rows = {r.request_id: r for r in ledger_rows(served.url)}
+    assert set(rows) == {"again", f"again#{d.reservation_id}"}, rows
+    assert rows["again"].output_tokens == 10 and rows["again"].reservation_id == (
+        first_admit.reservation_id
+    )
+    rebilled = rows[f"again#{d.reservation_id}"]
+    assert (rebilled.output_tokens, rebilled.reservation_id) == (40, d.reservation_id)
+    assert rebilled.user_charge_nanos == int(Decimal(second.user_charge) * NS)
+    # forgotten again, the retry is answered from the ledger, still once
+    clock.advance(121 * NS)
+    srv.on_loop(srv.plane.service.expire)
+    srv.on_loop(lambda: srv.plane.metering._recent.clear())
+    late = complete(c, "acme", "again", prompt_tokens=100, generated_tokens=40)
+    assert late.duplicate and len(ledger_rows(served.url)) == 2

@@ -132,6 +132,40 @@ def test_spool_full_answers_unavailable_and_changes_nothing(
     assert sorted(r.request_id for r in ledger_rows(pg_url)) == sorted(acked)
 
 
+def test_a_reused_id_spooled_while_the_database_was_away_is_booked_not_dropped(
+    pg_url: str, proxied: tuple[str, TcpProxy], make_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    # Issue 30 item 4, through the spool: the id's first row is in the
+    # database only; the second admission's record is spooled (nothing could
+    # say the key was taken) and its replay meets the first row.
+    url, proxy = proxied
+    srv = make_server(url, ledger_spool_dir=tmp_path / "spool", ledger_retry_s=0.2,
+                      ledger_db_timeout_s=2.0, settled_id_window_s=0)  # fmt: skip
+    plane = srv.plane
+    with AdmissionClient(srv.target, timeout=10) as c:
+        first = _settle(c, "reused")
+        srv.on_loop(lambda: plane.service.expire())  # the settled id is forgotten at once
+        srv.on_loop(lambda: plane.metering._recent.clear())  # and only the database has it
+        proxy.cut()
+        d = c.admit("acme", "reused", prompt_tokens=100, max_tokens=50)
+        assert d.decision == pb.DECISION_ADMIT and not d.duplicate
+        second = complete(c, "acme", "reused", prompt_tokens=100, generated_tokens=30)
+        assert not second.duplicate and second.actual_tokens == 130
+        assert srv.on_loop(lambda: plane.metering.spool.bytes) > 0
+        proxy.restore()
+        wait_until(
+            lambda: srv.on_loop(
+                lambda: plane.metering.writer.db_ok and not plane.metering.spool.bytes
+            ),
+            message="the spool to drain",
+            timeout=30,
+        )
+    rows = {r.request_id: r for r in ledger_rows(pg_url)}
+    assert set(rows) == {"reused", f"reused#{d.reservation_id}"}
+    assert rows["reused"].output_tokens == 7 and first.actual_tokens == 107
+    assert rows[f"reused#{d.reservation_id}"].output_tokens == 30
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["database", "spool"])
 def test_sigkill_after_acknowledgements_loses_nothing(

@@ -45,7 +45,7 @@ def test_admitted_requests_are_billed_with_the_engines_usage(
     assert cached > 0  # the same prompt: the engine's prefix cache
     completion = stack.client().completions.create(model=MODEL, prompt="one two", max_tokens=3,
                                                    extra_headers={"x-request-id": "third"})
-    got = {r.request_id: r for r in rows(plane, 3)}
+    got = {r.correlation_id: r for r in rows(plane, 3)}
     a, b, c = got["first"], got["second"], got["third"]
     assert (a.tenant_id, a.lane, a.model, a.pool) == ("acme", "standard", MODEL, "default")
     assert (a.prompt_tokens, a.output_tokens) == (first.usage.prompt_tokens, 12)
@@ -69,7 +69,7 @@ def test_streams_with_and_without_usage(pg_plane: Any, make_stack: Any) -> None:
         extra_headers={"x-request-id": "without"}))
     assert all(c.usage is None and c.choices for c in bare)  # no usage chunk: it was not asked
     assert sum(len((c.choices[0].delta.content or "").split()) for c in bare) == 7
-    got = {r.request_id: r for r in rows(plane, 2)}
+    got = {r.correlation_id: r for r in rows(plane, 2)}
     assert got["with"].output_tokens == 9 and got["without"].output_tokens == 7
     assert got["with"].prompt_tokens == chunks[-1].usage.prompt_tokens
 
@@ -142,7 +142,7 @@ def test_a_request_the_gate_holds_is_forwarded_when_released(
     raw = held["raw"]
     assert raw.parse().usage.completion_tokens == 3
     assert int(raw.headers["x-burstgate-queue-wait-ms"]) > 0  # it says it was held
-    got = {r.request_id: r for r in rows(plane, 2)}
+    got = {r.correlation_id: r for r in rows(plane, 2)}
     assert got["held"].arrival_ns < got["held"].exec_start_ns
 
 
@@ -182,7 +182,7 @@ def test_degradation_caps_max_tokens(pg_plane: Any, make_stack: Any) -> None:
                                                         "x-request-id": "prem"})  # fmt: skip
     assert premium.parse().usage.completion_tokens == 20  # premium is not degradable
     assert "x-burstgate-degraded" not in premium.headers
-    got = {r.request_id: r for r in rows(plane, 2)}
+    got = {r.correlation_id: r for r in rows(plane, 2)}
     assert (got["deg"].output_tokens, got["prem"].output_tokens) == (8, 20)
 
 
@@ -228,7 +228,7 @@ def test_control_plane_down_fail_open_and_closed_then_settled_once(
     wait_until(lambda: stack.pending() == 1, message="the offline Complete buffered")
     plane.start()  # the same port: the SDK reconnects and delivers what it buffered
     wait_until(lambda: stack.pending() == 0, message="the buffered Complete delivered")
-    got = {r.request_id: r for r in rows(plane, 2)}  # exactly once
+    got = {r.correlation_id: r for r in rows(plane, 2)}  # exactly once
     off = got["offline-1"]
     assert (off.lane, off.output_tokens) == ("premium", 6)
     assert off.prompt_tokens == opened.parse().usage.prompt_tokens
@@ -243,3 +243,53 @@ def test_the_engines_metrics_reach_the_control_plane(pg_plane: Any, make_stack: 
     with AdmissionClient(plane.direct) as c:
         a = c.admit("beta", "probe", prompt_tokens=1, max_tokens=1, pool="default")
     assert a.pressure.freshness == pb.POOL_FRESHNESS_FRESH
+
+
+def test_a_reused_x_request_id_escapes_neither_limits_nor_billing(
+    pg_plane: Any, make_stack: Any
+) -> None:
+    """Issue 30 item 3: 30 concurrent requests sharing one x-request-id were
+    all served (the first admission replayed to the others) and billed once.
+    The sidecar mints each request's id; the client's is its correlation id."""
+    plane = pg_plane(tenant("acme", max_concurrency=4), tenant("beta"))
+    # a request runs ~1.8 s on the engine (300 tokens in real time); one over
+    # the concurrency limit waits at most 1 s in the gate, then is refused
+    stack = make_stack(plane, speed=1.0, lanes={"standard": {"max_wait_ms": 1000}})
+    statuses: list[int] = []
+    reasons: list[str] = []
+    minted: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(30)
+
+    def one() -> None:
+        barrier.wait()
+        try:
+            raw = chat(stack, max_tokens=300, extra_headers={"x-request-id": "shared"})
+            status, headers = raw.status_code, raw.headers
+        except openai.APIStatusError as exc:
+            status, headers = exc.status_code, exc.response.headers
+        with lock:
+            statuses.append(status)
+            reasons.append(headers.get("x-burstgate-reason", ""))
+            assert headers["x-request-id"] == "shared"  # the client's, echoed
+            minted.append(headers["x-burstgate-request-id"])
+
+    threads = [threading.Thread(target=one) for _ in range(30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    served = statuses.count(200)
+    assert len(minted) == len(set(minted)) == 30  # one id each
+    # before: all 30 served, on the first one's admission. Now the limit
+    # holds: 4 at once (a refusal that waited past 1.25 s on a loaded
+    # machine is the fail-closed 503 instead of a 429)
+    assert 1 <= served <= 4, statuses
+    refused = [r for s, r in zip(statuses, reasons, strict=True) if s != 200]
+    assert len(refused) == 30 - served
+    assert set(refused) <= {"concurrency", "queue_timeout", "unavailable"}, refused
+    billed = rows(plane, served)  # every served request billed, each under its own id
+    assert {r.correlation_id for r in billed} == {"shared"}
+    assert len({r.request_id for r in billed}) == served
+    assert {r.request_id for r in billed} <= set(minted)
+    assert all(r.output_tokens == 300 for r in billed)

@@ -38,7 +38,7 @@ def test_http_load_is_served_and_billed_with_the_plans_lengths(
     assert {o.reason for o in tiny} <= {"token_rate", "max_tokens"}
     assert not any(o.error for o in result.outcomes) and result.engine_errors == 0
     billed = rows(plane, len(gold))
-    assert sorted((r.request_id, r.prompt_tokens, r.output_tokens) for r in billed) == sorted(
+    assert sorted((r.correlation_id, r.prompt_tokens, r.output_tokens) for r in billed) == sorted(
         (o.request_id, o.arrival.prompt_tokens, o.arrival.max_tokens) for o in gold
     )
 

@@ -98,13 +98,17 @@ def test_an_admitted_request_is_forwarded_and_settled_with_the_engines_usage() -
             assert resp.headers["x-ratelimit-remaining-tokens"] == "1000"
             assert "x-ratelimit-limit-tokens" not in resp.headers
             (admit,) = r.admitter.admits
-            assert (admit.tenant_id, admit.request_id) == ("acme", "req-1")
+            # burstgate's request id is minted per request, never the client's
+            # (issue 30 item 3); the client's is its correlation id
+            minted = resp.headers["x-burstgate-request-id"]
+            assert (admit.tenant_id, admit.request_id) == ("acme", minted)
+            assert len(minted) == 32 and minted != "req-1"
             assert admit.kw["lane"] == "standard" and admit.kw["pool"] == "default"
             assert admit.kw["model"] == MODEL and admit.kw["max_tokens"] == 7
             assert admit.kw["prompt_tokens"] == 3 + 4 + 5  # priming, message, 19 bytes
             assert admit.kw["deadline_s"] == 2.25 + 0.25  # the lane's max wait + the call
             (done,) = await r.settled()
-            assert done.request_id == "req-1"
+            assert (done.request_id, done.kw["correlation_id"]) == (minted, "req-1")
             assert done.kw["prompt_tokens"] == 40 and done.kw["generated_tokens"] == 7
             assert done.kw["cached_prompt_tokens"] == 0
             start, end = done.kw["exec_start_unix_ns"], done.kw["exec_end_unix_ns"]
@@ -261,7 +265,9 @@ def test_who_the_request_is_for_and_bad_requests() -> None:
                 assert says in (await bad_body.json())["error"]["message"]
             assert len(r.admitter.admits) == n  # none of these was admitted
             generated = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 1})
-            assert len(generated.headers["x-request-id"]) == 32
+            assert len(generated.headers["x-request-id"]) == 32  # none given: the minted one
+            assert generated.headers["x-request-id"] == generated.headers["x-burstgate-request-id"]
+            assert (await r.settled(2))[-1].kw["correlation_id"] == ""
 
     run(main)
 
@@ -426,5 +432,107 @@ def test_a_stream_reports_when_its_first_token_came() -> None:
             assert start < first < end and first - start < (end - start) / 4
             # a whole answer arrives at once: its first token's time is not known
             assert whole.kw["first_token_unix_ns"] == 0
+
+    run(main)
+
+
+async def _raw(port: int, head: bytes, body: bytes, path: bytes = b"/v1/chat/completions",
+               close: bool = True) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+    """One request written byte for byte (headers no client library would
+    send), and the answer: status, headers (lower-case names), body. Read
+    until the connection closes (``close``: the request asks for it)."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(b"POST " + path + b" HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n"
+            + b"Content-Length: %d\r\n" % len(body) + (b"Connection: close\r\n" if close else b"")
+            + head + b"\r\n" + body)  # fmt: skip
+    await w.drain()
+    data = await asyncio.wait_for(r.read(), 10)
+    w.close()
+    top, _, rest = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    return int(lines[0].split()[1]), headers, rest
+
+
+def test_a_body_over_max_body_bytes_is_413_in_openai_form() -> None:
+    # Issue 30 item 11: aiohttp answered its own text/plain 413 (or a
+    # passthrough path's); now every one is OpenAI's JSON error, and a
+    # declared Content-Length over the limit is refused before any read.
+    async def main() -> None:
+        async with rig(max_body_bytes=4096) as r:
+            big = {**CHAT, "max_tokens": 1, "pad": "x" * 5000}
+            for path in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
+                resp = await r.post(path, big)
+                assert resp.status == 413, path
+                assert resp.headers["content-type"].startswith("application/json"), path
+                err = (await resp.json())["error"]
+                assert err["code"] == "request_too_large" and "4,096 bytes" in err["message"]
+                assert err["type"] == "invalid_request_error"
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+                yield b'{"model": "m", "messages": [], "pad": "'
+                for _ in range(10):
+                    yield b"x" * 1000
+                yield b'"}'
+
+            chunked = await r.http.post(r.url + "/v1/chat/completions", data=chunks(),
+                                        headers={"authorization": "Bearer sk-acme"})  # fmt: skip
+            assert chunked.status == 413
+            assert (await chunked.json())["error"]["code"] == "request_too_large"
+            # declared larger than it is: answered from the header alone
+            # (a keep-alive request: the sidecar closes the connection itself)
+            status, headers, body = await _raw(
+                r.sidecar.port, b"authorization: Bearer sk-acme\r\n", b"{}" * 2049, close=False)
+            assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+            assert headers["connection"] == "close" and headers["x-burstgate-request-id"]
+            assert r.admitter.admits == []  # none of them reached the admission
+            fits = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 1,
+                                                         "pad": "x" * 3000})  # fmt: skip
+            assert fits.status == 200
+
+    run(main)
+
+
+def test_header_values_the_sidecar_uses_must_be_text_else_400_naming_the_header() -> None:
+    # Issue 30 item 11: a tenant header with a byte that is not UTF-8 was a
+    # 500 (the retry key's digest could not encode it); a TAB or such in the
+    # tenant, lane or idempotency key went on to the plane as a name or key.
+    async def main() -> None:
+        async with rig(default_tenant=None, tenant_header="x-burstgate-tenant") as r:
+            port, keyed = r.sidecar.port, b"authorization: Bearer sk-acme\r\n"
+            body = json.dumps({**CHAT, "max_tokens": 1}).encode()
+            for head, header in (
+                (b"x-burstgate-tenant: acme\xe9\r\n", "x-burstgate-tenant"),
+                (b"x-burstgate-tenant: ac\tme\r\n", "x-burstgate-tenant"),
+                (b"x-burstgate-tenant: " + b"t" * 129 + b"\r\n", "x-burstgate-tenant"),
+                (keyed + b"x-burstgate-lane: batch\xff\r\n", "x-burstgate-lane"),
+                (keyed + b"x-request-id: id\t1\r\n", "x-request-id"),
+                (keyed + b"x-request-id: \xc3(\r\n", "x-request-id"),
+                (keyed + b"idempotency-key: k\t1\r\n", "idempotency-key"),
+            ):
+                status, headers, answer = await _raw(port, head, body)
+                assert status == 400, head
+                err = json.loads(answer)["error"]
+                assert err["message"].startswith(f"header {header}: "), (head, err)
+                assert err["type"] == "invalid_request_error"
+                assert headers["x-burstgate-request-id"]
+            # CR, LF (bare or folding), NUL and other control characters never
+            # reach the sidecar's code: aiohttp's parser answers 400 itself, in
+            # plain text saying what it found (its C parser quotes the line)
+            for head, says in (
+                (keyed + b"x-request-id: a\x00b\r\n", b"Invalid header value char"),
+                (keyed + b"x-burstgate-tenant: a\x1bb\r\n", b"Invalid header value char"),
+                (keyed + b"x-burstgate-tenant: a\rb\r\n", b"Missing expected LF"),
+                (keyed + b"x-request-id: a\nx-burstgate-tenant: evil\r\n", b"Missing expected CR"),
+                (keyed + b"idempotency-key: a\r\n b\r\n", b"Unexpected whitespace"),
+            ):
+                status, _, answer = await _raw(port, head, body)
+                # (the pure-Python parser, AIOHTTP_NO_EXTENSIONS=1, says "Invalid HTTP header")
+                assert status == 400, (head, answer)
+                assert says in answer or b"Invalid HTTP header" in answer, (head, answer)
+            assert r.admitter.admits == []
+            # UTF-8 text is text: a tenant named in it is admitted as it is
+            status, _, _ = await _raw(port, "x-burstgate-tenant: café\r\n".encode(), body)
+            assert status == 200 and r.admitter.admits[-1].tenant_id == "café"
 
     run(main)

@@ -544,6 +544,7 @@ class CompleteRequest(_message.Message):
     OFFLINE_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
     FIRST_TOKEN_UNIX_NS_FIELD_NUMBER: _builtins.int
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     request_id: _builtins.str
     reservation_id: _builtins.int
@@ -581,6 +582,13 @@ class CompleteRequest(_message.Message):
     how soon a released request gets its first token (docs/gate.md). The
     same window as exec_start_unix_ns, and not before it.
     """
+    correlation_id: _builtins.str
+    """Optional: the caller's own id for the request (the HTTP sidecar: the
+    client's x-request-id), 0..128 printable characters, recorded in the
+    ledger beside request_id for correlation. It is not a key: many
+    requests may carry the same one (request_id is the idempotency key).
+    INVALID_ARGUMENT naming `correlation_id` otherwise.
+    """
     @_builtins.property
     def offline(self) -> Global___OfflineAdmission:
         """Set by a sidecar that admitted this request itself, under a fail-open
@@ -614,10 +622,11 @@ class CompleteRequest(_message.Message):
         offline: Global___OfflineAdmission | None = ...,
         pool: _builtins.str = ...,
         first_token_unix_ns: _builtins.int = ...,
+        correlation_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["offline", b"offline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "first_token_unix_ns", b"first_token_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "offline", b"offline", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "correlation_id", b"correlation_id", "exec_end_unix_ns", b"exec_end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "first_token_unix_ns", b"first_token_unix_ns", "generated_tokens", b"generated_tokens", "kv_cache_miss_rate", b"kv_cache_miss_rate", "kv_cache_miss_rate_reported", b"kv_cache_miss_rate_reported", "offline", b"offline", "pool", b"pool", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -177,6 +177,7 @@ class LedgerRecord(_message.Message):
     USER_CHARGE_FIELD_NUMBER: _builtins.int
     ACTUAL_COST_FIELD_NUMBER: _builtins.int
     PRICE_ID_FIELD_NUMBER: _builtins.int
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     request_id: _builtins.str
     reservation_id: _builtins.int
@@ -203,6 +204,8 @@ class LedgerRecord(_message.Message):
     actual_cost: _builtins.str
     price_id: _builtins.int
     """catalog entry used (0 = none: priced at zero)"""
+    correlation_id: _builtins.str
+    """the caller's id (CompleteRequest.correlation_id); "" = none"""
     def __init__(
         self,
         *,
@@ -230,10 +233,11 @@ class LedgerRecord(_message.Message):
         user_charge: _builtins.str = ...,
         actual_cost: _builtins.str = ...,
         price_id: _builtins.int = ...,
+        correlation_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_cost", b"actual_cost", "arrival_unix_ns", b"arrival_unix_ns", "cached_tokens", b"cached_tokens", "currency", b"currency", "end_unix_ns", b"end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "kv_cache_miss_rate", b"kv_cache_miss_rate", "lane", b"lane", "lane_multiplier", b"lane_multiplier", "miss_rate_source", b"miss_rate_source", "model", b"model", "output_tokens", b"output_tokens", "pool", b"pool", "price_id", b"price_id", "pricing_multiplier", b"pricing_multiplier", "pricing_window", b"pricing_window", "prompt_tokens", b"prompt_tokens", "queue_start_unix_ns", b"queue_start_unix_ns", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "settled_unix_ns", b"settled_unix_ns", "tenant_id", b"tenant_id", "user_charge", b"user_charge"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual_cost", b"actual_cost", "arrival_unix_ns", b"arrival_unix_ns", "cached_tokens", b"cached_tokens", "correlation_id", b"correlation_id", "currency", b"currency", "end_unix_ns", b"end_unix_ns", "exec_start_unix_ns", b"exec_start_unix_ns", "kv_cache_miss_rate", b"kv_cache_miss_rate", "lane", b"lane", "lane_multiplier", b"lane_multiplier", "miss_rate_source", b"miss_rate_source", "model", b"model", "output_tokens", b"output_tokens", "pool", b"pool", "price_id", b"price_id", "pricing_multiplier", b"pricing_multiplier", "pricing_window", b"pricing_window", "prompt_tokens", b"prompt_tokens", "queue_start_unix_ns", b"queue_start_unix_ns", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "settled_unix_ns", b"settled_unix_ns", "tenant_id", b"tenant_id", "user_charge", b"user_charge"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
