@@ -53,8 +53,9 @@ def test_short_chats_keep_the_base_price_and_a_burst_of_new_prompts_raises_it(
     # The engine starts cold: its first chat misses every block. Its window
     # is left behind before anything is measured.
     ask(stack, "Hello!")
-    next_window()
-    next_window()
+    time.sleep(0.5)  # its load report (a scrape every 0.1 s) is in by now,
+    next_window()  # so this window measures nothing,
+    next_window()  # and the first steady window is priced on it
     steady: list[str] = []
     deadline = time.monotonic() + 4 * WINDOW_S
     i = 0
