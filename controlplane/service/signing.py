@@ -189,14 +189,40 @@ class AdmissionSigner:
             return None
         out = [b""] * len(rows)
         facts = rows[admitted][:, _ROW_FIELDS].tolist()
-        sign = self.sign
+        key = self._current
+        # The entries of a batch share their body (lane, pool, multiplier,
+        # window, decision time) a few ways only: each distinct body is built
+        # and run through HMAC's inner hash once, then copied per entry
+        # (about half the cost of sign() per entry, measured).
+        bodies: dict[tuple[int, ...], tuple[bytes, Any]] = {}
+        tenants: dict[str, bytes] = {}
+        pack, outer = _FACTS.pack, key.outer
         for i, (lane, pool, model, reserved, granted, rid, bits, window, at) in zip(
             admitted, facts, strict=True
         ):
-            out[i] = sign(
-                tenant_ids[i], request_ids[i], names[model], names[lane], names[pool],
-                reserved - granted, granted, rid, _bits_float(bits), window, at,
-            )  # fmt: skip
+            shared = (lane, pool, bits, window, at)
+            got = bodies.get(shared)
+            if got is None:
+                lane_b, pool_b = _utf8(names[lane]), _utf8(names[pool])
+                body = b"".join((
+                    _HEAD.pack(VERSION, key.id, at, window, multiplier_micros(_bits_float(bits)),
+                               len(lane_b)),
+                    lane_b, _U16.pack(len(pool_b)), pool_b,
+                ))  # fmt: skip
+                inner = key.inner.copy()
+                inner.update(body)
+                got = bodies[shared] = (body, inner)
+            body, inner = got
+            tenant = tenant_ids[i]
+            t = tenants.get(tenant)
+            if t is None:
+                t = tenants[tenant] = tenant.encode()
+            r, m = request_ids[i].encode(), _utf8(names[model])
+            h = inner.copy()
+            h.update(pack(reserved - granted, granted, rid, len(t), len(r), len(m)) + t + r + m)
+            o = outer.copy()
+            o.update(h.digest())
+            out[i] = body + o.digest()[:MAC_BYTES]
         return out
 
     def verify(

@@ -498,7 +498,7 @@ class AdmitResponse(_message.Message):
     "Signed admissions"), opaque to clients; empty when refused. Keep it
     with the reservation and hand it back in OpenReservation.admission_token
     when re-announcing: an open reservation without it cannot be restored.
-    A replayed answer (duplicate) carries the same token.
+    A replayed answer (duplicate) carries the same token. About 60 bytes.
     """
     @_builtins.property
     def remaining(self) -> Global___Remaining: ...
