@@ -28,6 +28,7 @@ import statistics
 import time
 from collections.abc import Callable
 from decimal import Decimal
+from typing import Any
 
 from controlplane.domain import DEFAULT_LANES, TenantConfig
 from controlplane.domain.policy import Policy
@@ -49,9 +50,15 @@ class Clock:
 POOL = "bench"
 
 
-def make_service(gate: bool = True) -> tuple[AdmissionService, Clock]:
+def make_service(gate: bool = True, signed: bool = True) -> tuple[AdmissionService, Clock]:
+    """``signed`` False: admissions carry no token (service/signing.py), the
+    cost of signing measured by difference, in the same process and rounds."""
     clock = Clock()
     svc = AdmissionService(Settings(), clock=clock)
+    if not signed:
+        signer: Any = svc.signer
+        signer.sign_record = lambda key, rec: b""
+        signer.sign_rows = lambda *args: None
     tenants = [
         TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**8) for i in range(TENANTS)
     ]
@@ -66,10 +73,10 @@ def report(svc: AdmissionService) -> None:
                     requests_running=0, max_num_seqs=10**9, kv_cache_usage=0.1)  # fmt: skip
 
 
-def unary(n: int, gate: bool, as_batch: bool = False) -> float:
+def unary(n: int, gate: bool, as_batch: bool = False, signed: bool = True) -> float:
     """``as_batch``: each request as an AdmitStream batch of one, what a
     unary Admit would cost through the batch's columns (service/batchdecision.py)."""
-    svc, clock = make_service(gate)
+    svc, clock = make_service(gate, signed)
     start = time.perf_counter_ns()
     for i in range(n):
         t = f"t{i % TENANTS}"
@@ -85,10 +92,12 @@ def unary(n: int, gate: bool, as_batch: bool = False) -> float:
     return (time.perf_counter_ns() - start) / n
 
 
-def batch(n: int, size: int, gate: bool, spread: int = TENANTS) -> float:
+def batch(
+    n: int, size: int, gate: bool, spread: int = TENANTS, signed: bool = True
+) -> float:
     """``spread``: distinct tenants per batch (100, the worst case for the
     per-tenant work; 4, like bench_grpc's load)."""
-    svc, clock = make_service(gate)
+    svc, clock = make_service(gate, signed)
     tenants = [f"t{i % spread}" for i in range(size)]
     prompts = [500] * size
     maxt = [200] * size
@@ -128,21 +137,27 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20_000, help="decisions per scenario and round")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", help="run one scenario (e.g. under valgrind --tool=callgrind)")
+    ap.add_argument("--match", help="run the scenarios whose name contains this")
     args = ap.parse_args()
     scenarios: dict[str, Callable[[], float]] = {
         "admit+complete": lambda: unary(args.n, True),
+        "admit+complete, unsigned": lambda: unary(args.n, True, signed=False),
         "admit+complete, gate off": lambda: unary(args.n, False),
         "admit_batch 1 + complete": lambda: unary(args.n, True, as_batch=True),
         "admit_or_wait (backlog)": lambda: waiting(args.n),
         "admit_batch 100": lambda: batch(args.n, 100, True),
+        "admit_batch 100, unsigned": lambda: batch(args.n, 100, True, signed=False),
         "admit_batch 100, gate off": lambda: batch(args.n, 100, False),
         "admit_batch 1000": lambda: batch(args.n, 1000, True),
+        "admit_batch 1000, unsigned": lambda: batch(args.n, 1000, True, signed=False),
         "admit_batch 1000, gate off": lambda: batch(args.n, 1000, False),
         "admit_batch 100, 4 tenants": lambda: batch(args.n, 100, True, 4),
         "admit_batch 1000, 4 tenants": lambda: batch(args.n, 1000, True, 4),
     }
     if args.only:
         scenarios = {args.only: scenarios[args.only]}
+    if args.match:
+        scenarios = {k: v for k, v in scenarios.items() if args.match in k}
     results: dict[str, list[float]] = {name: [] for name in scenarios}
     for _ in range(args.rounds):
         for name, run in scenarios.items():

@@ -297,6 +297,7 @@ class ControlPlane:
         envoy_rls = self._envoy_rls()
         await self.load_config()
         await asyncio.to_thread(self.key_cache.refresh)
+        await self._load_signing_keys()
         self.live.sample()
         self.replicas.share_limits(self.engine)
         if self.metering is not None:
@@ -529,6 +530,20 @@ class ControlPlane:
             log.warning("key refresh failed; serving last keys", error=str(exc))
         else:
             self.key_cache.note_refresh(True)
+        if self.settings.admission_signing_key is None:  # a rotation reaches every replica
+            try:
+                await self._load_signing_keys()
+            except Exception as exc:  # database down: sign with the keys as last read
+                self.key_refresh_failures += 1
+                log.warning("signing key refresh failed; keeping the last ones", error=str(exc))
+
+    async def _load_signing_keys(self) -> None:
+        """The keys admissions are signed with (store/signing.py): read in a
+        thread, installed on the loop (the service is the loop's alone)."""
+        from controlplane.store.signing import signing_keys
+
+        keys = await self._in_thread(lambda: signing_keys(self.settings, self.engine))
+        self.service.signer.install(keys)
 
     async def _save_key_use(self) -> None:
         """The keys used since the last poll, written as last used now (one

@@ -10,7 +10,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.domain.policy import Policy
@@ -126,6 +126,13 @@ class Settings(BaseSettings):
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
+    # The key admissions are signed with (docs/ha.md, "Signed admissions"):
+    # 64+ hex digits (32+ random bytes, e.g. `openssl rand -hex 32`). Unset
+    # (the default): a key created once in the database, shared by every
+    # replica of it. When set, every replica must get the same value;
+    # `_previous` is still accepted (rotation: the old key moves there).
+    admission_signing_key: SecretStr | None = None
+    admission_signing_key_previous: SecretStr | None = None
     # Fraction of admission RPCs (Admit, Complete, ReportLoad, AdmitStream
     # streams) that get an access log line; admin RPCs are always logged.
     # A line costs more CPU than the decision itself, hence off by default.
@@ -217,6 +224,20 @@ class Settings(BaseSettings):
     # JSON lines (controlplane/ha/trace.py), so a harness can check across
     # processes that no cell had two owners at once.
     ha_trace_file: Path | None = None
+
+    @field_validator("admission_signing_key", "admission_signing_key_previous")
+    @classmethod
+    def _signing_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return v
+        text = v.get_secret_value().strip()
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raise ValueError("must be hex digits (e.g. `openssl rand -hex 32`)") from None
+        if len(raw) < 32:
+            raise ValueError(f"must be at least 32 bytes (64 hex digits), got {len(raw)}")
+        return SecretStr(text)
 
     @field_validator("advertise_address")
     @classmethod

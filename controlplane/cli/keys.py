@@ -94,3 +94,23 @@ def keys_revoke(key_id: str, database_url: DbOpt = None) -> None:
     with _key_store(database_url) as store:
         store.revoke_key(key_id)
     typer.echo(f"key {key_id} revoked")
+
+
+@keys_app.command("rotate-signing-key")
+def keys_rotate_signing_key(database_url: DbOpt = None) -> None:
+    """Rotate the key admissions are signed with (docs/ha.md, "Signed
+    admissions"): servers sign with the new one from their next config poll
+    and still accept the one before it (tokens of the key before that are
+    refused by Reannounce). Not for servers given
+    BURSTGATE_ADMISSION_SIGNING_KEY, which ignore the database's keys."""
+    from controlplane.settings import Settings
+    from controlplane.store.db import make_engine
+    from controlplane.store.signing import load_keys, rotate
+
+    engine = make_engine(database_url or Settings().database_url)
+    try:
+        load_keys(engine)  # (the first generation, when no server made it yet)
+        generation = rotate(engine)
+    finally:
+        engine.dispose()
+    typer.echo(f"admission signing key rotated: generation {generation} is current")

@@ -122,6 +122,8 @@ class AdmitDecision:
     shadow_reason: int = 0  # Reason the request would have been refused for (shadow mode)
     pressure: Pressure | None = None
     retryable: bool = False  # a refusal that retrying (after retry_after) may cure
+    # Admitted: the plane's signature over the admission (service/signing.py)
+    admission_token: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

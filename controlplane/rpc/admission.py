@@ -52,6 +52,7 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
         degradation=degradation_pb(d.degradation),
         shadow_reason=pb.Reason.ValueType(d.shadow_reason),
         pressure=pressure_pb(d.pressure),
+        admission_token=d.admission_token,
     )
 
 

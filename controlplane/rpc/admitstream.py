@@ -124,6 +124,8 @@ def batch_result(
         degradation=degradation_pb(r.degradation),
         pressure=pressure_pb(r.pressure),
     )
+    if r.admission_token is not None:
+        res.admission_token.extend(r.admission_token)
     if r.degradation is not None and any(r.degraded):
         res.fallback_model.extend(
             fallback(t) if d else "" for t, d in zip(tenant_ids, r.degraded, strict=True)
@@ -134,6 +136,10 @@ def batch_result(
 def _append(res: pb.AdmitBatchResult, decisions: list[AdmitDecision | None]) -> None:
     """One column entry per decision; None (an entry still queued) gets a
     placeholder: DECISION_UNSPECIFIED and zeros."""
+    if any(d is not None and d.admission_token for d in decisions):
+        res.admission_token.extend(
+            d.admission_token if d is not None else b"" for d in decisions
+        )
     for d in decisions:
         if d is None:
             _append_queued(res)

@@ -157,12 +157,15 @@ def expand(
     out = pb.AdmitBatchResult()
     out.CopyFrom(res)
     pos = {i: k for k, i in enumerate(keep)}
-    fills = {"decision": _REJECT, "reason": _NOT_OWNER, "retryable": True}
-    for name in (*RESULT_COLUMNS, "fallback_model", "queued"):
+    fills: dict[str, object] = {
+        "decision": _REJECT, "reason": _NOT_OWNER, "retryable": True, "fallback_model": "",
+        "admission_token": b"",
+    }  # fmt: skip
+    for name in (*RESULT_COLUMNS, "fallback_model", "queued", "admission_token"):
         column = list(getattr(res, name))
         if not column:
             continue
-        blank: object = "" if name == "fallback_model" else fills.get(name, 0)
+        blank = fills.get(name, 0)
         values = []
         for i in range(n):
             if i in pos:

@@ -37,6 +37,7 @@ def open_reservation(e: pb.OpenReservation) -> OpenReservation:
         granted_max_tokens=e.granted_max_tokens, pricing_multiplier=e.pricing_multiplier,
         lane=e.lane, pool=e.pool, model=e.model, reservation_id=e.reservation_id,
         pricing_window=e.pricing_window, admitted_ns=e.admitted_unix_ns,
+        admission_token=e.admission_token,
     )  # fmt: skip
 
 

@@ -246,7 +246,7 @@ class AsyncAdmissionClient:
                 lane, model, pool, a.offline, time.time_ns(), "" if a.offline else where,
                 routing_key(pool, tenant_id, lane), prompt_tokens, max_tokens,
                 prompt_tokens + a.granted_max_tokens, a.granted_max_tokens, a.reservation_id,
-                a.pricing_multiplier,
+                a.pricing_multiplier, a.admission_token,
             ))  # fmt: skip
         return a
 

@@ -74,6 +74,9 @@ class Admission:
     # ("" while unknown). The client follows it itself; a caller sees this
     # only when the owner could not be reached within its hops.
     owner: str = ""
+    # Admitted by the server: its signature over the admission (opaque), what
+    # re-announcing the reservation to another replica needs (reannounce.py).
+    admission_token: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,7 @@ class Limits:
 def _admission(
     request_id: str, decision: int, reason: int, *, retry_after_ms: int, retryable: bool,
     granted: int, reservation_id: int, degradation: pb.Degradation | None, multiplier: str,
-    bucket: int, hourly: int, daily: int, queue_wait_ms: int,
+    bucket: int, hourly: int, daily: int, queue_wait_ms: int, token: bytes = b"",
 ) -> Admission:  # fmt: skip
     name = REASON_NAMES.get(reason, f"reason_{reason}")
     active = degradation is not None and degradation.active
@@ -128,6 +131,7 @@ def _admission(
         queue_wait_ms=queue_wait_ms,
         offline=False,
         quota_exhausted=name in QUOTA_REASONS,
+        admission_token=token,
     )
 
 
@@ -140,7 +144,7 @@ def admission_of_response(resp: pb.AdmitResponse) -> Admission:
         degradation=resp.degradation if resp.HasField("degradation") else None,
         multiplier=resp.pricing_multiplier, bucket=resp.remaining.bucket_tokens,
         hourly=resp.remaining.hourly_tokens, daily=resp.remaining.daily_tokens,
-        queue_wait_ms=resp.queue_wait_ms,
+        queue_wait_ms=resp.queue_wait_ms, token=resp.admission_token,
     )  # fmt: skip
 
 
@@ -172,6 +176,7 @@ def admissions_of_result(
     # column: the batch-wide one, the first entry's tenant's)
     fallbacks = list(res.fallback_model) if len(res.fallback_model) == n else [fallback] * n
     owners = list(res.owner) if len(res.owner) == n else [""] * n
+    tokens = list(res.admission_token) if len(res.admission_token) == n else [b""] * n
     multiplier, admit = res.pricing_multiplier, pb.DECISION_ADMIT
     out = []
     for k, request_id in zip(columns, request_ids, strict=True):
@@ -181,6 +186,7 @@ def admissions_of_result(
             request_id, decision[k] == admit, name, retry[k], bool(retryable[k]), granted[k],
             rid[k], d, cap if d else 0, fallbacks[k] if d else "", multiplier, bucket[k],
             hourly[k], daily[k], waited[k], False, name in QUOTA_REASONS, owners[k],
+            tokens[k],
         )  # fmt: skip
         out.append(a)
     return out

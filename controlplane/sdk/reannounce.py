@@ -65,15 +65,19 @@ class Admitted(NamedTuple):
     granted_max_tokens: int = 0
     reservation_id: int = 0
     pricing_multiplier: str = ""
+    admission_token: bytes = b""
 
 
 def entry_of(key: Key, a: Admitted) -> pb.OpenReservation:
+    """The entry re-announcing ``a``. Its multiplier, pricing window and
+    admission time go in the server's signed token, not in the clear: an
+    AdmitStream answer's pricing_multiplier is the batch's first pool's, and
+    this process's clock is not the server's."""
     return pb.OpenReservation(
         tenant_id=key[0], request_id=key[1], lane=a.lane, pool=a.pool, model=a.model,
         prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
         reserved_tokens=a.reserved_tokens, granted_max_tokens=a.granted_max_tokens,
-        reservation_id=a.reservation_id, pricing_multiplier=a.pricing_multiplier,
-        admitted_unix_ns=a.at_ns,
+        reservation_id=a.reservation_id, admission_token=a.admission_token,
     )  # fmt: skip
 
 

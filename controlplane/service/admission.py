@@ -94,6 +94,7 @@ from controlplane.service.records import Key, Record, RequestLog
 from controlplane.service.restore import OpenReservation, Restore, Restorer
 from controlplane.service.settlement import Settler
 from controlplane.service.sharing import ShareControl
+from controlplane.service.signing import AdmissionSigner
 from controlplane.service.stats import QUEUE_WAIT_BUCKETS_NS, AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from controlplane.settings import Settings
@@ -142,12 +143,16 @@ class AdmissionService:
         self._deadlines = Deadlines(
             self._tenants, self._gate, self._pressure, queues, settings.retry_memory
         )
+        # Signs every admission so that Reannounce restores only what this
+        # deployment issued (signing.py); the server installs the
+        # deployment's keys (store/signing.py) before serving.
+        self.signer = AdmissionSigner()
         self._decider = Decider(
             self._table, self._tenants, self._pressure, self._gate, self._pricing,
-            settings.concurrency_retry_ms * NS_PER_MS, self._deadlines,
+            settings.concurrency_retry_ms * NS_PER_MS, self._deadlines, self.signer,
             first_reservation=max(1, clock() // 1000),  # microseconds: see Decider
         )  # fmt: skip
-        self._outcomes = Outcomes(self._log, self.stats, self._tenants)
+        self._outcomes = Outcomes(self._log, self.stats, self._tenants, self.signer)
         self._dispatcher = Dispatcher(
             self._tenants, self._decider, self._outcomes, self.stats, self._gate, queues,
             self._deadlines,
@@ -165,7 +170,7 @@ class AdmissionService:
         )  # fmt: skip
         self._restorer = Restorer(
             self._tenants, self._log, self._dispatcher, self._decider, self._gate, self.stats,
-            int(settings.reservation_ttl_s * NS_PER_S),
+            int(settings.reservation_ttl_s * NS_PER_S), self.signer,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ config

@@ -11,6 +11,7 @@ from controlplane.domain.units import PPM
 from controlplane.service import records as R
 from controlplane.service.pools import FRESH
 from controlplane.service.records import Key, Record, RequestLog
+from controlplane.service.signing import AdmissionSigner
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import TenantDirectory
 from fastpath import Reason
@@ -67,16 +68,22 @@ class BatchResult:
     degradation: Degradation | None = None  # the pool's instructions, for entries degraded[i]
     pressure: Pressure | None = None  # the pool as the batch saw it
     retryable: list[bool] | None = None  # entry i: a refusal retrying may cure
+    # entry i's admission token (signing.py), b"" when refused; None: none admitted
+    admission_token: list[bytes] | None = None
 
 
 class Outcomes:
     """Where every single decision ends: remembered in the request log (for
     idempotent replays and settlement), counted, and answered."""
 
-    def __init__(self, log: RequestLog, stats: AdmissionStats, tenants: TenantDirectory) -> None:
+    def __init__(
+        self, log: RequestLog, stats: AdmissionStats, tenants: TenantDirectory,
+        signer: AdmissionSigner,
+    ) -> None:  # fmt: skip
         self._log = log
         self._stats = stats
         self._tenants = tenants
+        self._signer = signer
 
     def record(self, key: Key, rec: Record) -> AdmitDecision:
         """Store and count a fresh decision; return its answer."""
@@ -119,4 +126,7 @@ class Outcomes:
                 bool(rec[R.SHED] & R.SHED_BIT),
             ),
             retryable=retryable(reason) and not rec[R.SHED] & R.LATE_BIT,
+            # signed on every answer, replays too (the same facts, the same
+            # token): nothing is stored per request for it
+            admission_token=self._signer.sign_record(key, rec) if reason == _OK else b"",
         )

@@ -66,6 +66,7 @@ from controlplane.service.pressure import Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
 from controlplane.service.records import RequestLog, float_bits
 from controlplane.service.shares import SHARED_REASONS
+from controlplane.service.signing import AdmissionSigner
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
@@ -106,6 +107,7 @@ class Rules(Protocol):
     deadlines: Deadlines
     pricing: Pricing
     concurrency_retry_ns: int
+    signer: AdmissionSigner
 
     def verdict(self, lane: str, pool: str, now: int) -> Verdict: ...
 
@@ -570,7 +572,12 @@ class BatchDecision:
         # multiplier is the first fresh entry's (each admission's record, which
         # the ledger bills, locks its own pool's).
         first = self.prices.get(self.batch_pools[0]) if self.batch_pools else None
-        return d.columns(
+        result = d.columns(
             rows, self.is_fresh, degraded, self.verdicts,
             first.multiplier if first is not None else 1.0,
         )  # fmt: skip
+        # each admission's token, replays included (Outcomes.answer's rule)
+        result.admission_token = d.signer.sign_rows(
+            rows, self.tenant_ids, self.request_ids, log.names.names
+        )
+        return result

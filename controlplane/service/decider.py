@@ -49,6 +49,7 @@ from controlplane.service.pressure import PressureGate, Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
 from controlplane.service.records import Record, RequestLog
 from controlplane.service.shares import SHARED_REASONS, explain, remaining_offsets
+from controlplane.service.signing import AdmissionSigner
 from controlplane.service.stats import AdmissionStats
 from controlplane.service.tenants import Tenant, TenantDirectory
 from fastpath import Reason, TokenBucketTable
@@ -89,9 +90,11 @@ class Decider:
         pricing: Pricing,
         concurrency_retry_ns: int,
         deadlines: Deadlines,
+        signer: AdmissionSigner,
         first_reservation: int = 1,
     ) -> None:
         self.deadlines = deadlines
+        self.signer = signer
         self.table = table
         self.tenants = tenants
         self._pressure = pressure

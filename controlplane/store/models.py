@@ -13,6 +13,7 @@ from sqlalchemy import (
     DateTime,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Numeric,
     String,
@@ -354,3 +355,16 @@ class HaTenantQuotaRow(Base):
     window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # Unix s
     used: Mapped[int] = mapped_column(BigInteger)
     allowance: Mapped[int] = mapped_column(BigInteger)
+
+
+class AdmissionKeyRow(Base):
+    """The keys admissions are signed with (controlplane/service/signing.py,
+    docs/ha.md "Signed admissions"): the highest generation is current, the
+    one before it still verifies. In the database so that every replica of a
+    deployment, and the plane after a restart, hold the same keys."""
+
+    __tablename__ = "admission_keys"
+
+    generation: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    secret: Mapped[bytes] = mapped_column(LargeBinary)  # 32 random bytes
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

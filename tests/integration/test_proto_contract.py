@@ -78,8 +78,9 @@ def test_buf_breaking_against_the_v1_baseline() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        # a renumbered field breaks every client on the wire
-        ("int64 retry_after_ms = 22;", "int64 retry_after_ms = 25;",
+        # a renumbered field breaks every client on the wire (to a number
+        # far from the used ones, so that an added field never collides)
+        ("int64 retry_after_ms = 22;", "int64 retry_after_ms = 99;",
          'present field "22" with name "retry_after_ms" on message "AdmitResponse" was deleted'),
         # a changed type too
         ("string pricing_multiplier = 24;", "double pricing_multiplier = 24;",

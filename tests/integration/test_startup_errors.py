@@ -207,13 +207,13 @@ def test_schema_older_or_newer_than_the_code(db_url: str, work: Path) -> None:
     env = {"BURSTGATE_DATABASE_URL": db_url}
     upgrade(db_url, "0005")
     line = one_line(burstgate(["serve"], env, work), Exit.SCHEMA)
-    assert "schema revision 0005, older than this burstgate's 0008" in line
+    assert "schema revision 0005, older than this burstgate's 0009" in line
     assert "`burstgate migrate`" in line
     assert burstgate(["migrate"], env, work).returncode == 0
     set_revision(db_url, "9999")  # as if a newer burstgate had migrated it
     for args in (["serve"], ["migrate"], ["demo"]):
         line = one_line(burstgate(args, env, work), Exit.SCHEMA)
-        assert "schema revision 9999, which this burstgate (at 0008) does not know" in line
+        assert "schema revision 9999, which this burstgate (at 0009) does not know" in line
         assert "never downgrades" in line
 
 

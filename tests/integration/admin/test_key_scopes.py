@@ -189,6 +189,53 @@ def test_complete_and_load_reports_are_scoped(env: Scoped) -> None:
     assert "pool-b" not in env.srv.on_loop(lambda: env.plane.service.pools)
 
 
+def test_reannounce_is_scoped_by_the_signed_pool(env: Scoped) -> None:
+    """Reannounce's scope is Complete's, judged on what the admission was
+    signed for: a token for pool-b does not pass a pool-a key by naming no
+    pool (or pool-a) in the clear. The tokens are signed with the server's
+    key, as another replica of the deployment signs them."""
+    signer = env.plane.service.signer
+    now = env.srv.on_loop(env.plane.service.clock)
+
+    def entry(tenant: str, rid: str, signed_pool: str, pool: str = "") -> pb.OpenReservation:
+        token = signer.sign(tenant, rid, "", "standard", signed_pool, 10, 5, 0, 1.0, 0, now)
+        return pb.OpenReservation(
+            tenant_id=tenant, request_id=rid, pool=pool, prompt_tokens=10, max_tokens=5,
+            reserved_tokens=15, granted_max_tokens=5, admission_token=token,
+        )  # fmt: skip
+
+    stub = env.stub(env.scoped)
+
+    def call(*entries: pb.OpenReservation) -> pb.ReannounceResponse:
+        res: pb.ReannounceResponse = stub.Reannounce(
+            pb.ReannounceRequest(reservations=entries), timeout=10
+        )
+        return res
+
+    for entries, field in (
+        ((entry("acme", "in", "pool-a"), entry("acme", "b-side", "pool-b")),
+         "reservations[1].pool"),
+        ((entry("acme", "in", "pool-a"), entry("beta", "b1", "pool-b")),
+         "reservations[1].tenant_id"),
+    ):  # fmt: skip
+        code, details, _ = refused(lambda: call(*entries))  # noqa: B023
+        assert code == DENIED and details.startswith(f"{field}: "), details
+        assert env.record("acme", "in") is None  # nothing of the call was taken
+    # naming pool-a in the clear for a pool-b admission: altered, not restored
+    lied = call(entry("acme", "b-side", "pool-b", pool="pool-a"))
+    assert list(lied.outcome) == [pb.REANNOUNCE_OUTCOME_REFUSED], lied
+    assert lied.detail[0].startswith("signature does not match: pool 'pool-a'"), lied.detail
+    assert env.record("acme", "b-side") is None
+    got = call(entry("acme", "in", "pool-a"))
+    assert list(got.outcome) == [pb.REANNOUNCE_OUTCOME_RESTORED], got
+    assert env.srv.on_loop(lambda: env.plane.service.reservation_pool("acme", "in")) == "pool-a"
+    # the key for every pool restores the pool-b one
+    every = env.stub(env.every).Reannounce(
+        pb.ReannounceRequest(reservations=[entry("acme", "b-side", "pool-b")]), timeout=10
+    )
+    assert list(every.outcome) == [pb.REANNOUNCE_OUTCOME_RESTORED], every
+
+
 def test_admit_stream_refuses_a_batch_with_an_entry_outside_the_scope(env: Scoped) -> None:
     # Consistent with a bad entry: the batch fails as a whole (nothing of
     # it decided) and ends the stream; the batches answered before stand.

@@ -22,19 +22,28 @@ machine. ``BURSTGATE_FUZZ_EXAMPLES=500`` runs a deeper pass locally.
 from __future__ import annotations
 
 import os
+import time
+from decimal import Decimal, InvalidOperation
+from typing import Any, cast
 
 import pytest
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
+from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from controlplane.domain import TenantConfig
+from controlplane.store.config import ConfigRepository
+from controlplane.store.db import make_engine
 from tests.integration.fuzz.conftest import (
+    ADMISSION,
     DOMAIN_WORDS,
     RPCS,
     SERVICES,
     Fuzzed,
+    call,
     is_write,
     judge,
 )
@@ -111,3 +120,126 @@ def test_writes_are_named_as_writes() -> None:
         "AdmissionService.ReportLoad", "LedgerService.DeletePrice", "LedgerService.SetPrice",
         "RateLimitService.ShouldRateLimit",
     ]  # fmt: skip
+
+
+# The facts of a reservation another replica of the deployment admitted,
+# signed with the fuzzed server's key (as that replica signs): sent as they
+# are, it is restored. Every mutation below alters a signed fact, the token,
+# or a billing field the entry must state as signed.
+SIGNED = {
+    "tenant_id": "signed-fuzz", "request_id": "fuzz-signed", "model": "m", "prompt_tokens": 7,
+    "max_tokens": 9, "reserved_tokens": 16, "granted_max_tokens": 9, "reservation_id": 5,
+}  # fmt: skip
+SIGNED_POOL, SIGNED_WINDOW = "px", 0  # the fuzzed server runs with the pool gate off
+OPEN_RESERVATION = pb.OpenReservation.DESCRIPTOR
+
+
+def _differs(name: str, value: object) -> bool:
+    """``value`` for field ``name`` is not what was signed (a multiplier by
+    its decimal value: "1.0" is the signed 1.000000)."""
+    if name == "pricing_multiplier":
+        try:
+            return Decimal(str(value)) != 1
+        except InvalidOperation:
+            return True
+    if name == "pool":
+        return value not in ("", SIGNED_POOL)
+    if name == "pricing_window":
+        return value not in (0, SIGNED_WINDOW)
+    return value != SIGNED[name]
+
+
+def _mutations() -> st.SearchStrategy[tuple[str, object]]:
+    fields = [*(n for n in SIGNED if n != "max_tokens"), "pool", "pricing_multiplier",
+              "pricing_window"]  # fmt: skip
+    by_field = st.sampled_from(fields).flatmap(
+        lambda n: STRATEGIES._single(OPEN_RESERVATION.fields_by_name[n], 0).map(lambda v: (n, v))
+    )
+    token = st.one_of(
+        st.binary(max_size=200),
+        st.tuples(st.integers(0, 70), st.integers(0, 7)).map(lambda p: ("flip", p)),
+        st.integers(0, 70).map(lambda n: ("cut", n)),
+        st.binary(min_size=1, max_size=8).map(lambda b: ("append", b)),
+    ).map(lambda t: ("admission_token", t))
+    return st.one_of(by_field, token)
+
+
+def test_fuzz_reannounce_never_restores_an_altered_admission(fuzzed: Fuzzed) -> None:
+    """Issue 30: hostile variations of a genuinely signed entry (each signed
+    fact changed, the token flipped, cut, extended or replaced, 1-3 at a
+    time) are judged as a read: any status from the documented set, and
+    nothing restored. The entry as signed is restored at the end, so the
+    refusals were the mutations'."""
+    service = next(s for s in SERVICES if s.full_name == ADMISSION)
+    method = service.methods_by_name["Reannounce"]
+    # a tenant of its own: the generated fuzz may have deleted acme and beta
+    engine = make_engine(fuzzed.url)
+    try:
+        ConfigRepository(engine).add_tenant(TenantConfig("signed-fuzz", Decimal(1000), 10**6))
+    finally:
+        engine.dispose()
+    fuzzed.srv._run(fuzzed.srv.plane.poll_once())
+    fuzzed.last = None
+    signer = fuzzed.srv.plane.service.signer
+    issued = time.time_ns()
+    token = signer.sign(
+        "signed-fuzz", "fuzz-signed", "m", "standard", SIGNED_POOL, 7, 9, 5, 1.0, SIGNED_WINDOW,
+        issued,
+    )  # fmt: skip
+
+    def mutated(changes: list[tuple[str, object]]) -> pb.ReannounceRequest:
+        e = pb.OpenReservation(**SIGNED, admission_token=token)  # type: ignore[arg-type]
+        for name, value in changes:
+            if name != "admission_token":
+                setattr(e, name, value)
+                continue
+            t = e.admission_token
+            if isinstance(value, bytes):
+                t = value
+            else:
+                how, arg = cast("tuple[str, Any]", value)
+                if how == "append" or not t:  # (nothing left to flip or cut)
+                    t = t + arg if how == "append" else t
+                elif how == "flip":
+                    at, bit = arg[0] % len(t), arg[1]
+                    t = t[:at] + bytes([t[at] ^ (1 << bit)]) + t[at + 1 :]
+                else:
+                    t = t[: arg % len(t)]
+            e.admission_token = t
+        return pb.ReannounceRequest(reservations=[e])
+
+    refused: list[str] = []  # the details of the refusals (the rest failed validation)
+
+    @settings(
+        max_examples=EXAMPLES * 2,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=(Phase.generate,),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(changes=st.lists(_mutations(), min_size=1, max_size=3))
+    def fuzz(changes: list[tuple[str, object]]) -> None:
+        req = mutated(changes)
+        e = req.reservations[0]
+        assume(e.admission_token != token or any(
+            n != "admission_token" and _differs(n, getattr(e, n)) for n, _ in changes
+        ))  # fmt: skip
+        out = judge(fuzzed, service, method, [req])
+        for r in out.responses:
+            assert isinstance(r, pb.ReannounceResponse)
+            assert r.restored == 0 and r.already_known == 0, (changes, r)
+            refused.extend(r.detail)
+
+    fuzz()
+    # most variations pass validation and reach the signature check
+    assert len(refused) >= EXAMPLES, len(refused)
+    assert all(d.startswith(("signature does not match", "unsigned")) for d in refused), {
+        d[:60] for d in refused
+    }
+    fuzzed.last = None
+    got = call(fuzzed.channel, service, method, [mutated([])], fuzzed.metadata(service))
+    assert got.code.name == "OK", got
+    [res] = got.responses
+    assert isinstance(res, pb.ReannounceResponse)
+    assert list(res.outcome) == [pb.REANNOUNCE_OUTCOME_RESTORED], res

@@ -86,6 +86,15 @@ def envoy(domain: str = "burstgate", hits: int = 10, **entries: str) -> rls.Rate
     return rls.RateLimitRequest(domain=domain, descriptors=[d], hits_addend=hits)
 
 
+def reannounce(**kw: object) -> pb.ReannounceRequest:
+    base: dict[str, object] = {
+        "tenant_id": "acme", "request_id": "never-admitted", "prompt_tokens": 1,
+        "max_tokens": 1, "reserved_tokens": 2, "granted_max_tokens": 1,
+        "pricing_multiplier": "0.000001",
+    }  # fmt: skip
+    return pb.ReannounceRequest(reservations=[pb.OpenReservation(**(base | kw))])  # type: ignore[arg-type]
+
+
 def policy(key: str, value: str) -> apb.UpdatePolicyRequest:
     return apb.UpdatePolicyRequest(set={key: value})
 
@@ -216,6 +225,18 @@ CASES: list[Case] = [
          (envoy(tenant="acme", request_id="e5", retry_key="k", attempt="two"),), OK),
     Case("envoy-usage-not-a-value", "ShouldRateLimit",
          (envoy(tenant="acme", request_id="e6", phase="response", usage="lots"),), OK),
+    # Issue 30 item 2: what was never admitted is never restored (judge():
+    # an OK Reannounce is a read, so nothing may change), whatever it claims.
+    Case("reannounce-unsigned", "Reannounce", (reannounce(),), OK),
+    Case("reannounce-forged-token", "Reannounce",
+         (reannounce(admission_token=b"\x01" + b"\x00" * 60),), OK),
+    Case("reannounce-many-unsigned", "Reannounce",
+         (pb.ReannounceRequest(reservations=[
+             pb.OpenReservation(tenant_id="acme", request_id=f"n{i}", prompt_tokens=1,
+                                max_tokens=1, reserved_tokens=2, granted_max_tokens=1)
+             for i in range(51)]),), OK),
+    Case("reannounce-token-10k", "Reannounce", (reannounce(admission_token=b"\xff" * 10_000),),
+         INVALID, ("reservations[0].admission_token",)),
 ]  # fmt: skip
 
 # Bug 8: malformed bytes, to every RPC (a client stream gets them as its one message).

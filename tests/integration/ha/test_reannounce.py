@@ -108,6 +108,8 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
     assert list(res.outcome) == [pb.REANNOUNCE_OUTCOME_NOT_OWNER] and res.not_owner == 1
     assert list(res.owner) == [a.direct]
 
+    held: dict[str, Admission] = {}
+
     async def run() -> tuple[int, list[str], float]:
         async with AsyncAdmissionClient(f"{a.direct},{b.direct}", deadline_s=SLOW_OK) as sdk:
             # a 0.9 cache-miss rate in one pricing window: 1.2 in the next
@@ -140,6 +142,7 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
                 theirs = keep_admitting(other, pool, "theirs", NEW)
                 news = [*await mine, *await theirs]
             admitted_new = [n for n in news if n.admitted]
+            held.update({a.request_id: a for a in [*opened, *news]})
             restored = sdk.counters.reannounce_restored
             mine_open = sum(n.request_id.startswith("mine") for n in admitted_new)
             assert sdk.open_admissions == OPEN + mine_open
@@ -169,9 +172,20 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
         assert r.output_tokens == USED
 
     # Idempotent: re-announcing settled (and open) ones again changes nothing.
+    # Their tokens as the SDK got them: open-0's signed by A, theirs-0's by B
+    # (the deployment's one key, in the database).
     before = bsrv.on_loop(lambda: svc.tenant_state("acme"))
-    again = reannounce(b, entry("open-0", pool), entry("theirs-0", pool))
-    assert (again.restored, again.already_known, again.refused) == (0, 2, 0)
+
+    def signed(rid: str) -> pb.OpenReservation:
+        a = held[rid]
+        return entry(rid, pool, reservation_id=a.reservation_id, pricing_multiplier="",
+                     admission_token=a.admission_token)  # fmt: skip
+
+    again = reannounce(b, signed("open-0"), signed("theirs-0"))
+    assert (again.restored, again.already_known, again.refused) == (0, 2, 0), again
+    # Not signed: refused, whatever this replica holds.
+    forged = reannounce(b, entry("open-1", pool), entry("forged", pool))
+    assert list(forged.outcome) == [pb.REANNOUNCE_OUTCOME_REFUSED] * 2, forged
     assert bsrv.on_loop(lambda: svc.tenant_state("acme"))["inflight"] == before["inflight"]
     # Bad input names the entry and its field, and takes nothing.
     with pytest.raises(grpc.RpcError) as err:

@@ -254,7 +254,7 @@ class _ReannounceOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Rea
     REANNOUNCE_OUTCOME_NOT_OWNER: _ReannounceOutcome.ValueType  # 3
     """another replica owns its pool's cell: owner[i]"""
     REANNOUNCE_OUTCOME_REFUSED: _ReannounceOutcome.ValueType  # 4
-    """not restored, detail[i] says why; its Complete is booked as offline"""
+    """not restored (unsigned, altered, expired, a cap), detail[i] says why; its Complete is booked as offline"""
 
 class ReannounceOutcome(_ReannounceOutcome, metaclass=_ReannounceOutcomeEnumTypeWrapper): ...
 
@@ -266,7 +266,7 @@ REANNOUNCE_OUTCOME_KNOWN: ReannounceOutcome.ValueType  # 2
 REANNOUNCE_OUTCOME_NOT_OWNER: ReannounceOutcome.ValueType  # 3
 """another replica owns its pool's cell: owner[i]"""
 REANNOUNCE_OUTCOME_REFUSED: ReannounceOutcome.ValueType  # 4
-"""not restored, detail[i] says why; its Complete is booked as offline"""
+"""not restored (unsigned, altered, expired, a cap), detail[i] says why; its Complete is booked as offline"""
 Global___ReannounceOutcome: _TypeAlias = ReannounceOutcome  # noqa: Y015
 
 @_typing.final
@@ -450,6 +450,7 @@ class AdmitResponse(_message.Message):
     PRESSURE_FIELD_NUMBER: _builtins.int
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
+    ADMISSION_TOKEN_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     decision: Global___Decision.ValueType
     reason: Global___Reason.ValueType
@@ -492,6 +493,13 @@ class AdmitResponse(_message.Message):
     retry_after_ms == 0, to decide whether to retry; the HTTP sidecar sends
     it as x-should-retry.
     """
+    admission_token: _builtins.bytes
+    """Admitted: the plane's signature over this admission's facts (docs/ha.md,
+    "Signed admissions"), opaque to clients; empty when refused. Keep it
+    with the reservation and hand it back in OpenReservation.admission_token
+    when re-announcing: an open reservation without it cannot be restored.
+    A replayed answer (duplicate) carries the same token. About 60 bytes.
+    """
     @_builtins.property
     def remaining(self) -> Global___Remaining: ...
     @_builtins.property
@@ -518,10 +526,11 @@ class AdmitResponse(_message.Message):
         pressure: Global___Pressure | None = ...,
         pricing_multiplier: _builtins.str = ...,
         retryable: _builtins.bool = ...,
+        admission_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure", "remaining", b"remaining"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_token", b"admission_token", "decision", b"decision", "degradation", b"degradation", "duplicate", b"duplicate", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "message", b"message", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "reason", b"reason", "remaining", b"remaining", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -841,6 +850,7 @@ class AdmitBatchResult(_message.Message):
     QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
     FALLBACK_MODEL_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
+    ADMISSION_TOKEN_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.int
     pricing_multiplier: _builtins.str
     """decimal text, as AdmitResponse.pricing_multiplier"""
@@ -917,6 +927,12 @@ class AdmitBatchResult(_message.Message):
         no entry is NOT_OWNER.
         """
 
+    @_builtins.property
+    def admission_token(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Entry i's admission token when admitted (see AdmitResponse.admission_token),
+        empty bytes otherwise. Empty when no entry is admitted.
+        """
+
     def __init__(
         self,
         *,
@@ -942,10 +958,11 @@ class AdmitBatchResult(_message.Message):
         queue_wait_ms: _abc.Iterable[_builtins.int] | None = ...,
         fallback_model: _abc.Iterable[_builtins.str] | None = ...,
         owner: _abc.Iterable[_builtins.str] | None = ...,
+        admission_token: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degradation", b"degradation", "pressure", b"pressure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "entry", b"entry", "fallback_model", b"fallback_model", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "owner", b"owner", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "queued", b"queued", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_token", b"admission_token", "batch_id", b"batch_id", "bucket_remaining", b"bucket_remaining", "daily_remaining", b"daily_remaining", "decision", b"decision", "degradation", b"degradation", "degraded", b"degraded", "duplicate", b"duplicate", "entry", b"entry", "fallback_model", b"fallback_model", "granted_max_tokens", b"granted_max_tokens", "hourly_remaining", b"hourly_remaining", "owner", b"owner", "pressure", b"pressure", "pricing_multiplier", b"pricing_multiplier", "queue_wait_ms", b"queue_wait_ms", "queued", b"queued", "reason", b"reason", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "retry_after_ms", b"retry_after_ms", "retryable", b"retryable", "shadow_reason", b"shadow_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1302,6 +1319,16 @@ Global___LoadReportAck: _TypeAlias = LoadReportAck  # noqa: Y015
 class OpenReservation(_message.Message):
     """One open reservation as the sidecar knows it from its Admit (see
     AdmissionService.Reannounce).
+
+    Only what a replica of this deployment admitted can be restored: the
+    admission's facts are signed by the plane (admission_token, from the
+    Admit answer). The token carries the lane the request was placed in, the
+    pool it was resolved to, the pricing multiplier and window locked at
+    admission and the time it was admitted; the restored reservation takes
+    those from the token, not from the fields below. The signature also
+    covers tenant_id, request_id, model, prompt_tokens, granted_max_tokens
+    and reservation_id as given here: change any of them, or the token, and
+    the entry is REFUSED ("signature does not match").
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1319,23 +1346,21 @@ class OpenReservation(_message.Message):
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
     PRICING_WINDOW_FIELD_NUMBER: _builtins.int
     ADMITTED_UNIX_NS_FIELD_NUMBER: _builtins.int
+    ADMISSION_TOKEN_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """as AdmitRequest.tenant_id"""
     request_id: _builtins.str
     """as AdmitRequest.request_id"""
     lane: _builtins.str
-    """As the Admit named it (the answer's lane when the sidecar has it);
-    empty = the tenant's default. Placed again as Admit places it, from
-    prompt_tokens and max_tokens.
-    """
+    """As the Admit named it (informational: the signed, placed lane is used)."""
     pool: _builtins.str
-    """As the Admit named it; empty = resolved as Admit resolves it (the
-    tenant's pool, else the lane's, else "default").
+    """As the Admit named it; empty = the signed pool. When set, it must be
+    the pool the admission was resolved to (else REFUSED).
     """
     model: _builtins.str
-    """as AdmitRequest.model"""
+    """as AdmitRequest.model (signed)"""
     prompt_tokens: _builtins.int
-    """as AdmitRequest.prompt_tokens, 0..10,000,000"""
+    """as AdmitRequest.prompt_tokens, 0..10,000,000 (signed)"""
     max_tokens: _builtins.int
     """as AdmitRequest.max_tokens, 0..10,000,000"""
     reserved_tokens: _builtins.int
@@ -1343,17 +1368,27 @@ class OpenReservation(_message.Message):
     = prompt_tokens + granted_max_tokens, granted_max_tokens <= max_tokens.
     """
     granted_max_tokens: _builtins.int
+    """(signed)"""
     reservation_id: _builtins.int
-    """the answer's (kept: a Complete naming it matches); 0 = unknown"""
+    """the answer's (signed)"""
     pricing_multiplier: _builtins.str
-    """The answer's pricing_multiplier (decimal text, > 0, < 1000, at most 6
-    places): the ledger bills the Complete at this multiplier.
+    """Optional: the answer's pricing_multiplier (decimal text, > 0, < 1000, at
+    most 6 places). Empty = the signed one; set, it must equal it (else
+    REFUSED). The ledger bills the Complete at the signed multiplier.
     """
     pricing_window: _builtins.int
-    """The pricing window it came from (Unix s, as CompleteResponse's); 0 = unknown."""
+    """Optional: the pricing window it came from (Unix s); 0 = the signed one;
+    set, it must equal it (else REFUSED).
+    """
     admitted_unix_ns: _builtins.int
-    """When it was admitted (Unix ns, the sidecar's clock); 0 = unknown. Within
-    [now - reservation TTL - 1 day, now + 1 hour] on the server's clock.
+    """When it was admitted (Unix ns, the sidecar's clock); 0 = unknown.
+    Within [now - reservation TTL - 1 day, now + 1 hour] on the server's
+    clock. Informational: the signed admission time is used.
+    """
+    admission_token: _builtins.bytes
+    """The Admit answer's admission_token (AdmitResponse.admission_token,
+    AdmitBatchResult.admission_token[i]), as it was; at most 1,024 bytes.
+    Empty: REFUSED ("unsigned").
     """
     def __init__(
         self,
@@ -1371,10 +1406,11 @@ class OpenReservation(_message.Message):
         pricing_multiplier: _builtins.str = ...,
         pricing_window: _builtins.int = ...,
         admitted_unix_ns: _builtins.int = ...,
+        admission_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_unix_ns", b"admitted_unix_ns", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "max_tokens", b"max_tokens", "model", b"model", "pool", b"pool", "pricing_multiplier", b"pricing_multiplier", "pricing_window", b"pricing_window", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_token", b"admission_token", "admitted_unix_ns", b"admitted_unix_ns", "granted_max_tokens", b"granted_max_tokens", "lane", b"lane", "max_tokens", b"max_tokens", "model", b"model", "pool", b"pool", "pricing_multiplier", b"pricing_multiplier", "pricing_window", b"pricing_window", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "reservation_id", b"reservation_id", "reserved_tokens", b"reserved_tokens", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

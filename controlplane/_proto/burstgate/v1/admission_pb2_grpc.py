@@ -224,16 +224,30 @@ class AdmissionServiceServicer:
         when it learns that a pool's owner changed (a NOT_OWNER redirect, or a
         failover from an unreachable replica), before its next request there.
 
-        Idempotent per (tenant_id, request_id): a reservation the replica
-        already holds, open or settled, is left as it is (KNOWN). An entry
-        whose pool's cell another replica owns is not taken (NOT_OWNER, with
+        Only what this deployment admitted is restored: each entry carries the
+        admission_token of its Admit answer (OpenReservation), checked first.
+        An entry without one is REFUSED with detail "unsigned", one whose token
+        or signed fields were changed "signature does not match: ..."; an
+        entry admitted longer ago than the reservation TTL (it has expired at
+        its old owner) is REFUSED too. Nothing of a refused entry is kept, and
+        its Complete is booked as offline.
+
+        A restored reservation counts as if admitted here: against the tenant's
+        concurrency cap (an entry that would pass it is REFUSED: the tenant
+        already holds its cap here), and its reserved tokens are taken from
+        the tenant's bucket and hourly and daily quotas whatever their level
+        (the request runs already; the bucket may go into debt).
+
+        Idempotent per (tenant_id, request_id): a signed reservation the
+        replica already holds, open or settled, is left as it is (KNOWN). An
+        entry whose pool's cell another replica owns is not taken (NOT_OWNER, with
         the owner's address in owner[i]); the rest of the batch is. An entry
-        that cannot be restored (its tenant is not configured, the server's
-        cap on open reservations binds, a pool outside a scoped key) is
-        REFUSED with detail[i]; nothing of it is kept. The auth rules are
-        Complete's: a sidecar key, and each entry's tenant and pool within its
-        scope (PERMISSION_DENIED naming reservations[i].tenant_id or .pool:
-        nothing of the call is taken).
+        that cannot be restored (unsigned or altered, expired, its tenant not
+        configured, its tenant's concurrency cap or the server's cap on open
+        reservations binds) is REFUSED with detail[i]; nothing of it is kept.
+        The auth rules are Complete's: a sidecar key, and each entry's tenant
+        and pool within its scope (PERMISSION_DENIED naming
+        reservations[i].tenant_id or .pool: nothing of the call is taken).
 
         Errors: INVALID_ARGUMENT naming the entry's field, e.g.
         "reservations[3].reserved_tokens: ..." (nothing of the call is taken);
