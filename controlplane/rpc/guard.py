@@ -75,6 +75,7 @@ FIELD_LIMITS: Mapping[str, int] = {
     "tenant_ids": MAX_ID_LEN,
     "request_id": MAX_ID_LEN,
     "retry_key": MAX_ID_LEN,
+    "correlation_id": MAX_ID_LEN,
     "engine_id": MAX_ID_LEN,
     "lane": MAX_LANE_NAME,
     "pool": MAX_POOL_LEN,

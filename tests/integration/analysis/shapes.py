@@ -112,6 +112,6 @@ def write_ledger_export(path: Path, fmt: str, rows: list[list[Any]]) -> Path:
         _Parquet(REQUEST_COLUMNS, "request") if fmt == "parquet" else _Text(fmt, REQUEST_COLUMNS)
     )
     for row in rows:
-        writer.add(row)
+        writer.add(writer.prepare(row))
     path.write_bytes(writer.take(final=True))
     return path

@@ -169,7 +169,9 @@ def test_a_lone_replica_stops_after_the_lone_ttl(
         message="the lone replica to stop at its lone lease's deadline",
         timeout=10,
     )
-    assert time.monotonic() - cut_at <= 2.0 + 1.0  # the lone TTL, plus scheduling slack
+    # the lone TTL (2 s), plus slack for a loaded 2-core machine (a run under
+    # the whole suite in parallel took 4.6 s); riding on would never stop
+    assert time.monotonic() - cut_at <= 2.0 + 4.0
     assert "default" not in owned(solo)
 
 

@@ -325,7 +325,12 @@ def test_a_dead_owner_is_over_limit_until_taken_over_then_the_new_owner_decides(
     rid = uuid.uuid4().hex
 
     def decided() -> rls.RateLimitResponse | None:
-        r = call(caller, ask("acme", rid, pool), trio.key, timeout=0.25)
+        try:
+            r = call(caller, ask("acme", rid, pool), trio.key, timeout=0.25)
+        except grpc.RpcError as exc:  # a loaded machine: past Envoy's 0.25 s, try again
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            return None
         return r if r.overall_code == OK else None
 
     wait_until(decided, message="the new owner to decide the dead owner's pool")

@@ -255,6 +255,12 @@ def test_a_reused_x_request_id_escapes_neither_limits_nor_billing(
     # a request runs ~1.8 s on the engine (300 tokens in real time); one over
     # the concurrency limit waits at most 1 s in the gate, then is refused
     stack = make_stack(plane, speed=1.0, lanes={"standard": {"max_wait_ms": 1000}})
+    # One request first (another tenant): the SDK's channel and routing are
+    # up before 30 arrive at once (on a loaded machine the first calls of a
+    # cold client could time out and open its breaker: 30 fail-closed 503s).
+    stack.client("sk-beta").chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "warm"}], max_tokens=1
+    )
     statuses: list[int] = []
     reasons: list[str] = []
     minted: list[str] = []
@@ -283,13 +289,22 @@ def test_a_reused_x_request_id_escapes_neither_limits_nor_billing(
     assert len(minted) == len(set(minted)) == 30  # one id each
     # before: all 30 served, on the first one's admission. Now the limit
     # holds: 4 at once (a refusal that waited past 1.25 s on a loaded
-    # machine is the fail-closed 503 instead of a 429)
-    assert 1 <= served <= 4, statuses
+    # machine is the fail-closed 503 instead of a 429). More than 4 may be
+    # served in all when admitted ones end early (the standard lane degrades
+    # max_tokens under pressure) and a waiting one takes the slot.
+    assert 1 <= served < 30, statuses
     refused = [r for s, r in zip(statuses, reasons, strict=True) if s != 200]
     assert len(refused) == 30 - served
     assert set(refused) <= {"concurrency", "queue_timeout", "unavailable"}, refused
-    billed = rows(plane, served)  # every served request billed, each under its own id
+    billed = rows(plane, served, "tenant_id = 'acme'")  # every served one, under its own id
     assert {r.correlation_id for r in billed} == {"shared"}
     assert len({r.request_id for r in billed}) == served
+    # Never more than 4 on the engine at once (the sidecar's own timings).
+    edges = sorted([(r.exec_start_ns, 1) for r in billed] + [(r.end_ns, -1) for r in billed])
+    running = peak = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        running += step
+        peak = max(peak, running)
+    assert peak <= 4, [(r.exec_start_ns, r.end_ns, r.output_tokens) for r in billed]
     assert {r.request_id for r in billed} <= set(minted)
     assert all(r.output_tokens == 300 for r in billed)
