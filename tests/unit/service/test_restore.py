@@ -13,7 +13,6 @@ import pytest
 
 from controlplane.domain import AdmitDecision, Decision
 from controlplane.domain.errors import InvalidArgument, PermissionDenied
-from controlplane.domain.policy import Policy
 from controlplane.domain.scope import KeyScope
 from controlplane.service import OpenReservation
 from controlplane.service import records as R
@@ -21,7 +20,7 @@ from controlplane.service.queueing import Waiter
 from controlplane.service.restore import KNOWN, REFUSED, RESTORED
 from fastpath import Reason
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
 S = 1_000_000_000
 
@@ -91,7 +90,7 @@ def test_it_is_charged_by_force_and_quota_overshoot_stays_zero(make_service: Any
 
 def test_the_gate_counts_restored_requests_in_flight(make_service: Any) -> None:
     svc = make_service()
-    svc.apply_config([tenant()], LANES, Policy(gate_fallback_inflight=3))
+    svc.apply_config([tenant()], LANES, UnitPolicy(gate_fallback_inflight=3))
     for i in range(2):
         assert svc.restore_reservation(held(f"r{i}")).outcome == RESTORED
     assert svc.gate_inflight("p") == 2
