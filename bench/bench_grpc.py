@@ -344,8 +344,11 @@ def prepare_db(url: str, pool_gate: bool = False) -> None:
             repo.add_tenant(
                 TenantConfig(tenant_id=TIGHT_TENANT, token_rate=Decimal(rate), burst_tokens=burst)
             )
+            # the load generator's pool, declared (docs/operating.md)
+            policy: dict[str, Any] = {"known_pools": [lg.POOL]}
             if not pool_gate:
-                repo.update_policy(Policy(), {"pool_gate": False}, [])
+                policy["pool_gate"] = False
+            repo.update_policy(Policy(), policy, [])
         finally:
             engine.dispose()
 

@@ -62,7 +62,7 @@ def make_service(gate: bool = True, signed: bool = True) -> tuple[AdmissionServi
     tenants = [
         TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**8) for i in range(TENANTS)
     ]
-    svc.apply_config(tenants, LANES, Policy(pool_gate=gate))
+    svc.apply_config(tenants, LANES, Policy(pool_gate=gate, known_pools=[POOL]))
     report(svc)
     return svc, clock
 

@@ -209,7 +209,8 @@ def prepare_db(url: str, concurrency: int) -> None:
             repo.add_tenant(
                 TenantConfig(tenant_id=FREE, token_rate=Decimal(1_000_000), burst_tokens=10**12)
             )
-            repo.update_policy(Policy(), {"pool_gate": False}, [])
+            # the load generator's pool declared (docs/operating.md)
+            repo.update_policy(Policy(), {"pool_gate": False, "known_pools": [lg.POOL]}, [])
         finally:
             engine.dispose()
 

@@ -75,6 +75,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _dbproxy import DbProxy  # noqa: E402
+from _soak_load import POOL as SOAK_POOL  # noqa: E402
 from _soak_load import Interval, Load, LoadConfig, TenantLoad  # noqa: E402
 from _soak_server import ServerProc, free_port, rss_mib  # noqa: E402
 
@@ -653,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
             "BURSTGATE_LEDGER_SPOOL_DIR": str(out_dir / "spool"),
             "BURSTGATE_LOG_FORMAT": "json",
             "BURSTGATE_LOG_LEVEL": "warning",
+            "BURSTGATE_POLICY__KNOWN_POOLS": json.dumps([SOAK_POOL]),  # declared
         }
         for kv in args.server_env:
             name, _, value = kv.partition("=")

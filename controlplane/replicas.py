@@ -83,6 +83,13 @@ class ReplicaWiring:
         )  # fmt: skip
         self.ownership.coordinator = coordinator
         self.ownership.claim_wait_s = min(1.0, s.ha_lease_ttl_s / 3)
+        self.ownership.idle_release_s = s.ha_cell_idle_release_s
+        if self.service is not None:
+            svc = self.service
+            # only declared pools are routed (a made-up name claims no cell),
+            # and a cell with requests in flight is not idle
+            self.ownership.check_pool = svc.check_pool
+            self.ownership.in_use = lambda pools: any(svc.gate_inflight(p) for p in pools)
         self.ownership.add_pools(config_pools)
         await self.ownership.start()
         if self.service is not None:

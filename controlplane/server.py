@@ -225,10 +225,8 @@ class ControlPlane:
         # Applied on the event-loop thread: the fast path is not thread-safe
         # and every decision runs on this thread too.
         self.service.apply_config(tenants, lanes, policy)
-        # The cells of the pools the config names are coordinated from now.
-        self._config_pools = {t.pool for t in tenants if t.pool} | {
-            lane.pool for lane in lanes if lane.pool
-        }
+        # The cells of the declared pools are coordinated from now.
+        self._config_pools = set(self.service.declared_pools())
         self.ownership.add_pools(self._config_pools)
         self.waiting.reschedule()
         self._fingerprint = fp

@@ -219,6 +219,12 @@ class Settings(BaseSettings):
     # (BURSTGATE_HA_CELLS='{"eu": ["eu-1", "eu-2"]}'); pools not listed are
     # each a cell of their own, named after the pool.
     ha_cells: dict[str, list[str]] | None = None
+    # A cell with no request routed to this replica for this long (and
+    # nothing in flight in its pools) is released, and its lease row no
+    # longer renewed; the next request claims it again (docs/ha.md, "Idle
+    # cells"). Never shorter than reservation_ttl_s, so every reservation
+    # admitted in the cell has ended first (``ha_cell_idle_release_s``).
+    ha_cell_idle_s: float = Field(default=900.0, gt=0)
     # A test and diagnostic aid, off by default: append this replica's lease
     # validity intervals and fenced pricing-window writes to this file as
     # JSON lines (controlplane/ha/trace.py), so a harness can check across
@@ -270,6 +276,12 @@ class Settings(BaseSettings):
                 f"BURSTGATE_HA_LEASE_TTL_S ({self.ha_lease_ttl_s:g})"
             )
         return self
+
+    @property
+    def ha_cell_idle_release_s(self) -> float:
+        """The idle time after which a cell is released: ``ha_cell_idle_s``,
+        at least the reservation TTL."""
+        return max(self.ha_cell_idle_s, self.reservation_ttl_s)
 
     def advertised(self, port: int | None = None) -> str:
         """The address other replicas and clients dial (``port``: the bound

@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from controlplane.clock import Sleep
 from controlplane.settings import Settings
 from controlplane.store.db import upgrade
+from tests.support import declaring_test_pools
 
 # The variables that keep LiteLLM off the network (docs/litellm.md): the
 # model cost map and the other tables it would fetch from GitHub at import,
@@ -123,6 +124,13 @@ class ServerThread:
     ) -> None:
         from controlplane.server import ControlPlane
 
+        # the pools the tests name are declared, unless the test lists its own
+        # or runs several replicas (each declared pool is a cell renewed every
+        # tick: the HA tests declare theirs)
+        if settings.ha_member_id is None:
+            settings = settings.model_copy(
+                update={"policy": declaring_test_pools({"policy": settings.policy})["policy"]}
+            )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

@@ -19,6 +19,27 @@ from controlplane.store.db import make_engine
 T = TypeVar("T")
 
 
+# The engine pools the integration tests name, declared as an operator
+# declares pools (the policy's known_pools; docs/operating.md, "Declaring
+# pools"): the servers the fixtures start declare them unless the test gives
+# its own known_pools. An undeclared pool is refused at every door.
+TEST_POOLS = (
+    "p", "p1", "q", "px", "gpu", "gpu-a", "gpu-b", "gpu-c", "gpu-d", "a100", "pool-a", "pool-b",
+    "busy", "fake-llama",
+)  # fmt: skip
+
+
+def declaring_test_pools(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` whose policy declares ``TEST_POOLS``, unless it lists
+    its own ``known_pools`` (a test of the declaration itself)."""
+    from controlplane.domain.policy import Policy
+
+    policy = settings.get("policy") or Policy()
+    if not policy.known_pools:
+        policy = policy.model_copy(update={"known_pools": list(TEST_POOLS)})
+    return settings | {"policy": policy}
+
+
 def free_port() -> int:
     """A TCP port free on the loopback now (for a process a test starts)."""
     with socket.socket() as s:

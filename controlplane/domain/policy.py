@@ -77,11 +77,11 @@ class Policy(BaseModel):
     # lowest lane (tenants may override or opt out).
     long_request_tokens: int = Field(default=16_000, ge=1, le=INT64_MAX)
 
-    # The engine pools that exist. Empty (the default): any pool name is
-    # accepted, and one nobody reports for gets the gate's fallback
-    # concurrency and the stale policy (its answers say freshness UNKNOWN).
-    # Listed: an Admit, a batch or a load report naming another pool (a typo,
-    # a wrong case) is refused INVALID_ARGUMENT naming `pool`.
+    # Pools declared beyond the tenants' and lanes' own (docs/operating.md,
+    # "Declaring pools"). A pool is accepted at a door only when declared:
+    # listed here, named as a configured tenant's or lane's `pool`, or
+    # `default`. Any other name (a typo, a wrong case, a made-up name) is
+    # refused INVALID_ARGUMENT naming `pool`, and creates no state.
     known_pools: list[str] = Field(default_factory=list)
     # The pool gate (controlplane/service/gate.py): hold requests in
     # burstgate, in lane and fairness order, while the engine pool is

@@ -185,6 +185,16 @@ class Coordinator:
         """The cells to coordinate from the next tick (a cell dropped is released)."""
         self._cells = sorted(set(cells))
 
+    def cells(self) -> list[str]:
+        """The cells coordinated now (sorted)."""
+        return list(self._cells)
+
+    def drop_cells(self, cells: Iterable[str]) -> None:
+        """Stop coordinating ``cells`` from the next tick, which releases
+        those held (why ``removed``); an idle cell (serving.release_idle)."""
+        gone = set(cells)
+        self._cells = [c for c in self._cells if c not in gone]
+
     def add_cells(self, cells: Iterable[str]) -> bool:
         """Coordinate these cells too, from the next tick (a pool seen in a
         request, a lease row found in the table); True when any was new."""

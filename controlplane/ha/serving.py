@@ -10,9 +10,18 @@ When (b) names this replica and nobody holds the cell, it is claimed on
 demand (``Coordinator.claim``, bounded by ``claim_wait_s``) before the
 request is decided, so a new pool needs no tick to get an owner.
 
-Every cell met in a request, listed in the config or found in the lease
-table is handed to the coordinator, so the cells of a dead member are taken
-over by the others (their coordinators tick over the same set).
+Only declared pools are routed: ``check_pool`` (the service's declared-pool
+check) runs before anything else, so a made-up pool name never claims a
+cell nor writes a lease row (docs/operating.md, "Declaring pools").
+
+The cells of the declared pools (``add_pools``) and every cell met in a
+request are handed to the coordinator, which acquires and renews them. A
+cell with no request routed here for ``idle_release_s`` (and nothing in
+flight in its pools) is dropped and its lease released (``release_idle``,
+every ``tick_s``): a lease row is not renewed forever for a pool nobody
+uses. The next request claims it again on demand. Rows found in the lease
+table are not adopted: a dead member's cell is taken over when its traffic
+comes to another replica (claimed on demand, as a new pool is).
 
 On SQLite there is no coordinator: one replica (its file lock), every cell
 owned, ``epoch_for_pool`` answers ``LOCAL_EPOCH`` ("no fencing").
@@ -51,6 +60,10 @@ LOCAL_EPOCH = 0
 MISS_REFRESH_S = 0.05
 # The hint of a redirect whose owner is not known yet (RetryInfo).
 UNKNOWN_OWNER_RETRY_S = 0.1
+# A cell with no request routed here for this long is released (the server
+# sets BURSTGATE_HA_CELL_IDLE_S, never below the reservation TTL, so every
+# reservation admitted in the cell has ended by then).
+IDLE_RELEASE_S = 900.0
 
 
 
@@ -113,6 +126,16 @@ class Ownership:
         # This replica's shares of its tenants' limits (grants.py), on
         # PostgreSQL; stopped with the cells (released on a drain).
         self.grants: TenantGrants | None = None
+        # The service's declared-pool check (InvalidArgument naming `pool`),
+        # run before a pool is routed: an undeclared pool claims no cell.
+        self.check_pool: Callable[[str], None] | None = None
+        # Idle release: cell -> clock of the last request routed here;
+        # ``in_use(pools)``: whether anything still runs in them (the gate's
+        # in-flight count), which keeps an idle cell held.
+        self.idle_release_s = IDLE_RELEASE_S
+        self.in_use: Callable[[tuple[str, ...]], bool] | None = None
+        self._used: dict[str, float] = {}
+        self.idle_released_total = 0
 
     # --- the hot path ---
 
@@ -143,14 +166,16 @@ class Ownership:
         coord = self.coordinator
         if coord is None:
             return None
+        if self.check_pool is not None:
+            self.check_pool(pool)  # an undeclared pool: refused before any claim
         cell = self.cell_of(pool)
+        self._used[cell] = self._clock()
         if coord.owns(cell) is not None:
             if self.rebuilding:
                 await self._rebuilt(cell)
             return None
-        if pool not in self._seen_pools:
-            self._seen_pools.add(pool)
-            coord.add_cells([cell])
+        self._seen_pools.add(pool)
+        coord.add_cells([cell])  # (again after an idle release)
         if self._clock() - self._owners_at > MISS_REFRESH_S:
             with contextlib.suppress(Exception):  # logged by refresh; decide on what we know
                 await self.refresh()
@@ -235,12 +260,44 @@ class Ownership:
 
         owners, members = await _blocking.call(read, wait_s=coord.call_wait_s, what="ha owners")
         self._owners, self._members, self._owners_at = owners, members, started
-        coord.add_cells(owners)
 
     def add_pools(self, pools: Iterable[str]) -> None:
-        """Pools named by the config: their cells are coordinated from now."""
+        """Pools the config declares: their cells are coordinated from now
+        (and released after ``idle_release_s`` without a request)."""
         if self.coordinator is not None:
-            self.coordinator.add_cells(self.cellmap.cells(set(pools) | {DEFAULT_POOL}))
+            cells = self.cellmap.cells(set(pools) | {DEFAULT_POOL})
+            now = self._clock()
+            for cell in cells:
+                self._used.setdefault(cell, now)
+            self.coordinator.add_cells(cells)
+
+    def release_idle(self) -> list[str]:
+        """Stop coordinating the cells with no request routed here for
+        ``idle_release_s`` and nothing in flight in their pools; the
+        coordinator releases those it holds on its next tick (woken now).
+        Returns the cells dropped."""
+        coord = self.coordinator
+        if coord is None:
+            return []
+        now = self._clock()
+        for cell in coord.cells():
+            self._used.setdefault(cell, now)  # a cell the coordinator met first
+        idle = [
+            cell for cell, at in self._used.items()
+            if now - at >= self.idle_release_s
+            and not (self.in_use is not None and self.in_use(self._pools_of(cell)))
+        ]  # fmt: skip
+        if not idle:
+            return []
+        for cell in idle:
+            del self._used[cell]
+        self._seen_pools = {p for p in self._seen_pools if self.cell_of(p) not in idle}
+        coord.drop_cells(idle)
+        coord.wake()
+        self.idle_released_total += len(idle)
+        log.info("ha idle cells released", cells=sorted(idle)[:20], count=len(idle),
+                 idle_s=self.idle_release_s)  # fmt: skip
+        return idle
 
     # --- life cycle ---
 
@@ -267,6 +324,10 @@ class Ownership:
                 await self.refresh()
             except Exception as exc:
                 log.warning("ha owners snapshot failed; serving the last one", error=str(exc))
+            try:
+                self.release_idle()
+            except Exception:
+                log.exception("ha idle release failed")
 
     async def _stop_loop(self) -> None:
         task, self._loop_task = self._loop_task, None
@@ -379,6 +440,12 @@ class _OwnershipCollector(Collector):
         for why in (EXPIRED, REFUSED, HANDOFF, REMOVED, DRAIN):
             lost.add_metric([why], counts.get(why, 0))
         yield lost
+        yield CounterMetricFamily(
+            "burstgate_ha_cells_idle_released",
+            "Cells this replica stopped coordinating (lease released) after no "
+            "request for BURSTGATE_HA_CELL_IDLE_S",
+            value=self._o.idle_released_total,
+        )
         yield CounterMetricFamily(
             "burstgate_ha_redirects",
             "Admission calls (and stream entries) answered NOT_OWNER by this replica",

@@ -89,6 +89,8 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                 request.tenant_id, request.lane, request.prompt_tokens, request.max_tokens,
                 request.pool,
             )  # fmt: skip
+            if scope is not None:  # a key outside the pool claims nothing for it
+                scope.check_pool("pool", pool, "this request's pool")
             await redirect_if_not_owner(self.ownership, pool, context)
             # a share of the tenant's limits here (several replicas); bad
             # input is refused first, having asked for nothing
@@ -125,10 +127,21 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", request.tenant_id)
+        svc = self._svc
         if request.pool:  # the owner of the pool's cell settles it (docs/ha.md)
             check_pool(request.pool)
-            await redirect_if_not_owner(self.ownership, request.pool, context)
-        svc = self._svc
+            if scope is not None:  # a key outside the pool claims nothing for it
+                scope.check_pool("pool", request.pool)
+            # An undeclared pool is refused (the route's check), unless the
+            # reservation is remembered here in that very pool (admitted
+            # before the pool's declaration was withdrawn): it settles here,
+            # so no record of work done is lost to a config change.
+            if (
+                request.pool in svc.declared_pools()
+                or svc.reservation_pool(request.tenant_id, request.request_id) != request.pool
+            ):
+                svc.check_pool(request.pool)
+                await redirect_if_not_owner(self.ownership, request.pool, context)
         check_exec_times(
             request.exec_start_unix_ns,
             request.exec_end_unix_ns,

@@ -232,7 +232,7 @@ async def admit_stream(
         try:
             async for batch in request_iterator:
                 try:
-                    refused = await owners.batch_redirects(ownership, svc, batch)
+                    refused = await owners.batch_redirects(ownership, svc, batch, scope)
                     # never waits: a batch held here would hold up the stream
                     await owners.ensure_shares(ownership, svc, batch.tenant_id if not refused else
                                                [t for i, t in enumerate(batch.tenant_id)

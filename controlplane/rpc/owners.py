@@ -22,6 +22,7 @@ import grpc
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.domain import AdmitDecision, Decision
 from controlplane.domain.errors import InvalidArgument
+from controlplane.domain.scope import KeyScope
 from controlplane.domain.validate import check_pool
 from controlplane.ha.serving import Ownership, Redirect
 from controlplane.rpc.errors import abort, rich_status
@@ -94,14 +95,24 @@ async def ensure_shares(
 
 
 async def batch_redirects(
-    ownership: Ownership | None, svc: AdmissionService, batch: pb.AdmitBatch
+    ownership: Ownership | None,
+    svc: AdmissionService,
+    batch: pb.AdmitBatch,
+    scope: KeyScope | None = None,
 ) -> dict[int, Redirect] | None:
     """The entries of ``batch`` owned elsewhere, by index; None when all
     are decided here (the common case: one check when the batch names its
-    pool, one per distinct pool otherwise)."""
+    pool, one per distinct pool otherwise). A scoped key's tenants and
+    pools are checked before any pool is routed (PERMISSION_DENIED claims
+    no cell), as is the batch's pool's declaration (INVALID_ARGUMENT)."""
     if ownership is None or ownership.local:
         return None
     n = len(batch.tenant_id)
+    if scope is not None:
+        scope.check_tenants("tenant_id", list(batch.tenant_id))
+    if batch.pool:
+        check_pool(batch.pool)
+        svc.check_pool(batch.pool)
     if batch.pool:
         pools = [batch.pool] * n
     else:
@@ -111,6 +122,9 @@ async def batch_redirects(
             return None  # malformed: the decision names the column
         tenants = list(batch.tenant_id)
         pools = [svc.pool_of(tenants[i], lanes[i], prompt[i], max_tokens[i]) for i in range(n)]
+    if scope is not None:
+        for pool in dict.fromkeys(pools):
+            scope.check_pool("pool", pool, f"entry {pools.index(pool)}'s pool")  # as the service
     routes: dict[str, Redirect | None] = {}
     for pool in set(pools):
         if pool:

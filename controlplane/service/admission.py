@@ -505,6 +505,17 @@ class AdmissionService:
         """Sizes of the queues' internal indexes (benchmarks check for leaks)."""
         return self._dispatcher.queues.footprint()
 
+    def declared_pools(self) -> frozenset[str]:
+        """The pools the config declares (``tenants.declared_pools``): the
+        only names a request may give."""
+        return self._tenants.declared
+
+    def check_pool(self, pool: str) -> None:
+        """InvalidArgument naming ``pool`` unless it is "" or declared; for
+        the doors that route a pool before the service sees it (several
+        replicas: a cell is claimed for it)."""
+        self._tenants.check_pool(pool)
+
     def pool_of(
         self, tenant_id: str, lane: str, prompt_tokens: int, max_tokens: int, pool: str = ""
     ) -> str:

@@ -50,6 +50,9 @@ class TenantDirectory:
         # Several replicas: this one's share of each tenant's limits, by
         # tenant id (service/shares.py); None: one replica, whole limits.
         self.shares: dict[str, Share] | None = None
+        # The pools an operator declared (``declared_pools``); no other pool
+        # name is accepted at any door, so no request creates pool state.
+        self.declared: frozenset[str] = frozenset({DEFAULT_POOL})
 
     def install(
         self,
@@ -88,6 +91,7 @@ class TenantDirectory:
         for tenant_id, entry in self._tenants.items():
             if tenant_id not in seen:
                 entry.deleted = True
+        self.declared = declared_pools(tenants, lanes, policy)
 
     def _configure(self, entry: Tenant, now: int) -> None:
         cfg = entry.config
@@ -245,13 +249,14 @@ class TenantDirectory:
         return lane
 
     def check_pool(self, pool: str) -> None:
-        """A pool named at the edge (an Admit, a batch, a load report) must be
-        one of ``Policy.known_pools`` when the operator listed them."""
-        known = self.policy.known_pools
-        if pool and known and pool not in known:
-            raise InvalidArgument(
-                "pool", f"unknown pool {excerpt(pool)} (known: {', '.join(sorted(known))})"
-            )
+        """A pool named at the edge (an Admit, a batch, a load report, a
+        re-announced reservation, an offline booking) must be declared
+        (``declared_pools``): anything else is refused INVALID_ARGUMENT
+        naming ``pool`` and listing the declared ones, before any state -
+        a pool view, a gate, a pricing window, a cell lease - is made for it.
+        Pools resolved from a tenant or a lane are declared by definition."""
+        if pool and pool not in self.declared:
+            raise InvalidArgument("pool", undeclared_message(pool, self.declared))
 
     def pool_for(self, entry: Tenant | None, lane: str, requested: str) -> str:
         """The engine pool an Admit belongs to: the request's ``pool`` if it
@@ -277,3 +282,32 @@ class TenantDirectory:
     def fallback_model(self, tenant_id: str) -> str:
         entry = self._tenants.get(tenant_id)
         return (entry.config.fallback_model or "") if entry is not None else ""
+
+
+# At most this many declared pools are listed in an undeclared pool's error.
+MAX_LISTED_POOLS = 20
+
+
+def declared_pools(
+    tenants: Sequence[TenantConfig], lanes: Sequence[LaneConfig], policy: Policy
+) -> frozenset[str]:
+    """The pools an operator declared (docs/operating.md, "Declaring pools"):
+    the policy's ``known_pools``, every configured tenant's and lane's
+    ``pool``, and ``default`` (the pool of a request that names none).
+    Nothing else: a request naming another pool is refused, so a client
+    cannot create per-pool state (and, with several replicas, a cell lease)
+    by making names up."""
+    names = {DEFAULT_POOL, *policy.known_pools}
+    names.update(t.pool for t in tenants if t.pool)
+    names.update(lane.pool for lane in lanes if lane.pool)
+    return frozenset(names)
+
+
+def undeclared_message(pool: str, declared: frozenset[str]) -> str:
+    listed = sorted(declared)
+    more = len(listed) - MAX_LISTED_POOLS
+    names = ", ".join(listed[:MAX_LISTED_POOLS]) + (f" and {more} more" if more > 0 else "")
+    return (
+        f"unknown pool {excerpt(pool)}: not declared (declared pools: {names}); "
+        "declare it in the policy's known_pools or as a tenant's or lane's pool"
+    )

@@ -178,7 +178,11 @@ class Burstgate:
         # requests must not see reservations expire under them.
         settings = Settings(reservation_ttl_s=86_400, database_url="sqlite://")
         self.svc = AdmissionService(settings, clock=lambda: sim.now)
-        self.svc.apply_config(self._tenants, self._lanes, self._policy)
+        # The simulated operator declares the one pool its engines serve
+        # (an undeclared pool is refused, docs/operating.md).
+        policy = self._policy if self._policy is not None else settings.policy
+        policy = policy.model_copy(update={"known_pools": sorted({*policy.known_pools, POOL})})
+        self.svc.apply_config(self._tenants, self._lanes, policy)
         self._rid: dict[str, str] = {}
 
     def _answer(self, job: Job, d: AdmitDecision) -> None:

@@ -161,7 +161,7 @@ def test_a_batch_of_only_repeated_ids_still_reports_its_pool(
             assert result.pressure.freshness == pb.POOL_FRESHNESS_FRESH
 
 
-def test_an_unknown_pool_is_refused_when_the_pools_are_listed(
+def test_an_unknown_pool_is_refused_naming_the_declared_ones(
     migrated_url: str, make_server: Callable[..., Any]
 ) -> None:
     # a misspelt or wrong-case pool silently turned backpressure off
@@ -186,12 +186,15 @@ def test_an_unknown_pool_is_refused_when_the_pools_are_listed(
         assert c.admit("acme", "ok", prompt_tokens=1, max_tokens=1, pool="gpu-a").decision == (
             pb.DECISION_ADMIT
         )
-    # without the list, any name is a pool: one nobody reports for says so
-    # (freshness UNKNOWN) and gets the gate's fallback concurrency (one
-    # server per database: the first one stops)
+    # a declared pool nobody reports for says so (freshness UNKNOWN) and
+    # gets the gate's fallback concurrency (one server per database: the
+    # first one stops); an undeclared one is refused with or without the list
     srv.stop()
-    srv2 = make_server(migrated_url)
+    srv2 = make_server(migrated_url)  # declares the test pools (tests/support.py)
     with AdmissionClient(srv2.target) as c:
-        d = c.admit("acme", "z", prompt_tokens=1, max_tokens=1, pool="GPU-A")
+        d = c.admit("acme", "z", prompt_tokens=1, max_tokens=1, pool="gpu-b")
         assert d.decision == pb.DECISION_ADMIT
         assert d.pressure.freshness == pb.POOL_FRESHNESS_UNKNOWN
+        with pytest.raises(grpc.RpcError) as err:
+            c.admit("acme", "z2", prompt_tokens=1, max_tokens=1, pool="GPU-A")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -60,6 +60,7 @@ from controlplane.ha.serving import Ownership, Redirect
 from controlplane.integrations.envoy import answers as A
 from controlplane.integrations.envoy.config import EnvoyConfig
 from controlplane.integrations.envoy.mapping import Ask, Phase
+from controlplane.rpc.auth import admission_scope
 from controlplane.service import AdmissionService
 from controlplane.service import records as R
 from fastpath import Reason
@@ -178,6 +179,16 @@ class OwnerGate:
         pool = self.pool_of(ask, cfg)
         if pool:
             check_pool(pool)  # a bad name never reaches the lease table
+            # nor an undeclared one, nor one a scoped key may not use
+            # (answered OVER_LIMIT with x-burstgate-error by the servicer)
+            if pool not in self._svc.declared_pools():
+                if ask.phase == Phase.RESPONSE and self._svc.record(ask.tenant, ask.request_id):
+                    return None  # admitted here before the pool was undeclared: settle here
+                self._svc.check_pool(pool)
+            scope = admission_scope.get()
+            if scope is not None:
+                scope.check_tenant("tenant_id", ask.tenant)
+                scope.check_pool("pool", pool)
         # The last snapshot's lease holder first (no table read per call); a
         # stale one answers "not the owner" and the route is asked then.
         where = self.ownership.leased_owner(pool) or await self._route(pool)

@@ -22,7 +22,7 @@ from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane.cli import app
 from controlplane.domain.policy import Policy
 from tests.integration.admin.conftest import Env, code_of
-from tests.support import error_details
+from tests.support import TEST_POOLS, error_details
 
 # Wrong-typed JSON values per key type: none may be stored.
 WRONG: dict[str, list[str]] = {
@@ -81,7 +81,9 @@ def test_wrong_types_are_refused_naming_the_key_and_nothing_is_stored(env: Env) 
     assert overrides(env) == {}
     assert len(env.audit()) == events  # nothing audited: nothing changed
     policy = env.srv.on_loop(lambda: env.srv.plane.service.policy)
-    assert policy == Policy()  # the live policy is the default still
+    # the live policy is the default still (with the test pools declared:
+    # tests/support.TEST_POOLS)
+    assert policy == Policy(known_pools=list(TEST_POOLS))
 
 
 def test_the_issue_case_sets_no_queue_of_one(env: Env) -> None:

@@ -21,6 +21,7 @@ database.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -38,6 +39,10 @@ from sqlalchemy.engine import make_url
 
 from tests.integration.ledger.proxy import TcpProxy
 from tests.support import free_port
+
+# Every pool the scenarios (scenarios.py: MAIN_POOLS, SPREAD_POOLS, the quota
+# and gate pools) send to, declared to each replica (docs/operating.md).
+DECLARED_POOLS = [*(f"p{i}" for i in range(6)), *(f"s{i}" for i in range(4)), "q0", "g0"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PG_ADMIN_DSN = os.environ.get(
@@ -138,6 +143,8 @@ class Replica:
             "BURSTGATE_ADMISSION_AUTH": "false",
             "BURSTGATE_LOG_FORMAT": "json",
             "BURSTGATE_LOG_LEVEL": "warning",
+            # the scenarios' pools and the load generator's, declared
+            "BURSTGATE_POLICY__KNOWN_POOLS": json.dumps(DECLARED_POOLS),
             **self.env,
         }
         with log.open("wb") as f:

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from controlplane.domain import Decision, LaneConfig, TenantConfig
+from controlplane.domain.policy import Policy
 from controlplane.domain.pricing import StepTable
 from controlplane.ha.store import HaStore
 from controlplane.ledger.fencing import FenceToken
@@ -52,6 +53,7 @@ class Replica:
             database_url=url,
             ledger_spool_dir=spool / name,
             pricing_steps=[(Decimal("0.30"), Decimal("1.20")), (Decimal("0.60"), Decimal("1.50"))],
+            policy=Policy(known_pools=[POOL]),  # declared (docs/operating.md)
         )
         book = PricingBook(settings.pricing_window_s, StepTable(settings.pricing_steps))
         self.svc = AdmissionService(settings, clock=clock, pricing=book)

@@ -50,8 +50,9 @@ def pair(pg_admin_dsn: str, tmp_path: Path) -> Iterator[tuple[Plane, Plane, str]
     for url in fresh_pg_database(pg_admin_dsn):
         upgrade(url)
         add_tenants(url, tenant("acme"))
-        planes = [Plane(url, {**SETTINGS, "ha_member_id": f"r{i}"}, tmp_path / f"s{i}")
-                  for i in range(2)]  # fmt: skip
+        declared = {"policy": Policy(gate_fallback_inflight=FALLBACK, known_pools=[pool])}
+        planes = [Plane(url, {**SETTINGS, **declared, "ha_member_id": f"r{i}"},
+                        tmp_path / f"s{i}") for i in range(2)]  # fmt: skip
         for p in planes:
             p.start()
         try:

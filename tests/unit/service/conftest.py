@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from controlplane.domain import LaneConfig, TenantConfig
+from controlplane.domain.policy import Policy
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
 
@@ -14,6 +15,17 @@ LANES = [
     LaneConfig("standard", 1, Decimal("0.45"), 800, False, True),
     LaneConfig("batch", 2, Decimal("0.15"), 5000, False, True),
 ]
+
+
+# The engine pools these tests name, declared as an operator declares them
+# (the policy's known_pools): an undeclared pool is refused at every door.
+UNIT_POOLS = ["p", "p1", "q", "req", "never-reported"]
+
+
+def UnitPolicy(**kw: Any) -> Policy:
+    """A ``Policy`` that declares ``UNIT_POOLS`` (besides its ``known_pools``)."""
+    kw["known_pools"] = sorted({*UNIT_POOLS, *kw.get("known_pools", ())})
+    return Policy(**kw)
 
 
 def tenant(tenant_id: str = "acme", **kw: Any) -> TenantConfig:
@@ -25,6 +37,7 @@ def tenant(tenant_id: str = "acme", **kw: Any) -> TenantConfig:
 @pytest.fixture
 def make_service(clock: Any) -> Any:
     def make(*tenants: TenantConfig, **settings: Any) -> AdmissionService:
+        settings.setdefault("policy", UnitPolicy())
         svc = AdmissionService(Settings(**settings), clock=clock)
         svc.apply_config(list(tenants) or [tenant()], LANES)
         return svc

@@ -8,14 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.domain import AdmitDecision, Decision
-from controlplane.domain.policy import Policy
 from controlplane.service.queueing import Waiter
 from fastpath import Reason
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
 MS = 1_000_000
-GATE = Policy(gate_waiting_per_engine=2, gate_fallback_inflight=2)
+GATE = UnitPolicy(gate_waiting_per_engine=2, gate_fallback_inflight=2)
 
 
 def report(svc: Any, *, waiting: int = 0, running: int = 256, batch: int = 0) -> None:
@@ -71,7 +70,7 @@ def test_measured_first_tokens_set_the_latest_release(make_service: Any, clock: 
     svc = make_service(tenant("vip", default_lane="premium", burst_tokens=10**6),
                        tenant(burst_tokens=10**6))  # fmt: skip
     svc.apply_config([tenant("vip", default_lane="premium", burst_tokens=10**6),
-                      tenant(burst_tokens=10**6)], LANES, Policy())  # fmt: skip
+                      tenant(burst_tokens=10**6)], LANES, UnitPolicy())  # fmt: skip
     report(svc, waiting=0, running=0)
     teach_first_tokens(svc, clock, a_ms=100, us_per_token=200)
     report(svc, waiting=5)  # full: the next one waits
@@ -191,7 +190,7 @@ def test_a_refill_that_comes_too_late_is_not_retryable(make_service: Any, clock:
     assert (d.reason, d.retryable) == (Reason.TOKEN_RATE, False)
     assert d.retry_after_ns == 4_000 * MS  # still the exact refill
     # with the gate off there are no deadlines: the same refusal may be retried
-    off = make_service(tenant(burst_tokens=5_000), policy=Policy(pool_gate=False))
+    off = make_service(tenant(burst_tokens=5_000), policy=UnitPolicy(pool_gate=False))
     off.admit("acme", "all", "", 5_000, 0)
     d = off.admit_or_wait("acme", "more", "", 4_000, 0)
     assert isinstance(d, AdmitDecision) and (d.reason, d.retryable) == (Reason.TOKEN_RATE, True)

@@ -18,10 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.domain import AdmitDecision, Decision
-from controlplane.domain.policy import Policy
 from controlplane.service.answers import BatchResult
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
 MS = 1_000_000
 TENANTS = [
@@ -38,7 +37,7 @@ TENANTS = [
 ]
 SIZES = [0, 1, 100, 400, 900, 1500, 2100, 2600, 3400, 4000]
 NAMES = ["acme", "vip", "shade", "long", "off", "ghost"]
-POLICY = Policy(
+POLICY = UnitPolicy(
     gate_waiting_per_engine=2, gate_fallback_inflight=6, degrade_queue_depth=40,
     degrade_max_tokens=300, queue_limit=10_000,
 )  # fmt: skip

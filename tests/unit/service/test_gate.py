@@ -16,9 +16,9 @@ from controlplane.domain.policy import Policy
 from controlplane.service.queueing import Waiter
 from fastpath import Reason
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
-GATE = Policy(gate_waiting_per_engine=2, gate_fallback_inflight=2)  # the gate is on by default
+GATE = UnitPolicy(gate_waiting_per_engine=2, gate_fallback_inflight=2)  # the gate is on by default
 MS = 1_000_000
 
 
@@ -242,7 +242,7 @@ def test_the_gate_is_on_by_default_and_off_lets_everything_through(make_service:
     on = make_service(tenant())
     report(on, waiting=1_000, running=256, max_seqs=256, kv=0.99)
     assert on.admit("acme", "a", "", 10, 10, pool="p").reason == Reason.BACKPRESSURE
-    off = make_service(tenant(), policy=Policy(pool_gate=False))
+    off = make_service(tenant(), policy=UnitPolicy(pool_gate=False))
     report(off, waiting=1_000, running=256, max_seqs=256, kv=0.99)
     assert all(
         off.admit("acme", f"r{i}", "", 10, 10, pool="p").decision == Decision.ADMIT
@@ -311,13 +311,13 @@ def test_new_load_fields_are_validated(make_service: Any) -> None:
 def test_bucket_debt_admits_a_tenants_own_burst(make_service: Any) -> None:
     exact = make_service(tenant(burst_tokens=1_000))
     debt = make_service(tenant(burst_tokens=1_000))
-    debt.apply_config([tenant(burst_tokens=1_000)], LANES, Policy(bucket_debt=True))
+    debt.apply_config([tenant(burst_tokens=1_000)], LANES, UnitPolicy(bucket_debt=True))
     for svc, expected in ((exact, [Reason.OK, Reason.TOKEN_RATE]), (debt, [Reason.OK, Reason.OK])):
         got = [svc.admit("acme", r, "", 300, 300).reason for r in ("a", "b")]
         assert got == expected
     # over the burst, with or without debt: waits for a full bucket, then into debt
     assert exact.admit("acme", "big", "", 1_500, 0).reason == Reason.TOKEN_RATE
-    for policy in (Policy(), Policy(bucket_debt=True)):
+    for policy in (UnitPolicy(), UnitPolicy(bucket_debt=True)):
         fresh = make_service(tenant(burst_tokens=1_000))
         fresh.apply_config([tenant(burst_tokens=1_000)], LANES, policy)
         assert fresh.admit("acme", "big", "", 1_500, 0).reason == Reason.OK

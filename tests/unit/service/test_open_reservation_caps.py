@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from controlplane.domain import Decision
-from controlplane.domain.policy import Policy
 from fastpath import Reason
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
 MS = 1_000_000
 NS = 1_000_000_000
@@ -187,7 +186,7 @@ def test_a_negative_cap_is_a_settings_error(name: str) -> None:
 
 def test_the_gate_counts_nothing_for_a_refusal_at_the_cap(make_service: Any) -> None:
     svc = make_service(tenant(**BIG), max_open_reservations_per_tenant=1)
-    svc.apply_config([tenant(**BIG)], LANES, Policy(pool_gate=True))
+    svc.apply_config([tenant(**BIG)], LANES, UnitPolicy(pool_gate=True))
     svc.admit("acme", "r0", "", 10, 10, pool="p")
     assert svc.admit("acme", "r1", "", 10, 10, pool="p").reason == OPEN
     assert svc._gate.inflight("p") == 1  # only the admission went to the pool

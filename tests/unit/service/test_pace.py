@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from controlplane.domain.policy import Policy
 from controlplane.service.pace import TTFT_MIN_SAMPLES, PoolPace
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
 MS = 1_000_000
 S = 1_000 * MS
@@ -104,7 +103,7 @@ def test_a_slow_engine_takes_less_of_other_lanes_prefill_per_step(
     vip = tenant("vip", default_lane="premium", burst_tokens=10**6)
     std = tenant(burst_tokens=10**6)
     svc = make_service(vip, std)
-    svc.apply_config([vip, std], LANES, Policy())
+    svc.apply_config([vip, std], LANES, UnitPolicy())
     teach(svc, clock, us_per_token)
     clock.advance(100 * MS)
     report(svc, running=250)  # 6 free slots, 7,942 tokens of budget
@@ -120,7 +119,7 @@ def test_without_first_tokens_the_pace_bounds_the_step_instead() -> None:
 
     def gate_after(pace_tokens_per_s: int) -> PoolGate:
         gate = PoolGate(stale_ns=10 * S)
-        gate.configure(Policy(), ["premium"])
+        gate.configure(UnitPolicy(), ["premium"])
         for i in range(11):  # 1,000 tokens every 1,000,000 / pace ms
             gate.paced("p", i * 1_000 * S // pace_tokens_per_s, 1_000)
         now = 11 * 1_000 * S // pace_tokens_per_s

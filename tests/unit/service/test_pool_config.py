@@ -16,7 +16,7 @@ from controlplane.service import records as R
 from controlplane.service.queueing import Waiter
 from fastpath import Reason
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
 # standard routes to "lane-std", batch to "lane-bulk"; premium has no pool
 POOL_LANES = [
@@ -30,8 +30,8 @@ TENANTS = [
     tenant("vip", default_lane="premium"),
     tenant("short", long_request_tokens=100),  # long requests go to batch
 ]
-GATED = Policy()  # the gate is on by default
-ONE_EACH = Policy(gate_fallback_inflight=1)  # no reports: one in flight per pool
+GATED = UnitPolicy()  # the gate is on by default
+ONE_EACH = UnitPolicy(gate_fallback_inflight=1)  # no reports: one in flight per pool
 
 
 def service(make_service: Any, policy: Policy = GATED) -> Any:
@@ -97,7 +97,7 @@ def test_a_configured_pool_has_its_own_gate(make_service: Any) -> None:
 
 
 def test_unary_without_the_gate_has_no_default_pool(make_service: Any) -> None:
-    svc = service(make_service, Policy(pool_gate=False))
+    svc = service(make_service, UnitPolicy(pool_gate=False))
     svc.admit("routed", "tenant", "", 10, 0)
     svc.admit("routed", "named", "", 10, 0, pool="req")
     svc.admit("plain", "lane", "batch", 10, 0)
@@ -134,7 +134,7 @@ def test_batch_counts_the_gate_per_resolved_pool(make_service: Any) -> None:
 
 
 def test_batch_without_the_gate_has_no_default_pool(make_service: Any) -> None:
-    svc = service(make_service, Policy(pool_gate=False))
+    svc = service(make_service, UnitPolicy(pool_gate=False))
     svc.admit_batch(["routed", "plain", "vip"], ["a", "b", "c"], [], [10] * 3, [0] * 3)
     svc.admit_batch(["routed"], ["d"], [], [10], [0], pool="req")
     got = [pool_of(svc, t, i) for t, i in (("routed", "a"), ("plain", "b"), ("vip", "c"),

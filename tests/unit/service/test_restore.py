@@ -17,7 +17,6 @@ import pytest
 
 from controlplane.domain import AdmitDecision, Decision
 from controlplane.domain.errors import InvalidArgument, PermissionDenied
-from controlplane.domain.policy import Policy
 from controlplane.domain.scope import KeyScope
 from controlplane.service import AdmissionService, OpenReservation
 from controlplane.service import records as R
@@ -25,7 +24,7 @@ from controlplane.service.queueing import Waiter
 from controlplane.service.restore import KNOWN, REFUSED, RESTORED
 from fastpath import Reason
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
 S = 1_000_000_000
 WINDOW = 1_700_000_100
@@ -128,7 +127,7 @@ def test_a_restore_never_takes_a_tenant_past_its_concurrency_cap(make_service: A
 
 def test_the_gate_counts_restored_requests_in_flight(make_service: Any) -> None:
     svc = make_service()
-    svc.apply_config([tenant()], LANES, Policy(gate_fallback_inflight=3))
+    svc.apply_config([tenant()], LANES, UnitPolicy(gate_fallback_inflight=3))
     for i in range(2):
         assert svc.restore_reservation(signed(svc, held(f"r{i}"))).outcome == RESTORED
     assert svc.gate_inflight("p") == 2

@@ -14,7 +14,7 @@ from controlplane.domain.policy import Policy
 from controlplane.service.queueing import Waiter
 from fastpath import Reason
 
-from .conftest import LANES, tenant
+from .conftest import LANES, UnitPolicy, tenant
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -74,10 +74,10 @@ def test_quota_refusals_never_wait(make_service: Any) -> None:
 @pytest.mark.parametrize(
     ("policy", "wait_ms"),
     [
-        (Policy(), 750),  # 0.75 x premium's 1 s TTFT SLO
-        (Policy(gate_release_headroom=0.5), 500),
-        (Policy(lane_ttft_slo_ms={"standard": 3000}), 200),  # no SLO: the wait target
-        (Policy(pool_gate=False), 200),  # without the gate: the lane's wait target
+        (UnitPolicy(), 750),  # 0.75 x premium's 1 s TTFT SLO
+        (UnitPolicy(gate_release_headroom=0.5), 500),
+        (UnitPolicy(lane_ttft_slo_ms={"standard": 3000}), 200),  # no SLO: the wait target
+        (UnitPolicy(pool_gate=False), 200),  # without the gate: the lane's wait target
     ],
 )
 def test_wait_ends_at_the_lanes_bound_with_queue_timeout(
@@ -122,7 +122,7 @@ def test_queue_bounds_per_tenant_lane_and_global(make_service: Any) -> None:
     svc = make_service(
         tenant(max_concurrency=1, max_queued=2),
         tenant("beta", max_concurrency=1),
-        policy=Policy(lane_queue_limit=3, queue_limit=100),
+        policy=UnitPolicy(lane_queue_limit=3, queue_limit=100),
     )
     svc.admit_or_wait("acme", "a0", "", 1, 1)
     waiting(svc.admit_or_wait("acme", "a1", "", 1, 1))
@@ -161,7 +161,7 @@ def test_same_request_id_twice_while_waiting_is_refused(make_service: Any) -> No
 def test_new_arrivals_queue_behind_a_backlog(make_service: Any) -> None:
     # Capacity (the watermark) frees one request at a time: whoever waited
     # first in fair order goes first, a newcomer does not jump the queue.
-    svc = make_service(tenant(), policy=Policy(global_inflight_tokens=100))
+    svc = make_service(tenant(), policy=UnitPolicy(global_inflight_tokens=100))
     svc.admit_or_wait("acme", "a", "", 100, 0)
     w1 = waiting(svc.admit_or_wait("acme", "b", "", 100, 0))
     w2 = waiting(svc.admit_or_wait("acme", "c", "", 100, 0))
@@ -191,7 +191,7 @@ def test_lanes_are_served_by_weight_over_tokens(make_service: Any) -> None:
     cost = 100
     svc = make_service(
         tenant(burst_tokens=10**9, token_rate=Decimal(10**6)),
-        policy=Policy(global_inflight_tokens=cost),
+        policy=UnitPolicy(global_inflight_tokens=cost),
     )
     svc.admit_or_wait("acme", "blocker", "", cost, 0)
     ws: list[Waiter] = []
@@ -217,7 +217,7 @@ def test_flooding_tenant_cannot_take_more_than_its_fair_share(make_service: Any)
     svc = make_service(
         tenant("flood", burst_tokens=10**9, token_rate=Decimal(10**6), max_queued=1000),
         tenant("calm", burst_tokens=10**9, token_rate=Decimal(10**6), max_queued=1000),
-        policy=Policy(global_inflight_tokens=300),
+        policy=UnitPolicy(global_inflight_tokens=300),
     )
     svc.admit_or_wait("flood", "blocker", "", 300, 0)
     ws = [waiting(svc.admit_or_wait("flood", f"f{i}", "", cost_a, 0)) for i in range(200)]
@@ -248,7 +248,7 @@ def test_long_requests_are_demoted_to_the_lowest_lane(make_service: Any) -> None
         tenant(burst_tokens=10**6),
         tenant("keep", burst_tokens=10**6, demote_long_requests=False),
         tenant("low", burst_tokens=10**6, long_request_tokens=500),
-        policy=Policy(long_request_tokens=8000),
+        policy=UnitPolicy(long_request_tokens=8000),
     )
     assert decided(svc.admit_or_wait("acme", "s", "standard", 1000, 1000)).lane == "standard"
     assert decided(svc.admit_or_wait("acme", "l", "standard", 6000, 4000)).lane == "batch"
@@ -274,7 +274,7 @@ def test_above_hard_threshold_non_premium_is_refused_premium_fails_open(
 ) -> None:
     # SPEC section 2 without the pool gate: above hard, refused outright
     svc = make_service(
-        tenant(burst_tokens=10**6), policy=Policy(bp_retry_cap_s=30, pool_gate=False)
+        tenant(burst_tokens=10**6), policy=UnitPolicy(bp_retry_cap_s=30, pool_gate=False)
     )
     report(svc, batch=1000, depth=1000, miss=0.9)  # B = 0.97
     d = decided(svc.admit_or_wait("acme", "s", "standard", 10, 10, pool="p"))
@@ -296,7 +296,7 @@ def test_above_hard_threshold_non_premium_is_refused_premium_fails_open(
 def test_soft_zone_sheds_the_lowest_lane_first(make_service: Any) -> None:
     # soft 0.70, hard 0.85, two sheddable lanes: batch sheds at 0.70,
     # standard at 0.775 (the score alone: the pool gate off)
-    svc = make_service(tenant(burst_tokens=10**6), policy=Policy(pool_gate=False))
+    svc = make_service(tenant(burst_tokens=10**6), policy=UnitPolicy(pool_gate=False))
     report(svc, batch=1000, depth=500, miss=0.3)  # B = 0.4 + 0.15 + 0.09 = 0.64
     assert decided(svc.admit_or_wait("acme", "b0", "batch", 1, 1, pool="p")).reason == Reason.OK
     report(svc, batch=1000, depth=700, miss=0.3)  # B = 0.70
@@ -310,7 +310,7 @@ def test_soft_zone_sheds_the_lowest_lane_first(make_service: Any) -> None:
 
 def test_stale_pool_follows_the_configured_policy(make_service: Any, clock: Any) -> None:
     closed = make_service(
-        tenant(), policy=Policy(stale_policy="fail_closed"), load_report_stale_s=5
+        tenant(), policy=UnitPolicy(stale_policy="fail_closed"), load_report_stale_s=5
     )
     report(closed, batch=0)
     assert decided(closed.admit("acme", "a", "standard", 1, 1, pool="p")).decision == Decision.ADMIT
@@ -320,7 +320,7 @@ def test_stale_pool_follows_the_configured_policy(make_service: Any, clock: Any)
     assert d.pressure is not None
     assert (d.pressure.freshness, d.pressure.stale_policy) == (2, "fail_closed")
     assert decided(closed.admit("acme", "c", "premium", 1, 1, pool="p")).decision == Decision.ADMIT
-    opened = make_service(tenant(), policy=Policy(stale_policy="fail_open"))
+    opened = make_service(tenant(), policy=UnitPolicy(stale_policy="fail_open"))
     d = decided(opened.admit("acme", "a", "standard", 1, 1, pool="never-reported"))
     assert d.decision == Decision.ADMIT
     assert d.pressure is not None and (d.pressure.freshness, d.pressure.stale_policy) == (
@@ -335,7 +335,9 @@ def test_stale_pool_follows_the_configured_policy(make_service: Any, clock: Any)
 def test_degradation_caps_the_reservation_and_names_the_fallback(make_service: Any) -> None:
     svc = make_service(
         tenant(burst_tokens=10**6, fallback_model="llama-8b"),
-        policy=Policy(degrade_max_tokens=2000, degrade_page_tokens=512, long_request_tokens=10**6),
+        policy=UnitPolicy(
+            degrade_max_tokens=2000, degrade_page_tokens=512, long_request_tokens=10**6
+        ),
     )
     report(svc, depth=0, gpu=0.95)
     d = decided(svc.admit("acme", "a", "standard", 100, 8000, pool="p"))
@@ -364,7 +366,7 @@ def test_shadow_mode_admits_and_reports_what_it_would_have_refused(make_service:
     svc.admit("real", "a", "", 1000, 0)
     assert decided(svc.admit("real", "b", "", 500, 0)).reason == Reason.TOKEN_RATE
     # global shadow mode covers backpressure too
-    glob = make_service(tenant(), policy=Policy(shadow_mode=True))
+    glob = make_service(tenant(), policy=UnitPolicy(shadow_mode=True))
     report(glob, batch=1000, depth=1000, miss=1.0)
     g = decided(glob.admit("acme", "x", "standard", 1, 1, pool="p"))
     assert (g.decision, g.shadow_reason) == (Decision.ADMIT, Reason.BACKPRESSURE)
@@ -376,7 +378,7 @@ def test_shadow_mode_admits_and_reports_what_it_would_have_refused(make_service:
 def test_global_watermark_caps_all_tenants_together(make_service: Any) -> None:
     svc = make_service(
         tenant(burst_tokens=10**6), tenant("beta", burst_tokens=10**6),
-        policy=Policy(global_inflight_tokens=1000),
+        policy=UnitPolicy(global_inflight_tokens=1000),
     )  # fmt: skip
     assert decided(svc.admit("acme", "a", "", 600, 0)).decision == Decision.ADMIT
     d = decided(svc.admit("beta", "b", "", 600, 0))
@@ -394,7 +396,7 @@ def test_batch_applies_backpressure_shadow_and_degradation(make_service: Any) ->
     svc = make_service(
         tenant(burst_tokens=10**6),
         tenant("shadow", burst_tokens=10**6, shadow_mode=True),
-        policy=Policy(degrade_max_tokens=500, long_request_tokens=10**6, pool_gate=False),
+        policy=UnitPolicy(degrade_max_tokens=500, long_request_tokens=10**6, pool_gate=False),
     )
     report(svc, batch=1000, depth=1000, miss=0.5, gpu=0.99)  # B = 0.85, degraded
     r = svc.admit_batch(
@@ -468,7 +470,7 @@ def test_full_queues_still_admit_what_fits_now(make_service: Any) -> None:
     svc = make_service(
         tenant("blocked", max_concurrency=1, max_queued=100),
         tenant("free"),
-        policy=Policy(queue_limit=3),
+        policy=UnitPolicy(queue_limit=3),
     )
     svc.admit_or_wait("blocked", "r0", "batch", 10, 10)
     for i in range(1, 4):
