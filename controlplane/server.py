@@ -160,6 +160,8 @@ class ControlPlane:
                 fencing=self.replicas.fencing,
             )  # fmt: skip
             self.metrics_collectors.append(LedgerCollector(self.metering))
+            if settings.ledger_unpriced == "refuse":  # docs/operating.md, "Prices"
+                self.service.price_check = self.metering.check_priced
             self.replicas.metering = self.metering
 
     def _listen_setup(self) -> None:

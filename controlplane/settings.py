@@ -182,6 +182,13 @@ class Settings(BaseSettings):
     ledger_retry_s: float = Field(default=1.0, gt=0)
     # Currency of a request priced at zero because the price catalog has no entry.
     ledger_default_currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    # A (tenant, model) the price catalog cannot price (no entry, and no
+    # default ('*', '*') entry: the configured default price). "book": its
+    # Completes are booked at 0, flagged (price_id 0), counted in
+    # burstgate_ledger_unpriced_records_total and warned of once per tenant and
+    # model. "refuse": Admit refuses it FAILED_PRECONDITION naming model
+    # before anything is reserved (work already done is still booked).
+    ledger_unpriced: Literal["book", "refuse"] = "book"
     # Complete refuses usage above this many times what was admitted (prompt,
     # or granted max_tokens) plus 1,024 tokens: a sidecar bug, not a bill.
     complete_max_overrun_ratio: float = Field(default=4.0, ge=1)

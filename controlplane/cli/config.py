@@ -1,5 +1,6 @@
-"""``burstgate config export | apply``: the declarative YAML config (lanes,
-tenants, policy overrides), on the database directly like ``burstgate keys``.
+"""``burstgate config export | apply | check``: the declarative YAML config
+(lanes, tenants, policy overrides), on the database directly like
+``burstgate keys``; ``check`` reports what the live config leaves unpriced.
 
 ``export`` prints the live configuration as a file ``apply`` accepts;
 ``apply --dry-run`` prints what ``apply`` would change and writes nothing.
@@ -117,3 +118,26 @@ def _value(v: Any) -> str:
     if isinstance(v, Decimal):
         return format(v.normalize(), "f")
     return cell(v)
+
+
+@config_app.command("check")
+def config_check(database_url: DbOpt = None) -> None:
+    """Report what the live configuration leaves unsafe for billing: a price
+    catalog that leaves tenants or models unpriced (booked at 0, or refused
+    with BURSTGATE_LEDGER_UNPRICED=refuse). Exit 1 with a finding per line,
+    0 and "ok" when there is none."""
+    from controlplane.domain.catalog import PriceCatalog, pricing_gaps
+    from controlplane.store.ledger import LedgerStore
+
+    with _repo(database_url) as (repo, conf):
+        tenants = [t.tenant_id for t in repo.tenants()]
+        catalog = PriceCatalog(LedgerStore(repo.engine).load_catalog())
+    findings = pricing_gaps(catalog, tenants)
+    if not findings:
+        typer.echo(f"ok: {len(tenants)} tenants, {len(catalog)} prices; every request is priced")
+        return
+    for f in findings:
+        typer.echo(f"finding: {f}")
+    then = "refused at Admit" if conf.ledger_unpriced == "refuse" else "booked at 0"
+    typer.echo(f"(unpriced requests are {then}: BURSTGATE_LEDGER_UNPRICED={conf.ledger_unpriced})")
+    raise typer.Exit(1)

@@ -150,6 +150,27 @@ class PriceCatalog:
         return found
 
 
+def pricing_gaps(catalog: PriceCatalog, tenant_ids: Iterable[str]) -> list[str]:
+    """What the catalog leaves unpriced, as findings for people (the
+    start-up warning, ``burstgate config check``): no default ('*', '*')
+    price, and the tenants with no price for every model (neither an entry
+    (tenant, '*') nor the default). Empty when every request is priced."""
+    if (ANY, ANY) in catalog.entries:
+        return []
+    out = ["the price catalog has no default price ('*', '*'): a (tenant, model) without "
+           "an entry of its own is unpriced (booked at 0, or refused with "
+           "BURSTGATE_LEDGER_UNPRICED=refuse); set one with `burstgate price set '*' "
+           "--model '*' --input ... --output ...`"]  # fmt: skip
+    bare = [t for t in tenant_ids if (t, ANY) not in catalog.entries]
+    if bare:
+        more = f" (+{len(bare) - 20} more)" if len(bare) > 20 else ""
+        shown = ", ".join(sorted(bare)[:20]) + more
+        models = sorted({m for (t, m) in catalog.entries if t == ANY and m != ANY})
+        priced = f"; priced only for the models {', '.join(models[:10])}" if models else ""
+        out.append(f"tenants without a price for every model: {shown}{priced}")
+    return out
+
+
 def user_charge(
     p: PriceEntry,
     prompt_tokens: int,

@@ -39,8 +39,14 @@ from sqlalchemy.engine import make_url
 
 from controlplane.aiotime import within
 from controlplane.domain import Settlement
-from controlplane.domain.catalog import PriceCatalog, actual_cost, user_charge, zero_price
-from controlplane.domain.errors import LedgerUnavailable, NotFound, excerpt
+from controlplane.domain.catalog import (
+    PriceCatalog,
+    actual_cost,
+    pricing_gaps,
+    user_charge,
+    zero_price,
+)
+from controlplane.domain.errors import FailedPrecondition, LedgerUnavailable, NotFound, excerpt
 from controlplane.domain.ledger_records import REBOOK_KEYS, Key, LedgerRecord, rebooked_id
 from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
 from controlplane.domain.units import NS_PER_S, PPM
@@ -134,6 +140,7 @@ class Metering:
         self.completes = 0
         self.duplicates = 0
         self.unpriced = 0
+        self._unpriced_warned: set[tuple[str, str]] = set()  # (tenant, model), bounded
         self.margin_warnings_total = 0
         self.last_margin_tenants = 0
         self.window_flush_failures = 0
@@ -347,6 +354,7 @@ class Metering:
         price = self.catalog.resolve(tenant_id, model)
         if price is None:
             self.unpriced += 1
+            self._warn_unpriced(tenant_id, model)
             price = zero_price(self.settings.ledger_default_currency)
         multiplier = self.pricing.multiplier_decimal(rec[R.MULTIPLIER])
         lane_multiplier = price.lane_multiplier(lane)
@@ -418,6 +426,33 @@ class Metering:
                 f"({type(exc).__name__}); retry later"
             ) from exc
 
+    # -------------------------------------------------------------- prices
+
+    def check_priced(self, tenant_id: str, model: str) -> None:
+        """The service's ``price_check`` with BURSTGATE_LEDGER_UNPRICED=refuse:
+        FailedPrecondition naming ``model`` when the catalog cannot price
+        this (tenant, model). A dict lookup (memoised)."""
+        if self.catalog.resolve(tenant_id, model) is None:
+            raise FailedPrecondition(
+                f"model: no price for tenant {excerpt(tenant_id)} and model "
+                f"{excerpt(model) if model else repr('')} in the price catalog, and no default "
+                "('*', '*') price; unpriced requests are refused "
+                "(BURSTGATE_LEDGER_UNPRICED=refuse)"
+            )
+
+    def _warn_unpriced(self, tenant_id: str, model: str) -> None:
+        """Loud, once per (tenant, model): a record booked at 0."""
+        key = (tenant_id[:128], model[:128])
+        if key in self._unpriced_warned or len(self._unpriced_warned) >= 1024:
+            return
+        self._unpriced_warned.add(key)
+        log.warning(
+            "unpriced request booked at 0: the price catalog has no price for this tenant "
+            "and model, and no default ('*', '*') price (burstgate_ledger_unpriced_records_total "
+            "counts them; BURSTGATE_LEDGER_UNPRICED=refuse refuses them at Admit)",
+            tenant_id=key[0], model=key[1],
+        )  # fmt: skip
+
     # ----------------------------------------------------------- background
 
     async def reload_catalog(self) -> bool:
@@ -427,7 +462,10 @@ class Metering:
         entries = await asyncio.to_thread(self.store.load_catalog)
         self.catalog = PriceCatalog(entries)
         self._catalog_fp = fp
+        self._unpriced_warned.clear()  # a new catalog: warn again of what it leaves unpriced
         log.info("price catalog loaded", entries=len(entries))
+        for gap in pricing_gaps(self.catalog, self.svc.tenant_ids()):
+            log.warning("PRICING GAP: " + gap, unpriced=self.settings.ledger_unpriced)
         return True
 
     async def _background(self) -> None:

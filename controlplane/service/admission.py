@@ -147,6 +147,11 @@ class AdmissionService:
         # deployment issued (signing.py); the server installs the
         # deployment's keys (store/signing.py) before serving.
         self.signer = AdmissionSigner()
+        # ``BURSTGATE_LEDGER_UNPRICED=refuse``: the server sets this to the
+        # ledger's price check (metering.check_priced), so an Admit for a
+        # (tenant, model) the catalog cannot price is refused before anything
+        # is reserved: no work is done that would be billed 0 (issue 30 item 5).
+        self.price_check: Callable[[str, str], None] | None = None
         self._decider = Decider(
             self._table, self._tenants, self._pressure, self._gate, self._pricing,
             settings.concurrency_retry_ms * NS_PER_MS, self._deadlines, self.signer,
@@ -334,6 +339,8 @@ class AdmissionService:
         check_admit(tenant_id, request_id, prompt_tokens, max_tokens, model, pool, lane)
         check_retry(retry_key, attempt)
         self._tenants.check_pool(pool)
+        if self.price_check is not None:
+            self.price_check(tenant_id, model)
         now = self.clock()
         key = (tenant_id, request_id)
         prior = self._log.replay(key, now)
@@ -510,6 +517,14 @@ class AdmissionService:
         only names a request may give."""
         return self._tenants.declared
 
+    def _check_priced(self, tenant_ids: Sequence[str], model: str) -> None:
+        """``price_check`` once per distinct tenant of a batch (model and
+        pool are the batch's): one unpriced entry fails the whole batch, as
+        any invalid entry does, before anything is decided."""
+        if self.price_check is not None:
+            for t in dict.fromkeys(tenant_ids):
+                self.price_check(t, model)
+
     def check_pool(self, pool: str) -> None:
         """InvalidArgument naming ``pool`` unless it is "" or declared; for
         the doors that route a pool before the service sees it (several
@@ -570,6 +585,7 @@ class AdmissionService:
         n = len(request_ids)
         keys, tries = check_retries(retry_keys, attempts, n)
         self._tenants.check_pool(pool)
+        self._check_priced(tenant_ids, model)
         tenant_ids = tenant_ids if isinstance(tenant_ids, list) else list(tenant_ids)
         now = self.clock()
         request_ids = request_ids if isinstance(request_ids, list) else list(request_ids)
@@ -620,6 +636,7 @@ class AdmissionService:
         waits = check_max_wait(max_wait_ms, n)
         keys, tries = check_retries(retry_keys, attempts, n)
         self._tenants.check_pool(pool)
+        self._check_priced(tenant_ids, model)
         lane_of = lane_of or [""] * n
         queued = self._dispatcher.queues.by_key
         for i in range(n):
