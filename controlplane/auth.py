@@ -43,6 +43,9 @@ class KeyCache:
         self._unknown: dict[str, int] = {}
         # The last re-read of the keys (poll or forced) failed or timed out.
         self.unreachable = False
+        # How long a re-read that reached the database took, smoothed (s):
+        # how long an unknown key's call may wait for one (rpc/auth.py).
+        self.typical_refresh_s = 0.0
 
     def refresh(self, *, force: bool = False) -> bool:
         """Re-read the keys if the table changed (blocking: run in a thread)."""
@@ -55,9 +58,13 @@ class KeyCache:
         self.refreshes += 1
         return True
 
-    def note_refresh(self, ok: bool) -> None:
-        """A re-read of the keys reached the database or not (on the loop)."""
+    def note_refresh(self, ok: bool, seconds: float | None = None) -> None:
+        """A re-read of the keys reached the database or not (on the loop),
+        and how long it took when it did."""
         self.unreachable = not ok
+        if ok and seconds is not None:
+            t = self.typical_refresh_s
+            self.typical_refresh_s = seconds if t == 0.0 else 0.8 * t + 0.2 * seconds
 
     def known_unknown(self, key_id: str) -> bool:
         """A re-read since which the keys have not changed found no such id."""

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -522,6 +523,7 @@ class ControlPlane:
         except Exception as exc:  # database down, or a config that cannot apply
             self.config_reload_failures += 1
             log.warning("config poll failed; serving last config", error=str(exc))
+        started = time.monotonic()
         try:
             await self._in_thread(self.key_cache.refresh)
         except Exception as exc:  # database down: keep the keys as last read
@@ -529,7 +531,7 @@ class ControlPlane:
             self.key_refresh_failures += 1
             log.warning("key refresh failed; serving last keys", error=str(exc))
         else:
-            self.key_cache.note_refresh(True)
+            self.key_cache.note_refresh(True, time.monotonic() - started)
         if self.settings.admission_signing_key is None:  # a rotation reaches every replica
             try:
                 await self._load_signing_keys()

@@ -4,6 +4,7 @@ and a real gRPC server on a free port."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import threading
 import uuid
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+import structlog
 from sqlalchemy.engine import make_url
 
 from controlplane.clock import Sleep
@@ -204,3 +206,14 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
     yield make
     for srv in started:
         srv.stop()
+
+
+@pytest.fixture
+def server_logs_elsewhere() -> Iterator[None]:
+    """A server thread of the test's logs while CliRunner has swapped
+    sys.stdout (structlog prints to stdout unless configured): its lines
+    would land in the output of the command under test."""
+    before = structlog.get_config()
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=io.StringIO()))
+    yield
+    structlog.configure(**before)

@@ -83,9 +83,15 @@ MAX_REQUEST_ID = 128
 # Most one forced key refresh per this many seconds for unknown key ids: a
 # caller guessing keys costs the database nothing more than the poll does.
 UNKNOWN_KEY_REFRESH_S = 1.0
-# The most an unknown key id's call waits for that re-read, from its start
-# (a database that hangs must not hold up an authentication: issue 30).
+# The most an unknown key id's call waits for that re-read, from its start:
+# UNKNOWN_KEY_WAIT_S, or longer on a database whose re-reads are slow (a
+# loaded SQLite file): UNKNOWN_KEY_WAIT_TYPICAL x the re-reads' typical
+# time, at most UNKNOWN_KEY_WAIT_MAX_S. A database that hangs has no slow
+# re-reads to show beforehand, so it holds a call up at most the floor
+# (issue 30: refused after 5 s before).
 UNKNOWN_KEY_WAIT_S = 0.5
+UNKNOWN_KEY_WAIT_TYPICAL = 4.0
+UNKNOWN_KEY_WAIT_MAX_S = 3.0
 # Wrapped admission handlers kept (one per method and key scope).
 MAX_WRAPPED = 4096
 
@@ -262,7 +268,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self._refreshing = asyncio.ensure_future(self._forced_refresh())
             self._refreshing.add_done_callback(_retrieved)
         refreshing = self._refreshing
-        wait = self._refreshed_at + UNKNOWN_KEY_WAIT_S - now
+        cap = min(UNKNOWN_KEY_WAIT_MAX_S,
+                  max(UNKNOWN_KEY_WAIT_S, UNKNOWN_KEY_WAIT_TYPICAL * cache.typical_refresh_s))
+        wait = self._refreshed_at + cap - now
         if refreshing is not None and not cache.unreachable and wait > 0:
             with contextlib.suppress(Exception):  # a timeout, or logged by the DbCaller
                 await within(asyncio.shield(refreshing), wait)
@@ -283,13 +291,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     async def _forced_refresh(self) -> None:
         """Re-read the keys for an unknown id (bounded like every operator
         database call); whether it reached the database is noted."""
+        started = time.monotonic()
         try:
             await self.db.run(self.key_cache.refresh)
         except BaseException:
             self.key_cache.note_refresh(False)
             raise
         else:
-            self.key_cache.note_refresh(True)
+            self.key_cache.note_refresh(True, time.monotonic() - started)
         finally:
             self._refreshing = None
 

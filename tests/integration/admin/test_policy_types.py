@@ -7,15 +7,12 @@ stored or audited."""
 
 from __future__ import annotations
 
-import io
 import json
-from collections.abc import Iterator
 from functools import partial
 from typing import Any, Literal, get_origin
 
 import grpc
 import pytest
-import structlog
 from typer.testing import CliRunner
 
 from controlplane._proto.burstgate.v1 import admin_pb2 as apb
@@ -147,14 +144,6 @@ def test_unknown_and_unparsable_keys_name_the_map_entry(env: Env) -> None:
         assert details.startswith(field + ": "), details
         assert len(details) < 200, details
 
-
-@pytest.fixture
-def server_logs_elsewhere() -> Iterator[None]:
-    """The server thread logs while CliRunner has swapped sys.stdout."""
-    before = structlog.get_config()
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=io.StringIO()))
-    yield
-    structlog.configure(**before)
 
 
 @pytest.mark.usefixtures("server_logs_elsewhere")

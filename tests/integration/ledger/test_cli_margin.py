@@ -13,13 +13,11 @@ import csv
 import io
 import json
 from collections import defaultdict
-from collections.abc import Iterator
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from typer.testing import CliRunner
 
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
@@ -42,13 +40,8 @@ RATIO = Decimal("1.15")
 PRICES = {"acme": ACME_PRICE, "beta": DEFAULT_PRICE}
 LANES = {"premium": Decimal("1.5")}  # ACME_PRICE's; DEFAULT_PRICE has none
 
+pytestmark = pytest.mark.usefixtures("server_logs_elsewhere")
 
-@pytest.fixture(autouse=True)
-def server_logs_elsewhere() -> Iterator[None]:
-    before = structlog.get_config()
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=io.StringIO()))
-    yield
-    structlog.configure(**before)
 
 
 def run(*args: str, code: int = 0) -> Any:

@@ -6,17 +6,14 @@ rates measured from completions)."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 from typer.testing import CliRunner
 
 from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
@@ -29,6 +26,8 @@ from tests.integration.ledger.conftest import NS, Served, admin_key, complete
 WINDOW_S = 300
 WINDOW_NS = WINDOW_S * NS
 
+pytestmark = pytest.mark.usefixtures("server_logs_elsewhere")
+
 
 @pytest.fixture
 def clock() -> FakeClock:
@@ -36,14 +35,6 @@ def clock() -> FakeClock:
     from the local clock (the API has no server time), as it would in use."""
     return FakeClock(time.time_ns())
 
-
-@pytest.fixture(autouse=True)
-def server_logs_elsewhere() -> Iterator[None]:
-    """The server thread logs while CliRunner has swapped sys.stdout."""
-    before = structlog.get_config()
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=io.StringIO()))
-    yield
-    structlog.configure(**before)
 
 
 def cli(served: Served, *args: str, code: int = 0, key: str | None = None) -> Any:

@@ -30,6 +30,9 @@ from tests.support import add_tenants
 TENANTS = [prof.Tenant("gold", "premium", 1), prof.Tenant("std", "standard", 2),
            prof.Tenant("cheap", "batch", 1)]  # fmt: skip
 
+# A server thread of the test logs; the command's --json output must stay JSON.
+pytestmark = pytest.mark.usefixtures("server_logs_elsewhere")
+
 
 def test_pulse_phases_follow_the_spec_example() -> None:
     # 20 -> 80 QPS for 30 s every 90 s, 5 minutes (SPEC section 6)

@@ -26,6 +26,9 @@ from tests.support import add_tenants
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
+# A server thread of the test logs; the command's --json output must stay JSON.
+pytestmark = pytest.mark.usefixtures("server_logs_elsewhere")
+
 
 def azure_csv(
     path: Path, rows: list[tuple[float, int, int]], tenants: list[str] | None = None

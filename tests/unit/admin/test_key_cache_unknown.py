@@ -59,3 +59,17 @@ def test_unreachable_follows_the_last_re_read() -> None:
     assert cache.unreachable
     cache.note_refresh(True)
     assert not cache.unreachable
+
+
+def test_the_typical_re_read_time_follows_the_ones_that_reached_the_database() -> None:
+    """An unknown key's call waits up to 4x this (rpc/auth.py): a loaded
+    SQLite file whose re-reads take 0.4 s must not refuse a key created a
+    moment ago, a database that hangs must not hold a call up longer."""
+    cache = KeyCache(FakeStore())  # type: ignore[arg-type]
+    assert cache.typical_refresh_s == 0.0
+    cache.note_refresh(True, 0.4)
+    assert cache.typical_refresh_s == 0.4  # the first one as it is
+    cache.note_refresh(False, 9.0)  # a failed re-read says nothing of the time
+    assert cache.typical_refresh_s == 0.4 and cache.unreachable
+    cache.note_refresh(True, 0.01)
+    assert 0.01 < cache.typical_refresh_s < 0.4 and not cache.unreachable
