@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     # (PgBouncer in transaction mode) between server and database.
     listen_notify: bool = True
 
+    # Autoscaling signals (docs/autoscaling.md, "Signals"): the share of an
+    # engine's learned work rate a pool should run at, and how long a new
+    # engine takes to serve (the horizon of burstgate_pool_desired_engines_predicted).
+    autoscale_target_utilization: float = Field(default=0.8, gt=0, le=1)
+    autoscale_engine_startup_s: float = Field(default=120.0, ge=0)
+
     # Burst-shaping policy defaults (BURSTGATE_POLICY__BP_HARD_THRESHOLD=0.9 ...);
     # operators override them live through the admin API.
     policy: Policy = Policy()

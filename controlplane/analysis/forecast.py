@@ -49,6 +49,9 @@ from controlplane.analysis.bursts import (
     runs,
 )
 from controlplane.analysis.stats import FloatArray
+from controlplane.domain.holt import HOLT_DEFAULTS
+from controlplane.domain.holt import HoltForecaster as HoltForecaster  # re-exported
+from controlplane.domain.holt import HoltParams as HoltParams  # re-exported
 
 DEFAULT_HORIZON_S = 60  # one minute: enough to tighten admission or start a warm engine
 DEFAULT_TRAIN_FRACTION = 0.5  # first half trains, second half tests
@@ -61,57 +64,10 @@ ALPHA_GRID = (0.02, 0.05, 0.1, 0.2, 0.4)
 BETA_GRID = (0.0, 0.02, 0.1)
 PHI_GRID = (0.8, 0.95)
 Z_GRID = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
-# Used when the training part holds no burst to fit against.
-FALLBACK_PARAMS = (0.1, 0.02, 0.95)
+# Used when the training part holds no burst to fit against (and by the
+# live demand forecast, service/demand.py).
+FALLBACK_PARAMS = HOLT_DEFAULTS
 SECONDS_PER_HOUR = 3600
-
-
-@dataclass(frozen=True, slots=True)
-class HoltParams:
-    alpha: float
-    beta: float
-    phi: float
-
-    def __post_init__(self) -> None:
-        if not (0 < self.alpha <= 1 and 0 <= self.beta <= 1 and 0 < self.phi <= 1):
-            raise ValueError("need 0 < alpha <= 1, 0 <= beta <= 1, 0 < phi <= 1")
-
-    def damping_sum(self, horizon: int) -> float:
-        """phi + phi^2 + ... + phi^horizon."""
-        if self.phi == 1.0:
-            return float(horizon)
-        return self.phi * (1 - self.phi**horizon) / (1 - self.phi)
-
-
-class HoltForecaster:
-    """Online forecaster for admission: feed one value per second, ask ahead.
-
-    >>> f = HoltForecaster(HoltParams(0.5, 0.0, 1.0))
-    >>> for rate in (4.0, 4.0, 8.0):
-    ...     f.update(rate)
-    >>> f.forecast(10)
-    6.0
-    """
-
-    def __init__(self, params: HoltParams) -> None:
-        self.params = params
-        self.level: float | None = None
-        self.trend = 0.0
-
-    def update(self, value: float) -> None:
-        a, b, phi = self.params.alpha, self.params.beta, self.params.phi
-        if self.level is None:
-            self.level = value
-            return
-        previous = self.level
-        self.level = a * value + (1 - a) * (previous + phi * self.trend)
-        self.trend = b * (self.level - previous) + (1 - b) * phi * self.trend
-
-    def forecast(self, horizon_s: int) -> float:
-        """Expected rate ``horizon_s`` seconds ahead (never negative)."""
-        if self.level is None:
-            return 0.0
-        return max(0.0, self.level + self.params.damping_sum(horizon_s) * self.trend)
 
 
 def holt_forecasts(series: FloatArray, params: HoltParams, horizon_s: int) -> FloatArray:

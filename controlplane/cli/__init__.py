@@ -21,6 +21,7 @@ from controlplane.cli import (
     simulate,
 )
 from controlplane.cli.config import config_app
+from controlplane.cli.pools import pools_app
 from controlplane.cli.pricing import pricing_app
 from controlplane.cli.root import RootGroup
 from controlplane.cli.tenant import tenant_app
@@ -72,6 +73,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(admin.admin_app, name="admin")
 app.add_typer(keys.keys_app, name="keys")
 app.add_typer(pricing_app, name="pricing")  # `burstgate pricing show|windows` (gRPC)
+app.add_typer(pools_app, name="pools")  # `burstgate pools status` (gRPC)
 ledger.register(app)
 app.command("margin")(margin.margin_command)
 register_analysis(app)

@@ -50,7 +50,7 @@ from controlplane.settings import Settings
 from controlplane.store.audit import AuditLog
 from controlplane.store.config import ConfigRepository
 from controlplane.store.keys import KeyStore
-from controlplane.telemetry.live import pools_live, tenant_live
+from controlplane.telemetry.live import pools_demand, pools_live, tenant_live
 
 log = structlog.get_logger("burstgate.admin")
 
@@ -296,15 +296,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 )
                 for (d, r), n in sorted(svc.stats.decision_counts.items())
             ],
-            pools=[
-                apb.PoolState(
-                    pool=p.pool,
-                    engines_reporting=p.engines,
-                    backpressure_score=p.backpressure,
-                    pricing_multiplier=format_multiplier(p.pricing_multiplier),
-                )
-                for p in pools_live(svc)
-            ],
+            pools=pool_states(svc),
             as_of=as_of,
         )
 
@@ -367,3 +359,36 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         info = await self._db.run(self._keys.revoke_key, request.key_id, self._actor())
         await self._db.run(self._key_cache.refresh)
         return key_to_pb(info)
+
+
+def pool_states(svc: AdmissionService) -> list[apb.PoolState]:
+    """Every pool that reported or that the service knows of (declared,
+    asked, holding work): its engines and backpressure, and what it is asked
+    and needs (docs/autoscaling.md, "Signals"). Loop thread only."""
+    live = {p.pool: p for p in pools_live(svc)}
+    demand = {d.pool: d for d in pools_demand(svc)}
+    now = svc.clock()
+    out = []
+    for pool in sorted(set(live) | set(demand)):
+        p = live.get(pool)
+        d = demand.get(pool) or svc.pool_demand(pool, now)
+        multiplier = p.pricing_multiplier if p else svc.pricing.quote(pool, "", now).multiplier
+        out.append(apb.PoolState(
+            pool=pool,
+            engines_reporting=p.engines if p else d.engines_reporting,
+            backpressure_score=p.backpressure if p else 0.0,
+            pricing_multiplier=format_multiplier(multiplier),
+            demand_tokens_per_second=d.demand_tokens_per_s,
+            demand_requests_per_second=d.demand_requests_per_s,
+            desired_engines=d.desired_engines,
+            desired_engines_predicted=d.desired_engines_predicted,
+            work_rate_tokens_per_second_per_engine=d.work_rate_per_engine,
+            lanes=[
+                apb.PoolLaneBacklog(
+                    lane=b.lane, requests=b.requests, tokens=b.tokens,
+                    predicted_wait_seconds=b.predicted_wait_s,
+                )
+                for b in d.lanes
+            ],
+        ))  # fmt: skip
+    return out

@@ -70,6 +70,7 @@ from controlplane.service import records as R
 from controlplane.service.answers import BatchResult, Outcomes
 from controlplane.service.deadlines import Deadlines
 from controlplane.service.decider import Decider, early_reason
+from controlplane.service.demand import LaneBacklog, PoolDemand, counts_as_demand, engines_for
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import (
     check_admit,
@@ -381,19 +382,25 @@ class AdmissionService:
             if wait
             else 0
         )
+        # What users asked of the pool (service/demand.py): counted once, at
+        # a request's first decision; a recognised retry is not asked again.
+        fresh = first is None
         if max_wait > 0 and dispatcher.competes(entry.slot):
             # Join the backlog so the fair order decides who goes first; the
             # dispatch right after admits it at once if it can.
             if deadlines.hopeless(pool, lane, now, release_by):
-                return self._late(key, entry, lane, pool, prompt_tokens, slo, now, retry_key,
-                                  due - slo)  # fmt: skip
-            return dispatcher.enqueue(key, entry, lane, prompt_tokens, max_tokens, model, pool,
-                                      now, now + max_wait, due=due, slo=slo,
-                                      retry_key=retry_key)  # fmt: skip
+                out: AdmitDecision | Waiter = self._late(
+                    key, entry, lane, pool, prompt_tokens, slo, now, retry_key, due - slo
+                )
+                return self._asked(out, pool, prompt_tokens, now, fresh)
+            out = dispatcher.enqueue(key, entry, lane, prompt_tokens, max_tokens, model, pool,
+                                     now, now + max_wait, due=due, slo=slo,
+                                     retry_key=retry_key)  # fmt: skip
+            return self._asked(out, pool, prompt_tokens, now, fresh)
         rec = self._decider.decide(entry, lane, prompt_tokens, max_tokens, model, pool, now, now)
         if rec[R.STATE] == R.OPEN:
             dispatcher.admitted(lane, entry.slot, rec[R.RESERVED])
-            return self._outcomes.record(key, rec)
+            return self._asked(self._outcomes.record(key, rec), pool, prompt_tokens, now, fresh)
         if (
             due
             and wait
@@ -403,8 +410,9 @@ class AdmissionService:
         ):
             # Held by the pool, and it cannot be released in time for its
             # deadline: refused now, flagged late (a retry cannot help).
-            return self._late(key, entry, lane, pool, prompt_tokens, slo, now, retry_key,
-                              due - slo)  # fmt: skip
+            out = self._late(key, entry, lane, pool, prompt_tokens, slo, now, retry_key,
+                             due - slo)  # fmt: skip
+            return self._asked(out, pool, prompt_tokens, now, fresh)
         if (
             max_wait <= 0
             or not dispatcher.waitable(rec)
@@ -415,10 +423,34 @@ class AdmissionService:
             if due:
                 deadlines.retries.refused(entry.slot, retry_key, due - slo, now)
                 rec = deadlines.late_if_past(rec, due, slo, pool, prompt_tokens, now)
-            return self._outcomes.record(key, rec)
-        return dispatcher.enqueue(key, entry, lane, prompt_tokens, max_tokens, model, pool, now,
-                                  now + max_wait, first_try=rec, due=due, slo=slo,
-                                  retry_key=retry_key)  # fmt: skip
+            return self._asked(self._outcomes.record(key, rec), pool, prompt_tokens, now, fresh)
+        out = dispatcher.enqueue(key, entry, lane, prompt_tokens, max_tokens, model, pool, now,
+                                 now + max_wait, first_try=rec, due=due, slo=slo,
+                                 retry_key=retry_key)  # fmt: skip
+        # held for its tenant's own limits (its bucket, concurrency): demand
+        # only once admitted
+        own = not counts_as_demand(rec[R.REASON])
+        return self._asked(out, pool, prompt_tokens, now, fresh, tenant_held=own)
+
+    def _asked(
+        self, out: AdmitDecision | Waiter, pool: str, prompt: int, now: int, fresh: bool,
+        tenant_held: bool = False,
+    ) -> AdmitDecision | Waiter:  # fmt: skip
+        """Count a request's first decision as demand on ``pool`` when it
+        is (service/demand.py): admitted, held, or refused for capacity;
+        ``fresh`` false: a recognised retry, counted at its first attempt.
+        ``tenant_held``: a held request's wait is for its tenant's own
+        limits, counted only when admitted (Dispatcher._resolve)."""
+        if not fresh:
+            return out
+        if isinstance(out, Waiter):
+            if tenant_held:
+                out.uncounted = True
+            else:
+                self.stats.demand.add(pool, now, prompt)
+        elif counts_as_demand(int(out.reason)):
+            self.stats.demand.add(pool, now, prompt)
+        return out
 
     def _late(
         self, key: Key, entry: Tenant, lane: str, pool: str, prompt: int, slo: int, now: int,
@@ -906,3 +938,86 @@ class AdmissionService:
     def pools(self) -> dict[str, dict[str, LoadSample]]:
         """pool -> engine id -> latest load report."""
         return self._pressure.reports()
+
+    def pool_demand(self, pool: str, now: int | None = None) -> PoolDemand:
+        """What ``pool`` is asked and what it needs now (``now``: the service
+        clock's, default its current time), for an autoscaler
+        (docs/autoscaling.md, "Signals"; service/demand.py):
+
+        - demand: prompt tokens and requests per second asked of the pool
+          over the last ``DEMAND_WINDOW_S`` (admitted, held, or refused for
+          capacity; not refusals for a tenant's own limits);
+        - per lane, the requests and prompt tokens held for the pool in
+          burstgate's queues, and the predicted wait of a new request: the
+          held work ahead of it (``Deadlines.ahead_tokens``: premium first,
+          the fair order's share of the others) at the pool's pace;
+        - ``desired_engines``: with a learned work rate ``r`` per engine (the
+          gate's pace over the engines reporting) and the target
+          utilisation ``U`` (``autoscale_target_utilization``), the larger of
+          ceil(demand / (r U)) and, for each lane with work held, ceil(work
+          ahead of a new request / (T r U)), T its TTFT SLO less the
+          engine's share of it (``Deadlines.engine_ns``), else its wait
+          target: enough to take the demand, and to release what is held
+          in time for each lane's SLO. Before any rate is learned: the engines
+          reporting now (at least one while anything is asked or held): the
+          plane cannot tell how many fewer would do;
+        - ``desired_engines_predicted``: ceil(forecast demand at now +
+          ``autoscale_engine_startup_s`` / (r U)), the forecast from the
+          burst forecaster's model fed each second's demand; equal to
+          ``desired_engines`` before a rate is learned.
+
+        Any pool name may be asked (an unknown one is all zeros). Reads
+        only; O(engines + lanes)."""
+        now = self.clock() if now is None else now
+        settings = self.settings
+        util = settings.autoscale_target_utilization
+        book = self._pressure.book.pools.get(pool)
+        engines = len(book.fresh(now, self._pressure.book.stale_ns)) if book else 0
+        rate = self._gate.pace_rate(pool)
+        per_engine = rate / engines if rate and engines else None
+        meter = self.stats.demand.meters.get(pool)
+        tokens_s, requests_s = meter.rates(now) if meter is not None else (0.0, 0.0)
+        horizon = settings.autoscale_engine_startup_s
+        forecast = meter.forecast(now, horizon) if meter is not None else 0.0
+        queues = self._dispatcher.queues
+        held = queues.pool_waiting.get(pool)
+        held_tokens = queues.pool_tokens.get(pool)
+        deadlines = self._deadlines
+        backlog: list[LaneBacklog] = []
+        drain = 0  # engines to release each lane's held work within its SLO
+        for lane_cfg in self._tenants.by_priority:
+            idx = queues.lane_index(lane_cfg.name)
+            n = held[idx] if held is not None and idx < len(held) else 0
+            tokens = held_tokens[idx] if held_tokens is not None and idx < len(held_tokens) else 0
+            ahead = deadlines.ahead_tokens(pool, idx) if held is not None else 0
+            wait_ns = self._gate.wait_ns(pool, ahead) if ahead else 0
+            backlog.append(LaneBacklog(
+                lane_cfg.name, n, tokens, None if wait_ns is None else wait_ns / NS_PER_S
+            ))  # fmt: skip
+            # released in time: by its SLO less the engine's share of it
+            # (Deadlines.engine_ns, for the held requests' mean prompt);
+            # without an SLO, by the lane's wait target
+            slo = deadlines.slo_ns(lane_cfg.name)
+            if slo:
+                bound_ns = slo - deadlines.engine_ns(slo, pool, tokens // max(1, n))
+            else:
+                bound_ns = lane_cfg.wait_target_ms * NS_PER_MS
+            if ahead and per_engine is not None and bound_ns > 0:
+                drain = max(drain, engines_for(ahead * NS_PER_S / bound_ns, per_engine, util))
+        if per_engine is None:
+            asked = tokens_s > 0 or any(b.requests for b in backlog)
+            desired = predicted = max(engines, 1 if asked else 0)
+        else:
+            desired = max(engines_for(tokens_s, per_engine, util), drain)
+            predicted = engines_for(forecast, per_engine, util)
+        return PoolDemand(
+            pool, engines, tokens_s, requests_s, per_engine, desired, predicted, forecast,
+            tuple(backlog),
+        )  # fmt: skip
+
+    def demand_pools(self) -> list[str]:
+        """The pools :meth:`pool_demand` has something to say about: the
+        declared ones, and any that reported, was asked or holds work."""
+        names = set(self._tenants.declared) | set(self._pressure.book.pools)
+        names |= set(self.stats.demand.meters) | set(self._dispatcher.queues.pool_waiting)
+        return sorted(names)

@@ -59,6 +59,7 @@ from controlplane.domain.scope import KeyScope
 from controlplane.service import records as R
 from controlplane.service.answers import NOT_RETRYABLE, BatchResult
 from controlplane.service.deadlines import BatchRetries, Deadlines
+from controlplane.service.demand import CAPACITY_REASONS
 from controlplane.service.gate import PoolGate
 from controlplane.service.keyscope import check_scope
 from controlplane.service.pools import UNKNOWN
@@ -73,6 +74,7 @@ from fastpath import Reason, TokenBucketTable
 
 _OK = int(Reason.OK)
 _BACKPRESSURE = int(Reason.BACKPRESSURE)
+_CAPACITY = np.array(sorted(CAPACITY_REASONS), dtype=np.int64)
 _CONCURRENCY = int(Reason.CONCURRENCY)
 _OPEN_RESERVATIONS = int(Reason.OPEN_RESERVATIONS)
 # reason -> whether retrying may cure it (answers' ``retryable`` column)
@@ -547,6 +549,24 @@ class BatchDecision:
 
     # -------------------------------------------------------- 7. store
 
+    def count_demand(self, stats: AdmissionStats) -> None:
+        """The fresh entries that are demand on their pool (admitted or
+        refused for capacity; a recognised retry was counted at its first
+        attempt: service/demand.py), added per pool in one go."""
+        reason = self.rows[:, R.REASON]
+        asked = self.is_fresh & ((reason == _OK) | np.isin(reason, _CAPACITY))
+        if self.retries is not None:
+            again = [*self.retries.late, *self.retries.first]
+            asked[again] = False
+        if not asked.any():
+            return
+        pool_ix = self.pv[asked, _P_POOL]
+        prompts = self.prompt[asked]
+        for k in dict.fromkeys(pool_ix.tolist()):
+            mine = pool_ix == k
+            stats.demand.add(self.pools[k], self.now, int(prompts[mine].sum()), int(mine.sum()))
+
+
     def store(self, stats: AdmissionStats) -> BatchResult:
         """The gate told of the admissions, the rows stored and counted;
         the answer's columns."""
@@ -565,6 +585,7 @@ class BatchDecision:
             rows[self.is_fresh] if self.replayed else rows, log.names.names,
             len(self.tenants.by_slot), self.any_shadow,
         )  # fmt: skip
+        self.count_demand(stats)
         # Degradation instructions go with an admission (as a unary answer's):
         # a refusal says the pool's state in its pressure, not in instructions.
         degraded = rows[:, R.DEGRADED_CAP] > 0

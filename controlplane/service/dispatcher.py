@@ -299,6 +299,8 @@ class Dispatcher:
             self.deadlines.retries.refused(w.slot, w.retry_key, w.due_ns - w.slo_ns, decided)
             rec = self.deadlines.late_if_past(rec, w.due_ns, w.slo_ns, w.pool, w.prompt, decided)
         self._stats.observe_wait(w.lane, rec[R.DECIDED_NS] - w.arrived_ns)
+        if w.uncounted and rec[R.STATE] == R.OPEN:  # held for its tenant's limits
+            self._stats.demand.add(w.pool, rec[R.DECIDED_NS], w.prompt)
         w.result = self._outcomes.record(w.key, rec)
         if w.on_done is not None:
             w.on_done(w.result)

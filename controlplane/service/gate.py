@@ -452,6 +452,12 @@ class PoolGate:
         if state is not None:
             state.pace.idle()
 
+    def pace_rate(self, pool: str) -> float | None:
+        """Prompt tokens per second ``pool`` took while it had a backlog
+        (service/pace.py; None: not measured yet)."""
+        state = self._pools.get(pool)
+        return None if state is None else state.pace.rate()
+
     def wait_ns(self, pool: str, tokens: int) -> int | None:
         """Predicted time to release ``tokens`` of held work to ``pool``
         (None: its pace is not known yet)."""

@@ -53,6 +53,7 @@ class Waiter:
         "seq",
         "slo_ns",
         "slot",
+        "uncounted",
     )
 
     def __init__(
@@ -88,6 +89,9 @@ class Waiter:
         self.slo_ns = 0
         self.retry_key = ""  # service/retries.py
         self.bounded = True  # its wait ends before its deadline asks (dispatcher)
+        # Held for its tenant's own limits: not demand until admitted
+        # (service/demand.py; the dispatcher counts it then).
+        self.uncounted = False
         self.result: Any = None
         # Called once with the final decision (set by the asyncio layer).
         self.on_done: Callable[[Any], None] | None = None

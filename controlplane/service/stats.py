@@ -21,6 +21,7 @@ import numpy.typing as npt
 from controlplane.domain import Decision
 from controlplane.domain.units import NS_PER_S
 from controlplane.service import records as R
+from controlplane.service.demand import DemandBook
 from fastpath import Reason
 
 _OK = int(Reason.OK)
@@ -156,6 +157,8 @@ class AdmissionStats:
         self.offline_booked_total = 0
         self.restored_total = 0  # open reservations re-announced to this replica (restore.py)
         self.expired_total = 0
+        # pool -> what users asked of it (service/demand.py)
+        self.demand = DemandBook()
 
     # ------------------------------------------------------- the hot path
 

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from controlplane.clock import Sleep, real_sleep
 from controlplane.service import AdmissionService
+from controlplane.service.demand import PoolDemand
 from controlplane.telemetry.tenant_metrics import OTHER, TenantLabels
 from fastpath.codes import NS_PER_DAY, NS_PER_HOUR
 
@@ -86,6 +87,13 @@ def pools_live(service: AdmissionService) -> list[PoolLive]:
     return out
 
 
+def pools_demand(service: AdmissionService) -> list[PoolDemand]:
+    """Demand, backlog and desired engines of every pool the service knows
+    of (declared, reported, asked or holding work). Loop thread only."""
+    now = service.clock()
+    return [service.pool_demand(pool, now) for pool in service.demand_pools()]
+
+
 @dataclass(frozen=True, slots=True)
 class LiveSnapshot:
     in_flight_requests: int = 0
@@ -94,6 +102,8 @@ class LiveSnapshot:
     pools: tuple[PoolLive, ...] = ()
     # Every tenant; the collector decides which get a label of their own.
     per_tenant: tuple[TenantLive, ...] = ()
+    # What each pool is asked and needs (AdmissionService.pool_demand)
+    demand: tuple[PoolDemand, ...] = ()
     samples: int = field(default=0)
 
 
@@ -131,6 +141,7 @@ class LiveSampler:
             tenants=len(tenants),
             pools=tuple(pools_live(svc)),
             per_tenant=tuple(tenants),
+            demand=tuple(pools_demand(svc)),
             samples=self.snapshot.samples + 1,
         )
         return self.snapshot
@@ -184,6 +195,7 @@ class _LiveCollector(Collector):
         yield engines
         yield score
         yield price
+        yield from _demand(snap.demand)
         yield from self._tenants(snap.per_tenant)
 
     def _tenants(self, tenants: tuple[TenantLive, ...]) -> Iterator[Metric]:
@@ -219,3 +231,58 @@ class _LiveCollector(Collector):
         yield bucket
         yield inflight
         yield hourly
+
+
+def _demand(pools: tuple[PoolDemand, ...]) -> Iterator[Metric]:
+    """The autoscaling signals (docs/autoscaling.md, "Signals")."""
+    tokens = GaugeMetricFamily(
+        "burstgate_pool_demand_tokens_per_second",
+        "Prompt tokens asked of the pool per second over the last 10 s: admitted, held "
+        "and refused for capacity (not for a tenant's own limits)",
+        labels=["pool"],
+    )
+    requests = GaugeMetricFamily(
+        "burstgate_pool_demand_requests_per_second",
+        "Requests asked of the pool per second over the last 10 s: admitted, held and "
+        "refused for capacity (not for a tenant's own limits)",
+        labels=["pool"],
+    )
+    desired = GaugeMetricFamily(
+        "burstgate_pool_desired_engines",
+        "Engines the pool needs to take its demand at the target utilisation and release "
+        "its backlog within every lane's SLO, from the per-engine work rate the gate learns",
+        labels=["pool"],
+    )
+    predicted = GaugeMetricFamily(
+        "burstgate_pool_desired_engines_predicted",
+        "Engines the pool will need an engine start-up from now, from the burst forecaster's "
+        "demand forecast",
+        labels=["pool"],
+    )
+    backlog = GaugeMetricFamily(
+        "burstgate_pool_backlog_requests",
+        "Requests held in burstgate's queues for the pool",
+        labels=["pool", "lane"],
+    )
+    backlog_tokens = GaugeMetricFamily(
+        "burstgate_pool_backlog_tokens",
+        "Prompt tokens of the requests held in burstgate's queues for the pool",
+        labels=["pool", "lane"],
+    )
+    wait = GaugeMetricFamily(
+        "burstgate_pool_predicted_wait_seconds",
+        "How long a new request of the lane would wait for the pool before release "
+        "(absent while work is held and the pool's pace is not known yet)",
+        labels=["pool", "lane"],
+    )
+    for d in pools:
+        tokens.add_metric([d.pool], d.demand_tokens_per_s)
+        requests.add_metric([d.pool], d.demand_requests_per_s)
+        desired.add_metric([d.pool], d.desired_engines)
+        predicted.add_metric([d.pool], d.desired_engines_predicted)
+        for b in d.lanes:
+            backlog.add_metric([d.pool, b.lane], b.requests)
+            backlog_tokens.add_metric([d.pool, b.lane], b.tokens)
+            if b.predicted_wait_s is not None:
+                wait.add_metric([d.pool, b.lane], b.predicted_wait_s)
+    yield from (tokens, requests, desired, predicted, backlog, backlog_tokens, wait)

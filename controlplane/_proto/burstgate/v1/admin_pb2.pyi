@@ -765,6 +765,44 @@ class DecisionCount(_message.Message):
 Global___DecisionCount: _TypeAlias = DecisionCount  # noqa: Y015
 
 @_typing.final
+class PoolLaneBacklog(_message.Message):
+    """Work held for a pool in one lane (docs/autoscaling.md, "Signals")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    PREDICTED_WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    lane: _builtins.str
+    requests: _builtins.int
+    """held in burstgate's queues for the pool"""
+    tokens: _builtins.int
+    """their prompt tokens"""
+    predicted_wait_seconds: _builtins.float
+    """How long a new request of the lane would wait before release (the held
+    work ahead of it at the pool's pace); unset while work is held and the
+    pace is not known yet.
+    """
+    def __init__(
+        self,
+        *,
+        lane: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        tokens: _builtins.int = ...,
+        predicted_wait_seconds: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_predicted_wait_seconds", b"_predicted_wait_seconds", "predicted_wait_seconds", b"predicted_wait_seconds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_predicted_wait_seconds", b"_predicted_wait_seconds", "lane", b"lane", "predicted_wait_seconds", b"predicted_wait_seconds", "requests", b"requests", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__predicted_wait_seconds: _TypeAlias = _typing.Literal["predicted_wait_seconds"]  # noqa: Y015
+    _WhichOneofArgType__predicted_wait_seconds: _TypeAlias = _typing.Literal["_predicted_wait_seconds", b"_predicted_wait_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__predicted_wait_seconds) -> _WhichOneofReturnType__predicted_wait_seconds | None: ...
+
+Global___PoolLaneBacklog: _TypeAlias = PoolLaneBacklog  # noqa: Y015
+
+@_typing.final
 class PoolState(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -772,6 +810,12 @@ class PoolState(_message.Message):
     ENGINES_REPORTING_FIELD_NUMBER: _builtins.int
     BACKPRESSURE_SCORE_FIELD_NUMBER: _builtins.int
     PRICING_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    DEMAND_TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    DEMAND_REQUESTS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    DESIRED_ENGINES_FIELD_NUMBER: _builtins.int
+    DESIRED_ENGINES_PREDICTED_FIELD_NUMBER: _builtins.int
+    WORK_RATE_TOKENS_PER_SECOND_PER_ENGINE_FIELD_NUMBER: _builtins.int
+    LANES_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     engines_reporting: _builtins.int
     """with a fresh load report"""
@@ -779,6 +823,23 @@ class PoolState(_message.Message):
     """the score B over the fresh reports, 0 when none"""
     pricing_multiplier: _builtins.str
     """in force now, decimal text with 6 places ("1.200000")"""
+    demand_tokens_per_second: _builtins.float
+    """What users asked of the pool (admitted, held, refused for capacity; not
+    refusals for a tenant's own limits), per second over the last 10 s:
+    prompt tokens and requests (docs/autoscaling.md, "Signals").
+    """
+    demand_requests_per_second: _builtins.float
+    desired_engines: _builtins.int
+    """Engines the pool needs now, and an engine start-up from now (forecast)."""
+    desired_engines_predicted: _builtins.int
+    work_rate_tokens_per_second_per_engine: _builtins.float
+    """Prompt tokens per second one engine takes under load, as the pool gate
+    learned it; unset until it has paced a backlog.
+    """
+    @_builtins.property
+    def lanes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolLaneBacklog]:
+        """every configured lane, by priority"""
+
     def __init__(
         self,
         *,
@@ -786,12 +847,20 @@ class PoolState(_message.Message):
         engines_reporting: _builtins.int = ...,
         backpressure_score: _builtins.float = ...,
         pricing_multiplier: _builtins.str = ...,
+        demand_tokens_per_second: _builtins.float = ...,
+        demand_requests_per_second: _builtins.float = ...,
+        desired_engines: _builtins.int = ...,
+        desired_engines_predicted: _builtins.int = ...,
+        work_rate_tokens_per_second_per_engine: _builtins.float | None = ...,
+        lanes: _abc.Iterable[Global___PoolLaneBacklog] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_work_rate_tokens_per_second_per_engine", b"_work_rate_tokens_per_second_per_engine", "work_rate_tokens_per_second_per_engine", b"work_rate_tokens_per_second_per_engine"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backpressure_score", b"backpressure_score", "engines_reporting", b"engines_reporting", "pool", b"pool", "pricing_multiplier", b"pricing_multiplier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_work_rate_tokens_per_second_per_engine", b"_work_rate_tokens_per_second_per_engine", "backpressure_score", b"backpressure_score", "demand_requests_per_second", b"demand_requests_per_second", "demand_tokens_per_second", b"demand_tokens_per_second", "desired_engines", b"desired_engines", "desired_engines_predicted", b"desired_engines_predicted", "engines_reporting", b"engines_reporting", "lanes", b"lanes", "pool", b"pool", "pricing_multiplier", b"pricing_multiplier", "work_rate_tokens_per_second_per_engine", b"work_rate_tokens_per_second_per_engine"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__work_rate_tokens_per_second_per_engine: _TypeAlias = _typing.Literal["work_rate_tokens_per_second_per_engine"]  # noqa: Y015
+    _WhichOneofArgType__work_rate_tokens_per_second_per_engine: _TypeAlias = _typing.Literal["_work_rate_tokens_per_second_per_engine", b"_work_rate_tokens_per_second_per_engine"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__work_rate_tokens_per_second_per_engine) -> _WhichOneofReturnType__work_rate_tokens_per_second_per_engine | None: ...
 
 Global___PoolState: _TypeAlias = PoolState  # noqa: Y015
 

@@ -1,0 +1,194 @@
+"""Demand per pool: what users asked of it, for an autoscaler (issue 32).
+
+burstgate holds bursts in its own queues, so the engines' own queues
+(vLLM's ``num_requests_waiting``) stay near zero through a burst and an
+autoscaler reading them never scales out. What it should read instead is
+what the plane sees (docs/autoscaling.md, "Signals"):
+
+- **demand**: prompt tokens and requests per second asked of a pool, over
+  the last ``DEMAND_WINDOW_S`` seconds (a sliding window of one-second
+  buckets, the current partial second included, so there is neither lag
+  nor bias). A request counts once, at its first decision, when it is
+  admitted, held in burstgate's queues, or refused for *capacity*
+  (``CAPACITY_REASONS``: the pool's backpressure or the gate, a full queue,
+  a wait that ran out, the global in-flight watermark). A refusal for the
+  tenant's own limits (bucket, quotas, concurrency, size, an unknown or
+  disabled tenant, its open reservations) is not demand: more engines
+  would not let it in. A retry the plane recognises as one (its first
+  attempt was refused and remembered, service/retries.py) is not counted
+  again: one user's ask is one request, however often the client retries.
+  A request held only for its tenant's own limits counts when it is
+  admitted from the queue.
+- Tokens are **prompt tokens**, the unit of the work rate the pool gate
+  learns (service/pace.py): prompt tokens the pool takes per second under
+  its current load, decodes and KV cache included. So demand over work
+  rate is engines, and a longer prompt at the same request rate asks for
+  more engines (the "token density" axis).
+
+Counting is O(1) per decision (an integer division, two list additions);
+everything else is computed when asked (``AdmissionService.pool_demand``).
+The forecast is the burst forecaster's Holt model with a damped trend
+(controlplane/domain/holt.py, which analysis/forecast.py fits on logs; here
+its fallback parameters), fed one value per completed second: the pool's
+demand in prompt tokens that second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controlplane.domain.holt import HOLT_DEFAULTS, HoltForecaster, HoltParams
+from controlplane.domain.units import NS_PER_S
+from fastpath import Reason
+
+# Seconds of demand averaged. Short, so a burst shows within seconds; an
+# autoscaler smooths further with its own stabilisation window.
+DEMAND_WINDOW_S = 10
+# Refusals that say the pool (or the plane as a whole) had no room: demand
+# that more engines would have served. Every other refusal is the tenant's.
+CAPACITY_REASONS = frozenset(
+    {
+        int(Reason.BACKPRESSURE),
+        int(Reason.QUEUE_TIMEOUT),
+        int(Reason.QUEUE_FULL),
+        int(Reason.GLOBAL_WATERMARK),
+    }
+)
+_OK = int(Reason.OK)
+# Seconds of silence fed to the forecaster at most after a gap: enough for
+# its level to decay to ~0 (alpha 0.1: 0.9^120 ~ 3e-6), bounded work.
+MAX_FED_GAP_S = 120
+_SLOTS = DEMAND_WINDOW_S + 1  # the window's seconds and the current one
+
+
+def counts_as_demand(reason: int) -> bool:
+    """Whether a decision with ``reason`` is demand (admitted, or refused
+    for capacity)."""
+    return reason == _OK or reason in CAPACITY_REASONS
+
+
+class DemandMeter:
+    """One pool's demand: one-second buckets over the window, and the
+    forecaster fed each completed second."""
+
+    __slots__ = ("_fed", "_forecast", "_requests", "_secs", "_tokens")
+
+    def __init__(self) -> None:
+        self._secs = [-1] * _SLOTS  # the second each bucket holds
+        self._tokens = [0] * _SLOTS
+        self._requests = [0] * _SLOTS
+        self._forecast = HoltForecaster(HoltParams(*HOLT_DEFAULTS))
+        # Nothing was asked before the pool's first demand: the forecast
+        # starts from 0, not from whatever its first second held.
+        self._forecast.update(0.0)
+        self._fed = -1  # the last second fed to the forecaster
+
+    def add(self, now: int, tokens: int, requests: int = 1) -> None:
+        """``requests`` requests of ``tokens`` prompt tokens in all were asked at ``now``."""
+        sec = now // NS_PER_S
+        i = sec % _SLOTS
+        if self._secs[i] != sec:
+            self._advance(sec)
+            self._secs[i] = sec
+            self._tokens[i] = 0
+            self._requests[i] = 0
+        self._tokens[i] += tokens
+        self._requests[i] += requests
+
+    def _advance(self, sec: int) -> None:
+        """Feed the forecaster every second completed before ``sec``."""
+        fed = self._fed
+        if fed < 0:
+            self._fed = sec - 1
+            return
+        if sec - 1 <= fed:
+            return
+        start = max(fed + 1, sec - MAX_FED_GAP_S)
+        for s in range(start, sec):
+            i = s % _SLOTS
+            self._forecast.update(float(self._tokens[i]) if self._secs[i] == s else 0.0)
+        self._fed = sec - 1
+
+    def rates(self, now: int) -> tuple[float, float]:
+        """(prompt tokens, requests) per second over the window ending now."""
+        sec = now // NS_PER_S
+        tokens = requests = 0
+        for i, s in enumerate(self._secs):
+            if sec - DEMAND_WINDOW_S <= s <= sec:
+                tokens += self._tokens[i]
+                requests += self._requests[i]
+        span = (now - (sec - DEMAND_WINDOW_S) * NS_PER_S) / NS_PER_S
+        return tokens / span, requests / span
+
+    def forecast(self, now: int, horizon_s: float) -> float:
+        """Prompt tokens per second expected ``horizon_s`` after now (the
+        seconds completed so far fed first)."""
+        self._advance(now // NS_PER_S)
+        return self._forecast.forecast(max(1, round(horizon_s)))
+
+
+class DemandBook:
+    """Every pool's DemandMeter (made at a pool's first demand)."""
+
+    __slots__ = ("meters",)
+
+    def __init__(self) -> None:
+        self.meters: dict[str, DemandMeter] = {}
+
+    def add(self, pool: str, now: int, tokens: int, requests: int = 1) -> None:
+        meter = self.meters.get(pool)
+        if meter is None:
+            meter = self.meters[pool] = DemandMeter()
+        meter.add(now, tokens, requests)
+
+
+@dataclass(frozen=True, slots=True)
+class LaneBacklog:
+    """One lane's work held for a pool."""
+
+    lane: str
+    requests: int  # held in burstgate's queues for the pool
+    tokens: int  # their prompt tokens
+    # How long a new request of this lane would wait before release: the
+    # held work it waits behind (Deadlines.ahead_tokens) at the pool's work
+    # rate; 0 with nothing ahead; None when work is held but the rate is not
+    # known yet.
+    predicted_wait_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDemand:
+    """What a pool is asked and what it needs (AdmissionService.pool_demand)."""
+
+    pool: str
+    engines_reporting: int  # engines with a fresh load report
+    demand_tokens_per_s: float  # prompt tokens asked per second (DEMAND_WINDOW_S)
+    demand_requests_per_s: float
+    # Prompt tokens per second one engine takes under load: the pool gate's
+    # pace (service/pace.py) over the engines reporting; None until the gate
+    # has paced a backlog (or with no engine reporting).
+    work_rate_per_engine: float | None
+    desired_engines: int  # docs/autoscaling.md, "Signals"
+    # The same at now + BURSTGATE_AUTOSCALE_ENGINE_STARTUP_S, from the
+    # forecast demand alone (the backlog now is the reactive value's job).
+    desired_engines_predicted: int
+    forecast_tokens_per_s: float
+    lanes: tuple[LaneBacklog, ...]
+
+    @property
+    def backlog_requests(self) -> int:
+        return sum(b.requests for b in self.lanes)
+
+    @property
+    def backlog_tokens(self) -> int:
+        return sum(b.tokens for b in self.lanes)
+
+
+def engines_for(tokens_per_s: float, per_engine: float, utilization: float) -> int:
+    """Engines that take ``tokens_per_s`` at ``utilization`` of each one's
+    work rate (ceil; 0 for no demand)."""
+    if tokens_per_s <= 0:
+        return 0
+    need = tokens_per_s / (per_engine * utilization)
+    return max(1, math.ceil(need - 1e-9))  # 2.0000000001 is two engines
