@@ -7,6 +7,7 @@ both failure modes: refused connections (``cut``) and silence (``hang``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
@@ -34,28 +35,30 @@ from tests.support import error_details, wait_until
 BOUND_S = 1.0  # BURSTGATE_OPERATOR_DB_TIMEOUT_S for these servers
 
 
-@pytest.fixture
-def outage(pg_url: str, tmp_path: Path) -> Iterator[tuple[Any, TcpProxy, str, str]]:
-    """A server whose database is reached through a proxy, an admin key,
-    and the proxy's port (which must never appear in an answer)."""
+@contextlib.contextmanager
+def _proxied(pg_url: str, tmp_path: Path, **settings: Any) -> Iterator[tuple[Any, TcpProxy, str]]:
+    """A server whose database is reached through a proxy, and an admin key."""
     upgrade(pg_url)
     setup_db(pg_url, "acme")
     keys = make_keys(pg_url)
     url = make_url(pg_url)
     proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
     proxied = url.set(port=proxy.port).render_as_string(hide_password=False)
-    srv = start_server(
-        proxied,
-        operator_db_timeout_s=BOUND_S,
-        ledger_spool_dir=tmp_path / "spool",
-        config_poll_s=0.2,
-    )
+    srv = start_server(proxied, ledger_spool_dir=tmp_path / "spool", config_poll_s=0.2, **settings)
     try:
-        yield srv, proxy, keys.admin, str(proxy.port)
+        yield srv, proxy, keys.admin
     finally:
         proxy.restore()  # let hung database threads return before the stop
         srv.stop()
         proxy.close()
+
+
+@pytest.fixture
+def outage(pg_url: str, tmp_path: Path) -> Iterator[tuple[Any, TcpProxy, str, str]]:
+    """As ``_proxied``, with the proxy's port (which must never appear in an
+    answer)."""
+    with _proxied(pg_url, tmp_path, operator_db_timeout_s=BOUND_S) as (srv, proxy, admin):
+        yield srv, proxy, admin, str(proxy.port)
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[grpc.RpcError | None, float]:
@@ -126,19 +129,8 @@ def test_an_unknown_key_is_refused_at_once_during_an_outage(
     is known to be unreachable. Known keys keep working from memory; after
     the outage a key made meanwhile by another process works at its first
     call, and a revocation by another process applies within the poll."""
-    upgrade(pg_url)
-    setup_db(pg_url, "acme")
-    keys = make_keys(pg_url)
-    url = make_url(pg_url)
-    proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
-    proxied = url.set(port=proxy.port).render_as_string(hide_password=False)
-    srv = start_server(proxied, ledger_spool_dir=tmp_path / "spool", config_poll_s=0.2)
-    try:
-        _unknown_keys_in_an_outage(pg_url, srv, proxy, keys.admin, mode)
-    finally:
-        proxy.restore()  # let hung database threads return before the stop
-        srv.stop()
-        proxy.close()
+    with _proxied(pg_url, tmp_path) as (srv, proxy, admin):
+        _unknown_keys_in_an_outage(pg_url, srv, proxy, admin, mode)
 
 
 def _unknown_keys_in_an_outage(
