@@ -1,5 +1,6 @@
 """The shipped Grafana dashboard and Prometheus alert rules against a real
-server: every metric their PromQL selects is on its /metrics, every
+server: every metric their PromQL selects is on its /metrics (all but the
+kube-state-metrics series the autoscaling alert compares with), every
 expression is valid PromQL (promtool parses it), the rules pass
 ``promtool check rules`` and their unit tests (``promtool test rules``).
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -35,12 +37,27 @@ ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "burstgate-dashboard.json"
 RULES = ROOT / "deploy" / "prometheus" / "burstgate-alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "burstgate-alerts.test.yml"
+AUTOSCALING = ROOT / "deploy" / "autoscaling"
 # Series Prometheus makes itself for every target; no exporter serves them.
 SYNTHETIC = frozenset({"up"})
+# Series of other exporters, alert -> names: the autoscaler's maximum is
+# kube-state-metrics' (burstgate cannot know it). The dashboard uses none.
+EXTERNAL = {
+    "BurstgatePoolDesiredEnginesAboveMax": {"kube_horizontalpodautoscaler_spec_max_replicas"}
+}
+# What the plane exports for autoscaling (docs/autoscaling.md, "Signals").
+AUTOSCALING_METRICS = frozenset(
+    {
+        "burstgate_pool_backlog_requests", "burstgate_pool_backlog_tokens",
+        "burstgate_pool_predicted_wait_seconds", "burstgate_pool_demand_tokens_per_second",
+        "burstgate_pool_demand_requests_per_second", "burstgate_pool_desired_engines",
+        "burstgate_pool_desired_engines_predicted",
+    }
+)  # fmt: skip
 # What Grafana substitutes before a query reaches Prometheus (for promtool).
 GRAFANA_VARS = {
     "$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h",
-    "$job": ".*", "$instance": ".*", "$tenant": ".*", "$lane": ".*",
+    "$job": ".*", "$instance": ".*", "$tenant": ".*", "$lane": ".*", "$pool": ".*",
 }  # fmt: skip
 # The sample names a family declares, by type (our collectors set no
 # _created timestamps, so none are counted as served).
@@ -100,9 +117,31 @@ def variable_metrics() -> dict[str, str]:
     return out
 
 
+def row_panels(d: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels of the row titled ``title``: its own when collapsed, else
+    those after it up to the next row."""
+    top = d["panels"]
+    rows = [i for i, p in enumerate(top) if p["type"] == "row" and p["title"] == title]
+    assert len(rows) == 1, f"{len(rows)} rows titled {title!r}"
+    at = rows[0]
+    if top[at]["collapsed"]:
+        return list(top[at]["panels"])
+    out = []
+    for p in top[at + 1 :]:
+        if p["type"] == "row":
+            break
+        out.append(p)
+    return out
+
+
 def rules() -> list[dict[str, Any]]:
     loaded = yaml.safe_load(RULES.read_text())
     return [r for g in loaded["groups"] for r in g["rules"]]
+
+
+def alert_rule(name: str) -> dict[str, Any]:
+    (found,) = (r for r in rules() if r.get("alert") == name)
+    return found
 
 
 # ------------------------------------------------- the server's /metrics
@@ -199,8 +238,10 @@ def test_every_metric_of_the_alert_rules_exists_on_a_running_server(
     for rule in rules():
         used = metric_names(rule["expr"])
         assert used, f"{rule['alert']}: no metric in {rule['expr']!r}"
-        if used - names - SYNTHETIC:
-            missing[rule["alert"]] = sorted(used - names - SYNTHETIC)
+        external = EXTERNAL.get(rule["alert"], set())
+        assert external <= used, f"{rule['alert']} no longer reads {external - used}"
+        if used - names - SYNTHETIC - external:
+            missing[rule["alert"]] = sorted(used - names - SYNTHETIC - external)
     assert not missing, missing
 
 
@@ -209,7 +250,7 @@ def test_the_dashboard_is_templated_on_its_datasource() -> None:
     variables = {v["name"]: v for v in d["templating"]["list"]}
     ds = variables["DS_PROMETHEUS"]
     assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
-    assert {"job", "instance", "tenant", "lane"} <= set(variables)
+    assert {"job", "instance", "tenant", "lane", "pool"} <= set(variables)
     ids = []
     for p in walk_panels(d["panels"]):
         ids.append(p["id"])
@@ -228,7 +269,7 @@ def test_the_dashboard_is_templated_on_its_datasource() -> None:
         "decisions by outcome", "refusals by tenant", "admitted tokens by tenant",
         "user charge vs actual cost", "margin", "queue wait p99 by lane", "requests by method",
         "errors by method", "latency p99 by method", "ledger batch latency", "resident memory",
-        "cpu", "backpressure",
+        "cpu", "backpressure", "autoscaling (per pool)",
     ):  # fmt: skip
         assert wanted in titles, wanted
     # No two panels overlap on the grid.
@@ -240,6 +281,86 @@ def test_the_dashboard_is_templated_on_its_datasource() -> None:
         }
         assert not mine & cells, p["title"]
         cells |= mine
+
+
+def test_the_dashboard_has_an_autoscaling_row() -> None:
+    """Demand, backlog, predicted wait and desired vs predicted vs running
+    engines, per pool, filtered by the pool variable."""
+    d = dashboard()
+    panels = row_panels(d, "Autoscaling (per pool)")
+    assert len(panels) >= 4
+    used: dict[str, set[str]] = {}
+    for p in panels:
+        assert p["type"] != "row" and p["description"], p["title"]
+        for t in p["targets"]:
+            assert 'pool=~"$pool"' in t["expr"], f"{p['title']}: {t['expr']}"
+            for name in metric_names(t["expr"]):
+                used.setdefault(name, set()).add(p["title"])
+    missing = AUTOSCALING_METRICS - set(used)
+    assert not missing, sorted(missing)
+    # Desired, predicted desired and running engines on one panel; running
+    # is the plane's own count of engines reporting (no kube-state-metrics),
+    # and its description says so.
+    (engines,) = used["burstgate_pool_desired_engines"]
+    assert used["burstgate_pool_desired_engines_predicted"] == {engines}
+    assert used["burstgate_pool_engines_reporting"] == {engines}
+    (panel,) = (p for p in panels if p["title"] == engines)
+    assert "burstgate_pool_engines_reporting" in panel["description"]
+    assert set(used) == AUTOSCALING_METRICS | {"burstgate_pool_engines_reporting"}
+    # Lane-labelled signals are shown by lane, and filtered by the lane variable.
+    by_lane = {
+        "burstgate_pool_backlog_requests", "burstgate_pool_backlog_tokens",
+        "burstgate_pool_predicted_wait_seconds",
+    }  # fmt: skip
+    for p in panels:
+        for t in p["targets"]:
+            if metric_names(t["expr"]) & by_lane:
+                assert "by (pool, lane)" in t["expr"] and 'lane=~"$lane"' in t["expr"]
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variable_metrics()["pool"] == "burstgate_pool_desired_engines"
+    assert variables["pool"]["includeAll"] and variables["pool"]["allValue"] == ".*"
+
+
+def test_the_desired_engines_alert_compares_with_the_autoscalers_maximum() -> None:
+    """Desired engines above the autoscaler's maxReplicas (kube-state-metrics)
+    for 15 minutes; the pool is read from the autoscaler's name, which must
+    be the name the shipped recipes give it."""
+    r = alert_rule("BurstgatePoolDesiredEnginesAboveMax")
+    assert r["for"] == "15m"
+    assert r["labels"]["severity"] in {"ticket", "page"}
+    assert {"summary", "description"} <= set(r["annotations"])
+    expr = r["expr"]
+    assert metric_names(expr) == {
+        "burstgate_pool_desired_engines",
+        "kube_horizontalpodautoscaler_spec_max_replicas",
+    }
+    assert "max by (pool) (burstgate_pool_desired_engines)" in expr
+    assert re.search(r"\)\s*>\s*0\s*$", expr), "fires only above the maximum"
+    # label_replace(..., "pool", "$1", "horizontalpodautoscaler", REGEX)
+    found = re.search(r'"pool",\s*"\$1",\s*"horizontalpodautoscaler",\s*"([^"]+)"', expr)
+    assert found, expr
+    hpa_name = re.compile(found.group(1))  # anchored, as Prometheus anchors it
+
+    def pool_of(name: str) -> str | None:
+        m = hpa_name.fullmatch(name)
+        return m.group(1) if m else None
+
+    # The plain HPA recipe: the HPA is the object itself.
+    hpa = yaml.safe_load((AUTOSCALING / "hpa" / "hpa.yaml").read_text())
+    hpa_pools = {
+        m["external"]["metric"]["selector"]["matchLabels"]["pool"] for m in hpa["spec"]["metrics"]
+    }
+    assert hpa["spec"]["maxReplicas"] >= 1
+    assert {pool_of(hpa["metadata"]["name"])} == hpa_pools
+    # KEDA: the HPA it makes is keda-hpa-<ScaledObject> unless named otherwise.
+    so = yaml.safe_load((AUTOSCALING / "keda" / "scaledobject.yaml").read_text())
+    named = so["spec"].get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("name")
+    keda_hpa = named or f"keda-hpa-{so['metadata']['name']}"
+    queries = [t["metadata"]["query"] for t in so["spec"]["triggers"]]
+    keda_pools = {m.group(1) for q in queries if (m := re.search(r'pool="([^"]+)"', q))}
+    assert len(keda_pools) == 1 and {pool_of(keda_hpa)} == keda_pools
+    # An autoscaler of something else is no pool's.
+    assert pool_of("web") is None and pool_of("keda-hpa-web") is None
 
 
 def test_the_alert_rules_pass_promtool(tmp_path: Path) -> None:
@@ -260,7 +381,8 @@ def test_the_alert_rules_pass_promtool(tmp_path: Path) -> None:
         for t in case["alert_rule_test"]
     }  # fmt: skip
     assert tested <= {r["alert"] for r in rules()}
-    assert len(tested) >= 8
+    assert len(tested) >= 9
+    assert "BurstgatePoolDesiredEnginesAboveMax" in tested
 
 
 def test_the_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
