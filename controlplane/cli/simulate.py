@@ -17,6 +17,7 @@ from controlplane.domain.errors import excerpt
 from controlplane.sim.harness import ClientKind
 from controlplane.sim.profiles import DEFAULT_PROFILE, PROFILES
 from controlplane.sim.run import BUILTIN_POLICIES, PolicyName
+from controlplane.sim.scaling import AutoscaleMode
 
 DEFAULT_TRACE_HELP = (
     "A trace file: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or JSON Lines (map "
@@ -85,7 +86,35 @@ def simulate(
         list[float] | None,
         typer.Option(help="Load as a multiple of the pool's capacity (repeat; default 1.0)."),
     ] = None,
-    engines: Annotated[int, typer.Option(min=1, help="Engines in the pool.")] = 1,
+    engines: Annotated[
+        int,
+        typer.Option(min=1, help="Engines in the pool (with an autoscaler: its maximum)."),
+    ] = 1,
+    autoscale: Annotated[
+        list[AutoscaleMode] | None,
+        typer.Option(
+            help="Autoscaler in the loop (repeat to compare): off (a fixed pool of --engines), "
+            "reactive (burstgate's desired_engines), predictive (and its forecast), "
+            "queue-length (the usual recipe: the engines' waiting requests, 5 per engine). "
+            "Default: off.",
+            show_default=False,
+        ),
+    ] = None,
+    min_engines: Annotated[
+        int, typer.Option(min=1, help="Autoscalers start here (warm) and never go below.")
+    ] = 1,
+    engine_startup_s: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds from an autoscaler's scale-up to the engine serving."),
+    ] = 120.0,
+    scale_down_delay_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Scale-down stabilisation: engines go down to the highest count asked in "
+            "this many seconds (the recipes' 600).",
+        ),
+    ] = 600.0,
     engine_profile: Annotated[
         str | None,
         typer.Option(
@@ -212,6 +241,10 @@ def simulate(
             burst=Burst(*b) if b else None,
             seed=seed,
             limit=limit,
+            autoscale=tuple(dict.fromkeys(str(m) for m in autoscale or [AutoscaleMode.OFF])),
+            min_engines=min_engines,
+            engine_startup_s=engine_startup_s,
+            scale_down_delay_s=scale_down_delay_s,
         )
         requests = prepare_trace(spec)
         if write_trace is not None:

@@ -951,7 +951,9 @@ class AdmissionService:
           burstgate's queues, and the predicted wait of a new request: the
           held work ahead of it (``Deadlines.ahead_tokens``: premium first,
           the fair order's share of the others) at the pool's pace;
-        - ``desired_engines``: with a learned work rate ``r`` per engine (the
+        - ``desired_engines``: with a learned work rate ``r`` per engine
+          (prompt tokens one engine took per second in the seconds the gate
+          held work for the pool, ``demand.WorkRate``; before any, the
           gate's pace over the engines reporting) and the target
           utilisation ``U`` (``autoscale_target_utilization``), the larger of
           ceil(demand / (r U)) and, for each lane with work held, ceil(work
@@ -973,8 +975,12 @@ class AdmissionService:
         util = settings.autoscale_target_utilization
         book = self._pressure.book.pools.get(pool)
         engines = len(book.fresh(now, self._pressure.book.stale_ns)) if book else 0
-        rate = self._gate.pace_rate(pool)
-        per_engine = rate / engines if rate and engines else None
+        # per engine: the work rate in gated seconds (demand.WorkRate); until
+        # the pool has had one, the pace over the engines reporting now
+        per_engine = self._gate.work_rate(pool, now)
+        if per_engine is None:
+            rate = self._gate.pace_rate(pool)
+            per_engine = rate / engines if rate and engines else None
         meter = self.stats.demand.meters.get(pool)
         tokens_s, requests_s = meter.rates(now) if meter is not None else (0.0, 0.0)
         horizon = settings.autoscale_engine_startup_s

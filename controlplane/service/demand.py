@@ -62,6 +62,94 @@ MAX_FED_GAP_S = 120
 _SLOTS = DEMAND_WINDOW_S + 1  # the window's seconds and the current one
 
 
+# Seconds of the pool's gated seconds the per-engine work rate averages:
+# the recipes' scale-down window, so the autoscaler's two memories agree.
+WORK_WINDOW_S = 600
+# A second counts as gated (the engines the bottleneck) when work was held
+# for the pool for at least this share of it.
+GATED_SHARE = 0.9
+
+
+class WorkRate:
+    """Prompt tokens one engine of a pool takes per second when the pool is
+    the bottleneck: measured over the seconds in which the gate held work
+    for it (``GATED_SHARE`` of the second or more) as every prompt token
+    released to the pool that second (straight away or from the backlog)
+    over the engines reporting then, averaged over such seconds of the last
+    ``WORK_WINDOW_S``.
+
+    Why not the gate's pace (service/pace.py): the pace counts only the
+    releases *from* the backlog, over a stretch's whole time, so when a
+    backlog comes and goes (a pool near its capacity, where an autoscaler
+    looks) the requests admitted straight away in between are missing from
+    it and it reads far below what the engines take: the desired engine
+    count doubled. In a gated second the gate lets in exactly what the
+    engines have room for by its rules, so this is the rate the plane will
+    actually release at per engine, however conservative those rules are.
+
+    O(1) per release and per report; ``rate`` is O(window)."""
+
+    __slots__ = ("_engines", "_gated", "_secs", "_since", "_tokens")
+
+    def __init__(self) -> None:
+        n = WORK_WINDOW_S + 1
+        self._secs = [-1] * n
+        self._tokens = [0] * n
+        self._gated = [0] * n  # ns of the second with work held
+        self._engines = [0] * n  # most engines reporting during the second
+        self._since = -1  # work held since (ns); -1: not held now
+
+    def _slot(self, sec: int) -> int:
+        i = sec % len(self._secs)
+        if self._secs[i] != sec:
+            self._secs[i] = sec
+            self._tokens[i] = self._gated[i] = self._engines[i] = 0
+        return i
+
+    def released(self, now: int, tokens: int) -> None:
+        self._tokens[self._slot(now // NS_PER_S)] += tokens
+
+    def engines(self, now: int, count: int) -> None:
+        i = self._slot(now // NS_PER_S)
+        if count > self._engines[i]:
+            self._engines[i] = count
+
+    def held(self, now: int) -> None:
+        """Work began to be held for the pool (the gate had no room)."""
+        if self._since < 0:
+            self._since = now
+
+    def emptied(self, now: int) -> None:
+        """Nothing is held for the pool any more."""
+        if self._since >= 0:
+            self._add_gated(self._since, now)
+            self._since = -1
+
+    def _add_gated(self, start: int, end: int) -> None:
+        start = max(start, end - WORK_WINDOW_S * NS_PER_S)  # older seconds are gone
+        while start < end:
+            sec = start // NS_PER_S
+            stop = min(end, (sec + 1) * NS_PER_S)
+            self._gated[self._slot(sec)] += stop - start
+            start = stop
+
+    def rate(self, now: int) -> float | None:
+        """Per-engine prompt tokens per second over the window's gated
+        seconds (the current, partial one left out); None without any."""
+        if self._since >= 0:  # the open interval so far counts
+            self._add_gated(self._since, now)
+            self._since = now
+        sec = now // NS_PER_S
+        need = GATED_SHARE * NS_PER_S
+        total = 0.0
+        n = 0
+        for i, s in enumerate(self._secs):
+            if sec - WORK_WINDOW_S <= s < sec and self._gated[i] >= need and self._engines[i]:
+                total += self._tokens[i] / self._engines[i]
+                n += 1
+        return total / n if n else None
+
+
 def counts_as_demand(reason: int) -> bool:
     """Whether a decision with ``reason`` is demand (admitted, or refused
     for capacity)."""

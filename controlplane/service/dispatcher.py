@@ -210,10 +210,10 @@ class Dispatcher:
             return w.result
         return w
 
-    def _emptied(self, pool: str) -> None:
+    def _emptied(self, pool: str, now: int) -> None:
         """Nothing waits for ``pool`` any more: its pace's stretch ends."""
         self._gated_pools.discard(pool)
-        self._gate.idle(pool)
+        self._gate.idle(pool, now)
 
     def _refused(
         self, key: Key, rec: Record, slot: int, pool: str, prompt: int, now: int, due: int,
@@ -269,7 +269,9 @@ class Dispatcher:
             self._watermark_blocked = True
         elif reason == Reason.BACKPRESSURE:
             self._shed_blocked[(w.lane_idx, w.slot)] = w.pool
-            self._gated_pools.add(w.pool)
+            if w.pool not in self._gated_pools:
+                self._gated_pools.add(w.pool)
+                self._gate.held(w.pool, now)
 
     def _eligible(self, w: Waiter) -> bool:
         slot = w.slot
@@ -293,7 +295,7 @@ class Dispatcher:
     def _resolve(self, w: Waiter, rec: Record) -> None:
         self.queues.remove(w)
         if w.pool not in self.queues.pool_waiting:
-            self._emptied(w.pool)
+            self._emptied(w.pool, rec[R.DECIDED_NS])
         if w.due_ns and rec[R.STATE] != R.OPEN:
             decided = rec[R.DECIDED_NS]
             self.deadlines.retries.refused(w.slot, w.retry_key, w.due_ns - w.slo_ns, decided)
@@ -357,7 +359,7 @@ class Dispatcher:
         deadlines = self.deadlines
         for w in self.queues.expired(now, self._still_due):
             if w.pool not in self.queues.pool_waiting:
-                self._emptied(w.pool)
+                self._emptied(w.pool, now)
             late = bool(w.due_ns) and (
                 not w.bounded
                 or now >= deadlines.release_by_ns(w.due_ns, w.slo_ns, w.pool, w.prompt)

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from controlplane.domain import LoadSample
 from controlplane.domain.policy import Policy
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
+from controlplane.service.demand import WorkRate
 from controlplane.service.pace import PoolPace
 
 DEFAULT_POOL = "default"  # the pool of an Admit that names none
@@ -92,6 +93,8 @@ class _PoolState:
     report_gap_ns: int = 0  # typical time between two reports of one engine
     held_until: int = 0  # a takeover hold: closed until then or the next report (0 = none)
     pace: PoolPace = field(default_factory=PoolPace)  # how fast it takes held work
+    # per-engine work rate in gated seconds, for the autoscaler (service/demand.py)
+    work: WorkRate = field(default_factory=WorkRate)
     first_prompt: float = 0.0  # fail-open lanes' mean prompt (exponential average)
     # The pool's room from its reports, cached until a report arrives, the
     # first fresh one goes stale or the policy changes.
@@ -153,6 +156,7 @@ class PoolGate:
             e.received_ns for e in state.engines.values() if now - e.received_ns <= self._stale_ns
         ]
         oldest = min(fresh, default=now)
+        state.work.engines(now, len(fresh))
         starting, waiting = state.starting, state.waiting
         if starting and starting[-1] <= oldest:  # the usual case: all of them
             starting.clear()
@@ -179,6 +183,7 @@ class PoolGate:
         fail-open lanes' (one flag for all, or one each)."""
         state = self._pool(pool)
         state.inflight += len(prompts)
+        state.work.released(now, sum(prompts))
         if first is True or (isinstance(first, list) and any(first)):
             flags = [first] * len(prompts) if isinstance(first, bool) else first
             mean = state.first_prompt
@@ -446,11 +451,23 @@ class PoolGate:
         engines' pace (service/pace.py)."""
         self._pool(pool).pace.paced(now, prompt)
 
-    def idle(self, pool: str) -> None:
+    def idle(self, pool: str, now: int) -> None:
         """Nothing waits for ``pool`` any more."""
         state = self._pools.get(pool)
         if state is not None:
             state.pace.idle()
+            state.work.emptied(now)
+
+    def held(self, pool: str, now: int) -> None:
+        """Work is held for ``pool`` for lack of room (its gated time starts)."""
+        self._pool(pool).work.held(now)
+
+    def work_rate(self, pool: str, now: int) -> float | None:
+        """Prompt tokens per second one engine of ``pool`` took in the
+        seconds the gate held work for it (service/demand.py WorkRate;
+        None: no such second in its window)."""
+        state = self._pools.get(pool)
+        return None if state is None else state.work.rate(now)
 
     def pace_rate(self, pool: str) -> float | None:
         """Prompt tokens per second ``pool`` took while it had a backlog

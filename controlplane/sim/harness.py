@@ -23,11 +23,14 @@ import itertools
 import random
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.domain.units import NS_PER_S
 from controlplane.sim.engine import Engine, EngineParams, Pool, SimRequest
 from controlplane.sim.trace import TraceRequest
+
+if TYPE_CHECKING:
+    from controlplane.sim.scaling import ScalingLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,7 @@ class Sample:
     queue_depth: list[int]  # per engine: requests waiting
     running: list[int]
     kv_usage: list[float]
+    engines: int = 0  # provisioned (starting, serving or draining)
 
 
 @dataclass
@@ -138,6 +142,10 @@ class SimResult:
     preemptions: int
     capacity_rps: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    engine_seconds: float = 0.0  # engines provisioned x time, over the run
+    engines_max: int = 0  # the most engines provisioned at once
+    # What the autoscaler did (sim/scaling.py ScalingLoop.summary); empty: none ran.
+    scaling: dict[str, Any] = field(default_factory=dict)
 
 
 class ClientKind(StrEnum):
@@ -193,8 +201,8 @@ class ClientModel:
 
 # Event kinds, in the order they run at the same instant: engine steps end
 # first (they free capacity), then the policy's wake-ups and load reports,
-# then arrivals and retries.
-_STEP, _WAKE, _REPORT, _ARRIVE, _RETRY = range(5)
+# engines coming up and the autoscaler, then arrivals and retries.
+_STEP, _WAKE, _REPORT, _READY, _SCALE, _ARRIVE, _RETRY = range(7)
 
 
 class Runner:
@@ -211,9 +219,12 @@ class Runner:
         report_interval_s: float = 0.1,
         sample_interval_s: float = 1.0,
         seed: int = 0,
+        scaling: ScalingLoop | None = None,
     ) -> None:
         self.now = 0
-        self.pool = Pool(engines, params)
+        # With an autoscaler the pool starts at its minimum, warm.
+        self.scaling = scaling
+        self.pool = Pool(scaling.params.min_engines if scaling else engines, params)
         self.policy = policy
         self.client = client or ClientModel()
         self.rng = random.Random(seed)
@@ -259,7 +270,7 @@ class Runner:
         """Abort a released request its engine has not started (its client
         timed out, say); False, and nothing changes, once it has started."""
         req = job.req
-        if req.engine < 0 or not self.pool.engines[req.engine].cancel_waiting(req):
+        if req.engine < 0 or not self.pool.by_id[req.engine].cancel_waiting(req):
             return False
         job.outcome = ABORTED
         job.reason = reason
@@ -288,6 +299,8 @@ class Runner:
             self._push(job.req.arrival_ns, _ARRIVE, job)
         self.policy.start(self, self.pool)
         self._push(0, _REPORT, None)
+        if self.scaling is not None:
+            self._push(self.scaling.interval_ns, _SCALE, None)
         self._open = len(self.jobs)
         next_sample = 0
         while self._heap:
@@ -307,6 +320,8 @@ class Runner:
                     self.policy.completed(job)
                 if not engine.stepping:  # a completion may have released work to it
                     self._start(engine)
+                if self.pool.draining and not engine.busy:
+                    self.pool.retire_idle(t)
             elif kind in (_ARRIVE, _RETRY):
                 job = payload
                 job.attempts += 1
@@ -320,25 +335,51 @@ class Runner:
                     self.policy.report(engine)
                 if self._open > 0:  # reports stop with the last request
                     self._push(t + self._report_ns, _REPORT, None)
+            elif kind == _READY:
+                self.pool.ready(payload)
+            elif kind == _SCALE:
+                self._scale()
             self._arm_wakeup()
         self._sample(self.now)
+        # The run ends with its last request, not with its last event: a
+        # policy's timer left armed (a queue timeout, a deadline) must not
+        # stretch the time goodput (and engine-seconds) are counted over.
+        duration = max((j.ended_ns for j in self.jobs), default=self.now)
         return SimResult(
             policy=self.policy.name,
             jobs=self.jobs,
             samples=self.samples,
-            # The run ends with its last request, not with its last event: a
-            # policy's timer left armed (a queue timeout, a deadline) must
-            # not stretch the time goodput is divided by.
-            duration_ns=max((j.ended_ns for j in self.jobs), default=self.now),
-            engines=len(self.pool.engines),
-            preemptions=sum(e.preemptions for e in self.pool.engines),
+            duration_ns=duration,
+            engines=self.scaling.params.max_engines if self.scaling else len(self.pool.engines),
+            preemptions=sum(e.preemptions for e in self.pool.all_engines),
+            engine_seconds=self.pool.engine_seconds(duration),
+            engines_max=self.pool.engines_max,
+            scaling=self.scaling.summary() if self.scaling else {},
         )
+
+    def _scale(self) -> None:
+        """One autoscaler evaluation: start or drain engines to its count."""
+        assert self.scaling is not None
+        pool, now = self.pool, self.now
+        target = self.scaling.evaluate(now, pool)
+        startup_ns = int(self.scaling.params.engine_startup_s * NS_PER_S)
+        while pool.replicas < target:
+            self._push(now + startup_ns, _READY, pool.start(now))
+        while pool.replicas > target:
+            before = pool.replicas
+            pool.stop_one(now)
+            if pool.replicas == before:
+                break  # the last ready engine stays
+        pool.retire_idle(now)
+        if self._open > 0:
+            self._push(now + self.scaling.interval_ns, _SCALE, None)
 
     def _sample(self, t: int) -> None:
         es = self.pool.engines
         waiting = [e.num_waiting for e in es]
         running = [e.num_running for e in es]
-        self.samples.append(Sample(t, waiting, running, [round(e.kv_usage, 4) for e in es]))
+        kv = [round(e.kv_usage, 4) for e in es]
+        self.samples.append(Sample(t, waiting, running, kv, self.pool.provisioned))
 
 
 def estimate_capacity_rps(

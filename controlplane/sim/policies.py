@@ -42,6 +42,7 @@ from controlplane.domain import (
 from controlplane.domain.policy import Policy
 from controlplane.domain.units import NS_PER_S
 from controlplane.service import AdmissionService
+from controlplane.service.demand import PoolDemand
 from controlplane.settings import Settings
 from controlplane.sim.engine import Engine, Pool
 from controlplane.sim.harness import Job, Simulation
@@ -170,6 +171,9 @@ class Burstgate:
         self._max_tokens_factor = max_tokens_factor
         self._retry_keys = retry_keys  # pass Job.retry_key with each attempt
         self._first_tokens = first_tokens  # report first-token times with Completes
+        # The plane's BURSTGATE_AUTOSCALE_ENGINE_STARTUP_S: how far ahead
+        # desired_engines_predicted looks (simulate --engine-startup-s).
+        self.engine_startup_s: float | None = None
 
     def start(self, sim: Simulation, pool: Pool) -> None:
         self.sim = sim
@@ -177,6 +181,10 @@ class Burstgate:
         # A reservation TTL longer than any run: a simulated hour of slow
         # requests must not see reservations expire under them.
         settings = Settings(reservation_ttl_s=86_400, database_url="sqlite://")
+        if self.engine_startup_s is not None:
+            settings = settings.model_copy(
+                update={"autoscale_engine_startup_s": self.engine_startup_s}
+            )
         self.svc = AdmissionService(settings, clock=lambda: sim.now)
         # The simulated operator declares the one pool its engines serve
         # (an undeclared pool is refused, docs/operating.md).
@@ -231,6 +239,10 @@ class Burstgate:
             requests_running=engine.num_running, max_num_seqs=p.max_num_seqs,
             kv_cache_usage=engine.kv_usage,
         )  # fmt: skip
+
+    def pool_demand(self) -> PoolDemand:
+        """What the plane says the simulated pool needs (the autoscaler's signal)."""
+        return self.svc.pool_demand(POOL)
 
     def next_wakeup_ns(self) -> int | None:
         return self.svc.next_wakeup_ns()

@@ -25,6 +25,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -84,6 +85,11 @@ class RunStats:
     arrivals_cv: float = float("nan")  # per-second arrivals of the trace as simulated
     arrivals_peak_to_mean: float = float("nan")
     goodput_vs_best: float = float("nan")  # see mark_best
+    # The autoscaler (sim/scaling.py): "off" is a fixed pool of ``engines``.
+    autoscale: str = "off"
+    engine_seconds: float = 0.0  # engines provisioned x seconds, over the run
+    engines_max: int = 0  # the most engines provisioned at once
+    scaling: dict[str, Any] = field(default_factory=dict)  # ScalingLoop.summary
 
 
 def _pct(values: list[int], q: float) -> float:
@@ -160,7 +166,7 @@ def summarise(
         inside = [j for j in jobs if window_ns[0] <= j.req.arrival_ns < window_ns[1]]
         burst_window = {k: group_stats(v, dur) for k, v in sorted(_by(inside, "lane").items())}
     depth = [sum(s.queue_depth) for s in result.samples]
-    kv = [float(np.mean(s.kv_usage)) for s in result.samples]
+    kv = [float(np.mean(s.kv_usage)) if s.kv_usage else 0.0 for s in result.samples]
     return RunStats(
         policy=result.policy,
         load=load,
@@ -185,7 +191,11 @@ def summarise(
             "t_s": [s.t_ns / NS_PER_S for s in result.samples],
             "engine_queue": [float(d) for d in depth],
             "kv_usage": kv,
+            "engines": [float(s.engines) for s in result.samples],
         },
+        engine_seconds=result.engine_seconds,
+        engines_max=result.engines_max,
+        scaling=result.scaling,
     )
 
 

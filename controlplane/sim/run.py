@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from controlplane.domain.autoscaler import (
+    DEFAULT_ENGINE_STARTUP_S,
+    DEFAULT_SCALE_DOWN_DELAY_S,
+    ScalerParams,
+)
 from controlplane.domain.policy import Policy
 from controlplane.domain.units import NS_PER_S
 from controlplane.sim.engine import EngineParams
@@ -36,6 +41,7 @@ from controlplane.sim.policies import (
 )
 from controlplane.sim.profiles import DEFAULT_PROFILE
 from controlplane.sim.report import RunStats, mark_best, summarise
+from controlplane.sim.scaling import NEEDS_DEMAND, AutoscaleMode, ScalingLoop
 from controlplane.sim.synthetic import generate, parse_spec, per_second_stats
 from controlplane.sim.trace import (
     ColumnMap,
@@ -107,6 +113,19 @@ class SimSpec:
     limit: int | None = None
     rate_factor: float = 1.5  # tenant limits: x the tenant's mean rate
     burst_s: float = 2.0  # tenant bursts: seconds of that rate
+    # Autoscalers to run each policy under (sim/scaling.py); "off": a fixed
+    # pool of ``engines``. The others start at ``min_engines`` and never
+    # exceed ``engines``.
+    autoscale: tuple[str, ...] = (AutoscaleMode.OFF.value,)
+    min_engines: int = 1
+    engine_startup_s: float = DEFAULT_ENGINE_STARTUP_S
+    scale_down_delay_s: float = DEFAULT_SCALE_DOWN_DELAY_S
+
+    def scaler_params(self) -> ScalerParams:
+        return ScalerParams(
+            min_engines=self.min_engines, max_engines=self.engines,
+            engine_startup_s=self.engine_startup_s, scale_down_delay_s=self.scale_down_delay_s,
+        )  # fmt: skip
 
 
 def prepare_trace(spec: SimSpec) -> list[TraceRequest]:
@@ -156,6 +175,36 @@ def _checked(spec: SimSpec) -> None:
     for x in spec.loads:
         if not x > 0:
             raise ValueError(f"--load: must be > 0, got {x:g}")
+    modes = [AutoscaleMode(m) for m in spec.autoscale]  # ValueError names the value
+    if any(m != AutoscaleMode.OFF for m in modes):
+        spec.scaler_params()  # its checks, before a run that takes minutes
+    if any(m in NEEDS_DEMAND for m in modes) and not _burstgate_runs(spec):
+        raise ValueError(
+            "--autoscale reactive/predictive: need a burstgate policy (--policy burstgate or "
+            "--config), whose desired_engines they follow"
+        )
+
+
+def _burstgate_runs(spec: SimSpec) -> bool:
+    return bool(spec.configs) or any(p.startswith("burstgate") for p in spec.policies)
+
+
+def runs_of(spec: SimSpec) -> list[tuple[str, str]]:
+    """(policy, autoscale mode) pairs to run, in table order: each policy
+    under each mode it can run (reactive and predictive need burstgate's
+    signals; the premium-only bound is a fixed pool's reference)."""
+    names = [*spec.policies, *(f"config:{p.name}" for p in spec.configs)]
+    out: list[tuple[str, str]] = []
+    for mode in spec.autoscale:
+        for name in names:
+            if mode != AutoscaleMode.OFF and name == BOUND:
+                continue
+            if AutoscaleMode(mode) in NEEDS_DEMAND and not (
+                name.startswith("burstgate") or name.startswith("config:")
+            ):
+                continue
+            out.append((name, mode))
+    return out
 
 
 def simulate(spec: SimSpec, trace: list[TraceRequest] | None = None) -> list[RunStats]:
@@ -187,16 +236,27 @@ def simulate(spec: SimSpec, trace: list[TraceRequest] | None = None) -> list[Run
                 )
             arrivals = per_second_stats(scaled)
             group: list[RunStats] = []
-            named = [(n, make_policy(n, spec, scaled)) for n in spec.policies]
-            named += [(p.name, from_config_file(p, f"config:{p.name}")) for p in spec.configs]
-            for name, policy in named:
+            configs = {f"config:{p.name}": p for p in spec.configs}
+            for name, mode in runs_of(spec):
+                policy: AdmissionPolicy
+                if name in configs:
+                    policy = from_config_file(configs[name], name)
+                else:
+                    policy = make_policy(name, spec, scaled)
+                scaling = None
+                if mode != AutoscaleMode.OFF:
+                    if isinstance(policy, Burstgate):
+                        policy.engine_startup_s = spec.engine_startup_s
+                    scaling = ScalingLoop(AutoscaleMode(mode), spec.scaler_params(), policy)
                 result = Runner(
                     premium_only(spec, scaled) if name == BOUND else scaled, policy,
                     engines=spec.engines, params=params, tenants=spec.tenants,
                     slo_s=spec.slo_s, client=ClientModel(spec.client), seed=spec.seed,
+                    scaling=scaling,
                 ).run()  # fmt: skip
                 result.capacity_rps = pool_rps
                 stats = summarise(result, load, pool_rps * mean_tokens, window)
+                stats.autoscale = mode
                 stats.bound = name == BOUND
                 stats.prefill_slowdown = slowdown
                 stats.profile = spec.profile

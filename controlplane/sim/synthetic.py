@@ -12,6 +12,10 @@ one shared Azure trace.
   mean ~11k tokens, capped at 64k: well under a 128k context and an
   engine's 400k tokens of KV) and outputs of a few hundred tokens; gentle
   modulation (2x for 20-60 s every few minutes).
+- ``diurnal``: chat-like requests (prompts ~1k, outputs ~200) over a day
+  compressed into three hours (the trough a quarter of the peak), with
+  waves of 8-40 minutes on top: minute-scale swings for the autoscalers
+  (``simulate --autoscale``), drawn per seed.
 
 Generation is seeded and deterministic (``random.Random(seed)``, nothing
 else), times are rounded to 100 ns so that the Azure CSV written by
@@ -57,9 +61,25 @@ class OnOff:
 
 
 @dataclass(frozen=True, slots=True)
+class Diurnal:
+    """Poisson arrivals whose rate swings on two time scales: one compressed
+    "day" over the whole trace (a trough of ``trough`` x the peak, the peak
+    mid-trace) times ``swings`` slower waves of minutes (each a sine of a
+    period drawn from ``swing_period_s`` and an amplitude from
+    ``swing_amplitude``, random phase; all drawn per seed). What an
+    autoscaler is for: demand that moves over minutes, not seconds."""
+
+    peak_rps: float
+    trough: float
+    swings: int
+    swing_period_s: tuple[float, float]
+    swing_amplitude: tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
 class Shape:
     name: str
-    arrivals: OnOff
+    arrivals: OnOff | Diurnal
     duration_s: float  # default length of the trace
     prompt: Callable[[random.Random], int]
     output: Callable[[random.Random], int]
@@ -106,12 +126,67 @@ SHAPES: dict[str, Shape] = {
             output=_clip_lognormal(250, 0.5, 16, 1_500),
             summary="long-context conversation (prompts ~11k mean, up to 64k; outputs ~280)",
         ),
+        Shape(
+            "diurnal",
+            # A day compressed into three hours (trough a quarter of the
+            # peak) with two waves of 8-40 minutes of +-15-30 % on top: the
+            # minute-scale swings issue 32's autoscalers are scored on. The
+            # peak (~24/s) is about four h100-8b engines' capacity on this
+            # mix, so at --engines 4 --load ~0.5 it is hardly rescaled.
+            Diurnal(
+                peak_rps=24.0,
+                trough=0.25,
+                swings=2,
+                swing_period_s=(480.0, 2_400.0),
+                swing_amplitude=(0.15, 0.30),
+            ),
+            duration_s=10_800.0,  # ~150k requests
+            # Chat, as the Azure conversation trace: prompts ~1k tokens
+            # (log-normal, median 800, up to 16k), answers ~200.
+            prompt=_clip_lognormal(800, 0.9, 16, 16_000),
+            output=_clip_lognormal(180, 0.7, 4, 2_000),
+            summary="chat (prompts ~1k, outputs ~200) whose rate swings over minutes and hours",
+        ),
     )
 }
 
 
-def _arrivals(rng: random.Random, shape: OnOff, duration_s: float) -> list[int]:
+def diurnal_rate(shape: Diurnal, rng: random.Random, duration_s: float) -> Callable[[float], float]:
+    """The rate (requests/s) at time t of one seed's diurnal trace."""
+    waves = [
+        (rng.uniform(*shape.swing_period_s), rng.uniform(*shape.swing_amplitude),
+         rng.uniform(0, 2 * math.pi))
+        for _ in range(shape.swings)
+    ]  # fmt: skip
+    low = shape.trough
+
+    def rate(t: float) -> float:
+        day = low + (1 - low) * math.sin(math.pi * t / duration_s) ** 2
+        m = 1.0
+        for period, amp, phase in waves:
+            m *= 1 + amp * math.sin(2 * math.pi * t / period + phase)
+        return shape.peak_rps * day * m
+
+    return rate
+
+
+def _diurnal_arrivals(rng: random.Random, shape: Diurnal, duration_s: float) -> list[int]:
+    """Arrival times in ns by thinning a Poisson process at the highest rate."""
+    rate = diurnal_rate(shape, rng, duration_s)
+    top = shape.peak_rps * math.prod(1 + shape.swing_amplitude[1] for _ in range(shape.swings))
+    out: list[int] = []
+    t = rng.expovariate(top)
+    while t < duration_s:
+        if rng.random() * top < rate(t):
+            out.append(round(t * NS_PER_S / _TICK_NS) * _TICK_NS)
+        t += rng.expovariate(top)
+    return out
+
+
+def _arrivals(rng: random.Random, shape: OnOff | Diurnal, duration_s: float) -> list[int]:
     """Arrival times in ns, ascending, rounded to the CSV's 100 ns."""
+    if isinstance(shape, Diurnal):
+        return _diurnal_arrivals(rng, shape, duration_s)
     out: list[int] = []
     t = 0.0
     burst = False

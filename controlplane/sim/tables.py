@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from controlplane.sim.report import GroupStats, RunStats
 
@@ -31,7 +32,9 @@ def at(r: RunStats) -> str:
 
 
 def policy_label(r: RunStats) -> str:
-    return f"{r.policy} (bound)" if r.bound else r.policy
+    if r.bound:
+        return f"{r.policy} (bound)"
+    return r.policy if r.autoscale == "off" else f"{r.policy} +{r.autoscale}"
 
 
 def _unique(values: list[str]) -> list[str]:
@@ -80,6 +83,10 @@ def _refused_aborted(r: RunStats) -> str:
     return f"{o.refused / n:.1%} / {o.aborted / n:.1%}"
 
 
+def _engines(r: RunStats) -> str:
+    return f"{r.engine_seconds:,.0f} / {r.engines_max}"
+
+
 def comparison(runs: list[RunStats]) -> Section:
     lanes = _lanes(runs)
     metrics: list[tuple[str, Callable[[RunStats], str]]] = [
@@ -89,6 +96,7 @@ def comparison(runs: list[RunStats]) -> Section:
         ("wasted: tokens served late", lambda r: f"{r.wasted_share:.1%}"),
         ("refused / aborted", _refused_aborted),
         ("served after a refusal", lambda r: f"{r.overall.served_after_refusal:,}"),
+        ("engine-seconds / engines max", _engines),
     ]
     labels = _unique([policy_label(r) for r in runs if not r.bound])
     labels += _unique([policy_label(r) for r in runs if r.bound])
@@ -140,6 +148,43 @@ def lane_rows(runs: list[RunStats]) -> list[tuple[str, ...]]:
     ]
 
 
+SCALING_HEAD = (
+    "load", "policy", "engine-seconds", "vs off", "engines max", "scale-ups",
+    "forecast alarms", "false alarms", "lead time p50 s", "fell back at s",
+)  # fmt: skip
+SCALING_TITLE = (
+    "Autoscaling (vs off: engine-seconds over the same policy's fixed pool; false alarms: "
+    "forecast scale-ups the reactive signal never reached, ceiling 5 %):"
+)
+
+
+def _opt(x: Any, fmt: str) -> str:
+    return NONE if x is None else format(x, fmt)
+
+
+def scaling_rows(runs: list[RunStats]) -> list[tuple[str, ...]]:
+    fixed = {(r.load, r.prefill_slowdown, r.policy): r for r in runs if r.autoscale == "off"}
+    out: list[tuple[str, ...]] = []
+    for r in runs:
+        if r.bound:
+            continue
+        base = fixed.get((r.load, r.prefill_slowdown, r.policy))
+        ratio = (
+            f"{r.engine_seconds / base.engine_seconds:.0%}"
+            if base and base.engine_seconds
+            else NONE
+        )
+        sc = r.scaling
+        rate = sc.get("false_alarm_rate")
+        out.append((
+            at(r), policy_label(r), f"{r.engine_seconds:,.0f}", ratio, str(r.engines_max),
+            str(sc.get("scale_ups", NONE)), str(sc.get("alarms", NONE)),
+            NONE if rate is None else f"{sc['false_alarms']} ({rate:.1%})",
+            _opt(sc.get("lead_time_median_s"), ".0f"), _opt(sc.get("fell_back_at_s"), ",.0f"),
+        ))  # fmt: skip
+    return out
+
+
 BURST_HEAD = ("load", "policy", "lane", "requests", "SLO met", "refused", "aborted")
 BURST_TITLE = "Requests that arrived inside the injected burst's window:"
 
@@ -164,6 +209,8 @@ def sections(runs: list[RunStats]) -> list[Section]:
             for lane, g in r.burst_window.items()
         ]  # fmt: skip
         out.append((BURST_TITLE, BURST_HEAD, burst))
+    if any(r.autoscale != "off" for r in runs):
+        out.append((SCALING_TITLE, SCALING_HEAD, scaling_rows(runs)))
     out.append(("Per run:", SUMMARY_HEAD, [summary_cells(r) for r in runs]))
     return out
 

@@ -143,7 +143,7 @@ def test_html_tables_carry_the_same_figures_as_the_terminal_tables(tmp_path: Pat
     assert comparison == page.table("load", "")
     assert lanes == page.table("load", "lane")
     assert summary == page.table("load", "goodput / capacity")
-    assert len(runs) == 2 and len(comparison) == 2 * 6
+    assert len(runs) == 2 and len(comparison) == 2 * 7
     assert len(lanes) == 2 * 2 * 4 and len(summary) == 2 * 2
     # the comparison: a column per policy, premium / standard / batch in one cell
     assert markdown[heads[1]][3:] == ["fifo", "burstgate"]

@@ -12,7 +12,9 @@ from controlplane.service import AdmissionService
 from controlplane.service.demand import (
     CAPACITY_REASONS,
     DEMAND_WINDOW_S,
+    WORK_WINDOW_S,
     DemandMeter,
+    WorkRate,
     counts_as_demand,
     engines_for,
 )
@@ -235,3 +237,39 @@ def test_an_unknown_pool_is_all_zeros(svc: AdmissionService) -> None:
     assert (d.engines_reporting, d.demand_tokens_per_s, d.desired_engines) == (0, 0.0, 0)
     assert d.backlog_requests == 0
     assert "never-reported" in svc.demand_pools()
+
+
+# ---------------------------------------------------- the per-engine work rate
+
+
+def test_the_work_rate_counts_every_release_in_gated_seconds_only() -> None:
+    w = WorkRate()
+    w.engines(T0, 2)
+    w.released(T0 + 100 * MS, 5_000)  # not gated: not a measure of the engines
+    assert w.rate(T0 + 2 * S) is None
+    w.held(T0 + S)  # work held from the start of the next second ...
+    for s in (1, 2):
+        w.engines(T0 + s * S, 2)
+        w.released(T0 + s * S + 10 * MS, 6_000)  # from the backlog
+        w.released(T0 + s * S + 500 * MS, 2_000)  # straight away: counted too
+    w.emptied(T0 + 3 * S)
+    # two gated seconds of 8,000 tokens over 2 engines
+    assert w.rate(T0 + 4 * S) == pytest.approx(4_000)
+    # a second gated for less than GATED_SHARE of it does not count
+    w.held(T0 + 4 * S + 500 * MS)
+    w.engines(T0 + 4 * S + 600 * MS, 2)
+    w.released(T0 + 4 * S + 700 * MS, 100_000)
+    w.emptied(T0 + 5 * S)
+    assert w.rate(T0 + 6 * S) == pytest.approx(4_000)
+
+
+def test_the_work_rate_is_per_engine_of_the_second_and_forgets_the_old_window() -> None:
+    w = WorkRate()
+    w.held(T0)
+    w.engines(T0, 1)
+    w.released(T0 + MS, 10_000)
+    w.engines(T0 + S, 4)  # scaled out: four engines took 40,000
+    w.released(T0 + S + MS, 40_000)
+    # the open interval counts up to now; the current second does not
+    assert w.rate(T0 + 2 * S) == pytest.approx(10_000)
+    assert w.rate(T0 + (WORK_WINDOW_S + 2) * S) is None

@@ -1,0 +1,186 @@
+"""An autoscaler's decision rule, as the shipped KEDA and HPA recipes apply it
+(deploy/autoscaling, docs/autoscaling.md), and how a forecast that drives it
+is scored (issue 32).
+
+``Autoscaler`` turns a recommendation (engines wanted now) into a replica
+count the way a Kubernetes HPA with our recipes' ``behavior`` does:
+
+- evaluated every ``interval_s`` (the HPA controller's sync period, 15 s);
+- **up at once**: a recommendation above the current count is taken
+  (``stabilizationWindowSeconds: 0``);
+- **down only after** ``scale_down_delay_s``: the count goes down to the
+  *highest* recommendation of the last ``scale_down_delay_s`` seconds (the
+  HPA's scale-down stabilisation window), so an engine that takes minutes to
+  start is not dropped between two pulses;
+- clamped to ``[min_engines, max_engines]``.
+
+The recipes' rate limits (four pods a minute up, one per two minutes down)
+are left out: with a 15 s period and the simulated pools' sizes they rarely
+bind, and the rule stays one a reader can check by hand.
+
+``ForecastScore`` scores scale-ups a forecast drove (an *alarm*: the
+forecast asked for more engines than the reactive signal at that moment).
+An alarm for ``k`` engines at ``t`` is **confirmed** when the reactive
+signal itself reaches ``k`` within ``horizon_s`` after ``t`` (the forecast
+saw it coming; the gap is its *lead time*), and **false** otherwise (the
+engines were started for nothing). The design documents allow at most 5 %
+false alarms (``MAX_FALSE_ALARM_RATE``): once ``MIN_SCORED_ALARMS`` alarms
+are scored and more than that share were false, the forecast is not good
+enough on this traffic and the autoscaler falls back to the reactive signal
+for good (``fell_back_at_ns``), saying so in its report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from controlplane.domain.units import NS_PER_S
+
+# The HPA controller's default sync period (--horizontal-pod-autoscaler-sync-period).
+DEFAULT_INTERVAL_S = 15.0
+# The shipped recipes' scale-down stabilisation window (deploy/autoscaling).
+DEFAULT_SCALE_DOWN_DELAY_S = 600.0
+DEFAULT_ENGINE_STARTUP_S = 120.0  # BURSTGATE_AUTOSCALE_ENGINE_STARTUP_S's default
+# The design documents' ceiling on predictive scale-ups that were not needed.
+MAX_FALSE_ALARM_RATE = 0.05
+# Alarms scored before the false-alarm rate is judged: with fewer, one false
+# alarm is already more than 5 % and says little about the forecast.
+MIN_SCORED_ALARMS = 20
+# The usual recipe's target: sum(vllm:num_requests_waiting) / 5 per replica
+# (AverageValue 5; what public KEDA-on-vLLM guides ship).
+QUEUE_LENGTH_TARGET = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerParams:
+    min_engines: int
+    max_engines: int
+    engine_startup_s: float = DEFAULT_ENGINE_STARTUP_S
+    scale_down_delay_s: float = DEFAULT_SCALE_DOWN_DELAY_S
+    interval_s: float = DEFAULT_INTERVAL_S
+
+    def __post_init__(self) -> None:
+        if self.min_engines < 1:
+            raise ValueError(f"--min-engines: must be >= 1, got {self.min_engines}")
+        if self.max_engines < self.min_engines:
+            raise ValueError(
+                f"--min-engines: {self.min_engines} is above the maximum ({self.max_engines}, "
+                "--engines)"
+            )
+        for name in ("engine_startup_s", "scale_down_delay_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {value!r}")
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise ValueError(f"autoscaler interval: must be > 0, got {self.interval_s!r}")
+
+
+class Autoscaler:
+    """Replica count from recommendations, one call per evaluation."""
+
+    __slots__ = ("_history", "p", "replicas")
+
+    def __init__(self, params: ScalerParams, replicas: int | None = None) -> None:
+        self.p = params
+        self.replicas = params.min_engines if replicas is None else replicas
+        self._history: deque[tuple[int, int]] = deque()  # (t_ns, clamped recommendation)
+
+    def decide(self, now_ns: int, recommendation: int) -> int:
+        """The replica count after this evaluation (also ``self.replicas``)."""
+        p = self.p
+        want = min(p.max_engines, max(p.min_engines, recommendation))
+        history = self._history
+        history.append((now_ns, want))
+        horizon = now_ns - int(p.scale_down_delay_s * NS_PER_S)
+        while history and history[0][0] < horizon:
+            history.popleft()
+        if want >= self.replicas:
+            self.replicas = want
+        else:
+            # down to the highest recommendation of the window, never up
+            self.replicas = min(self.replicas, max(w for _, w in history))
+        return self.replicas
+
+
+def queue_length_recommendation(waiting: int, replicas: int, target: float) -> int:
+    """The usual recipe: an HPA on ``sum(vllm:num_requests_waiting)`` with an
+    ``AverageValue`` target: ceil(total / target), within the HPA's 10 %
+    tolerance of the current count left at the current count."""
+    want = math.ceil(waiting / target - 1e-9) if waiting > 0 else 0
+    if replicas and abs(waiting / (target * replicas) - 1.0) <= 0.1:
+        return replicas
+    return want
+
+
+@dataclass(slots=True)
+class Alarm:
+    t_ns: int
+    engines: int
+    confirmed_ns: int = -1  # when the reactive signal reached ``engines``; -1: not (yet)
+    false: bool = False  # the horizon passed without the reactive signal reaching it
+
+
+@dataclass(slots=True)
+class ForecastScore:
+    """Alarms a forecast raised, scored against the reactive signal."""
+
+    horizon_s: float
+    alarms: list[Alarm] = field(default_factory=list)
+    fell_back_at_ns: int = -1
+    _open: deque[Alarm] = field(default_factory=deque)
+    _scored: int = 0
+    _false: int = 0
+
+    def observe(self, now_ns: int, reactive: int) -> None:
+        """The reactive signal's value at ``now_ns``: confirms open alarms it
+        reaches, and closes as false those older than the horizon."""
+        horizon = int(self.horizon_s * NS_PER_S)
+        keep: deque[Alarm] = deque()
+        for a in self._open:
+            if reactive >= a.engines:
+                a.confirmed_ns = now_ns
+                self._scored += 1
+            elif now_ns - a.t_ns > horizon:
+                a.false = True
+                self._scored += 1
+                self._false += 1
+            else:
+                keep.append(a)
+        self._open = keep
+        if (
+            self.fell_back_at_ns < 0
+            and self._scored >= MIN_SCORED_ALARMS
+            and self._false / self._scored > MAX_FALSE_ALARM_RATE
+        ):
+            self.fell_back_at_ns = now_ns
+
+    def raise_alarm(self, now_ns: int, engines: int) -> None:
+        alarm = Alarm(now_ns, engines)
+        self.alarms.append(alarm)
+        self._open.append(alarm)
+
+    @property
+    def active(self) -> bool:
+        """The forecast still drives scale-ups (it has not been judged too poor)."""
+        return self.fell_back_at_ns < 0
+
+    def summary(self) -> dict[str, float | int | None]:
+        """Alarms raised, how many were false, the false-alarm rate over the
+        scored ones (an alarm still inside its horizon when the run ends is
+        neither), the median lead time of the confirmed ones, and when (s)
+        the autoscaler fell back to the reactive signal."""
+        confirmed = [a for a in self.alarms if a.confirmed_ns >= 0]
+        leads = sorted((a.confirmed_ns - a.t_ns) / NS_PER_S for a in confirmed)
+        false = sum(1 for a in self.alarms if a.false)
+        scored = len(confirmed) + false
+        return {
+            "alarms": len(self.alarms),
+            "false_alarms": false,
+            "false_alarm_rate": false / scored if scored else None,
+            "lead_time_median_s": leads[len(leads) // 2] if leads else None,
+            "fell_back_at_s": self.fell_back_at_ns / NS_PER_S
+            if self.fell_back_at_ns >= 0
+            else None,
+        }
