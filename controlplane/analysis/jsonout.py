@@ -9,7 +9,13 @@ from typing import Any
 from controlplane.analysis.bursts import MergedBurst
 from controlplane.analysis.forecast import AlarmScore, AxisEvaluation, AxisForecast
 from controlplane.analysis.parsing import format_timestamp_us
-from controlplane.analysis.plan import CapacityPlan
+from controlplane.analysis.plan import (
+    AUTOSCALE_DOWN_DELAY_S,
+    AUTOSCALE_INTERVAL_S,
+    DEMAND_WINDOW_S,
+    TARGET_UTILIZATION,
+    CapacityPlan,
+)
 from controlplane.analysis.stats import Timeline
 from controlplane.analysis.summary import Analysis, EntitySummary, Incident
 
@@ -151,8 +157,20 @@ def plan_to_dict(plan: CapacityPlan | None, source: str) -> dict[str, Any]:
             "base_engines": plan.base_engines,
             "elastic_engines": plan.elastic_engines,
             "mean_engines": plan.mean_engines,
+            "demand_engine_hours": plan.demand_engine_hours,
+            "autoscaler": {
+                "interval_s": AUTOSCALE_INTERVAL_S,
+                "scale_down_delay_s": AUTOSCALE_DOWN_DELAY_S,
+                "demand_window_s": DEMAND_WINDOW_S,
+                "target_utilization": TARGET_UTILIZATION,
+                "engine_startup_s": plan.lead_time_s,
+            },
             "outcomes": [
-                {**dataclasses.asdict(o), "over_capacity_min": o.over_capacity_min}
+                {
+                    **dataclasses.asdict(o),
+                    "over_capacity_min": o.over_capacity_min,
+                    "engine_hours_vs_always_on": plan.engine_hours_ratio(o),
+                }
                 for o in plan.outcomes
             ],
         },

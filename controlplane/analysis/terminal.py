@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from controlplane.analysis.forecast import AlarmScore, AxisForecast
 from controlplane.analysis.parsing import US_PER_S, format_timestamp_us
-from controlplane.analysis.plan import CapacityPlan
+from controlplane.analysis.plan import (
+    AUTOSCALE_DOWN_DELAY_S,
+    AUTOSCALE_INTERVAL_S,
+    DEMAND_WINDOW_S,
+    TARGET_UTILIZATION,
+    CapacityPlan,
+)
 from controlplane.analysis.stats import Distribution, SeriesStats
 from controlplane.analysis.summary import Analysis, EntitySummary
 from controlplane.analysis.timescale import is_relative, since_zero
@@ -226,6 +232,7 @@ def plan_text(plan: CapacityPlan | None, source: str) -> str:
     if plan is None:
         return f"burstgate plan: {source}\nno requests to plan from\n"
     d = plan.demand
+    hours = plan.demand.seconds / 3600
     lines = [
         f"burstgate plan: {source}",
         f"engine capacity: {plan.capacity.describe()}; scale-up lead time {plan.lead_time_s} s",
@@ -238,9 +245,15 @@ def plan_text(plan: CapacityPlan | None, source: str) -> str:
         f"elastic pool +{plan.elastic_engines} for bursts "
         f"(scale on queue wait, ready {plan.lead_time_s} s after the trigger)",
         f"a plan from the mean would provision {plan.mean_engines} engines",
+        f"autoscaled: the recipes' rule every {AUTOSCALE_INTERVAL_S} s (up at once, down after "
+        f"{AUTOSCALE_DOWN_DELAY_S:g} s) between the base and base + elastic, on "
+        f"ceil({DEMAND_WINDOW_S}-s mean demand / {TARGET_UTILIZATION:g}); predictive also on the "
+        f"Holt forecast {plan.lead_time_s} s ahead",
+        f"engine-hours over the log's {num(hours)} h (an engine counts from the moment it is "
+        f"asked for); the work itself: {num(plan.demand_engine_hours)} engine-hours",
         "",
-        f"  {'plan':<34}{'engines':>9}{'over capacity':>22}{'time queued':>13}"
-        f"{'max wait':>10}{'scale-ups':>11}",
+        f"  {'plan':<43}{'engines':>8}{'over capacity':>22}{'time queued':>13}"
+        f"{'max wait':>10}{'scale-ups':>11}{'engine-hours':>14}{'vs always-on':>14}",
     ]
     for o in plan.outcomes:
         engines = (
@@ -249,9 +262,10 @@ def plan_text(plan: CapacityPlan | None, source: str) -> str:
             else (f"{o.base_engines}-{o.max_engines}")
         )
         lines.append(
-            f"  {o.name:<34}{engines:>9}"
+            f"  {o.name:<43}{engines:>8}"
             f"{f'{o.over_capacity_s:,} s ({o.over_capacity_min:.1f} min)':>22}"
             f"{f'{o.queued_s:,} s':>13}{f'{o.max_queue_wait_s:.1f} s':>10}{o.scale_ups:>11}"
+            f"{num(o.engine_hours):>14}{pct(plan.engine_hours_ratio(o)):>14}"
         )
     return "\n".join(lines) + "\n"
 

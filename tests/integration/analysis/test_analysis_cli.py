@@ -148,7 +148,8 @@ def test_plan(app: typer.Typer, tenant_log: Path) -> None:
     )
     assert code == 0
     plan = json.loads(out)["plan"]
-    assert plan["base_engines"] >= 1 and len(plan["outcomes"]) == 4
+    assert plan["base_engines"] >= 1 and len(plan["outcomes"]) == 6
+    assert all(o["engine_hours"] > 0 for o in plan["outcomes"])
     code, _, err = run(app, "plan", str(tenant_log))
     assert code == 2 and "--rps" in err
     code, _, err = run(app, "plan", str(tenant_log), "--rps", "1", "--prefill-tps", "5")

@@ -53,7 +53,7 @@ def test_plan_sizes_base_on_busiest_window_p95() -> None:
     assert plan.busiest_hour_mean == pytest.approx((600 * 2 + 580 * 4 + 20 * 12) / 1200 / 2)
     assert plan.mean_engines == 2
     names = [o.name for o in plan.outcomes]
-    assert names[0].startswith("mean-based") and names[-1].endswith("pre-warmed")
+    assert names[0].startswith("mean-based") and names[-1].endswith("(no autoscaler)")
     assert plan.outcomes[-1].over_capacity_s == 0
 
 
