@@ -70,7 +70,13 @@ from controlplane.service import records as R
 from controlplane.service.answers import BatchResult, Outcomes
 from controlplane.service.deadlines import Deadlines
 from controlplane.service.decider import Decider, early_reason
-from controlplane.service.demand import LaneBacklog, PoolDemand, counts_as_demand, engines_for
+from controlplane.service.demand import (
+    DESIRED_WINDOW_S,
+    LaneBacklog,
+    PoolDemand,
+    counts_as_demand,
+    engines_for,
+)
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import (
     check_admit,
@@ -983,6 +989,8 @@ class AdmissionService:
             per_engine = rate / engines if rate and engines else None
         meter = self.stats.demand.meters.get(pool)
         tokens_s, requests_s = meter.rates(now) if meter is not None else (0.0, 0.0)
+        # the demand term's average is longer (demand.DESIRED_WINDOW_S)
+        steady_s = meter.rates(now, DESIRED_WINDOW_S)[0] if meter is not None else 0.0
         horizon = settings.autoscale_engine_startup_s
         forecast = meter.forecast(now, horizon) if meter is not None else 0.0
         queues = self._dispatcher.queues
@@ -1011,10 +1019,10 @@ class AdmissionService:
             if ahead and per_engine is not None and bound_ns > 0:
                 drain = max(drain, engines_for(ahead * NS_PER_S / bound_ns, per_engine, util))
         if per_engine is None:
-            asked = tokens_s > 0 or any(b.requests for b in backlog)
+            asked = steady_s > 0 or any(b.requests for b in backlog)
             desired = predicted = max(engines, 1 if asked else 0)
         else:
-            desired = max(engines_for(tokens_s, per_engine, util), drain)
+            desired = max(engines_for(steady_s, per_engine, util), drain)
             predicted = engines_for(forecast, per_engine, util)
         return PoolDemand(
             pool, engines, tokens_s, requests_s, per_engine, desired, predicted, forecast,

@@ -59,21 +59,38 @@ _OK = int(Reason.OK)
 # Seconds of silence fed to the forecaster at most after a gap: enough for
 # its level to decay to ~0 (alpha 0.1: 0.9^120 ~ 3e-6), bounded work.
 MAX_FED_GAP_S = 120
-_SLOTS = DEMAND_WINDOW_S + 1  # the window's seconds and the current one
+# Seconds of demand desired_engines' demand term averages: longer than the
+# metrics' window, because an autoscaler scales in only to the highest count
+# of its stabilisation window (600 s in the recipes), so every noisy high of
+# a short window is paid for ten minutes. A burst does not wait for this
+# average: held work raises desired_engines at once (its backlog term).
+DESIRED_WINDOW_S = 60
+_SLOTS = DESIRED_WINDOW_S + 1  # the longest window's seconds and the current one
 
 
 # Seconds of the pool's gated seconds the per-engine work rate averages:
 # the recipes' scale-down window, so the autoscaler's two memories agree.
 WORK_WINDOW_S = 600
 # A second counts as gated (the engines the bottleneck) when work was held
-# for the pool for at least this share of it.
+# for the pool for at least this share of it, and the gate found no room
+# for it at least once in that second.
 GATED_SHARE = 0.9
+# Gated seconds a measurement needs: one second's releases come in lumps
+# (a report frees room, the gate fills it), so a rate from a couple of
+# seconds is noise; with fewer in the window the last rate stands.
+MIN_GATED_S = 10
+# ... in runs of at least this many consecutive gated seconds: in a lone
+# gated second or two (a burst's tail), the engines are busy with the work
+# released just before and take little new work, so such seconds read low.
+MIN_RUN_S = 5
 
 
 class WorkRate:
     """Prompt tokens one engine of a pool takes per second when the pool is
     the bottleneck: measured over the seconds in which the gate held work
-    for it (``GATED_SHARE`` of the second or more) as every prompt token
+    for it (``GATED_SHARE`` of the second or more) and found no room for it
+    (at least once in the second: a held request tried again after a load
+    report and held again for ``BACKPRESSURE``), as every prompt token
     released to the pool that second (straight away or from the backlog)
     over the engines reporting then, averaged over such seconds of the last
     ``WORK_WINDOW_S``.
@@ -86,10 +103,14 @@ class WorkRate:
     count doubled. In a gated second the gate lets in exactly what the
     engines have room for by its rules, so this is the rate the plane will
     actually release at per engine, however conservative those rules are.
+    Both conditions are needed: work stays held for a tenant's own limits
+    (its bucket, its concurrency) while the engines have room, and a
+    second in which the gate refused room once but released the backlog at
+    once was not a second of full engines.
 
     O(1) per release and per report; ``rate`` is O(window)."""
 
-    __slots__ = ("_engines", "_gated", "_secs", "_since", "_tokens")
+    __slots__ = ("_denied", "_engines", "_full", "_gated", "_last", "_secs", "_since", "_tokens")
 
     def __init__(self) -> None:
         n = WORK_WINDOW_S + 1
@@ -97,27 +118,36 @@ class WorkRate:
         self._tokens = [0] * n
         self._gated = [0] * n  # ns of the second with work held
         self._engines = [0] * n  # most engines reporting during the second
+        self._denied = [False] * n  # the gate found no room in the second
+        self._full = [False] * n  # an engine reported requests waiting in its own queue
         self._since = -1  # work held since (ns); -1: not held now
+        self._last: float | None = None  # the last rate measured
 
     def _slot(self, sec: int) -> int:
         i = sec % len(self._secs)
         if self._secs[i] != sec:
             self._secs[i] = sec
             self._tokens[i] = self._gated[i] = self._engines[i] = 0
+            self._denied[i] = self._full[i] = False
         return i
 
     def released(self, now: int, tokens: int) -> None:
         self._tokens[self._slot(now // NS_PER_S)] += tokens
 
-    def engines(self, now: int, count: int) -> None:
+    def engines(self, now: int, count: int, waiting: int = 0) -> None:
+        """A load report at ``now``: ``count`` engines report, this one has
+        ``waiting`` requests in its own queue."""
         i = self._slot(now // NS_PER_S)
         if count > self._engines[i]:
             self._engines[i] = count
+        if waiting > 0:
+            self._full[i] = True
 
     def held(self, now: int) -> None:
-        """Work began to be held for the pool (the gate had no room)."""
+        """The gate found no room for held work (it stays held)."""
         if self._since < 0:
             self._since = now
+        self._denied[self._slot(now // NS_PER_S)] = True
 
     def emptied(self, now: int) -> None:
         """Nothing is held for the pool any more."""
@@ -135,19 +165,40 @@ class WorkRate:
 
     def rate(self, now: int) -> float | None:
         """Per-engine prompt tokens per second over the window's gated
-        seconds (the current, partial one left out); None without any."""
+        seconds (the current, partial one left out). A window with fewer
+        than ``MIN_GATED_S`` of them keeps the last rate measured: a pool
+        with room for its demand does
+        not measure its engines again, and what they took when they were
+        full still holds (the pace, the fallback before any, reads far
+        lower: see above). None before a first measurement."""
         if self._since >= 0:  # the open interval so far counts
             self._add_gated(self._since, now)
             self._since = now
         sec = now // NS_PER_S
         need = GATED_SHARE * NS_PER_S
-        total = 0.0
+        size = len(self._secs)
+        best = 0.0
         n = 0
-        for i, s in enumerate(self._secs):
-            if sec - WORK_WINDOW_S <= s < sec and self._gated[i] >= need and self._engines[i]:
-                total += self._tokens[i] / self._engines[i]
-                n += 1
-        return total / n if n else None
+        run: list[float] = []  # the current run of consecutive gated seconds
+        for s in range(sec - WORK_WINDOW_S, sec + 1):  # oldest first; sec closes the last run
+            i = s % size
+            if (
+                s < sec
+                and self._secs[i] == s
+                and self._gated[i] >= need
+                and self._denied[i]
+                and self._full[i]
+                and self._engines[i]
+            ):
+                run.append(self._tokens[i] / self._engines[i])
+                continue
+            if len(run) >= MIN_RUN_S:
+                best = max(best, sum(run) / len(run))
+                n += len(run)
+            run = []
+        if n >= MIN_GATED_S:
+            self._last = best
+        return self._last
 
 
 def counts_as_demand(reason: int) -> bool:
@@ -198,15 +249,16 @@ class DemandMeter:
             self._forecast.update(float(self._tokens[i]) if self._secs[i] == s else 0.0)
         self._fed = sec - 1
 
-    def rates(self, now: int) -> tuple[float, float]:
-        """(prompt tokens, requests) per second over the window ending now."""
+    def rates(self, now: int, window_s: int = DEMAND_WINDOW_S) -> tuple[float, float]:
+        """(prompt tokens, requests) per second over the ``window_s``
+        seconds (at most ``DESIRED_WINDOW_S``) ending now."""
         sec = now // NS_PER_S
         tokens = requests = 0
         for i, s in enumerate(self._secs):
-            if sec - DEMAND_WINDOW_S <= s <= sec:
+            if sec - window_s <= s <= sec:
                 tokens += self._tokens[i]
                 requests += self._requests[i]
-        span = (now - (sec - DEMAND_WINDOW_S) * NS_PER_S) / NS_PER_S
+        span = (now - (sec - window_s) * NS_PER_S) / NS_PER_S
         return tokens / span, requests / span
 
     def forecast(self, now: int, horizon_s: float) -> float:

@@ -269,9 +269,8 @@ class Dispatcher:
             self._watermark_blocked = True
         elif reason == Reason.BACKPRESSURE:
             self._shed_blocked[(w.lane_idx, w.slot)] = w.pool
-            if w.pool not in self._gated_pools:
-                self._gated_pools.add(w.pool)
-                self._gate.held(w.pool, now)
+            self._gated_pools.add(w.pool)
+            self._gate.held(w.pool, now)
 
     def _eligible(self, w: Waiter) -> bool:
         slot = w.slot

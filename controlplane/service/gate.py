@@ -156,7 +156,7 @@ class PoolGate:
             e.received_ns for e in state.engines.values() if now - e.received_ns <= self._stale_ns
         ]
         oldest = min(fresh, default=now)
-        state.work.engines(now, len(fresh))
+        state.work.engines(now, len(fresh), load.queue_depth)
         starting, waiting = state.starting, state.waiting
         if starting and starting[-1] <= oldest:  # the usual case: all of them
             starting.clear()
@@ -459,7 +459,8 @@ class PoolGate:
             state.work.emptied(now)
 
     def held(self, pool: str, now: int) -> None:
-        """Work is held for ``pool`` for lack of room (its gated time starts)."""
+        """Work is held for ``pool`` for lack of room: its gated time starts
+        (if it had not) and this second saw the gate find no room."""
         self._pool(pool).work.held(now)
 
     def work_rate(self, pool: str, now: int) -> float | None:

@@ -12,6 +12,9 @@ from controlplane.service import AdmissionService
 from controlplane.service.demand import (
     CAPACITY_REASONS,
     DEMAND_WINDOW_S,
+    DESIRED_WINDOW_S,
+    MIN_GATED_S,
+    MIN_RUN_S,
     WORK_WINDOW_S,
     DemandMeter,
     WorkRate,
@@ -172,14 +175,15 @@ def learn_pace(svc: AdmissionService, clock: Any, prompt: int = 1_000) -> None:
     for _ in range(6):
         clock.advance(100 * MS)
         report(svc, running=3)
-    clock.advance((DEMAND_WINDOW_S + 1) * S)  # their demand has left the window
+    clock.advance((DESIRED_WINDOW_S + 1) * S)  # their demand has left the windows
     clock.advance(S - clock() % S)  # at a whole second: ask() fills whole seconds
     report(svc, running=0)
 
 
 def ask(svc: AdmissionService, clock: Any, per_s: int, prompt: int, tag: str) -> None:
-    """``per_s`` premium requests a second of ``prompt`` tokens, for the window."""
-    for s in range(DEMAND_WINDOW_S):
+    """``per_s`` premium requests a second of ``prompt`` tokens, for the
+    window desired_engines averages (the longer one)."""
+    for s in range(DESIRED_WINDOW_S):
         for i in range(per_s):
             rid = f"{tag}-{s}-{i}"
             report(svc, running=0)
@@ -242,34 +246,67 @@ def test_an_unknown_pool_is_all_zeros(svc: AdmissionService) -> None:
 # ---------------------------------------------------- the per-engine work rate
 
 
-def test_the_work_rate_counts_every_release_in_gated_seconds_only() -> None:
+def _gated_seconds(w: WorkRate, start_s: int, n: int, tokens: int, engines: int) -> None:
+    """``n`` seconds from ``start_s`` in which the gate found no room for
+    held work, ``tokens`` released each second (half from the backlog, half
+    straight away) to ``engines`` engines."""
+    for s in range(start_s, start_s + n):
+        t = T0 + s * S
+        w.engines(t, engines, waiting=1)  # an engine's own queue is not empty
+        w.held(t + MS)  # a held request tried again and held again
+        w.released(t + 10 * MS, tokens // 2)
+        w.released(t + 500 * MS, tokens - tokens // 2)
+
+
+def test_the_work_rate_counts_every_release_in_seconds_the_gate_found_no_room() -> None:
     w = WorkRate()
     w.engines(T0, 2)
-    w.released(T0 + 100 * MS, 5_000)  # not gated: not a measure of the engines
+    w.released(T0 + 100 * MS, 5_000)  # nothing held: not a measure of the engines
     assert w.rate(T0 + 2 * S) is None
-    w.held(T0 + S)  # work held from the start of the next second ...
-    for s in (1, 2):
-        w.engines(T0 + s * S, 2)
-        w.released(T0 + s * S + 10 * MS, 6_000)  # from the backlog
-        w.released(T0 + s * S + 500 * MS, 2_000)  # straight away: counted too
-    w.emptied(T0 + 3 * S)
-    # two gated seconds of 8,000 tokens over 2 engines
-    assert w.rate(T0 + 4 * S) == pytest.approx(4_000)
-    # a second gated for less than GATED_SHARE of it does not count
-    w.held(T0 + 4 * S + 500 * MS)
-    w.engines(T0 + 4 * S + 600 * MS, 2)
-    w.released(T0 + 4 * S + 700 * MS, 100_000)
-    w.emptied(T0 + 5 * S)
-    assert w.rate(T0 + 6 * S) == pytest.approx(4_000)
+    _gated_seconds(w, 1, MIN_GATED_S, 8_000, 2)
+    w.emptied(T0 + (MIN_GATED_S + 1) * S)
+    assert w.rate(T0 + (MIN_GATED_S + 2) * S) == pytest.approx(4_000)
 
 
-def test_the_work_rate_is_per_engine_of_the_second_and_forgets_the_old_window() -> None:
+def test_held_seconds_without_a_refusal_for_room_do_not_count() -> None:
     w = WorkRate()
-    w.held(T0)
-    w.engines(T0, 1)
-    w.released(T0 + MS, 10_000)
-    w.engines(T0 + S, 4)  # scaled out: four engines took 40,000
-    w.released(T0 + S + MS, 40_000)
-    # the open interval counts up to now; the current second does not
-    assert w.rate(T0 + 2 * S) == pytest.approx(10_000)
-    assert w.rate(T0 + (WORK_WINDOW_S + 2) * S) is None
+    _gated_seconds(w, 0, MIN_GATED_S, 8_000, 2)
+    # Work stays held (a tenant's own limits, say) while the gate has room:
+    # releases at the tenants' pace, not the engines'.
+    for s in range(MIN_GATED_S, 3 * MIN_GATED_S):
+        w.engines(T0 + s * S, 2)
+        w.released(T0 + s * S + 10 * MS, 500)
+    assert w.rate(T0 + 3 * MIN_GATED_S * S) == pytest.approx(4_000)
+
+
+def test_too_few_gated_seconds_keep_the_last_rate_and_old_ones_are_forgotten() -> None:
+    w = WorkRate()
+    _gated_seconds(w, 0, MIN_GATED_S, 8_000, 2)
+    w.emptied(T0 + MIN_GATED_S * S)
+    first = w.rate(T0 + (MIN_GATED_S + 1) * S)
+    assert first == pytest.approx(4_000)
+    # much later, a run of gated seconds shorter than MIN_RUN_S (a burst's
+    # tail, engines busy with what was released before it): ignored, the
+    # last rate stands
+    late = WORK_WINDOW_S + 100
+    _gated_seconds(w, late, MIN_RUN_S - 1, 200, 2)
+    w.emptied(T0 + (late + MIN_RUN_S - 1) * S)
+    assert w.rate(T0 + (late + MIN_RUN_S) * S) == pytest.approx(4_000)
+    # scaled out to four engines, which took 40,000 a second: per engine,
+    # the best run of the window
+    _gated_seconds(w, late + 10, MIN_GATED_S, 40_000, 4)
+    w.emptied(T0 + (late + 10 + MIN_GATED_S) * S)
+    assert w.rate(T0 + (late + 11 + MIN_GATED_S) * S) == pytest.approx(10_000)
+
+
+def test_seconds_whose_engines_had_nothing_waiting_do_not_count() -> None:
+    # The gate held work for a rule of its own (a long prompt that no step
+    # can take yet) while every engine's queue was empty: the engines were
+    # not full, so their intake says nothing of their capacity.
+    w = WorkRate()
+    for s in range(2 * MIN_GATED_S):
+        t = T0 + s * S
+        w.engines(t, 2, waiting=0)
+        w.held(t + MS)
+        w.released(t + 10 * MS, 300)
+    assert w.rate(T0 + 2 * MIN_GATED_S * S) is None
