@@ -24,10 +24,14 @@ An alarm for ``k`` engines at ``t`` is **confirmed** when the reactive
 signal itself reaches ``k`` within ``horizon_s`` after ``t`` (the forecast
 saw it coming; the gap is its *lead time*), and **false** otherwise (the
 engines were started for nothing). The design documents allow at most 5 %
-false alarms (``MAX_FALSE_ALARM_RATE``): once ``MIN_SCORED_ALARMS`` alarms
-are scored and more than that share were false, the forecast is not good
+false alarms (``MAX_FALSE_ALARM_RATE``): as soon as the scored alarms show,
+with 95 % confidence, a false-alarm rate above that (the one-sided Wilson
+score lower bound of false / scored exceeds 5 %), the forecast is not good
 enough on this traffic and the autoscaler falls back to the reactive signal
-for good (``fell_back_at_ns``), saying so in its report.
+for good (``fell_back_at_ns``), saying so in its report. A bound, not the
+raw share: the first alarm being false says little about a 5 % rate, a
+first false alarm after nineteen confirmed ones says it is within it, and
+no count of alarms has to be chosen before judging.
 """
 
 from __future__ import annotations
@@ -45,9 +49,8 @@ DEFAULT_SCALE_DOWN_DELAY_S = 600.0
 DEFAULT_ENGINE_STARTUP_S = 120.0  # BURSTGATE_AUTOSCALE_ENGINE_STARTUP_S's default
 # The design documents' ceiling on predictive scale-ups that were not needed.
 MAX_FALSE_ALARM_RATE = 0.05
-# Alarms scored before the false-alarm rate is judged: with fewer, one false
-# alarm is already more than 5 % and says little about the forecast.
-MIN_SCORED_ALARMS = 20
+# One-sided 95 % normal quantile: the confidence of the fall-back's judgement.
+Z_95 = 1.6448536269514722
 # The usual recipe's target: sum(vllm:num_requests_waiting) / 5 per replica
 # (AverageValue 5; what public KEDA-on-vLLM guides ship).
 QUEUE_LENGTH_TARGET = 5.0
@@ -114,6 +117,17 @@ def queue_length_recommendation(waiting: int, replicas: int, target: float) -> i
     return want
 
 
+def wilson_lower(k: int, n: int, z: float = Z_95) -> float:
+    """The Wilson score interval's lower bound for ``k`` successes in ``n``."""
+    if n <= 0:
+        return 0.0
+    p = k / n
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return max(0.0, (centre - spread) / (1 + z2 / n))
+
+
 @dataclass(slots=True)
 class Alarm:
     t_ns: int
@@ -151,8 +165,8 @@ class ForecastScore:
         self._open = keep
         if (
             self.fell_back_at_ns < 0
-            and self._scored >= MIN_SCORED_ALARMS
-            and self._false / self._scored > MAX_FALSE_ALARM_RATE
+            and self._false
+            and wilson_lower(self._false, self._scored) > MAX_FALSE_ALARM_RATE
         ):
             self.fell_back_at_ns = now_ns
 

@@ -11,8 +11,8 @@ harness starts or drains engines to match. Modes:
 - ``predictive``: the larger of ``desired_engines`` and
   ``desired_engines_predicted`` (the forecast an engine start-up ahead),
   as the recipes' two triggers combine; its scale-ups beyond the reactive
-  value are scored as alarms, and the loop falls back to reactive when
-  more than 5 % of them were false (``ForecastScore``).
+  value are scored as alarms, and the loop falls back to reactive once
+  more than 5 % of them are false with 95 % confidence (``ForecastScore``).
 - ``queue-length``: the usual recipe, an HPA on the engines' own
   ``sum(vllm:num_requests_waiting)`` at 5 per replica. Whatever burstgate
   holds in its own queues is invisible to it: that is what it costs.

@@ -151,6 +151,17 @@ BENCHMARKS = (
         r"^\| admit_or_wait \(backlog\) \| [\d,]+ \|$",
         r"^\| admit_batch 1000, 4 tenants \| [\d,]+ \|$",
     ), part=1),
+    # Ten minutes of the diurnal trace on two engines, all four autoscalers.
+    Bench("bench_autoscale", (
+        "--seeds", "3", "--duration", "600", "--engines", "2", "--load", "0.45",
+        "--startup", "30", "--scale-down-delay", "60", "--jobs", "1",
+    ), (
+        r"^\| 3 \| off \| [\d.]+ / [\d.]+ / [\d.]+ \| [1-9][\d,]* \| 100% \| 2 \|",
+        r"^\| 3 \| reactive \| ",
+        r"^\| 3 \| predictive \| .* \| \d+ \(\d+\)",
+        r"^\| 3 \| queue-length \| ",
+        r"^- seed 3: predictive premium [\d.]+ vs off [\d.]+ ",
+    ), part=1),
     Bench("bench_metrics", ("--rounds", "1", "--n", "1000"), (
         r"^\| admit\+complete \| [\d,]+ \| [\d,]+ \| [\d.]+x \|$",
         r"^\| admit_batch 1000, 4 tenants \| [\d,]+ \| [\d,]+ \| [\d.]+x \|$",

@@ -11,11 +11,11 @@ import pytest
 
 from controlplane.domain.autoscaler import (
     MAX_FALSE_ALARM_RATE,
-    MIN_SCORED_ALARMS,
     Autoscaler,
     ForecastScore,
     ScalerParams,
     queue_length_recommendation,
+    wilson_lower,
 )
 
 S = 1_000_000_000
@@ -86,20 +86,34 @@ def test_an_alarm_past_its_horizon_is_false_and_open_ones_are_not_scored() -> No
     assert summary["lead_time_median_s"] is None
 
 
-def _score(false: int, true: int) -> ForecastScore:
+def _score(outcomes: str) -> ForecastScore:
+    """Alarms scored in order: "t" confirmed, "f" false."""
     score = ForecastScore(horizon_s=10)
     t = 0
-    for i in range(false + true):
+    for o in outcomes:
         score.raise_alarm(t, 5)
         t += 20 * S
-        score.observe(t, 5 if i < true else 1)
+        score.observe(t, 5 if o == "t" else 1)
     return score
 
 
-def test_the_forecast_is_dropped_once_more_than_5_percent_of_scored_alarms_were_false() -> None:
-    allowed = int(MAX_FALSE_ALARM_RATE * MIN_SCORED_ALARMS)  # 1 in 20
-    assert _score(false=allowed, true=MIN_SCORED_ALARMS - allowed).active
-    dropped = _score(false=allowed + 1, true=MIN_SCORED_ALARMS - allowed - 1)
-    assert not dropped.active and dropped.summary()["fell_back_at_s"] is not None
-    # too few alarms to judge: kept, however many were false
-    assert _score(false=3, true=0).active
+def test_wilson_lower_bound() -> None:
+    assert wilson_lower(0, 10) == 0.0
+    # 5 in 10: the two-sided 95 % Wilson interval is [0.237, 0.763]
+    assert wilson_lower(5, 10, z=1.959964) == pytest.approx(0.2366, abs=1e-3)
+    assert wilson_lower(1, 1) > MAX_FALSE_ALARM_RATE
+    assert wilson_lower(1, 20) < MAX_FALSE_ALARM_RATE
+
+
+def test_the_forecast_is_dropped_once_its_false_alarms_are_surely_above_5_percent() -> None:
+    # one false alarm after nineteen confirmed: within 5 %, kept
+    kept = _score("t" * 19 + "f")
+    assert kept.active and kept.summary()["false_alarm_rate"] == pytest.approx(0.05)
+    # the first alarm false: at least ~27 % with 95 % confidence, dropped at once
+    first = _score("f")
+    assert not first.active and first.summary()["fell_back_at_s"] == 20
+    # a quarter of them false: dropped, at the alarm that made it sure
+    quarter = _score("tttf" * 5)
+    assert not quarter.active
+    fell = quarter.summary()["fell_back_at_s"]
+    assert fell is not None and fell < 20 * 20

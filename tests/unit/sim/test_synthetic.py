@@ -84,3 +84,20 @@ def test_specs_parse_and_bad_ones_are_refused_clearly() -> None:
             parse_spec(bad)
     with pytest.raises(ValueError, match="duration must be > 0"):
         generate("heavy-burst", duration_s=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_diurnal_swings_over_minutes_and_is_chat_sized(seed: int) -> None:
+    trace = generate("diurnal", seed=seed, duration_s=3_600)
+    minutes = [0] * 60
+    for r in trace:
+        minutes[min(59, r.t_ns // (60 * 1_000_000_000))] += 1
+    ranked = sorted(minutes)
+    # the busiest minutes carry over twice the quietest ones' requests (a
+    # trough of a quarter of the peak, waves on top): an autoscaler's job
+    assert ranked[-3] > 2 * ranked[2]
+    # but no single second dominates: swings, not bursts
+    assert per_second_stats(trace).peak_to_mean < 6
+    assert 900 < statistics.mean(r.prompt_tokens for r in trace) < 1_500
+    assert 150 < statistics.mean(r.output_tokens for r in trace) < 300
+    assert max(r.prompt_tokens for r in trace) <= 16_000
