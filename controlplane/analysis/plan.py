@@ -53,10 +53,10 @@ ROUNDING_SLACK = 1e-9
 # The control plane's defaults for the autoscaling signals: desired engines
 # is ceil(demand / (per-engine rate * U)) with U =
 # BURSTGATE_AUTOSCALE_TARGET_UTILIZATION (settings.py's default, 0.8), over
-# the last DEMAND_WINDOW_S seconds (service/demand.py). Here demand is
+# the last DEMAND_WINDOW_S seconds (service/demand.py DESIRED_WINDOW_S). Here demand is
 # already in engines busy, so the per-engine rate is 1.
 TARGET_UTILIZATION = 0.8
-DEMAND_WINDOW_S = 10
+DEMAND_WINDOW_S = 60
 # The recipes' autoscaler: evaluated every 15 s (the HPA's sync period),
 # down only to the highest recommendation of the last 600 s.
 AUTOSCALE_INTERVAL_S = int(DEFAULT_INTERVAL_S)
@@ -213,12 +213,13 @@ def simulate_autoscaled(
     target_utilization: float = TARGET_UTILIZATION,
     scale_down_delay_s: float = AUTOSCALE_DOWN_DELAY_S,
     interval_s: int = AUTOSCALE_INTERVAL_S,
+    demand_window_s: int = DEMAND_WINDOW_S,
 ) -> PlanOutcome:
     """The fluid queue under the recipes' autoscaler (domain/autoscaler.py),
     from ``base`` engines (its minimum, warm) up to ``base + elastic``.
 
     At the start of every ``interval_s``-th second it is given the plane's
-    desired engines, ceil(mean demand of the last DEMAND_WINDOW_S completed
+    desired engines, ceil(mean demand of the last ``demand_window_s`` completed
     seconds / U); ``predictive`` also the forecast's, ceil(Holt forecast
     ``lead_time_s`` ahead / U) (the forecaster fed each completed second,
     from 0 like service/demand.py's), and takes the larger. Engines asked
@@ -244,14 +245,14 @@ def simulate_autoscaled(
     values = demand.tolist()
     ready = base
     pending: list[int] = []  # seconds from which engines asked for serve
-    window_sum = 0.0  # demand of the last DEMAND_WINDOW_S completed seconds
+    window_sum = 0.0  # demand of the last demand_window_s completed seconds
     backlog = 0.0
     over = queued = scale_ups = 0
     engine_seconds = 0
     worst_wait = 0.0
     for t, work in enumerate(values):
         if t % interval_s == 0:
-            seen = min(t, DEMAND_WINDOW_S)
+            seen = min(t, demand_window_s)
             mean = window_sum / seen if seen else 0.0
             want = _wanted(mean, target_utilization)
             if predictive:
@@ -277,8 +278,8 @@ def simulate_autoscaled(
         worst_wait = max(worst_wait, backlog / ready)
         forecaster.update(work)
         window_sum += work
-        if t >= DEMAND_WINDOW_S:
-            window_sum -= values[t - DEMAND_WINDOW_S]
+        if t >= demand_window_s:
+            window_sum -= values[t - demand_window_s]
     return PlanOutcome(
         name=name,
         base_engines=base,

@@ -40,7 +40,7 @@ def series_of(demand: np.ndarray) -> RateSeries:
 
 
 def test_constants_are_the_planes_defaults() -> None:
-    from controlplane.service.demand import DEMAND_WINDOW_S as PLANE_WINDOW_S
+    from controlplane.service.demand import DESIRED_WINDOW_S as PLANE_WINDOW_S
     from controlplane.settings import Settings
 
     assert Settings.model_fields["autoscale_target_utilization"].default == TARGET_UTILIZATION
@@ -127,7 +127,10 @@ def test_plan_autoscales_the_elastic_pool_for_bursts() -> None:
 def test_a_scale_up_serves_only_lead_time_later(lead: int) -> None:
     # 0.5 engines busy for 600 s, then a step to 4 (ceil(4 / 0.8) = 5 engines).
     demand = np.concatenate([np.full(600, 0.5), np.full(1200, 4.0)])
-    outcome = simulate_autoscaled(demand, "r", base=1, elastic=7, lead_time_s=lead)
+    # (a 10-s demand window, so one evaluation sees the whole step)
+    outcome = simulate_autoscaled(
+        demand, "r", base=1, elastic=7, lead_time_s=lead, demand_window_s=10
+    )
     # The evaluation at 600 s sees 590..599 (0.5); the one at 615 s sees the
     # step and asks for 5, which serve from 615 + lead. Until then 1 engine.
     assert outcome.scale_ups == 1
@@ -149,8 +152,9 @@ def test_a_scale_down_cancels_engines_still_starting() -> None:
     # from 15 s to 105 s.
     demand = np.concatenate([np.full(30, 6.0), np.full(570, 0.5)])
     outcome = simulate_autoscaled(
-        demand, "r", base=1, elastic=7, lead_time_s=300, scale_down_delay_s=60
-    )
+        demand, "r", base=1, elastic=7, lead_time_s=300, scale_down_delay_s=60,
+        demand_window_s=10,
+    )  # fmt: skip
     assert outcome.scale_ups == 1
     assert outcome.over_capacity_s == 30  # only the spike, on 1 engine throughout
     assert outcome.engine_hours == pytest.approx((600 + 7 * (105 - 15)) / HOUR)
