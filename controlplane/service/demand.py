@@ -87,26 +87,30 @@ MIN_RUN_S = 5
 
 class WorkRate:
     """Prompt tokens one engine of a pool takes per second when the pool is
-    the bottleneck: measured over the seconds in which the gate held work
-    for it (``GATED_SHARE`` of the second or more) and found no room for it
-    (at least once in the second: a held request tried again after a load
-    report and held again for ``BACKPRESSURE``), as every prompt token
-    released to the pool that second (straight away or from the backlog)
-    over the engines reporting then, averaged over such seconds of the last
-    ``WORK_WINDOW_S``.
+    the bottleneck. A second counts when, in it, work was held for the pool
+    for ``GATED_SHARE`` of the second or more, the gate found no room for
+    it at least once (a held request tried again after a load report and
+    held again for ``BACKPRESSURE``), and an engine reported requests
+    waiting in its own queue; its measure is every prompt token released
+    to the pool that second (straight away or from the backlog) over the
+    engines reporting then. Such seconds count in runs of ``MIN_RUN_S`` or
+    more in a row, and the rate is the best run's mean over the last
+    ``WORK_WINDOW_S`` (once ``MIN_GATED_S`` seconds count in it).
 
-    Why not the gate's pace (service/pace.py): the pace counts only the
-    releases *from* the backlog, over a stretch's whole time, so when a
-    backlog comes and goes (a pool near its capacity, where an autoscaler
-    looks) the requests admitted straight away in between are missing from
-    it and it reads far below what the engines take: the desired engine
-    count doubled. In a gated second the gate lets in exactly what the
-    engines have room for by its rules, so this is the rate the plane will
-    actually release at per engine, however conservative those rules are.
-    Both conditions are needed: work stays held for a tenant's own limits
-    (its bucket, its concurrency) while the engines have room, and a
-    second in which the gate refused room once but released the backlog at
-    once was not a second of full engines.
+    Why each condition (each removed a way the rate read low in
+    ``burstgate simulate``): work stays held for a tenant's own limits (its
+    bucket, its concurrency) while the engines have room; the gate holds a
+    long prompt for a rule of its own while every engine's queue is empty;
+    in the second or two after a burst the engines are busy with what was
+    just released and take little new work. The best run, not the mean of
+    all: whatever is left reads low, not high (the gate never releases
+    more than the engines have room for). And why not the gate's pace
+    (service/pace.py): it counts only the releases *from* the backlog, over
+    a stretch's whole time, so when a backlog comes and goes (a pool near
+    its capacity, where an autoscaler looks) the requests admitted straight
+    away in between are missing from it and it reads far below what the
+    engines take: the desired engine count doubled. What this measures is
+    the rate the gate actually releases at per engine, at its own rules.
 
     O(1) per release and per report; ``rate`` is O(window)."""
 
@@ -164,13 +168,12 @@ class WorkRate:
             start = stop
 
     def rate(self, now: int) -> float | None:
-        """Per-engine prompt tokens per second over the window's gated
-        seconds (the current, partial one left out). A window with fewer
-        than ``MIN_GATED_S`` of them keeps the last rate measured: a pool
-        with room for its demand does
-        not measure its engines again, and what they took when they were
-        full still holds (the pace, the fallback before any, reads far
-        lower: see above). None before a first measurement."""
+        """Per-engine prompt tokens per second: the best run of the window's
+        counted seconds (the current, partial one left out). A window with
+        fewer than ``MIN_GATED_S`` of them keeps the last rate measured: a
+        pool with room for its demand does not measure its engines again,
+        and what they took when they were full still holds. None before a
+        first measurement."""
         if self._since >= 0:  # the open interval so far counts
             self._add_gated(self._since, now)
             self._since = now
