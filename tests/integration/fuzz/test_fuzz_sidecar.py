@@ -144,6 +144,10 @@ class Door:
         self.run(stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        # Closed here, not left to the garbage collector: an unclosed loop
+        # (and its self-pipe's sockets) collected during a later test is a
+        # ResourceWarning there, which the suite turns into that test's error.
+        self.loop.close()
 
 
 @pytest.fixture(scope="module")
