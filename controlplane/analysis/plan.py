@@ -214,6 +214,7 @@ def simulate_autoscaled(
     scale_down_delay_s: float = AUTOSCALE_DOWN_DELAY_S,
     interval_s: int = AUTOSCALE_INTERVAL_S,
     demand_window_s: int = DEMAND_WINDOW_S,
+    rate_limits: bool = True,
 ) -> PlanOutcome:
     """The fluid queue under the recipes' autoscaler (domain/autoscaler.py),
     from ``base`` engines (its minimum, warm) up to ``base + elastic``.
@@ -237,6 +238,8 @@ def simulate_autoscaled(
             engine_startup_s=float(lead_time_s),
             scale_down_delay_s=scale_down_delay_s,
             interval_s=float(interval_s),
+            # the recipes' Pods policies (ScalerParams' defaults), or none
+            **({} if rate_limits else {"up_pods": 0, "down_pods": 0}),
         )
     )
     forecaster = HoltForecaster(HoltParams(*HOLT_DEFAULTS))

@@ -12,11 +12,11 @@ count the way a Kubernetes HPA with our recipes' ``behavior`` does:
   *highest* recommendation of the last ``scale_down_delay_s`` seconds (the
   HPA's scale-down stabilisation window), so an engine that takes minutes to
   start is not dropped between two pulses;
+- at most ``up_pods`` more per ``up_period_s`` and ``down_pods`` fewer per
+  ``down_period_s`` (the HPA's ``Pods`` policies: four a minute up, one per
+  two minutes down in the recipes; 0 = no limit): a change is limited by
+  the changes in the same direction within the period before it;
 - clamped to ``[min_engines, max_engines]``.
-
-The recipes' rate limits (four pods a minute up, one per two minutes down)
-are left out: with a 15 s period and the simulated pools' sizes they rarely
-bind, and the rule stays one a reader can check by hand.
 
 ``ForecastScore`` scores scale-ups a forecast drove (an *alarm*: the
 forecast asked for more engines than the reactive signal at that moment).
@@ -63,6 +63,11 @@ class ScalerParams:
     engine_startup_s: float = DEFAULT_ENGINE_STARTUP_S
     scale_down_delay_s: float = DEFAULT_SCALE_DOWN_DELAY_S
     interval_s: float = DEFAULT_INTERVAL_S
+    # The recipes' scaleUp / scaleDown Pods policies (0 pods: no limit).
+    up_pods: int = 4
+    up_period_s: float = 60.0
+    down_pods: int = 1
+    down_period_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.min_engines < 1:
@@ -78,17 +83,32 @@ class ScalerParams:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {value!r}")
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
             raise ValueError(f"autoscaler interval: must be > 0, got {self.interval_s!r}")
+        for name in ("up_pods", "down_pods"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"autoscaler {name}: must be >= 0, got {getattr(self, name)!r}")
+        for name in ("up_period_s", "down_period_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"autoscaler {name}: must be > 0, got {value!r}")
 
 
 class Autoscaler:
     """Replica count from recommendations, one call per evaluation."""
 
-    __slots__ = ("_history", "p", "replicas")
+    __slots__ = ("_changes", "_history", "p", "replicas")
 
     def __init__(self, params: ScalerParams, replicas: int | None = None) -> None:
         self.p = params
         self.replicas = params.min_engines if replicas is None else replicas
         self._history: deque[tuple[int, int]] = deque()  # (t_ns, clamped recommendation)
+        self._changes: deque[tuple[int, int]] = deque()  # (t_ns, replicas added (+) or removed (-))
+
+    def _changed(self, now_ns: int, up: bool) -> int:
+        """Replicas added (``up``) or removed within the policy's period."""
+        p = self.p
+        period = p.up_period_s if up else p.down_period_s
+        since = now_ns - int(period * NS_PER_S)
+        return sum(abs(d) for t, d in self._changes if t > since and (d > 0) == up)
 
     def decide(self, now_ns: int, recommendation: int) -> int:
         """The replica count after this evaluation (also ``self.replicas``)."""
@@ -100,10 +120,22 @@ class Autoscaler:
         while history and history[0][0] < horizon:
             history.popleft()
         if want >= self.replicas:
-            self.replicas = want
+            target = want
+            if p.up_pods:
+                room = max(0, p.up_pods - self._changed(now_ns, True))
+                target = min(target, self.replicas + room)
         else:
             # down to the highest recommendation of the window, never up
-            self.replicas = min(self.replicas, max(w for _, w in history))
+            target = min(self.replicas, max(w for _, w in history))
+            if p.down_pods:
+                floor = self.replicas - max(0, p.down_pods - self._changed(now_ns, False))
+                target = max(target, floor)
+        if target != self.replicas:
+            self._changes.append((now_ns, target - self.replicas))
+            keep = now_ns - int(max(p.up_period_s, p.down_period_s) * NS_PER_S)
+            while self._changes and self._changes[0][0] <= keep:
+                self._changes.popleft()
+            self.replicas = target
         return self.replicas
 
 

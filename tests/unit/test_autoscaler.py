@@ -22,7 +22,9 @@ S = 1_000_000_000
 
 
 def test_scales_up_at_once_and_down_only_after_the_window() -> None:
-    a = Autoscaler(ScalerParams(min_engines=1, max_engines=8, scale_down_delay_s=60))
+    a = Autoscaler(
+        ScalerParams(min_engines=1, max_engines=8, scale_down_delay_s=60, up_pods=0, down_pods=0)
+    )
     assert a.replicas == 1
     assert a.decide(0, 5) == 5  # up at once
     assert a.decide(15 * S, 2) == 5  # 5 was asked within the window
@@ -32,6 +34,18 @@ def test_scales_up_at_once_and_down_only_after_the_window() -> None:
     assert a.decide(106 * S, 2) == 2
     assert a.decide(120 * S, 40) == 8  # clamped to the maximum
     assert a.decide(121 * S, 0) == 8
+
+
+def test_the_recipes_pods_policies_limit_each_step() -> None:
+    # four pods a minute up, one per two minutes down (deploy/autoscaling)
+    a = Autoscaler(ScalerParams(min_engines=1, max_engines=20, scale_down_delay_s=0))
+    assert a.decide(0, 12) == 5  # +4 at most
+    assert a.decide(15 * S, 12) == 5  # the minute is not over
+    assert a.decide(61 * S, 12) == 9  # a new minute: +4 more
+    assert a.decide(122 * S, 12) == 12
+    assert a.decide(200 * S, 1) == 11  # down: one ...
+    assert a.decide(260 * S, 1) == 11  # ... per two minutes
+    assert a.decide(321 * S, 1) == 10
 
 
 def test_recommendations_below_the_minimum_are_the_minimum() -> None:

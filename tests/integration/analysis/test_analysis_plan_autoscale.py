@@ -153,7 +153,7 @@ def test_a_scale_down_cancels_engines_still_starting() -> None:
     demand = np.concatenate([np.full(30, 6.0), np.full(570, 0.5)])
     outcome = simulate_autoscaled(
         demand, "r", base=1, elastic=7, lead_time_s=300, scale_down_delay_s=60,
-        demand_window_s=10,
+        demand_window_s=10, rate_limits=False,
     )  # fmt: skip
     assert outcome.scale_ups == 1
     assert outcome.over_capacity_s == 30  # only the spike, on 1 engine throughout
