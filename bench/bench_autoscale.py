@@ -20,7 +20,7 @@ issue's two checks per seed:
 Seeds run in parallel processes (``--jobs``, default: the CPUs). The
 defaults are the figures in BENCHMARKS.md: the day over 6 hours, 5 engines
 (the peak minute at the 0.8 target utilisation on this mix), load 0.32 of
-them, start-up 120 s, the recipes' 600 s scale-down window.
+them, start-up 120 s, the recipes' 300 s scale-down window.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--min-engines", type=int, default=1)
     ap.add_argument("--load", type=float, default=0.32)
     ap.add_argument("--startup", type=float, default=120.0, help="engine start-up, seconds")
-    ap.add_argument("--scale-down-delay", type=float, default=600.0)
+    ap.add_argument("--scale-down-delay", type=float, default=300.0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -58,7 +58,7 @@ ROUNDING_SLACK = 1e-9
 TARGET_UTILIZATION = 0.8
 DEMAND_WINDOW_S = 60
 # The recipes' autoscaler: evaluated every 15 s (the HPA's sync period),
-# down only to the highest recommendation of the last 600 s.
+# down only to the highest recommendation of the last 300 s.
 AUTOSCALE_INTERVAL_S = int(DEFAULT_INTERVAL_S)
 AUTOSCALE_DOWN_DELAY_S = DEFAULT_SCALE_DOWN_DELAY_S
 SECONDS_PER_HOUR = 3600.0

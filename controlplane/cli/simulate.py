@@ -112,9 +112,9 @@ def simulate(
         typer.Option(
             min=0,
             help="Scale-down stabilisation: engines go down to the highest count asked in "
-            "this many seconds (the recipes' 600).",
+            "this many seconds (the recipes' 300, the HPA's default).",
         ),
-    ] = 600.0,
+    ] = 300.0,
     engine_profile: Annotated[
         str | None,
         typer.Option(

@@ -61,15 +61,16 @@ _OK = int(Reason.OK)
 MAX_FED_GAP_S = 120
 # Seconds of demand desired_engines' demand term averages: longer than the
 # metrics' window, because an autoscaler scales in only to the highest count
-# of its stabilisation window (600 s in the recipes), so every noisy high of
-# a short window is paid for ten minutes. A burst does not wait for this
+# of its stabilisation window (300 s in the recipes), so every noisy high of
+# a short window is paid for five minutes. A burst does not wait for this
 # average: held work raises desired_engines at once (its backlog term).
 DESIRED_WINDOW_S = 60
 _SLOTS = DESIRED_WINDOW_S + 1  # the longest window's seconds and the current one
 
 
-# Seconds of the pool's gated seconds the per-engine work rate averages:
-# the recipes' scale-down window, so the autoscaler's two memories agree.
+# Seconds of history the per-engine work rate is measured over: long
+# enough to hold a few runs of full engines, short enough to follow a
+# change of traffic mix within minutes.
 WORK_WINDOW_S = 600
 # A second counts as gated (the engines the bottleneck) when work was held
 # for the pool for at least this share of it, and the gate found no room
