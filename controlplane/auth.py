@@ -97,10 +97,6 @@ class KeyCache:
         self._used.add(key_id)
         return principal
 
-    def mark_used(self, key_id: str) -> None:
-        """A key authenticated elsewhere (on the event loop) was used."""
-        self._used.add(key_id)
-
     # The set is only ever touched on the event loop: ``take_used`` swaps it
     # there, and only the taken copy goes to a worker thread.
 

@@ -44,7 +44,6 @@ from controlplane.store.db import dispose_when_idle, make_engine
 from controlplane.store.replica_lock import ReplicaGuard, lock_for
 from controlplane.telemetry.gcpause import GcPauses
 from controlplane.telemetry.metrics import (
-    EXTRA_COLLECTORS,
     RpcCollector,
     RpcStats,
     ServerCollector,
@@ -328,7 +327,7 @@ class ControlPlane:
         # /metrics is bound before the gRPC server starts: a metrics port in
         # use fails the start before any RPC is answered.
         if self.settings.metrics_port >= 0:
-            extra = [*self.metrics_collectors, *(make(self) for make in EXTRA_COLLECTORS)]
+            extra = list(self.metrics_collectors)
             try:
                 self._metrics_httpd, _ = start_http_server(
                     self.settings.metrics_port,

@@ -6,10 +6,11 @@ public entry points are re-exported here; ``cli.register`` adds the
 """
 
 from controlplane.analysis.bursts import BurstInterval, BurstRule, detect_bursts
-from controlplane.analysis.forecast import HoltForecaster, HoltParams, forecast_axis
+from controlplane.analysis.forecast import forecast_axis
 from controlplane.analysis.plan import CapacityPlan, EngineCapacity, plan_capacity
 from controlplane.analysis.reader import LogReadError, RequestLog, read_log
 from controlplane.analysis.summary import Analysis, AnalysisParams, analyze
+from controlplane.domain.holt import HoltForecaster, HoltParams
 
 __all__ = [
     "Analysis",

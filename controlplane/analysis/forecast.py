@@ -49,9 +49,7 @@ from controlplane.analysis.bursts import (
     runs,
 )
 from controlplane.analysis.stats import FloatArray
-from controlplane.domain.holt import HOLT_DEFAULTS
-from controlplane.domain.holt import HoltForecaster as HoltForecaster  # re-exported
-from controlplane.domain.holt import HoltParams as HoltParams  # re-exported
+from controlplane.domain.holt import HOLT_DEFAULTS, HoltForecaster, HoltParams
 
 DEFAULT_HORIZON_S = 60  # one minute: enough to tighten admission or start a warm engine
 DEFAULT_TRAIN_FRACTION = 0.5  # first half trains, second half tests

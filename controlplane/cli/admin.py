@@ -20,13 +20,10 @@ from controlplane.cli.common import (
     UNLIMITED,
     JsonOpt,
     admin_client,
-    cell,
     connect_options,
     echo_json,
     fail,
-    kv,
     parse_limit,
-    table,
     to_dict,
 )
 from controlplane.cli.keyviews import (
@@ -40,7 +37,7 @@ from controlplane.cli.keyviews import (
     key_rows,
     print_new_key,
 )
-from controlplane.cli.render import TIME_FORMAT
+from controlplane.cli.render import TIME_FORMAT, cell, kv, table
 from controlplane.domain.errors import excerpt
 from controlplane.domain.keys import Role
 

@@ -12,10 +12,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 
-from controlplane.cli.render import cell, kv, table
 from controlplane.domain.errors import excerpt
-
-__all__ = ["cell", "kv", "table"]  # re-exported: the one renderer is cli/render.py
 
 DbOpt = Annotated[
     str | None,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.common import DbOpt, JsonOpt, echo_json, fail, table
+from controlplane.cli.common import DbOpt, JsonOpt, echo_json, fail
 from controlplane.cli.keyviews import (
     KEY_COLS,
     ExpiresInOpt,
@@ -21,6 +21,7 @@ from controlplane.cli.keyviews import (
     key_rows,
     print_new_key,
 )
+from controlplane.cli.render import table
 from controlplane.domain.keys import Role
 
 keys_app = typer.Typer(

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.common import settings, table
+from controlplane.cli.common import settings
+from controlplane.cli.render import table
 from controlplane.domain.errors import InvalidArgument, excerpt
 from controlplane.domain.exportspec import ExportFormat, Granularity
 

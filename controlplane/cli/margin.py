@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from controlplane.cli.common import DbOpt, cell, echo_json, settings, table
+from controlplane.cli.common import DbOpt, echo_json, settings
 from controlplane.cli.ledger import TenantOpt, _engine, _period
+from controlplane.cli.render import cell, table
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.units import NS_PER_S
 

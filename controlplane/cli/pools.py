@@ -14,9 +14,9 @@ from controlplane.cli.common import (
     connect_options,
     echo_json,
     fail,
-    table,
     to_dict,
 )
+from controlplane.cli.render import table
 
 POOLS_HELP = """Engine pools of a running server: demand, backlog, desired engines.
 

@@ -34,9 +34,8 @@ from controlplane.cli.common import (
     connect_options,
     echo_json,
     fail,
-    kv,
-    table,
 )
+from controlplane.cli.render import kv, table
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
 

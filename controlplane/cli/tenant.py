@@ -37,16 +37,14 @@ from controlplane.cli.common import (
     TlsKeyOpt,
     TlsNameOpt,
     admin_client,
-    cell,
     connection,
     echo_json,
     fail,
-    kv,
     parse_limit,
     settings,
-    table,
     to_dict,
 )
+from controlplane.cli.render import cell, kv, table
 
 TENANT_HELP = """Tenants: add, list, show, update, limits, enable, disable, delete.
 

@@ -42,10 +42,6 @@ def format_nanos(nanos: int) -> str:
     return f"{sign}{whole}.{frac:09d}"
 
 
-def nanos_to_decimal(nanos: int) -> Decimal:
-    return Decimal(format_nanos(nanos))
-
-
 def format_fixed(value: Decimal, decimals: int) -> str:
     q = Decimal(1).scaleb(-decimals)
     return str(CONTEXT.quantize(value, q))

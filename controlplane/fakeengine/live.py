@@ -96,10 +96,6 @@ class LiveEngine:
         """Nanoseconds of model time since the engine started."""
         return int((self._clock() - self._t0) * self.speed)
 
-    @property
-    def live_requests(self) -> int:
-        return len(self._live)
-
     def submit(self, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> LiveRequest:
         """Queue a request (first come, first served, as vLLM does)."""
         if prompt_tokens + max(1, output_tokens) > self.params.kv_capacity_tokens:

@@ -34,7 +34,6 @@ from controlplane.domain.money import CONTEXT, MULTIPLIER_DECIMALS, format_fixed
 _MICRO: int = 10**MULTIPLIER_DECIMALS
 _ONE_MICRO = _MICRO
 _HUNDRED = Decimal(100)
-PERCENT_DECIMALS = 2
 
 
 def multiplier_micro(value: Any) -> int:

@@ -145,10 +145,3 @@ def arrivals(
             lo, hi = mix.long_output if rng.random() < mix.long_output_share else mix.output
             out.append(Arrival(t, p.name, tenant, prompt, rng.randint(lo, hi)))
     return out
-
-
-def phase_at(phases: list[Phase], t: float) -> str:
-    for p in phases:
-        if p.start_s <= t < p.end_s:
-            return p.name
-    return phases[-1].name if phases else ""

@@ -8,7 +8,7 @@ Reads of live state run on the loop, where the fast path lives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -53,11 +53,6 @@ from controlplane.store.keys import KeyStore
 from controlplane.telemetry.live import pools_demand, pools_live, tenant_live
 
 log = structlog.get_logger("burstgate.admin")
-
-# Checks run before a tenant is deleted (without force): each returns a reason
-# to refuse, or None. The metering package appends "unexported ledger rows".
-DeleteGuard = Callable[[str], str | None]
-DELETE_GUARDS: list[DeleteGuard] = []
 
 
 class Plane(Protocol):
@@ -186,10 +181,6 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                     f"tenant_id: tenant {excerpt(tenant_id)} has {open_now} unsettled "
                     "reservation(s); wait for them to settle or expire, or delete with force"
                 )
-            for check in DELETE_GUARDS:
-                reason = check(tenant_id)
-                if reason:
-                    raise FailedPrecondition(f"tenant_id: {reason}; delete with force to override")
 
         rec = await self._db.run(self._store.delete_tenant, tenant_id, self._actor(), guard)
         await self._apply()

@@ -7,16 +7,15 @@ Prometheus scrapes, so a decision pays no metrics-library cost.
 Other modules contribute collectors: anything with ``collect()`` yielding
 metric families (``prometheus_client.registry.Collector``) is passed to
 ``registry_for(service, *extra)``; ``ControlPlane.metrics_collectors`` is the
-list the server registers at start, so a package appends its collector there
-(or to ``EXTRA_COLLECTORS`` below, for collectors built from the plane).
+list the server registers at start, so a package appends its collector there.
 Collectors run on the HTTP server's thread: read plain values that the
 event loop publishes, never call into the fast path from ``collect()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -39,7 +38,6 @@ from controlplane.telemetry.tenant_metrics import TenantLabels, tenant_families
 # Re-exported: their home moved (histogram.py, grpc_metrics.py); importers
 # of this module keep working.
 __all__ = [
-    "EXTRA_COLLECTORS",
     "LATENCY_BUCKETS_S",
     "AdmissionCollector",
     "LatencyHistogram",
@@ -186,8 +184,3 @@ class ServerCollector(Collector):
             "Key-cache refreshes that failed (the keys last read keep serving)",
             value=self._plane.key_refresh_failures,
         )
-
-
-# Factories called with the ControlPlane at start; each returns a collector.
-# Packages that need the plane (ledger writer lag, queues ...) append here.
-EXTRA_COLLECTORS: list[Callable[[Any], Collector]] = []

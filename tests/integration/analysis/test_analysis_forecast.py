@@ -15,13 +15,12 @@ from controlplane.analysis.bursts import BurstInterval, BurstRule
 from controlplane.analysis.cli import register
 from controlplane.analysis.forecast import (
     MAX_FALSE_ALARM_RATIO,
-    HoltForecaster,
-    HoltParams,
     evaluate_alarms,
     fit_and_evaluate,
     forecast_axis,
     holt_forecasts,
 )
+from controlplane.domain.holt import HoltForecaster, HoltParams
 from tests.integration.analysis.synth import T0_US, iso, write_csv
 
 
