@@ -34,6 +34,7 @@ from controlplane.domain.autoscaler import (
     DEFAULT_SCALE_DOWN_DELAY_S,
     Autoscaler,
     ScalerParams,
+    engines_for,
 )
 from controlplane.domain.holt import HOLT_DEFAULTS, HoltForecaster, HoltParams
 from controlplane.domain.units import NS_PER_S
@@ -257,9 +258,10 @@ def simulate_autoscaled(
         if t % interval_s == 0:
             seen = min(t, demand_window_s)
             mean = window_sum / seen if seen else 0.0
-            want = _wanted(mean, target_utilization)
+            want = engines_for(mean, 1.0, target_utilization)
             if predictive:
-                want = max(want, _wanted(forecaster.forecast(horizon), target_utilization))
+                forecast = forecaster.forecast(horizon)
+                want = max(want, engines_for(forecast, 1.0, target_utilization))
             asked = ready + len(pending)
             target = scaler.decide(t * NS_PER_S, want)
             if target > asked:
@@ -293,13 +295,6 @@ def simulate_autoscaled(
         scale_ups=scale_ups,
         engine_hours=engine_seconds / SECONDS_PER_HOUR,
     )
-
-
-def _wanted(demand: float, utilization: float) -> int:
-    """service/demand.py's engines_for with one engine per engine busy."""
-    if demand <= 0:
-        return 0
-    return max(1, math.ceil(demand / utilization - ROUNDING_SLACK))
 
 
 def plan_capacity(

@@ -143,6 +143,17 @@ class Autoscaler:
         return self.replicas
 
 
+def engines_for(tokens_per_s: float, per_engine: float, utilization: float) -> int:
+    """Engines that take ``tokens_per_s`` at ``utilization`` of each one's
+    work rate (ceil; 0 for no demand): the plane's desired engines
+    (service/demand.py) and ``burstgate plan``'s (one engine per engine
+    busy) alike."""
+    if tokens_per_s <= 0:
+        return 0
+    need = tokens_per_s / (per_engine * utilization)
+    return max(1, math.ceil(need - 1e-9))  # 2.0000000001 is two engines
+
+
 def queue_length_recommendation(waiting: int, replicas: int, target: float) -> int:
     """The usual recipe: an HPA on ``sum(vllm:num_requests_waiting)`` with an
     ``AverageValue`` target: ceil(total / target), within the HPA's 10 %

@@ -61,6 +61,7 @@ from controlplane.domain import (
     Settlement,
     TenantConfig,
 )
+from controlplane.domain.autoscaler import engines_for
 from controlplane.domain.errors import AlreadyExists, DomainError, excerpt
 from controlplane.domain.policy import Policy
 from controlplane.domain.scope import KeyScope
@@ -75,7 +76,6 @@ from controlplane.service.demand import (
     LaneBacklog,
     PoolDemand,
     counts_as_demand,
-    engines_for,
 )
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import (

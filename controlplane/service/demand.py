@@ -35,7 +35,6 @@ demand in prompt tokens that second.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from controlplane.domain.holt import HOLT_DEFAULTS, HoltForecaster, HoltParams
@@ -327,12 +326,3 @@ class PoolDemand:
     @property
     def backlog_tokens(self) -> int:
         return sum(b.tokens for b in self.lanes)
-
-
-def engines_for(tokens_per_s: float, per_engine: float, utilization: float) -> int:
-    """Engines that take ``tokens_per_s`` at ``utilization`` of each one's
-    work rate (ceil; 0 for no demand)."""
-    if tokens_per_s <= 0:
-        return 0
-    need = tokens_per_s / (per_engine * utilization)
-    return max(1, math.ceil(need - 1e-9))  # 2.0000000001 is two engines

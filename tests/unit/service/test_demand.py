@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.domain.autoscaler import engines_for
 from controlplane.service import AdmissionService
 from controlplane.service.demand import (
     CAPACITY_REASONS,
@@ -19,7 +20,6 @@ from controlplane.service.demand import (
     DemandMeter,
     WorkRate,
     counts_as_demand,
-    engines_for,
 )
 from controlplane.service.queueing import Waiter
 from controlplane.settings import Settings
