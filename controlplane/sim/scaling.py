@@ -26,7 +26,7 @@ only with burstgate policies; ``off`` and ``queue-length`` run with any.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from controlplane.domain.autoscaler import (
     QUEUE_LENGTH_TARGET,
@@ -48,12 +48,6 @@ class AutoscaleMode(StrEnum):
 
 # Modes that read burstgate's pool demand (policies without it cannot run them).
 NEEDS_DEMAND = frozenset({AutoscaleMode.REACTIVE, AutoscaleMode.PREDICTIVE})
-
-
-class DemandSource(Protocol):
-    """A policy that can say what its pool needs (the burstgate adapter)."""
-
-    def pool_demand(self) -> Any: ...
 
 
 class ScalingLoop:
@@ -84,7 +78,6 @@ class ScalingLoop:
         # and as far again is allowed for its timing being off.
         self.score = ForecastScore(horizon_s=max(2 * params.engine_startup_s, params.interval_s))
         self.scale_ups = 0
-        self.series: dict[str, list[float]] = {"t_s": [], "replicas": [], "signal": []}
 
     @property
     def interval_ns(self) -> int:
@@ -110,9 +103,6 @@ class ScalingLoop:
             floor = min(self.params.max_engines, max(self.params.min_engines, reactive))
             if self.mode == AutoscaleMode.PREDICTIVE and target > floor:
                 self.score.raise_alarm(now_ns, target)
-        self.series["t_s"].append(now_ns / NS_PER_S)
-        self.series["replicas"].append(float(target))
-        self.series["signal"].append(float(signal))
         return target
 
     def summary(self) -> dict[str, Any]:
