@@ -23,6 +23,7 @@ from controlplane.analysis.bursts import (
     BurstRule,
 )
 from controlplane.analysis.checks import check_log
+from controlplane.analysis.extras import plotting_missing
 from controlplane.analysis.forecast import (
     DEFAULT_HORIZON_S,
     DEFAULT_TRAIN_FRACTION,
@@ -229,6 +230,8 @@ def analyze_command(
     rule = _rule(burst_k, burst_min_seconds, baseline_seconds)
     if max_tenants < 1:
         _fail("--max-tenants must be at least 1")
+    if html is not None and (why := plotting_missing("--html")):
+        _fail(why)
     try:  # before reading: a bad path should not cost the whole analysis
         html_path = None if html is None else report_path(html)
     except ReportPathError as exc:

@@ -375,7 +375,7 @@ def _read_parquet(
 ) -> None:
     if not arrowread.available():
         raise LogReadError(
-            f"{opened.name}: reading Parquet needs pyarrow: pip install 'burstgate[parquet]'"
+            f"{opened.name}: reading Parquet needs pyarrow: pip install 'burstgate[analysis]'"
         )
     pa = arrowread.load()
     seekable = opened.total is not None and not is_stdin(path)

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from controlplane.analysis.extras import plotting_missing
 from controlplane.cli.common import fail
 from controlplane.cli.render import table
 
@@ -211,6 +212,8 @@ def execute(
     from controlplane.loadtest.report import summarize, to_json
     from controlplane.loadtest.run import check_loopback
 
+    if html is not None and (why := plotting_missing("--html")):
+        fail(why)
     if html is not None and not html.parent.is_dir():
         fail(f"--html: directory {html.parent} does not exist")
     server = start_local() if local else None

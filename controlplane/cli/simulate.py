@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from controlplane.analysis.extras import plotting_missing
 from controlplane.cli.common import fail
 from controlplane.cli.render import table
 from controlplane.domain.errors import excerpt
@@ -211,6 +212,8 @@ def simulate(
     slowdowns = _slowdowns(prefill_slowdown)
     if engine_profile is not None and engine_config is not None:
         fail("--engine-profile and --engine-config: give one or the other")
+    if html is not None and (why := plotting_missing("--html")):
+        fail(why)
     for target, flag in ((html, "--html"), (write_trace, "--write-trace")):
         if target is not None and not target.parent.is_dir():  # before a run that takes minutes
             fail(f"{flag}: directory {target.parent} does not exist (create it first)")
