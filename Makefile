@@ -12,7 +12,7 @@ PG_PORT ?= 5432
 SERVE_LOCK ?= requirements/serve.txt
 DEV_LOCK   ?= requirements/dev.txt
 
-.PHONY: demo test install install-test os-packages pg-up lint unit bench proto clean \
+.PHONY: demo test install install-test os-packages pg-up lint unit bench bench-smoke proto clean \
         lock lock-upgrade test-latest
 
 ## Install everything, migrate the embedded SQLite database, load the demo
@@ -28,8 +28,15 @@ demo: install
 ## fixture that starts a process (an engine, a gateway) starts once.
 ## PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= auto
+## The benchmarks' tiny runs (make bench-smoke) come last, on their own.
 test: install-test pg-up lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m "not bench_smoke"
+	$(MAKE) --no-print-directory bench-smoke
+
+## Every benchmark in bench/ at a tiny size (about 90 s on 2 cores): a
+## benchmark that no longer runs fails here (tests/integration/test_benchmarks_run.py).
+bench-smoke: install-test pg-up
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m bench_smoke
 
 # Installs take exact, hash-checked versions from the locks (pip refuses a
 # file whose hash is not in the lock), then burstgate itself without

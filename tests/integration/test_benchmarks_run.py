@@ -20,6 +20,9 @@ loadfile`` (``make test``) runs them on both workers: about 80 s of work
 each on this project's 2-core machine (85 s wall for both, quiet machine),
 split to balance.
 
+``make bench-smoke`` runs these modules alone (the marker ``bench_smoke``);
+``make test`` runs the rest of the suite and then them.
+
 One by hand: the command in the failure message, e.g.
 ``.venv/bin/python bench/bench_grpc.py --quick --rounds 1 --seconds 0.2``.
 """
@@ -36,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytestmark = pytest.mark.bench_smoke  # `make bench-smoke` runs these alone
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"

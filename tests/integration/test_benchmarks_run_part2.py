@@ -10,6 +10,8 @@ import pytest
 
 from tests.integration.test_benchmarks_run import Bench, params, run
 
+pytestmark = pytest.mark.bench_smoke
+
 
 @pytest.mark.parametrize("bench", params(2))
 def test_benchmark_runs_tiny(bench: Bench, tmp_path: Path, request: pytest.FixtureRequest) -> None:
