@@ -13,7 +13,7 @@ below carries what does not fit into later seconds.
   next to what a plan from the busiest hour's mean would have missed.
 * The same pools under the autoscaler the shipped KEDA/HPA recipes apply
   (controlplane/domain/autoscaler.py), on burstgate's desired engines
-  (reactive) or also on its forecast (predictive), issue 32.
+  (reactive) or also on its forecast (predictive).
 
 Every plan is also costed in **engine-hours**: engines provisioned times
 seconds of the log, an engine that is still starting included (it is paid

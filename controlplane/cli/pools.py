@@ -1,6 +1,6 @@
 """`burstgate pools status`: what each engine pool of a running server is
-asked and needs, for an operator or an autoscaler's owner (issue 32,
-docs/autoscaling.md "Signals"), over the admin API (GetServerState)."""
+asked and needs, for an operator or an autoscaler's owner
+(docs/autoscaling.md "Signals"), over the admin API (GetServerState)."""
 
 from __future__ import annotations
 

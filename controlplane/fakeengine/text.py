@@ -18,7 +18,7 @@
   what makes even one-line chats share their first cache blocks: without
   it a stream of short, different questions reads as a 100% miss rate,
   which no real chat engine reports (and which priced the demo at the
-  miss-rate step, issue 30 item 6).
+  miss-rate step).
 - **Prefix cache**: the prompt text is cut into blocks of
   ``block_size`` tokens (4 bytes each); a block whose hash chain (its own
   text and every block before it) was seen before is a hit, as vLLM's

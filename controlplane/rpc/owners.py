@@ -1,5 +1,5 @@
-"""Owner gating of the admission RPCs, and owner discovery (docs/ha.md,
-step 2). Here, not in the service core: the in-process API that simulate
+"""Owner gating of the admission RPCs, and owner discovery (docs/ha.md).
+Here, not in the service core: the in-process API that simulate
 and replay use knows nothing of replicas.
 
 - Admit, ReportLoad, and Complete with ``pool`` set: a pool whose cell

@@ -1,4 +1,4 @@
-"""burstgate's Python client SDK (issue 15): what a sidecar links to ask
+"""burstgate's Python client SDK: what a sidecar links to ask
 burstgate for admission, settle, report load and read limits.
 
     async with AsyncAdmissionClient("127.0.0.1:50051",

@@ -70,7 +70,7 @@ def new_request_id() -> str:
     """The id burstgate keys a request on (request_id: its reservation and
     its ledger row): minted here for every request, never the client's, so
     that a client reusing its x-request-id cannot ride on an earlier
-    request's admission or settlement (issue 30 item 3)."""
+    request's admission or settlement."""
     return uuid.uuid4().hex
 
 

@@ -130,7 +130,7 @@ SHAPES: dict[str, Shape] = {
             "diurnal",
             # A day compressed into three hours (trough a quarter of the
             # peak) with two waves of 8-40 minutes of +-15-30 % on top: the
-            # minute-scale swings issue 32's autoscalers are scored on. The
+            # minute-scale swings the autoscalers are scored on. The
             # peak (~24/s) is about four h100-8b engines' capacity on this
             # mix, so at --engines 4 --load ~0.5 it is hardly rescaled.
             Diurnal(
