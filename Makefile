@@ -39,17 +39,21 @@ bench-smoke: install-test pg-up
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m bench_smoke
 
 # Installs take exact, hash-checked versions from the locks (pip refuses a
-# file whose hash is not in the lock), then burstgate itself without
-# dependencies. The editable install compiles the Cython extension in place
-# with the locked Cython and setuptools (--no-build-isolation: an isolated
-# build would take whatever Cython is newest); re-run when the .pyx/.pxd,
-# pyproject.toml or a lock change. The venv's own pip is replaced by the
+# file whose hash is not in the lock), then, without dependencies, the client
+# wing (clients/python, burstgate-client: the API's stubs, the SDK, the
+# sidecar) and burstgate itself, which depends on it. The editable install
+# compiles the Cython extension in place with the locked Cython and
+# setuptools (--no-build-isolation: an isolated build would take whatever
+# Cython is newest); re-run when the .pyx/.pxd, a pyproject.toml or a lock
+# change. The venv's own pip is replaced by the
 # locked one in the first step.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml $(SERVE_LOCK) $(wildcard fastpath/*.pyx fastpath/*.pxd)
+$(VENV)/.installed: $(BIN)/python pyproject.toml clients/python/pyproject.toml $(SERVE_LOCK) \
+                   $(wildcard fastpath/*.pyx fastpath/*.pxd)
 	$(BIN)/python -m pip install -q --require-hashes -r $(SERVE_LOCK)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e clients/python
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

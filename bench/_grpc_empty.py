@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from unittest import mock
 
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+
 import controlplane.rpc.assembly as server_mod
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.service import AdmissionService
 
 # A refusal on every REFUSE_EVERY-th row, as the load generator's tight

@@ -39,10 +39,10 @@ from typing import Any
 from unittest import mock
 
 import redis.asyncio as aioredis
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 
 import controlplane.rpc.assembly as server_mod
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.service import AdmissionService
 
 # Token bucket, evaluated atomically inside Redis (a script runs alone).

@@ -37,8 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import grpc
-
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 
 STREAM_METHOD = "/burstgate.v1.AdmissionService/AdmitStream"
 UNARY_METHOD = "/burstgate.v1.AdmissionService/Admit"

@@ -43,8 +43,7 @@ from typing import Any
 
 import _loadgen as lg
 import grpc
-
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 
 COMPLETE_METHOD = "/burstgate.v1.AdmissionService/Complete"
 PROMPT_TOKENS = lg.PROMPT_TOKENS

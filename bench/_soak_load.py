@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
-
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.client import KEEPALIVE_OPTIONS
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.protoclient import KEEPALIVE_OPTIONS
 
 # Reconnect fast after a restart (grpc's default backoff grows to 120 s).
 CHANNEL_OPTIONS: list[tuple[str, int]] = [

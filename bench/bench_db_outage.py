@@ -38,11 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _dbproxy import DbProxy  # noqa: E402
 from _soak_server import ServerProc, free_port  # noqa: E402
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb  # noqa: E402
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc  # noqa: E402
+from burstgate_client.redirects import not_owner  # noqa: E402
 from soak import cli, create_db, drop_db, pg_dsn  # noqa: E402
-
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb  # noqa: E402
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc  # noqa: E402
-from controlplane.client.redirects import not_owner  # noqa: E402
 
 
 async def drive(

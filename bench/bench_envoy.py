@@ -90,9 +90,8 @@ async def sequential(
 def inflight(port: int) -> int:
     """acme's reservations still open (each stream-done call settles one)."""
     import grpc
-
-    from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-    from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+    from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+    from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         limits = pb_grpc.AdmissionServiceStub(ch).GetLimits(

@@ -39,9 +39,9 @@ from pathlib import Path
 import grpc
 from _pg import database
 from bench_sidecar import free_port
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
 from controlplane.domain import TenantConfig

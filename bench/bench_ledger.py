@@ -499,7 +499,7 @@ async def _count(
 
 
 def admit_load(target: str, seconds: float, concurrency: int) -> list[float]:
-    from controlplane.client import AdmissionClient
+    from burstgate_client.protoclient import ProtoClient
 
     lat: list[float] = []
     lock = threading.Lock()
@@ -507,7 +507,7 @@ def admit_load(target: str, seconds: float, concurrency: int) -> list[float]:
 
     def worker(w: int) -> None:
         mine: list[float] = []
-        with AdmissionClient(target) as c:
+        with ProtoClient(target) as c:
             i = 0
             while time.perf_counter() < stop:
                 t0 = time.perf_counter()

@@ -43,7 +43,7 @@ model_list:
 """
 CALLBACK = """
 litellm_settings:
-  callbacks: ["controlplane.integrations.litellm.handler"]
+  callbacks: ["burstgate_client.litellm.handler"]
 """
 PATHS = ("litellm", "litellm+burstgate")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 
 N = 100  # requests per batch
 ROUNDS = 7

@@ -12,7 +12,7 @@ that rate), and closed loop with ``--callers`` N concurrent callers (each
 sends its next Admit as soon as the last is answered; the most decisions
 per second, latency then grows with N). Through:
 
-* ``sdk``: one ``controlplane.sdk.AsyncAdmissionClient`` (its defaults: a
+* ``sdk``: one ``burstgate_client.sdk.AsyncAdmissionClient`` (its defaults: a
   300 µs window, batches of up to 256, the SDK's 250 ms deadline, so each
   entry may wait in the server's queue: ``max_wait_ms`` is sent, and the
   server decides the batch entry by entry on Admit's path);
@@ -214,11 +214,10 @@ async def run_mode(
 ) -> Result:  # fmt: skip
     """``load``: ("closed", N callers) or ("open", rate per second)."""
     import grpc
-
-    from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-    from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-    from controlplane.client import KEEPALIVE_OPTIONS
-    from controlplane.sdk import AsyncAdmissionClient
+    from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+    from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+    from burstgate_client.protoclient import KEEPALIVE_OPTIONS
+    from burstgate_client.sdk import AsyncAdmissionClient
 
     kind, amount = load
 

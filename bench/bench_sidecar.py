@@ -45,7 +45,7 @@ BG = [sys.executable, "-m", "controlplane"]
 STUB_SIDECAR = """
 import asyncio, sys, uvloop
 sys.path.insert(0, {root!r})
-from controlplane.sidecar import Sidecar, load
+from burstgate_client.sidecar import Sidecar, load
 from tests.sidecar_support import FakeAdmitter
 
 async def serve():

@@ -237,10 +237,9 @@ def outcomes(admits: list[checks.Admit], start: int, end: int) -> dict[str, int]
 
 
 def set_quota(c: Cluster, key: str, quota: int) -> None:
+    from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+    from burstgate_client.admin import AdminClient
     from google.protobuf.field_mask_pb2 import FieldMask
-
-    from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-    from controlplane.client.admin import AdminClient
 
     with AdminClient(c[0].address, key) as admin:
         admin.call("UpdateTenant", apb.UpdateTenantRequest(

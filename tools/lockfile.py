@@ -87,9 +87,16 @@ class Pin:
 # ---------------------------------------------------------------- the inputs
 
 
-def _pyproject(root: Path) -> dict[str, object]:
-    with (root / "pyproject.toml").open("rb") as f:
+def _pyproject(root: Path, where: str = "pyproject.toml") -> dict[str, object]:
+    with (root / where).open("rb") as f:
         return tomllib.load(f)
+
+
+# The client wing's distribution: a path source of the server's (uv reads
+# its dependencies from here); left out of the locks, which hold only what
+# an index serves, and installed from the tree (`make install`).
+CLIENT = "burstgate-client"
+CLIENT_PYPROJECT = "clients/python/pyproject.toml"
 
 
 def _in_lines(path: Path) -> list[str]:
@@ -109,7 +116,21 @@ def _project_requirements(root: Path, extras: bool) -> list[str]:
     if extras:
         for group in project.get("optional-dependencies", {}).values():
             reqs.extend(group)
-    return reqs
+    return [spec for req in reqs for spec in _through_client(root, req)]
+
+
+def _through_client(root: Path, spec: str) -> list[str]:
+    """``spec``, or, for the client wing (not locked itself), what it needs
+    with the extras asked for."""
+    req = Requirement(spec)
+    if canonicalize_name(req.name) != CLIENT:
+        return [spec]
+    client = _pyproject(root, CLIENT_PYPROJECT)["project"]
+    assert isinstance(client, dict)
+    out = list(client.get("dependencies", []))
+    for extra in sorted(req.extras):
+        out.extend(client.get("optional-dependencies", {})[extra])
+    return out
 
 
 def build_system_requires(root: Path = ROOT) -> list[str]:
@@ -136,10 +157,14 @@ def fingerprint(root: Path = ROOT) -> str:
     pyproject = _pyproject(root)
     project = pyproject["project"]
     assert isinstance(project, dict)
+    client = _pyproject(root, CLIENT_PYPROJECT)["project"]
+    assert isinstance(client, dict)
     req_dir = root / "requirements"
     payload = {
         "dependencies": project.get("dependencies", []),
         "optional-dependencies": project.get("optional-dependencies", {}),
+        "client-dependencies": client.get("dependencies", []),
+        "client-optional-dependencies": client.get("optional-dependencies", {}),
         "requires-python": project.get("requires-python"),
         "build-system": build_system_requires(root),
         "build.in": _in_lines(req_dir / BUILD_IN.name),
@@ -274,7 +299,7 @@ def _unmet(req: Requirement, chosen: Mapping[str, str], env: Mapping[str, str]) 
 
 
 def _common_options() -> list[str]:
-    return ["--python-version", PYTHON_VERSION, "--generate-hashes"]
+    return ["--python-version", PYTHON_VERSION, "--generate-hashes", "--no-emit-package", CLIENT]
 
 
 def _uv(args: Sequence[str], cwd: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from burstgate_client.sidecar.cli import sidecar
 
 from controlplane.analysis.cli import register as register_analysis
 from controlplane.cli import (
@@ -17,7 +18,6 @@ from controlplane.cli import (
     margin,
     replay,
     serve,
-    sidecar,
     simulate,
 )
 from controlplane.cli.config import config_app
@@ -64,7 +64,7 @@ app.command("simulate")(simulate.simulate)
 app.command("fake-engine")(fakeengine.fake_engine)
 app.command("loadtest")(loadtest.loadtest)
 app.command("replay")(replay.replay)
-app.command("sidecar")(sidecar.sidecar)
+app.command("sidecar")(sidecar)  # burstgate-sidecar, from the client wing
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(config_app, name="config")
 # `burstgate tenant ...`: through the admin API or on the database (cli/tenant.py).

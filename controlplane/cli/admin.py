@@ -104,7 +104,7 @@ def server_state(
     --json prints one JSON object per line)."""
     import time
 
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     if not watch:
         count = 1
@@ -126,9 +126,8 @@ def _print_state(s: Any, as_json: bool, watch: bool, *, first: bool) -> None:
     import sys
     from datetime import UTC, datetime
 
+    from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
     from rich.console import Console
-
-    from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 
     if as_json:
         if watch:  # one object per line: a stream `jq` can read
@@ -168,7 +167,7 @@ def _print_state(s: Any, as_json: bool, watch: bool, *, first: bool) -> None:
 @lane_app.command("list")
 def lane_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List lanes."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with admin_client(_root_ctx(ctx)) as c:
         lanes = c.call("ListLanes", apb.ListLanesRequest()).lanes
@@ -204,9 +203,8 @@ def lane_set(
     as_json: JsonOpt = False,
 ) -> None:
     """Change (or --create) a lane."""
+    from burstgate_client.admin import apb
     from google.protobuf.field_mask_pb2 import FieldMask
-
-    from controlplane.client.admin import apb
 
     lane = apb.Lane(name=name)
     paths: list[str] = []
@@ -258,7 +256,7 @@ def _print_policy(p: Any, as_json: bool) -> None:
 @policy_app.command("show")
 def policy_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """The effective policy, its defaults and which keys are overridden."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with admin_client(_root_ctx(ctx)) as c:
         _print_policy(c.call("GetPolicy", apb.GetPolicyRequest()), as_json)
@@ -272,7 +270,7 @@ def policy_set(
 ) -> None:
     """Override policy keys, e.g. `bp_hard_threshold=0.9 stale_policy=fail_closed`.
     Validated as a whole (the weights must still sum to 1)."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     values: dict[str, str] = {}
     for a in assignments:
@@ -291,7 +289,7 @@ def policy_reset(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove overrides: the keys return to the server's defaults."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with admin_client(_root_ctx(ctx)) as c:
         _print_policy(c.call("UpdatePolicy", apb.UpdatePolicyRequest(reset=keys)), as_json)
@@ -312,7 +310,7 @@ def audit_list(
     as_json: JsonOpt = False,
 ) -> None:
     """Changes made through the admin API and the key CLI, newest first."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     events: list[Any] = []
     token = ""
@@ -363,7 +361,7 @@ def admin_keys_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List keys (never the secrets)."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with admin_client(_root_ctx(ctx)) as c:
         keys = c.call("ListApiKeys", apb.ListApiKeysRequest(include_revoked=include_revoked)).keys
@@ -393,9 +391,8 @@ def admin_keys_create(
 ) -> None:
     """Create a key; prints it once. A sidecar key names the tenants and
     pools it serves (--tenant, --pool; '*' = all)."""
+    from burstgate_client.admin import apb
     from google.protobuf.timestamp_pb2 import Timestamp
-
-    from controlplane.client.admin import apb
 
     expires_at = expiry_option(expires_in)
     request = apb.CreateApiKeyRequest(
@@ -411,7 +408,7 @@ def admin_keys_create(
 @admin_keys_app.command("revoke")
 def admin_keys_revoke(ctx: typer.Context, key_id: str) -> None:
     """Revoke a key; refused from the next call on."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with admin_client(_root_ctx(ctx)) as c:
         c.call("RevokeApiKey", apb.RevokeApiKeyRequest(key_id=key_id))

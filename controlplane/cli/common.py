@@ -55,7 +55,7 @@ def connection(
     timeout: float,
 ) -> dict[str, Any]:
     """The admin API connection options, as kept in ``ctx.obj``."""
-    from controlplane.client.admin import TlsFiles
+    from burstgate_client.admin import TlsFiles
 
     tls = TlsFiles(tls_ca, tls_cert, tls_key, tls_server_name) if (tls_ca or tls_cert) else None
     return {"target": target, "api_key": api_key, "tls": tls, "timeout": timeout}
@@ -98,8 +98,7 @@ def echo_json(value: Any) -> None:
 def admin_client(ctx: typer.Context) -> Iterator[Any]:
     """The AdminClient for the connection options; RPC errors -> exit 2."""
     import grpc
-
-    from controlplane.client.admin import AdminClient
+    from burstgate_client.admin import AdminClient
 
     opts: dict[str, Any] = ctx.obj or {}
     key = opts.get("api_key")

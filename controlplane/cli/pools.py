@@ -90,7 +90,7 @@ def pools_status(
     ("not learned" before it paced a backlog: desired is then the engines
     reporting); "wait_s" how long a new request of the lane would wait
     before release ("unknown" while work is held and the pace is not known)."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with admin_client(ctx) as c:
         state = c.call("GetServerState", apb.GetServerStateRequest())

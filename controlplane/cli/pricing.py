@@ -173,7 +173,7 @@ def pricing_view(
 
 
 def _ledger(c: Any) -> Any:
-    from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
+    from burstgate_client._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
 
     return lpb_grpc.LedgerServiceStub(c.channel)
 
@@ -222,7 +222,7 @@ def pricing_show(
     current window's KV-cache miss rate so far sets), the current and the
     previous window's measured miss rate; when the next window starts; the
     margin warnings recorded since --warnings-from."""
-    from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
+    from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 
     now = time.time_ns()
     since = _when("--warnings-from", warnings_from, now - WARNINGS_LOOKBACK_NS)
@@ -297,7 +297,7 @@ def pricing_windows(
     Per window, pool and model: the completions and load reports measured,
     the KV-cache miss rate, the multiplier in force during the window and
     the one it sets for the next."""
-    from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
+    from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 
     now = time.time_ns()
     s = _when("--from", start, now - WINDOWS_LOOKBACK_NS)

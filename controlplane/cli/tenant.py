@@ -134,7 +134,8 @@ class LocalTenants:
         return tenant_to_pb(self.repo.set_enabled(request.tenant_id, False, self.actor))
 
     def DeleteTenant(self, request: Any) -> Any:
-        from controlplane.client.admin import apb
+        from burstgate_client.admin import apb
+
         from controlplane.domain.errors import FailedPrecondition
         from controlplane.rpc.admin_pb import tenant_to_pb
 
@@ -216,7 +217,7 @@ def tenant_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def tenant_show(ctx: typer.Context, tenant_id: str, as_json: JsonOpt = False) -> None:
     """A tenant's limits, and its live state (bucket, quota used, in flight)
     when a server is named; "state" is null without one."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with _tenants(ctx) as c:
         tenant = c.call("GetTenant", apb.GetTenantRequest(tenant_id=tenant_id))
@@ -286,9 +287,8 @@ def _limit_fields(
 
 
 def _update(ctx: typer.Context, tenant_id: str, fields: dict[str, Any], as_json: bool) -> None:
+    from burstgate_client.admin import apb
     from google.protobuf.field_mask_pb2 import FieldMask
-
-    from controlplane.client.admin import apb
 
     if not fields:
         fail("nothing to change: give at least one option (see --help)")
@@ -339,7 +339,7 @@ def tenant_add(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a tenant."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     fields = _limit_fields(rate, burst, hourly_quota, daily_quota, max_concurrency, max_queued,
                            max_tokens_per_request, dedicated_quota)  # fmt: skip
@@ -429,7 +429,7 @@ def tenant_limits(
 @tenant_app.command("disable")
 def tenant_disable(ctx: typer.Context, tenant_id: str, as_json: JsonOpt = False) -> None:
     """Refuse the tenant's requests (TENANT_DISABLED)."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with _tenants(ctx) as c:
         t = c.call("DisableTenant", apb.DisableTenantRequest(tenant_id=tenant_id))
@@ -439,7 +439,7 @@ def tenant_disable(ctx: typer.Context, tenant_id: str, as_json: JsonOpt = False)
 @tenant_app.command("enable")
 def tenant_enable(ctx: typer.Context, tenant_id: str, as_json: JsonOpt = False) -> None:
     """Admit the tenant's requests again."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with _tenants(ctx) as c:
         t = c.call("EnableTenant", apb.EnableTenantRequest(tenant_id=tenant_id))
@@ -453,7 +453,7 @@ def tenant_delete(
     force: Annotated[bool, typer.Option(help="Delete even with unsettled reservations.")] = False,
 ) -> None:
     """Delete a tenant (refused while it has unsettled reservations, unless --force)."""
-    from controlplane.client.admin import apb
+    from burstgate_client.admin import apb
 
     with _tenants(ctx) as c:
         r = c.call("DeleteTenant", apb.DeleteTenantRequest(tenant_id=tenant_id, force=force))

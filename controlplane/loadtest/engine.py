@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import aiohttp
 import grpc
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.fakeengine import FakeEngine
 from controlplane.fakeengine.app import OUTPUT_TOKENS_HEADER, PROMPT_TOKENS_HEADER
 from controlplane.loadtest.profile import Arrival

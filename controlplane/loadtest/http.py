@@ -28,13 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from burstgate_client.sidecar import Sidecar, load
+from burstgate_client.sidecar.sdkclient import sdk_client
 
 from controlplane.fakeengine import FakeEngine
 from controlplane.fakeengine.app import OUTPUT_TOKENS_HEADER, PROMPT_TOKENS_HEADER
 from controlplane.loadtest.profile import Arrival
 from controlplane.loadtest.run import SAMPLE_S, Outcome, RunResult
-from controlplane.sidecar import Sidecar, load
-from controlplane.sidecar.sdkclient import sdk_client
 
 TENANT_HEADER = "x-burstgate-tenant"
 LANE_HEADER = "x-burstgate-lane"

@@ -34,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.loadtest.engine import EngineLink, report_loop
 from controlplane.loadtest.profile import Arrival
 from controlplane.loadtest.stream import Answer, StreamBatcher, answer_of

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 import grpc
 import structlog
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.auth import KeyCache
 from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.audit import AuditRecord
 from controlplane.domain.errors import InvalidArgument, excerpt

@@ -25,8 +25,8 @@ from typing import cast
 
 import grpc
 import structlog
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.domain import AdmitDecision, Decision
 from controlplane.domain.errors import DomainError
 from controlplane.domain.money import format_multiplier

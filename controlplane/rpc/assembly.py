@@ -10,10 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
-
-from controlplane._proto.burstgate.v1 import (
+from burstgate_client._proto.burstgate.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     admission_pb2,
@@ -21,6 +18,9 @@ from controlplane._proto.burstgate.v1 import (
     ledger_pb2,
     ledger_pb2_grpc,
 )
+from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
 from controlplane.rpc.admission import AdmissionServicer
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.guard import GuardedRegistrar, MalformedLog

@@ -3,7 +3,8 @@ RPCs (unary and streamed)."""
 
 from __future__ import annotations
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+
 from controlplane.domain import Degradation, Pressure
 from controlplane.domain.units import NS_PER_MS
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
+from burstgate_client._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
 
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
-from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
 from controlplane.domain.catalog import PRICE_FIELDS, PriceEntry, parse_lane_multipliers
 from controlplane.domain.errors import (
     DatabaseUnavailable,

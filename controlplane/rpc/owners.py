@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import cast
 
 import grpc
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.domain import AdmitDecision, Decision
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.scope import KeyScope

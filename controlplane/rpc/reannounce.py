@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+
 from controlplane.domain.errors import InvalidArgument, PermissionDenied
 from controlplane.domain.scope import KeyScope
 from controlplane.service import AdmissionService, OpenReservation

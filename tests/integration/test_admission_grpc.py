@@ -11,10 +11,10 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import ProtoClient, make_batch, pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from controlplane.client import AdmissionClient, make_batch, pb
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy
 from controlplane.store.config import ConfigRepository
@@ -43,7 +43,7 @@ def served(migrated_url: str, make_server: Callable[..., Any], clock: Any) -> An
     srv = make_server(
         migrated_url, clock=clock, config_poll_s=0.05, policy=Policy(gate_fallback_inflight=10_000)
     )
-    with AdmissionClient(srv.target) as client:
+    with ProtoClient(srv.target) as client:
         yield srv, client
 
 
@@ -113,7 +113,7 @@ def test_retry_after_ms_is_rounded_up_alike_in_unary_and_batch_answers(
         acme(tenant_id="b", token_rate=Decimal(3), burst_tokens=10),
     )
     srv = make_server(migrated_url, clock=clock)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         assert c.admit("u", "a", prompt_tokens=10, max_tokens=0).decision == pb.DECISION_ADMIT
         # (the standard lane: premium would borrow from its bucket)
         d = c.admit("u", "b", prompt_tokens=1, max_tokens=0)
@@ -185,7 +185,7 @@ def test_oversized_message_is_refused_and_server_keeps_serving(
 ) -> None:
     add_tenants(migrated_url, acme())
     srv = make_server(migrated_url, max_message_bytes=64 * 1024)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         with pytest.raises(grpc.RpcError) as err:
             c.stub.Admit(
                 pb.AdmitRequest(tenant_id="acme", request_id="r", model="m" * 100_000), timeout=5
@@ -331,7 +331,7 @@ def test_concurrent_unary_calls_admit_exactly_what_the_bucket_holds(
 
     def worker(w: int) -> None:
         try:
-            with AdmissionClient(srv.target) as c:
+            with ProtoClient(srv.target) as c:
                 for i in range(25):
                     d = c.admit("acme", f"w{w}-{i}", prompt_tokens=60, max_tokens=40)
                     admitted.append(d.decision == pb.DECISION_ADMIT)
@@ -353,7 +353,7 @@ def test_reservations_expire_over_grpc(
 ) -> None:
     add_tenants(migrated_url, acme(max_concurrency=1, max_wait_ms=0))
     srv = make_server(migrated_url, clock=clock, reservation_ttl_s=30)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         assert c.admit("acme", "a", prompt_tokens=1, max_tokens=1).decision == pb.DECISION_ADMIT
         assert c.admit("acme", "b", prompt_tokens=1, max_tokens=1).reason == pb.REASON_CONCURRENCY
         clock.advance(31 * NS)

@@ -13,8 +13,8 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import ProtoClient, make_batch, pb
 
-from controlplane.client import AdmissionClient, make_batch, pb
 from controlplane.domain import TenantConfig
 from controlplane.rpc.errors import DOMAIN
 from controlplane.store.db import upgrade
@@ -22,7 +22,7 @@ from tests.support import add_tenants, error_details
 
 
 @pytest.fixture
-def client(sqlite_url: str, make_server: Callable[..., Any]) -> Iterator[AdmissionClient]:
+def client(sqlite_url: str, make_server: Callable[..., Any]) -> Iterator[ProtoClient]:
     upgrade(sqlite_url)
     add_tenants(
         sqlite_url,
@@ -30,7 +30,7 @@ def client(sqlite_url: str, make_server: Callable[..., Any]) -> Iterator[Admissi
         TenantConfig("beta", Decimal(1000), 2_000),
     )
     srv = make_server(sqlite_url)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         yield c
 
 
@@ -40,7 +40,7 @@ def _fails(call: Callable[[], Any]) -> grpc.RpcError:
     return info.value
 
 
-def test_invalid_admit_names_the_field(client: AdmissionClient) -> None:
+def test_invalid_admit_names_the_field(client: ProtoClient) -> None:
     err = _fails(lambda: client.admit("acme", "r1", prompt_tokens=-10, max_tokens=1))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.details() == "prompt_tokens: must be >= 0, got -10"  # unchanged text
@@ -53,7 +53,7 @@ def test_invalid_admit_names_the_field(client: AdmissionClient) -> None:
     assert d.retry is None  # the same request fails the same way
 
 
-def test_invalid_admit_stream_batch_names_batch_and_field(client: AdmissionClient) -> None:
+def test_invalid_admit_stream_batch_names_batch_and_field(client: ProtoClient) -> None:
     good = make_batch(1, ["acme"] * 2, ["a", "b"], [1, 1], [1, 1])
     bad = make_batch(2, ["acme"] * 2, ["c", "d"], [1, -1], [1, 1])
     stream = client.admit_stream([good, bad])
@@ -70,7 +70,7 @@ def test_invalid_admit_stream_batch_names_batch_and_field(client: AdmissionClien
     ]
 
 
-def test_complete_not_found_and_failed_precondition(client: AdmissionClient) -> None:
+def test_complete_not_found_and_failed_precondition(client: ProtoClient) -> None:
     err = _fails(
         lambda: client.complete("acme", "never-admitted", prompt_tokens=1, generated_tokens=1)
     )

@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import ProtoClient, make_batch, pb
 
-from controlplane.client import AdmissionClient, make_batch, pb
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy
 from tests.support import add_tenants, wait_until
@@ -34,7 +34,7 @@ def test_gate_holds_a_call_until_a_report_shows_room(
         migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
     )
     srv = make_server(migrated_url, policy=Policy(pool_gate=True))
-    with AdmissionClient(srv.target, timeout=10) as c:
+    with ProtoClient(srv.target, timeout=10) as c:
         # the engine is full (no free sequence slot) and 5 requests wait in it
         c.report_load(load(queue_depth=5, requests_running=256, max_num_seqs=256))
         result: list[pb.AdmitResponse] = []
@@ -67,7 +67,7 @@ def test_bad_vllm_load_fields_are_refused_and_nothing_is_stored(
     migrated_url: str, make_server: Callable[..., Any], fields: dict[str, Any], field: str
 ) -> None:
     srv = make_server(migrated_url)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         with pytest.raises(grpc.RpcError) as err:
             c.report_load(load(**fields))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -88,7 +88,7 @@ def test_refusals_carry_retryable_over_grpc(
         TenantConfig(tenant_id="slow", token_rate=Decimal(1), burst_tokens=1_000, max_wait_ms=0),
     )  # fmt: skip
     srv = make_server(migrated_url)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         assert not c.admit("acme", "a", prompt_tokens=900, max_tokens=0).retryable  # admitted
         short = c.admit("acme", "b", prompt_tokens=900, max_tokens=0)  # refills in 0.8 s
         assert short.reason == pb.REASON_TOKEN_RATE and short.retryable
@@ -113,7 +113,7 @@ def test_load_report_answers_with_eviction_advice(
     migrated_url: str, make_server: Callable[..., Any]
 ) -> None:
     srv = make_server(migrated_url)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         idle = c.report_load(load())
         assert (idle.load, idle.evict_below_reuse_per_s) == (0.0, 0.30)
         busy = c.report_load(load(batch_tokens=8192, queue_depth=512, queue_capacity=256,
@@ -135,7 +135,7 @@ def test_a_queue_timeout_reports_the_pool_as_it_is(
     add_tenants(migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000),
                                            burst_tokens=10**6, max_wait_ms=100))  # fmt: skip
     srv = make_server(migrated_url)
-    with AdmissionClient(srv.target, timeout=10) as c:
+    with ProtoClient(srv.target, timeout=10) as c:
         c.report_load(load(queue_depth=5, requests_running=256, max_num_seqs=256))
         d = c.admit("acme", "held", prompt_tokens=10, max_tokens=10, pool="gpu-a")
         assert d.reason == pb.REASON_QUEUE_TIMEOUT
@@ -150,7 +150,7 @@ def test_a_batch_of_only_repeated_ids_still_reports_its_pool(
         migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
     )
     srv = make_server(migrated_url)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         c.report_load(load(queue_depth=0, requests_running=10, max_num_seqs=256))
         batch = make_batch(1, ["acme", "acme"], ["a", "b"], [10, 10], [10, 10], pool="gpu-a")
         first = next(c.admit_stream([batch]))
@@ -169,7 +169,7 @@ def test_an_unknown_pool_is_refused_naming_the_declared_ones(
         migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
     )
     srv = make_server(migrated_url, policy=Policy(known_pools=["gpu-a"]))
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         calls: list[Callable[[], Any]] = [
             lambda: c.admit("acme", "x", prompt_tokens=1, max_tokens=1, pool="GPU-A"),
             lambda: next(c.admit_stream([make_batch(1, ["acme"], ["y"], [1], [1], pool="gpu-b")])),
@@ -191,7 +191,7 @@ def test_an_unknown_pool_is_refused_naming_the_declared_ones(
     # first one stops); an undeclared one is refused with or without the list
     srv.stop()
     srv2 = make_server(migrated_url)  # declares the test pools (tests/support.py)
-    with AdmissionClient(srv2.target) as c:
+    with ProtoClient(srv2.target) as c:
         d = c.admit("acme", "z", prompt_tokens=1, max_tokens=1, pool="gpu-b")
         assert d.decision == pb.DECISION_ADMIT
         assert d.pressure.freshness == pb.POOL_FRESHNESS_UNKNOWN

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.admin import authenticated_channel
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.client.admin import authenticated_channel
 from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor
 from controlplane.domain.keys import Role

@@ -11,9 +11,9 @@ import urllib.request
 from decimal import Decimal
 from typing import Any
 
+from burstgate_client.protoclient import ProtoClient, make_batch, pb
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.client import AdmissionClient, make_batch, pb
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy
 from controlplane.settings import Settings
@@ -41,7 +41,7 @@ def test_the_cap_refuses_with_its_reason_and_a_complete_frees_a_place(migrated_u
     )  # fmt: skip
     srv = ServerThread(settings, time.time_ns)
     try:
-        with AdmissionClient(srv.target) as c:
+        with ProtoClient(srv.target) as c:
             for i in range(3):
                 d = c.admit("acme", f"a{i}", prompt_tokens=10, max_tokens=10)
                 assert d.decision == pb.DECISION_ADMIT

@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from burstgate_client.protoclient import ProtoClient, pb
 from prometheus_client.parser import text_string_to_metric_families
-
-from controlplane.client import AdmissionClient, pb
 
 READY = re.compile(r"burstgate listening on (\S+):(\d+) \(fastpath=(\w+), metrics=(\S+)\)")
 
@@ -79,7 +78,7 @@ def demo_proc(tmp_path: Path) -> Iterator[Proc]:
 def test_demo_serves_the_demo_tenants_and_stops_gracefully_on_sigterm(demo_proc: Proc) -> None:
     expected = os.environ.get("BURSTGATE_FASTPATH", "cython")
     assert demo_proc.fastpath == ("python" if expected == "python" else "cython")
-    with AdmissionClient(demo_proc.target) as c:
+    with ProtoClient(demo_proc.target) as c:
         d = c.admit("acme", "r1", prompt_tokens=1200, max_tokens=400)
         assert d.decision == pb.DECISION_ADMIT and d.lane == "standard"
         free = c.admit("free-tier", "r1", prompt_tokens=500, max_tokens=4000)

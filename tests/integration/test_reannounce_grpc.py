@@ -20,11 +20,11 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.protoclient import ProtoClient, pb
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.cli import app
-from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
 from controlplane.store.db import make_engine
 from controlplane.store.signing import rotate
@@ -60,7 +60,7 @@ def test_reannounce_restores_only_what_this_plane_signed(
 ) -> None:
     add_tenants(migrated_url, TenantConfig("acme", Decimal(1000), 100_000, max_concurrency=1))
     first = make_server(migrated_url, clock=clock, ledger_spool_dir=tmp_path / "s1")
-    with AdmissionClient(first.target) as c:
+    with ProtoClient(first.target) as c:
         # the 51 admissions a concurrency-1 tenant can get one after another
         # (each completed before the next), and one left open
         tokens = []
@@ -106,7 +106,7 @@ def test_reannounce_restores_only_what_this_plane_signed(
     assert got.restored == 0 and got.refused == OPEN, got
     assert all(d.startswith("concurrency cap") for d in got.detail), set(got.detail)
     assert inflight() == 1
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         done = c.complete("acme", "real", prompt_tokens=10, generated_tokens=5)
         assert (done.reserved_tokens, done.actual_tokens, done.refunded_tokens) == (30, 15, 15)
         assert done.pricing_multiplier == "1.000000"  # the signed one
@@ -118,7 +118,7 @@ def test_an_older_key_verifies_after_one_rotation_and_not_after_two(
 ) -> None:
     add_tenants(migrated_url, TenantConfig("acme", Decimal(1000), 100_000))
     srv = make_server(migrated_url, clock=clock, ledger_spool_dir=tmp_path / "s1")
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         a = [c.admit("acme", f"r{i}", prompt_tokens=10, max_tokens=20) for i in range(3)]
     srv.stop()
     # the operator's command (it runs beside the servers, on the database)
@@ -148,7 +148,7 @@ def test_a_configured_key_overrides_the_database(
     key = "ab" * 32
     srv = make_server(migrated_url, clock=clock, ledger_spool_dir=tmp_path / "s1",
                       admission_signing_key=key)  # fmt: skip
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         a = c.admit("acme", "r0", prompt_tokens=10, max_tokens=20)
         b = c.admit("acme", "r1", prompt_tokens=10, max_tokens=20)
     srv.stop()
@@ -191,7 +191,7 @@ def test_a_pricing_window_outside_the_admission_window_is_refused(
         got = stub.Reannounce(pb.ReannounceRequest(reservations=[signed("near", now_s - 60)]),
                               timeout=10)  # fmt: skip
         assert got.restored == 1, got
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         done = c.complete("acme", "near", prompt_tokens=10, generated_tokens=5)
         assert done.actual_tokens == 15 and not done.duplicate
         assert done.pricing_window == now_s - 60

@@ -14,8 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 
 # redis-py comes with the test extras; redis-server is on every machine of
 # this kind (Debian's redis-server): a missing one fails here, loudly.

@@ -28,10 +28,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from burstgate_client.protoclient import ProtoClient, pb
 from sqlalchemy.engine import make_url
 
 from controlplane.cli.serve import EXIT_REPLICA_LOCK_HELD
-from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
 from tests.integration.test_process import Proc
 from tests.support import add_tenants, wait_until
@@ -89,7 +89,7 @@ def procs() -> Iterator[list[Proc]]:
 
 
 def admitted(target: str, request_id: str) -> bool:
-    with AdmissionClient(target) as c:
+    with ProtoClient(target) as c:
         d = c.admit("acme", request_id, prompt_tokens=10, max_tokens=10)
         return bool(d.decision == pb.DECISION_ADMIT)
 
@@ -151,7 +151,7 @@ def shares_cells(first: Proc, url: str, tmp_path: Path, procs: list[Proc]) -> No
     procs.append(second)
     with psycopg.connect(make_url(url).set(password=None).render_as_string(False)) as conn:
         assert lock_holder(conn) is None
-    with AdmissionClient([second.target, first.target]) as c:
+    with ProtoClient([second.target, first.target]) as c:
         members = wait_until(
             lambda: list(m) if len(m := c.cell_owners().members) == 2 else None,
             message="both replicas to be members",

@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import ProtoClient, pb
 
-from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
 from tests.support import add_tenants
 
@@ -28,11 +28,11 @@ def served(migrated_url: str, make_server: Callable[..., Any], clock: Any) -> It
                      max_wait_ms=0),
     )  # fmt: skip
     srv = make_server(migrated_url, clock=clock)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         yield srv, c
 
 
-def admit(c: AdmissionClient, rid: str, key: str, attempt: int, prompt: int) -> pb.AdmitResponse:
+def admit(c: ProtoClient, rid: str, key: str, attempt: int, prompt: int) -> pb.AdmitResponse:
     resp: pb.AdmitResponse = c.stub.Admit(
         pb.AdmitRequest(tenant_id="acme", request_id=rid, prompt_tokens=prompt, retry_key=key,
                         attempt=attempt), timeout=5,

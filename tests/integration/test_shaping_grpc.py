@@ -10,8 +10,8 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import ProtoClient, pb
 
-from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy
 from tests.support import add_tenants, wait_until
@@ -30,13 +30,13 @@ def test_many_waiting_calls_are_admitted_as_slots_free(
     results: list[Any] = [None] * n
 
     def call(i: int) -> None:
-        with AdmissionClient(srv.target, timeout=60) as c:
+        with ProtoClient(srv.target, timeout=60) as c:
             results[i] = c.admit("acme", f"r{i}", prompt_tokens=10, max_tokens=10, lane="batch")
 
     with ThreadPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(call, i) for i in range(n)]
         settled: set[int] = set()
-        with AdmissionClient(srv.target) as sidecar:
+        with ProtoClient(srv.target) as sidecar:
             # act as the engine: finish whatever is admitted, freeing slots
             while len(settled) < n:
                 wait_until(
@@ -65,7 +65,7 @@ def test_cancelled_call_leaves_the_queue(
                      max_concurrency=1, max_wait_ms=60_000),
     )  # fmt: skip
     srv = make_server(migrated_url)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         assert c.admit("acme", "hold", prompt_tokens=1, max_tokens=1).decision == pb.DECISION_ADMIT
         fut = c.stub.Admit.future(
             pb.AdmitRequest(tenant_id="acme", request_id="w", prompt_tokens=1, max_tokens=1,
@@ -96,7 +96,7 @@ def test_deadline_is_answered_with_queue_timeout_before_it_passes(
                      max_concurrency=1),
     )  # fmt: skip
     srv = make_server(migrated_url)
-    with AdmissionClient(srv.target, timeout=1.0) as c:
+    with ProtoClient(srv.target, timeout=1.0) as c:
         c.admit("acme", "hold", prompt_tokens=1, max_tokens=1)
         # batch lane would wait 5 s; the call's own 1 s deadline wins
         d = c.admit("acme", "w", prompt_tokens=1, max_tokens=1, lane="batch")
@@ -112,7 +112,7 @@ def test_backpressure_over_grpc(migrated_url: str, make_server: Callable[..., An
         migrated_url, TenantConfig(tenant_id="acme", token_rate=Decimal(1000), burst_tokens=10**6)
     )
     srv = make_server(migrated_url, policy=Policy(pool_gate=False))
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         c.report_load(pb.LoadReport(pool="gpu-a", engine_id="e0", batch_tokens=8000,
                                     max_batch_tokens=8000, queue_depth=100, queue_capacity=100,
                                     kv_cache_miss_rate=0.9, gpu_utilization=0.99))  # fmt: skip
@@ -137,7 +137,7 @@ def test_stale_policy_is_an_enum_over_grpc(
     srv = make_server(
         migrated_url, clock=clock, policy=Policy(pool_gate=False, stale_policy="fail_closed")
     )
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         c.report_load(pb.LoadReport(pool="gpu-a", engine_id="e0", batch_tokens=100,
                                     max_batch_tokens=8000, gpu_utilization=0.1))  # fmt: skip
         clock.advance(11 * 1_000_000_000)  # past load_report_stale_s (10 s)

@@ -16,8 +16,8 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import ProtoClient, pb
 
-from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy
 from tests.support import add_tenants, wait_until
@@ -42,7 +42,7 @@ class Stream:
     """An AdmitStream fed from a queue: send batches when the test says,
     read results on a thread."""
 
-    def __init__(self, c: AdmissionClient) -> None:
+    def __init__(self, c: ProtoClient) -> None:
         self._in: queue.Queue[pb.AdmitBatch | None] = queue.Queue()
         self.results: queue.Queue[pb.AdmitBatchResult | BaseException | None] = queue.Queue()
         self.call = c.stub.AdmitStream(self._requests())
@@ -79,7 +79,7 @@ def gated(migrated_url: str, make_server: Callable[..., Any]) -> Any:
 
 
 def test_held_entries_are_released_when_the_pool_has_room(gated: Any) -> None:
-    with AdmissionClient(gated.target, timeout=10) as c:
+    with ProtoClient(gated.target, timeout=10) as c:
         c.report_load(load(**FULL))
         s = Stream(c)
         s.send(batch(7, ["a", "b", "c"], max_wait_ms=[5_000]))
@@ -113,7 +113,7 @@ def test_held_entries_are_released_when_the_pool_has_room(gated: Any) -> None:
 def test_a_held_entry_times_out_at_its_max_wait_and_a_half_closed_stream_waits_for_it(
     gated: Any,
 ) -> None:
-    with AdmissionClient(gated.target, timeout=10) as c:
+    with ProtoClient(gated.target, timeout=10) as c:
         c.report_load(load(**FULL))
         s = Stream(c)
         # entry 0 may wait 300 ms, entry 1 not at all
@@ -136,7 +136,7 @@ def test_a_held_entry_times_out_at_its_max_wait_and_a_half_closed_stream_waits_f
 
 
 def test_a_cancelled_stream_takes_its_entries_out_of_the_queue(gated: Any) -> None:
-    with AdmissionClient(gated.target, timeout=10) as c:
+    with ProtoClient(gated.target, timeout=10) as c:
         c.report_load(load(**FULL))
         s = Stream(c)
         s.send(batch(1, ["x", "y"], max_wait_ms=[10_000]))
@@ -155,7 +155,7 @@ def test_a_cancelled_stream_takes_its_entries_out_of_the_queue(gated: Any) -> No
 def test_entries_that_fit_are_answered_at_once_and_batches_without_waits_never_queue(
     gated: Any,
 ) -> None:
-    with AdmissionClient(gated.target, timeout=10) as c:
+    with ProtoClient(gated.target, timeout=10) as c:
         c.report_load(load(**ROOM))
         s = Stream(c)
         s.send(batch(1, ["p", "q"], max_wait_ms=[1_000]))
@@ -183,7 +183,7 @@ def test_entries_that_fit_are_answered_at_once_and_batches_without_waits_never_q
 def test_bad_max_wait_ends_the_stream_naming_the_field_and_decides_nothing(
     gated: Any, waits: list[int], message: str
 ) -> None:
-    with AdmissionClient(gated.target, timeout=10) as c:
+    with ProtoClient(gated.target, timeout=10) as c:
         s = Stream(c)
         s.send(batch(3, ["a", "b", "c"], max_wait_ms=waits))
         err = s.next()
@@ -194,7 +194,7 @@ def test_bad_max_wait_ends_the_stream_naming_the_field_and_decides_nothing(
 
 
 def test_an_id_already_waiting_for_another_call_fails_the_batch(gated: Any) -> None:
-    with AdmissionClient(gated.target, timeout=10) as c:
+    with ProtoClient(gated.target, timeout=10) as c:
         c.report_load(load(**FULL))
         s1 = Stream(c)
         s1.send(batch(1, ["dup"], max_wait_ms=[10_000]))
@@ -213,7 +213,7 @@ def test_an_id_already_waiting_for_another_call_fails_the_batch(gated: Any) -> N
 def test_degraded_entries_carry_their_own_tenants_fallback_model(
     migrated_url: str, make_server: Callable[..., Any]
 ) -> None:
-    from controlplane.sdk.model import admissions_of_result
+    from burstgate_client.sdk.model import admissions_of_result
 
     add_tenants(
         migrated_url,
@@ -222,7 +222,7 @@ def test_degraded_entries_carry_their_own_tenants_fallback_model(
         TenantConfig(tenant_id="gamma", token_rate=Decimal(1000), burst_tokens=10**6),
     )  # fmt: skip
     srv = make_server(migrated_url, policy=Policy(degrade_gpu_util=0.9, degrade_max_tokens=8))
-    with AdmissionClient(srv.target, timeout=10) as c:
+    with ProtoClient(srv.target, timeout=10) as c:
         c.report_load(pb.LoadReport(pool="default", engine_id="g", max_batch_tokens=8192,
                                     gpu_utilization=0.97, requests_running=0,
                                     max_num_seqs=256))  # fmt: skip

@@ -14,11 +14,11 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.protoclient import KEEPALIVE_OPTIONS, make_batch, pb
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.client import KEEPALIVE_OPTIONS, make_batch, pb
 from controlplane.domain import TenantConfig
 from controlplane.store.db import upgrade
 from tests.support import add_tenants

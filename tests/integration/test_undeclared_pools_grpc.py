@@ -19,12 +19,12 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.protoclient import make_batch, pb
 from sqlalchemy import text
 
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
-from controlplane.client import make_batch, pb
 from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor
 from controlplane.domain.keys import Role

@@ -12,10 +12,10 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import ProtoClient, pb
 
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
-from controlplane.client import AdmissionClient, pb
 from controlplane.domain import TenantConfig
 from tests.support import add_tenants
 
@@ -40,7 +40,7 @@ def state(srv: Any) -> dict[str, int]:
 
 def test_an_offline_complete_too_large_is_refused_before_it_is_booked(served: Any) -> None:
     before = state(served)
-    with AdmissionClient(served.target) as c, pytest.raises(grpc.RpcError) as err:
+    with ProtoClient(served.target) as c, pytest.raises(grpc.RpcError) as err:
         c.stub.Complete(pb.CompleteRequest(
             tenant_id="acme", request_id="big", prompt_tokens=HALF, generated_tokens=HALF,
             offline=pb.OfflineAdmission()), timeout=10)  # fmt: skip

@@ -18,8 +18,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from burstgate_client.protoclient import ProtoClient, pb
 
-from controlplane.client import AdmissionClient, pb
 from tests.integration.test_process import Proc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_the_wheel_carries_everything_the_demo_needs(tmp_path: Path) -> None:
     proc = Proc(["demo", "--port", "0"], env, cwd=run_dir)
     try:
         assert proc.fastpath == "cython"
-        with AdmissionClient(proc.target) as c:
+        with ProtoClient(proc.target) as c:
             d = c.admit("acme", "r1", prompt_tokens=1200, max_tokens=400)
             assert d.decision == pb.DECISION_ADMIT
             s = c.complete("acme", "r1", prompt_tokens=1200, generated_tokens=100)

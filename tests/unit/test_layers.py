@@ -28,13 +28,17 @@ LAYERS: dict[str, int] = {
     "controlplane.sim": 1,  # simulation harness: drives the service like the gRPC layer does
     "controlplane.fakeengine": 1,  # a modelled engine over HTTP, on the sim's engine model
     "controlplane.loadtest": 1,  # load generator against a running control plane
-    "controlplane.sidecar": 1,  # the HTTP sidecar in front of an engine, on the SDK
-    "controlplane.integrations.litellm": 1,  # LiteLLM proxy plug-in, on the SDK and sidecar
+    "burstgate_client.sidecar": 1,  # the HTTP sidecar in front of an engine, on the SDK
+    "burstgate_client.litellm": 1,  # LiteLLM proxy plug-in, on the SDK and sidecar
+    "burstgate_client": 1,  # the client distribution's root: its version
     # 2. adapters: gRPC servicers, clients, telemetry, generated protobuf
     "controlplane.rpc": 2,
     "controlplane.integrations": 2,  # gateways' APIs served (Envoy's RLS, on the service)
-    "controlplane.client": 2,
-    "controlplane.sdk": 2,  # the client SDK (sidecars): on the generated protobuf and the client
+    "burstgate_client.protoclient": 2,  # the thin client: protobuf in, protobuf out
+    "burstgate_client.admin": 2,  # the operators' client and authenticated channels
+    "burstgate_client.redirects": 2,  # NOT_OWNER answers, read by every client
+    "burstgate_client.sdk": 2,  # the client SDK: on the generated protobuf and the redirects
+    "burstgate_client._proto": 2,  # generated: the API's stubs (the server's too)
     "controlplane.telemetry": 2,
     "controlplane._proto": 2,
     # 3. use cases
@@ -50,6 +54,8 @@ LAYERS: dict[str, int] = {
     "controlplane.domain": 5,
     "controlplane.settings": 5,
     "controlplane.clock": 5,
+    "burstgate_client.errors": 5,  # the client's own argument errors
+    "burstgate_client.edge": 5,  # the API's edge rules, as the client checks them
     "controlplane.ha.rendezvous": 5,  # pure: HRW hashing
     "controlplane.ha.cells": 5,  # pure: pool -> cell
     "controlplane": 5,  # the package root holds only __version__
@@ -57,7 +63,14 @@ LAYERS: dict[str, int] = {
     "fastpath": 6,
 }
 LAYER_NAMES = {1: "entry", 2: "adapters", 3: "use cases", 4: "storage", 5: "domain", 6: "fastpath"}
-PACKAGES = ("controlplane", "fastpath")
+# Each top-level package and the folder it lives in (the client wing is its
+# own distribution, under clients/python).
+SOURCE_ROOTS = {
+    "controlplane": ROOT,
+    "fastpath": ROOT,
+    "burstgate_client": ROOT / "clients" / "python",
+}
+PACKAGES = tuple(SOURCE_ROOTS)
 
 
 def layer_of(module: str) -> int:
@@ -70,21 +83,21 @@ def layer_of(module: str) -> int:
     return LAYERS[best]
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
 def source_modules() -> dict[str, Path]:
-    """Every hand-written module under controlplane/ and fastpath/."""
+    """Every hand-written module of the three packages."""
     out: dict[str, Path] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
+    for package, root in SOURCE_ROOTS.items():
+        for path in sorted((root / package).rglob("*.py")):
             if "_proto" in path.parts:  # generated
                 continue
-            out[module_name(path)] = path
+            out[module_name(path, root)] = path
     return out
 
 
@@ -229,4 +242,18 @@ def test_only_the_facade_and_the_dispatcher_start_a_dispatch() -> None:
                 and node.func.attr == "dispatch"
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_the_client_wing_imports_only_itself() -> None:
+    """burstgate_client is its own distribution (clients/python): an import
+    of the server's there would fail wherever only the client is installed."""
+    modules = source_modules()
+    offenders = [
+        f"{modules[name].relative_to(ROOT)}:{line}: {name} imports {target}"
+        for name, targets in graph().items()
+        if name.split(".")[0] == "burstgate_client"
+        for target, line in targets
+        if target.split(".")[0] != "burstgate_client"
+    ]
     assert offenders == []

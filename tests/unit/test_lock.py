@@ -49,6 +49,8 @@ def _exact(req: Requirement) -> str:
 def _copy_inputs(tmp_path: Path) -> Path:
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(ROOT / "requirements", tmp_path / "requirements")
+    (tmp_path / "clients" / "python").mkdir(parents=True)
+    shutil.copy(ROOT / lockfile.CLIENT_PYPROJECT, tmp_path / lockfile.CLIENT_PYPROJECT)
     return tmp_path
 
 

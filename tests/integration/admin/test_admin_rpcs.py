@@ -7,10 +7,10 @@ from functools import partial
 from typing import Any
 
 import grpc
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 from google.protobuf.field_mask_pb2 import FieldMask
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.service import records as R
 from tests.integration.admin.conftest import Env, code_of
 

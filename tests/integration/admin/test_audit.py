@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import time
 
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
 from google.protobuf.field_mask_pb2 import FieldMask
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from tests.integration.admin.conftest import Env
 
 

@@ -20,15 +20,15 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate import v1 as proto_v1
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
+from burstgate_client._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
+from burstgate_client.admin import authenticated_channel
 from google.protobuf.field_mask_pb2 import FieldMask
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate import v1 as proto_v1
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
-from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
 from controlplane.cli import app
-from controlplane.client.admin import authenticated_channel
 from controlplane.domain.keys import Role
 from controlplane.rpc.auth import READ_PREFIXES, rule_for
 from tests.integration.admin.conftest import Env

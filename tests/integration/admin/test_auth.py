@@ -8,14 +8,14 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.admin import AdminClient
 from google.protobuf.field_mask_pb2 import FieldMask
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.client.admin import AdminClient
 from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor
 from controlplane.rpc.errors import DOMAIN

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import structlog
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.cli import app
 from tests.integration.admin.conftest import Env
 from tests.support import wait_until

@@ -4,9 +4,9 @@ server and database (issue 32, docs/autoscaling.md "Signals")."""
 from __future__ import annotations
 
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.admin import apb
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.client.admin import apb
 from tests.integration.admin.conftest import Env
 from tests.integration.admin.test_cli_admin import Cli, server_logs_elsewhere
 

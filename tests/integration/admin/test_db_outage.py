@@ -16,13 +16,13 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
+from burstgate_client._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
+from burstgate_client.admin import authenticated_channel
 from sqlalchemy.engine import make_url
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import admin_pb2_grpc as apb_grpc
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
-from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
-from controlplane.client.admin import authenticated_channel
 from controlplane.domain.audit import Actor
 from controlplane.domain.keys import Role, new_key
 from controlplane.store.db import make_engine, upgrade

@@ -18,13 +18,13 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2, admission_pb2, ledger_pb2
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from controlplane._proto.burstgate.v1 import admin_pb2, admission_pb2, ledger_pb2
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.domain.errors import MAX_ECHO_CHARS
 from controlplane.rpc.guard import DEFAULT_MAX_LEN, FIELD_LIMITS, MAP_KEY_LIMITS, field_limit
 from tests.integration.admin.conftest import Env

@@ -18,11 +18,11 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.admin import authenticated_channel
 
 from controlplane._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as rl
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
-from controlplane.client.admin import authenticated_channel
 from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor
 from controlplane.domain.keys import Role

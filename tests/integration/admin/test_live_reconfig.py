@@ -9,11 +9,11 @@ import threading
 import time
 
 import grpc
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from tests.integration.admin.conftest import Env
 from tests.support import wait_until
 
@@ -112,14 +112,14 @@ def test_a_new_tenant_is_admitted_on_every_door_once_create_returns(env: Env) ->
     """AdmitStream never waits for a share of a tenant's limits (a batch
     would hold up the stream), so CreateTenant gives this replica one
     before it answers: the first batch is decided as the first Admit is."""
-    from controlplane.client import AdmissionClient, make_batch
+    from burstgate_client.protoclient import ProtoClient, make_batch
 
     for i, door in enumerate(("stream", "unary")):
         tid = f"fresh-{door}"
         env.admin.call("CreateTenant", apb.CreateTenantRequest(
             tenant=apb.Tenant(tenant_id=tid, token_rate="1000", burst_tokens=10_000)))  # fmt: skip
         if door == "stream":
-            with AdmissionClient(env.target) as c:
+            with ProtoClient(env.target) as c:
                 (res,) = c.admit_stream([make_batch(i + 1, [tid], ["r1"], [10], [10])])
             assert list(res.decision) == [pb.DECISION_ADMIT], res
         else:

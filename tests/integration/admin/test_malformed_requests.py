@@ -14,12 +14,12 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2, admission_pb2, ledger_pb2
 from google.protobuf.descriptor import MethodDescriptor
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 from structlog.testing import capture_logs
 
-from controlplane._proto.burstgate.v1 import admin_pb2, admission_pb2, ledger_pb2
 from tests.integration.admin.conftest import Env
 from tests.support import error_details
 

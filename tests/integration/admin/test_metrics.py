@@ -7,11 +7,11 @@ import urllib.request
 from collections.abc import Callable
 
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 from google.protobuf.field_mask_pb2 import FieldMask
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from tests.integration.admin.conftest import Env, code_of
 from tests.support import wait_until
 

@@ -13,9 +13,9 @@ from typing import Any, Literal, get_origin
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane.cli import app
 from controlplane.domain.policy import Policy
 from tests.integration.admin.conftest import Env, code_of

@@ -19,10 +19,10 @@ from decimal import Decimal
 from typing import Any
 
 import grpc
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.admin import authenticated_channel
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.client.admin import authenticated_channel
 from controlplane.clock import ManualClock
 from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from burstgate_client.admin import AdminClient, TlsFiles
 
-from controlplane.client.admin import AdminClient, TlsFiles
 from controlplane.store.db import upgrade
 from tests.integration.admin.conftest import code_of, make_keys, start_server
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.store.db import upgrade
 from tests.integration.admin.conftest import start_server
 from tests.support import add_tenants

@@ -22,6 +22,8 @@ from typing import Any, cast
 import grpc
 import psycopg
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import admission_pb2, ledger_pb2
 from google.protobuf.descriptor import (
     Descriptor,
     FieldDescriptor,
@@ -33,8 +35,6 @@ from google.protobuf.message_factory import GetMessageClass
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import admission_pb2, ledger_pb2
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2
 from controlplane.domain import TenantConfig
 from controlplane.domain.policy import Policy

@@ -27,13 +27,13 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, cast
 
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane.domain import TenantConfig
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine

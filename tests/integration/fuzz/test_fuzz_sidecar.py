@@ -23,11 +23,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from burstgate_client.sidecar import Sidecar, load
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from controlplane.fakeengine import FakeEngine
-from controlplane.sidecar import Sidecar, load
 from tests.sidecar_support import FakeAdmitter
 
 EXAMPLES = int(os.environ.get("BURSTGATE_FUZZ_EXAMPLES", "50"))

@@ -15,12 +15,12 @@ from typing import cast
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2 as rl
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
 from tests.integration.admin.conftest import Keys

@@ -99,7 +99,7 @@ class Load:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def run(self, stop: asyncio.Event) -> Any:
-        from controlplane.sdk import AsyncAdmissionClient
+        from burstgate_client.sdk import AsyncAdmissionClient
 
         spec = self.spec
         out = Path(spec.out_dir)

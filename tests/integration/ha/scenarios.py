@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.domain import TenantConfig
 from tests.integration.ha import checks
 from tests.integration.ha.loadgen import Spec, TenantLoad
@@ -325,10 +325,9 @@ def config_changes(cluster: Cluster, key: str, n: int, pause_s: float = 0.2) -> 
     """``n`` changes of a tenant's rate through the admin API, each on the
     next replica in turn; per change the seconds from sending UpdateTenant
     until every running replica's GetLimits answers the new rate."""
+    from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
+    from burstgate_client.admin import AdminClient
     from google.protobuf.field_mask_pb2 import FieldMask
-
-    from controlplane._proto.burstgate.v1 import admin_pb2 as apb
-    from controlplane.client.admin import AdminClient
 
     live = [r for r in cluster.replicas if r.pid is not None]
     chans = [grpc.insecure_channel(r.address) for r in live]

@@ -25,11 +25,11 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.redirects import not_owner
 from sqlalchemy.engine import make_url
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.client.redirects import not_owner
 from controlplane.ha.coordinator import Interval
 from controlplane.ha.rendezvous import assignment
 from controlplane.store.db import upgrade

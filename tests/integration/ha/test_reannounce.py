@@ -19,12 +19,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.sdk import Admission, AsyncAdmissionClient
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.domain.policy import Policy
 from controlplane.ha.rendezvous import owner_of
-from controlplane.sdk import Admission, AsyncAdmissionClient
 from controlplane.store.db import upgrade
 from tests.conftest import fresh_pg_database
 from tests.integration.ledger.conftest import ledger_rows

@@ -16,13 +16,13 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
+from burstgate_client.protoclient import ProtoClient
+from burstgate_client.redirects import not_owner
+from burstgate_client.sdk import AsyncAdmissionClient
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
-from controlplane.client import AdmissionClient
-from controlplane.client.redirects import not_owner
 from controlplane.ha.rendezvous import assignment
-from controlplane.sdk import AsyncAdmissionClient
 from controlplane.store.db import upgrade
 from tests.conftest import fresh_pg_database
 from tests.integration.ha.harness import no_takeover_holds
@@ -96,7 +96,7 @@ def admit_req(pool: str, rid: str, tenant_id: str = "acme") -> pb.AdmitRequest:
 
 
 def owners_by_cell(target: str) -> dict[str, str]:
-    with AdmissionClient(target) as c:
+    with ProtoClient(target) as c:
         return {cell.cell: cell.owner_address for cell in c.cell_owners().cells}
 
 
@@ -104,7 +104,7 @@ def owner_of(planes: list[Plane], pool: str) -> Plane:
     """The replica whose Admit for ``pool`` is decided (the others redirect)."""
     found = []
     for p in planes:
-        with AdmissionClient(p.direct) as c:
+        with ProtoClient(p.direct) as c:
             try:
                 c.stub.Admit(admit_req(pool, f"probe-{pool}-{p.port}-{time.time_ns()}"), timeout=10)
             except grpc.RpcError as exc:
@@ -123,7 +123,7 @@ def test_cells_spread_and_non_owners_redirect_to_the_owner(trio: list[Plane]) ->
         for p in trio:
             if p is owner:
                 continue
-            with AdmissionClient(p.direct) as c, pytest.raises(grpc.RpcError) as err:
+            with ProtoClient(p.direct) as c, pytest.raises(grpc.RpcError) as err:
                 c.stub.Admit(admit_req(pool, f"redirected-{pool}"), timeout=10)
             where = not_owner(err.value)
             assert where is not None
@@ -143,20 +143,20 @@ def test_get_cell_owners_agrees_across_replicas(trio: list[Plane]) -> None:
 
     view = wait_until(agreed, message="every replica to report the same owners")
     assert set(POOLS) <= set(view)
-    with AdmissionClient(trio[0].direct) as c:
+    with ProtoClient(trio[0].direct) as c:
         answer = c.cell_owners()
     assert sorted(m.address for m in answer.members) == sorted(p.direct for p in trio)
     assert answer.answered_by == "r0"
     mine = [cell for cell in answer.cells if cell.owner == "r0"]
     assert all(cell.epoch >= 1 and cell.lease_left_ms > 0 for cell in mine)
-    with AdmissionClient(trio[1].direct) as c:
+    with ProtoClient(trio[1].direct) as c:
         only = c.cell_owners("p3").cells
     assert [cell.cell for cell in only] == ["p3"] and list(only[0].pools) == ["p3"]
 
 
 def test_the_unary_client_follows_a_redirect_and_bills_once(trio: list[Plane]) -> None:
     pool = next(p for p in POOLS if owner_of(trio, p) is not trio[0])
-    with AdmissionClient(trio[0].direct, timeout=10) as c:  # seeded with a non-owner
+    with ProtoClient(trio[0].direct, timeout=10) as c:  # seeded with a non-owner
         d = c.admit("acme", "unary-1", prompt_tokens=10, max_tokens=10, pool=pool)
         assert d.decision == pb.DECISION_ADMIT
         assert c.redirects == 1 and c.owners[pool] == owner_of(trio, pool).direct
@@ -205,7 +205,7 @@ def test_an_admit_stream_batch_mixing_pools_refuses_only_foreign_entries(
             assert res.reason[i] == pb.REASON_NOT_OWNER and res.retryable[i]
             assert res.owner[i] == owner_of(trio, pool).direct
     # nothing was taken for the refused entries: the owner decides them afresh
-    with AdmissionClient(here.direct) as c:
+    with ProtoClient(here.direct) as c:
         foreign = next(i for i, pool in enumerate(POOLS) if pool not in owned)
         d = c.admit(tenants[foreign], f"mix-{POOLS[foreign]}", prompt_tokens=10, max_tokens=10)
         assert d.decision == pb.DECISION_ADMIT and not d.duplicate

@@ -10,12 +10,12 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
+from burstgate_client.admin import authenticated_channel
+from burstgate_client.protoclient import ProtoClient
 from sqlalchemy import text
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
-from controlplane.client import AdmissionClient
-from controlplane.client.admin import authenticated_channel
 from controlplane.domain import TenantConfig
 from controlplane.domain.audit import Actor
 from controlplane.domain.catalog import PriceEntry
@@ -104,7 +104,7 @@ def ledger_rows_once(url: str, count: int, where: str = "1=1") -> list[Any]:
     )
 
 
-def complete(c: AdmissionClient, tenant_id: str, request_id: str, **kw: Any) -> pb.CompleteResponse:
+def complete(c: ProtoClient, tenant_id: str, request_id: str, **kw: Any) -> pb.CompleteResponse:
     req = pb.CompleteRequest(tenant_id=tenant_id, request_id=request_id, **kw)
     resp: pb.CompleteResponse = c.stub.Complete(req, timeout=10)
     return resp
@@ -114,7 +114,7 @@ def complete(c: AdmissionClient, tenant_id: str, request_id: str, **kw: Any) -> 
 class Served:
     url: str
     srv: Any
-    client: AdmissionClient
+    client: ProtoClient
     key: str
 
     def ledger(self) -> lpb_grpc.LedgerServiceStub:
@@ -128,7 +128,7 @@ def served(
     setup_db(migrated_url, "acme", "beta")
     key = admin_key(migrated_url)
     srv = make_server(migrated_url, clock=clock, ledger_spool_dir=tmp_path / "spool")
-    with AdmissionClient(srv.target) as client:
+    with ProtoClient(srv.target) as client:
         yield Served(migrated_url, srv, client, key)
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane.cli import app
 from controlplane.cli.margin import COLUMNS as MARGIN_COLUMNS
 from controlplane.domain.catalog import PRICE_FIELDS, user_charge

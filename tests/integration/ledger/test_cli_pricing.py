@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 import pytest
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane.cli import app
 from controlplane.cli.pricing import POOL_COLUMNS, WINDOW_COLUMNS
 from controlplane.domain.keys import Role

@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import pb
 
-from controlplane.client import pb
 from tests.integration.ledger.conftest import NS, Served, complete, ledger_rows, rpc_code
 
 
@@ -155,7 +155,7 @@ def test_the_callers_correlation_id_is_recorded_and_exported(served: Served) -> 
         complete(c, "acme", rid, prompt_tokens=10, generated_tokens=1, correlation_id=correlation)
     got = {r.request_id: r.correlation_id for r in ledger_rows(served.url)}
     assert got == {"c1": "client-42", "c2": "client-42", "c3": None}  # not a key; NULL = none
-    from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
+    from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 
     rec = served.ledger().GetLedgerRecord(
         lpb.GetLedgerRecordRequest(tenant_id="acme", request_id="c1"), timeout=10

@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client.protoclient import ProtoClient
 
-from controlplane.client import AdmissionClient
 from tests.integration.ledger.conftest import NS, Served, complete, ledger_rows, setup_db
 
 HOUR = 3600 * NS
@@ -75,7 +75,7 @@ def test_refused_without_metering_too(
     same: a bad one is INVALID_ARGUMENT and the reservation stays open."""
     setup_db(migrated_url, "acme")
     srv = make_server(migrated_url, clock=clock, ledger_enabled=False)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         c.admit("acme", "r", prompt_tokens=10, max_tokens=10)
         with pytest.raises(grpc.RpcError) as err:
             complete(c, "acme", "r", prompt_tokens=10, exec_start_unix_ns=-5)

@@ -13,11 +13,11 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
+from burstgate_client.protoclient import ProtoClient
 from sqlalchemy.engine import make_url
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
-from controlplane.client import AdmissionClient
 from controlplane.store.db import upgrade
 from tests.integration.ledger.conftest import admin_key, complete, ledger_rows, setup_db
 from tests.integration.ledger.proxy import TcpProxy
@@ -36,7 +36,7 @@ def proxied(pg_url: str) -> Iterator[tuple[str, TcpProxy]]:
     proxy.close()
 
 
-def _settle(c: AdmissionClient, rid: str) -> Any:
+def _settle(c: ProtoClient, rid: str) -> Any:
     c.admit("acme", rid, prompt_tokens=100, max_tokens=50)
     return complete(c, "acme", rid, prompt_tokens=100, generated_tokens=7)
 
@@ -49,12 +49,12 @@ def test_database_cut_mid_run_then_back_nothing_lost_spool_drains(
     srv = make_server(url, ledger_spool_dir=tmp_path / "spool", ledger_retry_s=0.2,
                       ledger_db_timeout_s=2.0, config_poll_s=0.2)  # fmt: skip
     plane = srv.plane
-    from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
-    from controlplane.client.admin import authenticated_channel
+    from burstgate_client._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
+    from burstgate_client.admin import authenticated_channel
 
     ledger = lpb_grpc.LedgerServiceStub(authenticated_channel(srv.target, key))
     acked: list[str] = []
-    with AdmissionClient(srv.target, timeout=10) as c:
+    with ProtoClient(srv.target, timeout=10) as c:
         for i in range(20):
             assert not _settle(c, f"before-{i}").duplicate
             acked.append(f"before-{i}")
@@ -97,7 +97,7 @@ def test_spool_full_answers_unavailable_and_changes_nothing(
                       ledger_retry_s=0.2, ledger_db_timeout_s=2.0)  # fmt: skip
     svc = srv.plane.service
     acked: list[str] = []
-    with AdmissionClient(srv.target, timeout=10) as c:
+    with ProtoClient(srv.target, timeout=10) as c:
         proxy.cut()
         refused = None
         for i in range(100):
@@ -142,7 +142,7 @@ def test_a_reused_id_spooled_while_the_database_was_away_is_booked_not_dropped(
     srv = make_server(url, ledger_spool_dir=tmp_path / "spool", ledger_retry_s=0.2,
                       ledger_db_timeout_s=2.0, settled_id_window_s=0)  # fmt: skip
     plane = srv.plane
-    with AdmissionClient(srv.target, timeout=10) as c:
+    with ProtoClient(srv.target, timeout=10) as c:
         first = _settle(c, "reused")
         srv.on_loop(lambda: plane.service.expire())  # the settled id is forgotten at once
         srv.on_loop(lambda: plane.metering._recent.clear())  # and only the database has it
@@ -188,7 +188,7 @@ def test_sigkill_after_acknowledgements_loses_nothing(
     stop = threading.Event()
 
     def load(worker: int) -> None:
-        with AdmissionClient(proc.target, timeout=10) as c:
+        with ProtoClient(proc.target, timeout=10) as c:
             i = 0
             while not stop.is_set():
                 rid = f"w{worker}-{i}"
@@ -248,7 +248,7 @@ def test_complete_stays_fast_when_the_database_hangs(
     assert srv.plane.settings.ledger_db_timeout_s == 5.0  # the default the bug was seen with
     plane = srv.plane
     acked: list[str] = []
-    with AdmissionClient(srv.target, timeout=10) as c:
+    with ProtoClient(srv.target, timeout=10) as c:
         for i in range(5):
             _settle(c, f"before-{i}")
             acked.append(f"before-{i}")

@@ -14,12 +14,12 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane.cli import app
 from controlplane.domain.ledger_records import LedgerRecord
 from controlplane.domain.money import format_nanos

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane.cli import app
 from tests.integration.ledger.conftest import Served
 

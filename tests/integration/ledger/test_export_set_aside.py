@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
 from controlplane.cli import app
 from controlplane.store.ledger import ledger_engine
 from tests.integration.ledger.conftest import NS, Served, complete

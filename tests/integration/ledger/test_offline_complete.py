@@ -7,8 +7,8 @@ offline fields name the field and change nothing. And GetLimits."""
 from __future__ import annotations
 
 import grpc
+from burstgate_client.protoclient import pb
 
-from controlplane.client import pb
 from tests.integration.ledger.conftest import NS, Served, complete, ledger_rows, rpc_code
 
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
+from burstgate_client._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
+from burstgate_client.admin import authenticated_channel
+from burstgate_client.protoclient import pb
 
-from controlplane._proto.burstgate.v1 import ledger_pb2 as lpb
-from controlplane._proto.burstgate.v1 import ledger_pb2_grpc as lpb_grpc
-from controlplane.client import pb
-from controlplane.client.admin import authenticated_channel
 from controlplane.domain.keys import Role
 from tests.integration.ledger.conftest import NS, Served, admin_key, complete, rpc_code
 from tests.support import wait_until

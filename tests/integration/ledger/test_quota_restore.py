@@ -7,7 +7,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from controlplane.client import AdmissionClient, pb
+from burstgate_client.protoclient import ProtoClient, pb
+
 from controlplane.domain import TenantConfig
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine
@@ -25,7 +26,7 @@ def test_hourly_quota_used_before_a_restart_still_counts(
     spool = tmp_path / "spool"
     # the injected clock stays mid-hour: no window rollover between the two runs
     first = make_server(migrated_url, clock=clock, ledger_spool_dir=spool)
-    with AdmissionClient(first.target) as c:
+    with ProtoClient(first.target) as c:
         for i in range(3):
             assert c.admit("acme", f"r{i}", prompt_tokens=2000, max_tokens=1000).decision == (
                 pb.DECISION_ADMIT
@@ -37,7 +38,7 @@ def test_hourly_quota_used_before_a_restart_still_counts(
     # one and its gate holds the pool for a second (docs/ha.md, "The gate
     # during a takeover"), on the injected clock: let that pass, mid-hour.
     clock.advance(2 * 10**9)
-    with AdmissionClient(second.target) as c:
+    with ProtoClient(second.target) as c:
         # 9,000 of 10,000 used before the restart: 3,000 more do not fit
         d = c.admit("acme", "after", prompt_tokens=2000, max_tokens=1000)
         assert d.reason == pb.REASON_HOURLY_QUOTA

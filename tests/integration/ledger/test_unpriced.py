@@ -17,10 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from typer.testing import CliRunner
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.cli import app
 from controlplane.domain.catalog import PriceEntry
 from controlplane.store.db import make_engine

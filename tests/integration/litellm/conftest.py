@@ -66,7 +66,7 @@ CONFIG_YAML = """
 model_list:
 {models}
 litellm_settings:
-  callbacks: ["controlplane.integrations.litellm.handler"]
+  callbacks: ["burstgate_client.litellm.handler"]
 general_settings:
   custom_auth: auth.user_api_key_auth
 """

@@ -12,9 +12,9 @@ from typing import Any
 
 import openai
 import pytest
+from burstgate_client.protoclient import ProtoClient
+from burstgate_client.sdk import pb
 
-from controlplane.client import AdmissionClient
-from controlplane.sdk import pb
 from tests.integration.ledger.conftest import ledger_rows
 from tests.integration.litellm.conftest import Stack
 from tests.support import wait_until
@@ -106,7 +106,7 @@ def test_a_request_burstgate_holds_runs_when_the_holder_leaves(stack: Stack) -> 
 
 
 def test_a_degraded_pool_caps_tokens_and_swaps_the_model(stack: Stack) -> None:
-    with AdmissionClient(stack.plane.direct) as c:
+    with ProtoClient(stack.plane.direct) as c:
         c.report_load(pb.LoadReport(pool="busy", engine_id="e0", batch_tokens=100,
                                     max_batch_tokens=8000, max_num_seqs=256,
                                     gpu_utilization=0.99))  # fmt: skip

@@ -9,8 +9,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.client import AdmissionClient, make_batch
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.protoclient import ProtoClient, make_batch
+
 from tests.conftest import FakeClock, ServerThread
 from tests.integration.ledger.conftest import setup_db
 from tests.integration.ledger.conftest import tenant as tenant_config
@@ -29,7 +30,7 @@ NAMES = (
 )
 
 
-def engine(c: AdmissionClient, running: int) -> None:
+def engine(c: ProtoClient, running: int) -> None:
     """One engine of 4 sequence slots, ``running`` taken."""
     c.report_load(
         pb.LoadReport(
@@ -48,7 +49,7 @@ def test_demand_backlog_and_desired_engines_on_metrics(
     # the service's clock stands still (at a whole second): the window's
     # rates are exact, however slow the machine
     srv = make_server(migrated_url, FakeClock(), metrics_port=0, metrics_sample_s=0.05)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         engine(c, running=0)
         # asked and admitted: two requests, 300 prompt tokens
         assert c.admit("acme", "a1", prompt_tokens=100, max_tokens=10, pool=POOL).decision == 1

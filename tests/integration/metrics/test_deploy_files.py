@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.protoclient import ProtoClient, make_batch
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.client import AdmissionClient, make_batch
 from controlplane.store.db import upgrade
 from tests.conftest import ServerThread
 from tests.integration.ledger.conftest import ACME_PRICE, setup_db
@@ -174,7 +174,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[set[str],
     )  # fmt: skip
     srv = ServerThread(settings, time.time_ns)
     try:
-        with AdmissionClient(srv.target) as c:
+        with ProtoClient(srv.target) as c:
             c.report_load(
                 pb.LoadReport(
                     pool="a100", engine_id="e1", batch_tokens=10, max_batch_tokens=1000,

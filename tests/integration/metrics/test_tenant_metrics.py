@@ -16,10 +16,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.protoclient import ProtoClient, make_batch
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.client import AdmissionClient, make_batch
 from controlplane.store.db import upgrade
 from tests.conftest import ServerThread
 from tests.integration.ledger.conftest import ACME_PRICE, DEFAULT_PRICE, setup_db
@@ -85,12 +85,12 @@ class Expected:
             self.admitted[(tenant, lane)] += reserved
             self.lane_of[(tenant, rid)] = lane
 
-    def admit(self, c: AdmissionClient, tenant: str, rid: str, **kw: Any) -> pb.AdmitResponse:
+    def admit(self, c: ProtoClient, tenant: str, rid: str, **kw: Any) -> pb.AdmitResponse:
         d = c.admit(tenant, rid, **kw)
         self.decided(tenant, rid, d.lane, d.decision, d.reason, d.reserved_tokens)
         return d
 
-    def complete(self, c: AdmissionClient, tenant: str, rid: str, prompt: int, out: int) -> None:
+    def complete(self, c: ProtoClient, tenant: str, rid: str, prompt: int, out: int) -> None:
         s = c.complete(tenant, rid, prompt_tokens=prompt, generated_tokens=out)
         lane = self.lane_of[(tenant, rid)]
         self.settled[(tenant, lane)] += 1
@@ -111,7 +111,7 @@ def test_decisions_tokens_and_spend_by_tenant_and_lane(
         migrated_url, metrics_port=0, metrics_sample_s=0.05, metrics_tenant_label_limit=2
     )
     want = Expected()
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         # acme: two in its default lane (standard), one in premium
         want.admit(c, "acme", "a1", prompt_tokens=100, max_tokens=50)
         want.admit(c, "acme", "a2", prompt_tokens=200, max_tokens=100)
@@ -226,7 +226,7 @@ def test_grpc_metrics_use_the_conventional_names_and_labels(
     upgrade(sqlite_url)  # (the gRPC layer is the same whatever the database)
     setup_db(sqlite_url, "acme")
     srv = make_server(sqlite_url, metrics_port=0)
-    with AdmissionClient(srv.target) as c:
+    with ProtoClient(srv.target) as c:
         for i in range(3):
             c.admit("acme", f"r{i}", prompt_tokens=10, max_tokens=10)
         c.complete("acme", "r0", prompt_tokens=10, generated_tokens=1)

@@ -10,9 +10,9 @@ from typing import Any
 
 import grpc
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.sdk import AdmissionClient, AsyncAdmissionClient, Backoff
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.sdk import AdmissionClient, AsyncAdmissionClient, Backoff
 from tests.integration.sdk.conftest import SLOW_OK, Plane, tenant
 
 

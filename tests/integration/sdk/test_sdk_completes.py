@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from burstgate_client.sdk import AsyncAdmissionClient, ControlPlaneUnavailable
 
-from controlplane.sdk import AsyncAdmissionClient, ControlPlaneUnavailable
 from tests.integration.ledger.conftest import ledger_rows
 from tests.integration.sdk.conftest import SLOW_OK, Plane, until
 

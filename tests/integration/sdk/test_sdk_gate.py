@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from controlplane.client import AdmissionClient as UnaryClient
-from controlplane.sdk import AsyncAdmissionClient, FailPolicy
+from burstgate_client.protoclient import ProtoClient as UnaryClient
+from burstgate_client.sdk import AsyncAdmissionClient, FailPolicy
+
 from tests.integration.sdk.conftest import SLOW_OK, Plane, tenant, until
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.sdk import AsyncAdmissionClient, FailPolicy
+from burstgate_client.sdk import AsyncAdmissionClient, FailPolicy
+
 from tests.integration.ledger.conftest import ledger_rows
 from tests.integration.sdk.conftest import SLOW_OK, Plane, until
 from tests.integration.sdk.test_sdk_completes import rows_by_request

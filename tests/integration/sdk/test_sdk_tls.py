@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from burstgate_client.sdk import AsyncAdmissionClient, TlsFiles
 
 from controlplane.domain.keys import Role
-from controlplane.sdk import AsyncAdmissionClient, TlsFiles
 from controlplane.store.db import make_engine, upgrade
 from controlplane.store.keys import KeyStore
 from tests.integration.admin.conftest import start_server

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.sdk import AsyncAdmissionClient, FailPolicy
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.sdk import AsyncAdmissionClient, FailPolicy
+
 from tests.integration.sdk.conftest import SLOW_OK, Plane, until
 
 POLICY = {"": FailPolicy.CLOSED, "batch": FailPolicy.OPEN}

@@ -15,12 +15,12 @@ from typing import Any
 
 import openai
 import pytest
+from burstgate_client.sidecar import Sidecar, load
+from burstgate_client.sidecar.sdkclient import sdk_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.fakeengine import FakeEngine
 from controlplane.fakeengine.app import EngineConfig
-from controlplane.sidecar import Sidecar, load
-from controlplane.sidecar.sdkclient import sdk_client
 from controlplane.store.db import upgrade
 from tests.integration.ledger.conftest import ledger_rows
 from tests.integration.sdk.conftest import Plane, planes_on

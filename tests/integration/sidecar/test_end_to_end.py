@@ -12,9 +12,9 @@ from typing import Any
 
 import openai
 import pytest
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.protoclient import ProtoClient
 
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.client import AdmissionClient
 from controlplane.domain.policy import Policy
 from tests.integration.sdk.conftest import tenant
 from tests.integration.sidecar.conftest import MODEL, Stack, rows
@@ -172,7 +172,7 @@ def test_degradation_caps_max_tokens(pg_plane: Any, make_stack: Any) -> None:
     busy = Policy(degrade_gpu_util=0.9, degrade_max_tokens=8)
     plane = pg_plane(policy=busy)
     stack = make_stack(plane, metrics={"enabled": False})
-    with AdmissionClient(plane.direct) as c:
+    with ProtoClient(plane.direct) as c:
         c.stub.ReportLoad(pb.LoadReport(pool="default", engine_id="gpu-1", max_batch_tokens=8192,
                                         gpu_utilization=0.97), timeout=10)  # fmt: skip
     raw = chat(stack, max_tokens=100, extra_headers={"x-request-id": "deg"})
@@ -240,7 +240,7 @@ def test_the_engines_metrics_reach_the_control_plane(pg_plane: Any, make_stack: 
     stack = make_stack(plane, metrics={"interval_s": 0.1, "max_num_seqs": 64})
     wait_until(lambda: stack.metrics().get("burstgate_sidecar_load_reports_total{result=sent}",
                                            0) >= 3, message="load reports sent")  # fmt: skip
-    with AdmissionClient(plane.direct) as c:
+    with ProtoClient(plane.direct) as c:
         a = c.admit("beta", "probe", prompt_tokens=1, max_tokens=1, pool="default")
     assert a.pressure.freshness == pb.POOL_FRESHNESS_FRESH
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from burstgate_client.sidecar import Sidecar, load
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.fakeengine import FakeEngine
-from controlplane.sidecar import Sidecar, load
 from tests.sidecar_support import Call, FakeAdmission, FakeAdmitter, refused
 
 MODEL = "fake-llama"

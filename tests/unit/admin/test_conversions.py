@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
 
-from controlplane._proto.burstgate.v1 import admin_pb2 as apb
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.errors import InvalidArgument
 from controlplane.domain.policy import Policy

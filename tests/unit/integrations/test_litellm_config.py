@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from controlplane.integrations.litellm.config import ConfigError, HookSettings, Rule, load
-from controlplane.sidecar.config import FailPolicyName
+from burstgate_client.litellm.config import ConfigError, HookSettings, Rule, load
+from burstgate_client.sidecar.config import FailPolicyName
 
 
 @pytest.fixture(autouse=True)

@@ -10,17 +10,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from burstgate_client.litellm import mapping as M
+from burstgate_client.litellm.config import HookSettings, Rule
+from burstgate_client.litellm.refusal import refusal_error
+from burstgate_client.litellm.settle import Ticket, Tickets
+from burstgate_client.sdk import FailPolicy
+from burstgate_client.sdk.model import offline_admission
 from fastapi import HTTPException
 from litellm.exceptions import RateLimitError
 from litellm.proxy._types import UserAPIKeyAuth
 from litellm.types.utils import ModelResponse, Usage
-
-from controlplane.integrations.litellm import mapping as M
-from controlplane.integrations.litellm.config import HookSettings, Rule
-from controlplane.integrations.litellm.refusal import refusal_error
-from controlplane.integrations.litellm.settle import Ticket, Tickets
-from controlplane.sdk import FailPolicy
-from controlplane.sdk.model import offline_admission
 
 KEY = UserAPIKeyAuth(api_key="sk-1", team_id="team-7", key_alias="alias-7", user_id="u1",
                      metadata={"burstgate_lane": "batch", "tenant": "acme"},

@@ -11,11 +11,10 @@ import random
 from typing import Any
 
 import pytest
+from burstgate_client.sdk import Admission, Backoff, FailPolicy
+from burstgate_client.sdk.model import offline_admission
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from controlplane.sdk import Admission, Backoff, FailPolicy
-from controlplane.sdk.model import offline_admission
 
 REFUSED = dataclasses.replace(
     offline_admission("r", FailPolicy.CLOSED, 0, 1), offline=False, reason="token_rate"

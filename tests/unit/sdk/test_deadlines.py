@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.sdk.deadlines import COMPACT_MIN, Deadlines
-from controlplane.sdk.entries import Entry
-from controlplane.sdk.model import Admission
+from burstgate_client.sdk.deadlines import COMPACT_MIN, Deadlines
+from burstgate_client.sdk.entries import Entry
+from burstgate_client.sdk.model import Admission
 
 
 def entry(i: int) -> Entry:

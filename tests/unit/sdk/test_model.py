@@ -8,22 +8,21 @@ from collections import deque
 from typing import Any
 
 import pytest
-
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.sdk import FailPolicy
-from controlplane.sdk.aio import fail_policies
-from controlplane.sdk.batcher import wait_ms
-from controlplane.sdk.checks import check_admit_args, check_complete_args
-from controlplane.sdk.entries import Entry
-from controlplane.sdk.model import (
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.sdk import FailPolicy
+from burstgate_client.sdk.aio import fail_policies
+from burstgate_client.sdk.batcher import wait_ms
+from burstgate_client.sdk.checks import check_admit_args, check_complete_args
+from burstgate_client.sdk.entries import Entry
+from burstgate_client.sdk.model import (
     REASON_NAMES,
     Admission,
     admission_of_response,
     admissions_of_result,
     offline_admission,
 )
-from controlplane.sdk.session import Session
-from controlplane.sdk.suspects import Suspects
+from burstgate_client.sdk.session import Session
+from burstgate_client.sdk.suspects import Suspects
 
 ADMIT, REJECT, UNSET = pb.DECISION_ADMIT, pb.DECISION_REJECT, pb.DECISION_UNSPECIFIED
 NONE, TIMEOUT = pb.REASON_UNSPECIFIED, pb.REASON_QUEUE_TIMEOUT

@@ -12,13 +12,12 @@ from typing import Any, cast
 
 import grpc
 import pytest
-
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.sdk import ControlPlaneUnavailable
-from controlplane.sdk.breaker import Breaker
-from controlplane.sdk.counters import Counters
-from controlplane.sdk.spool import CompletionSpool
-from controlplane.sdk.spoolfile import SpoolFile
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.sdk import ControlPlaneUnavailable
+from burstgate_client.sdk.breaker import Breaker
+from burstgate_client.sdk.counters import Counters
+from burstgate_client.sdk.spool import CompletionSpool
+from burstgate_client.sdk.spoolfile import SpoolFile
 
 
 class FakeBreaker:

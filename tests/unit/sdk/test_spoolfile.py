@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from controlplane._proto.burstgate.v1 import admission_pb2 as pb
-from controlplane.sdk.spoolfile import COMPACT_MIN, SpoolFile
+from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
+from burstgate_client.sdk.spoolfile import COMPACT_MIN, SpoolFile
 
 
 def req(i: int, **kw: Any) -> pb.CompleteRequest:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from controlplane.domain.errors import InvalidArgument
-from controlplane.sidecar.config import FailPolicyName, load
+from burstgate_client.errors import InvalidArgument
+from burstgate_client.sidecar.config import FailPolicyName, load
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from burstgate_client.sidecar.refusal import format_reset, ratelimit_headers, refusal
 
-from controlplane.sidecar.refusal import format_reset, ratelimit_headers, refusal
 from tests.sidecar_support import FakeAdmission, FakeLimits, refused
 
 

@@ -7,8 +7,7 @@ import json
 from typing import Any
 
 import pytest
-
-from controlplane.sidecar.rewrite import BadRequest, forwarded_body, parse
+from burstgate_client.sidecar.rewrite import BadRequest, forwarded_body, parse
 
 
 def raw(body: Any) -> bytes:

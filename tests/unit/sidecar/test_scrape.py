@@ -5,9 +5,8 @@ presets and overrides."""
 from __future__ import annotations
 
 import pytest
-
-from controlplane.sidecar.config import EngineKind, MetricsSettings
-from controlplane.sidecar.scrape import LoadReader, parse
+from burstgate_client.sidecar.config import EngineKind, MetricsSettings
+from burstgate_client.sidecar.scrape import LoadReader, parse
 
 
 def vllm_page(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from controlplane.sidecar.sse import StreamRelay, Usage, usage_of
+from burstgate_client.sidecar.sse import StreamRelay, Usage, usage_of
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
          "prompt_tokens_details": {"cached_tokens": 8}}  # fmt: skip

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from controlplane.domain.errors import InvalidArgument
-from controlplane.sidecar.tokens import (
+from burstgate_client.errors import InvalidArgument
+from burstgate_client.sidecar.tokens import (
     MESSAGE_OVERHEAD,
     REPLY_PRIMING,
     TokenCounter,
