@@ -47,6 +47,22 @@ policy overrides are data in the database, not settings: see
 
 Values are read as pydantic reads them: numbers and booleans as text
 (`true`/`false`), lists and objects as JSON.
+
+Variables that are not server settings, and where they are told:
+
+- the CLI's connection to a server: `BURSTGATE_ADMIN_TARGET`,
+  `BURSTGATE_API_KEY`, `BURSTGATE_ADMIN_TLS_CA` / `_CERT` / `_KEY`
+  ([operating.md](operating.md#the-admin-api-and-the-cli));
+- the sidecar's and the load tools' control plane: `BURSTGATE_TARGET`
+  ([sidecar.md](sidecar.md), [loadtest.md](loadtest.md));
+- the LiteLLM hook's `BURSTGATE_LITELLM_*` ([litellm.md](litellm.md#configuration));
+- `BURSTGATE_FASTPATH=python`: the pure-Python reference fast path instead
+  of the compiled one (tests, debugging;
+  [architecture.md](architecture.md#the-fast-path));
+- `BURSTGATE_ANALYZE_ARROW=0`: `burstgate analyze` without its pyarrow fast
+  path ([analysis.md](analysis.md));
+- the test suite's `BURSTGATE_TEST_PG_DSN` and `BURSTGATE_FUZZ_EXAMPLES`
+  ([contributing.md](contributing.md#tests)).
 """
 
 POLICY_INTRO = """\
