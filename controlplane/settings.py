@@ -394,7 +394,9 @@ class Settings(BaseSettings):
         default=None,
         min_length=1,
         max_length=200,
-        description="This replica's member id; unset: hostname-pid-random.",
+        description=(
+            "This replica's member id (a restart is a new member); unset: hostname-pid-random."
+        ),
     )
     ha_lease_ttl_s: float = Field(
         default=5.0,
@@ -408,7 +410,10 @@ class Settings(BaseSettings):
     ha_margin_s: float = Field(
         default=1.0,
         ge=0,
-        description="How much earlier than the TTL a replica stops trusting its lease.",
+        description=(
+            "How much earlier than the TTL a replica stops trusting its lease; below two thirds "
+            "of the TTL."
+        ),
     )
     # The price: a replacement under a new member id after a crash waits this
     # long for its cells.
