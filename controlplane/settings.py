@@ -34,7 +34,9 @@ class Settings(BaseSettings):
     db_connect_timeout_s: int = Field(
         default=5,
         ge=1,
-        description="PostgreSQL: libpq's `connect_timeout` for every new connection.",
+        description=(
+            "PostgreSQL: libpq's `connect_timeout` for every new connection (server and CLI)."
+        ),
     )
     db_statement_timeout_s: float = Field(
         default=30.0,
@@ -189,7 +191,8 @@ class Settings(BaseSettings):
     listen_notify: bool = Field(
         default=True,
         description=(
-            "PostgreSQL: listen for config changes and lease releases so they apply at once; "
+            "PostgreSQL: listen for config changes and lease releases so they apply at once "
+            "(one more connection per server); "
             "`false` behind PgBouncer in transaction mode or on CockroachDB."
         ),
     )
@@ -220,7 +223,8 @@ class Settings(BaseSettings):
     )
 
     log_format: Literal["console", "json"] = Field(
-        default="console", description="`console` for people, `json` for log pipelines."
+        default="console",
+        description="`console` for people, `json` for log pipelines (use it in production).",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Lowest level logged; `debug` adds tracebacks."
@@ -231,7 +235,10 @@ class Settings(BaseSettings):
     # admission auth off.
     admission_auth: bool = Field(
         default=True,
-        description="The admission API requires a `sidecar` key (`authorization: Bearer ...`).",
+        description=(
+            "The admission API requires a `sidecar` key (`authorization: Bearer ...`); "
+            "`burstgate demo` turns it off."
+        ),
     )
     tls_cert_file: Path | None = Field(
         default=None, description="Server certificate (PEM) for the gRPC port; set with the key."
