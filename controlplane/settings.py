@@ -25,224 +25,435 @@ class Settings(BaseSettings):
 
     # Storage. SQLite is the embedded default; PostgreSQL through psycopg 3
     # ("postgresql://..." is rewritten to the psycopg dialect).
-    database_url: str = f"sqlite:///{DEFAULT_SQLITE_PATH}"
+    database_url: str = Field(
+        default=f"sqlite:///{DEFAULT_SQLITE_PATH}",
+        description="`sqlite:///path` or `postgresql://user@host/db` (psycopg 3).",
+    )
 
     # Bounds on the database (docs/operating.md, "When the database is down").
-    # PostgreSQL: libpq's connect_timeout for every new connection, and a
-    # server-side statement_timeout on the server's connections (0 = none).
-    db_connect_timeout_s: int = Field(default=5, ge=1)
-    db_statement_timeout_s: float = Field(default=30.0, ge=0)
-    # The longest an operator RPC (AdminService, LedgerService) waits for the
-    # database before it answers UNAVAILABLE; the config poll's steps are
-    # bounded by it too. A hung database never answers, so without this bound
-    # an operator call waits as long as the outage.
-    operator_db_timeout_s: float = Field(default=5.0, gt=0)
+    db_connect_timeout_s: int = Field(
+        default=5,
+        ge=1,
+        description=(
+            "PostgreSQL: libpq's `connect_timeout` for every new connection (server and CLI)."
+        ),
+    )
+    db_statement_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "PostgreSQL: server-side `statement_timeout` on the server's connections; 0 = none."
+        ),
+    )
+    # A hung database never answers, so without this bound an operator call
+    # waits as long as the outage.
+    operator_db_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Longest an operator RPC (admin and ledger APIs) waits for the database before it "
+            "answers `UNAVAILABLE` / `DATABASE_UNAVAILABLE`; also bounds each step of the "
+            "config poll."
+        ),
+    )
 
-    # gRPC listener. Port 0 asks the OS for a free port (printed at start).
-    host: str = "127.0.0.1"
-    port: int = Field(default=50051, ge=0, le=65535)
-    # grpc's own default receive limit; a bigger message is refused with
-    # RESOURCE_EXHAUSTED before it reaches our code.
-    max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    # Prometheus /metrics on this port (same host); -1 disables, 0 = any free port.
+    host: str = Field(default="127.0.0.1", description="Address of the gRPC listener.")
+    port: int = Field(
+        default=50051,
+        ge=0,
+        le=65535,
+        description="Port of the gRPC listener; 0 = any free port (printed at start).",
+    )
+    # grpc's own default receive limit.
+    max_message_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="Largest gRPC message; a bigger one is refused `RESOURCE_EXHAUSTED` by grpc.",
+    )
     # 9464 is the port OpenTelemetry's Prometheus exporter uses by convention.
-    metrics_port: int = Field(default=9464, ge=-1, le=65535)
-    # Seconds SIGTERM waits for in-flight RPCs before cancelling them.
-    shutdown_grace_s: float = Field(default=10.0, ge=0)
-    # Keepalive (README "Keepalive"; grpc core's channel options, in ms).
-    # The server pings a connection after this long without traffic and
-    # closes it when the ack takes longer than the timeout: a sidecar that
-    # vanished without a FIN (pod killed, node lost) frees its connection and
-    # streams within ~40 s, and the pings keep idle connections open through
-    # load balancers and NATs (idle timeouts of minutes).
-    keepalive_time_ms: int = Field(default=30_000, ge=1_000)
-    keepalive_timeout_ms: int = Field(default=10_000, ge=1_000)
-    # Client pings arriving closer together than this (with nothing sent by
-    # the server in between) are strikes; the third ends the connection
-    # (GOAWAY ENHANCE_YOUR_CALM "too_many_pings"). Half of the shortest
-    # client interval the README allows (1 s), so timer jitter never counts.
-    keepalive_min_ping_interval_ms: int = Field(default=500, ge=0)
+    metrics_port: int = Field(
+        default=9464,
+        ge=-1,
+        le=65535,
+        description="Port of Prometheus `/metrics` (same host); -1 = off, 0 = any free port.",
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="On SIGTERM health turns `NOT_SERVING` and in-flight RPCs get this long.",
+    )
+    # Keepalive (docs/api.md, "Keepalive"): a sidecar that vanished without a
+    # FIN (pod killed, node lost) frees its connection and streams within
+    # ~40 s, and the pings keep idle connections open through load balancers
+    # and NATs (idle timeouts of minutes).
+    keepalive_time_ms: int = Field(
+        default=30_000,
+        ge=1_000,
+        description="The server pings a connection after this long without traffic.",
+    )
+    keepalive_timeout_ms: int = Field(
+        default=10_000,
+        ge=1_000,
+        description="The server closes a connection whose ping ack takes longer than this.",
+    )
+    # Half of the shortest client interval docs/api.md allows (1 s), so timer
+    # jitter never counts.
+    keepalive_min_ping_interval_ms: int = Field(
+        default=500,
+        ge=0,
+        description=(
+            "Client pings closer together than this (nothing sent by the server in between) are "
+            "strikes; the third ends the connection (GOAWAY `ENHANCE_YOUR_CALM`)."
+        ),
+    )
 
     # Admission.
-    # An admitted request that is never settled gives its slot back after this.
-    reservation_ttl_s: float = Field(default=600.0, gt=0)
-    # A completed request_id is remembered this long after its Complete (a
-    # repeated Admit replays the admission, a repeated Complete answers
-    # duplicate=true); then it is forgotten: a later Admit with the same id is
-    # decided anew and a later Complete gets NOT_FOUND. The reservation TTL
-    # above bounds only the unsettled ones, so memory follows the settlement
-    # rate x this window, not x the TTL. Never longer than the TTL.
-    settled_id_window_s: float = Field(default=120.0, ge=0)
-    # A refused request_id replays its decision (duplicate=true) until its
-    # retry_after has passed, but never for longer than this.
-    rejection_replay_s: float = Field(default=1.0, ge=0)
-    # Refused requests with a TTFT deadline remembered (their first arrival,
-    # under their retry key, for the longest lane SLO) so that a retry is
-    # judged against its first attempt's deadline (service/retries.py); the
-    # oldest are forgotten past this many. ~150 bytes each.
-    retry_memory: int = Field(default=262_144, ge=0)
-    # retry_after hint for CONCURRENCY (and OPEN_RESERVATIONS) refusals: the
-    # plane cannot know when a slot frees, so it suggests a short fixed wait.
-    concurrency_retry_ms: int = Field(default=250, ge=0)
-    # Memory protection: most open (admitted, unsettled) reservations held at
-    # once, overall and per tenant; past either an Admit is refused with
-    # OPEN_RESERVATIONS. Each costs a request-table row until Complete or the
-    # TTL (~280 B compiled, BENCHMARKS.md): 1,000,000 is ~280 MB. 0 = no cap.
-    max_open_reservations: int = Field(default=1_000_000, ge=0)
-    max_open_reservations_per_tenant: int = Field(default=100_000, ge=0)
-    # Requests from tenant ids that are not configured: refused with
-    # UNKNOWN_TENANT, or, when this names a configured tenant, admitted
-    # against that tenant's limits (one shared bucket for all unknown ids).
-    default_tenant: str | None = None
-    # Most entries one AdmitStream message may carry.
-    max_batch: int = Field(default=10_000, ge=1)
-    # A pool's load report counts as fresh for this long.
-    load_report_stale_s: float = Field(default=10.0, gt=0)
-    # How often the server re-reads tenants from the database so that
-    # `burstgate tenant ...` changes reach a running server.
-    config_poll_s: float = Field(default=2.0, gt=0)
-    # On PostgreSQL, also LISTEN for config changes (and lease releases) so
-    # they apply at once; the poll stays the safety net. Turn off where
-    # LISTEN cannot work: CockroachDB, or a transaction-pooling proxy
-    # (PgBouncer in transaction mode) between server and database.
-    listen_notify: bool = True
+    reservation_ttl_s: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "An admitted request never settled is released after this, without a refund; "
+            "a later Complete gets `NOT_FOUND`."
+        ),
+    )
+    # The reservation TTL bounds only the unsettled ids, so memory follows the
+    # settlement rate x this window, not x the TTL.
+    settled_id_window_s: float = Field(
+        default=120.0,
+        ge=0,
+        description=(
+            "How long a settled request id is remembered after its Complete (a repeated Admit "
+            "replays, a repeated Complete answers `duplicate=true`); never longer than the "
+            "reservation TTL."
+        ),
+    )
+    rejection_replay_s: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Longest a refusal is replayed (`duplicate=true`) for a repeated request id; "
+            "it replays only until its `retry_after_ms` has passed."
+        ),
+    )
+    retry_memory: int = Field(
+        default=262_144,
+        ge=0,
+        description=(
+            "Refused requests remembered under their retry key so that a retry is judged against "
+            "its first attempt's deadline; the oldest are forgotten past this many (~150 B each)."
+        ),
+    )
+    # The plane cannot know when a slot frees, so it suggests a short fixed wait.
+    concurrency_retry_ms: int = Field(
+        default=250,
+        ge=0,
+        description="`retry_after_ms` hint of `CONCURRENCY` and `OPEN_RESERVATIONS` refusals.",
+    )
+    # Each open reservation costs a request-table row until Complete or the
+    # TTL (~280 B compiled, BENCHMARKS.md): 1,000,000 is ~280 MB.
+    max_open_reservations: int = Field(
+        default=1_000_000,
+        ge=0,
+        description=(
+            "Most open (admitted, unsettled) reservations at once, all tenants; then "
+            "`OPEN_RESERVATIONS`. 0 = no cap."
+        ),
+    )
+    max_open_reservations_per_tenant: int = Field(
+        default=100_000,
+        ge=0,
+        description="Most open reservations at once for one tenant; 0 = no cap.",
+    )
+    default_tenant: str | None = Field(
+        default=None,
+        description=(
+            "Tenant whose limits apply to unknown tenant ids (one shared bucket); "
+            "unset: unknown ids are refused `UNKNOWN_TENANT`."
+        ),
+    )
+    max_batch: int = Field(
+        default=10_000, ge=1, description="Most entries one `AdmitStream` batch may carry."
+    )
+    load_report_stale_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Age after which an engine's load report is stale.",
+    )
+    config_poll_s: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "How often the server re-reads tenants, lanes and policy from the database "
+            "(the safety net behind `LISTEN/NOTIFY` on PostgreSQL)."
+        ),
+    )
+    # LISTEN cannot work on CockroachDB or behind a transaction-pooling proxy.
+    listen_notify: bool = Field(
+        default=True,
+        description=(
+            "PostgreSQL: listen for config changes and lease releases so they apply at once "
+            "(one more connection per server); "
+            "`false` behind PgBouncer in transaction mode or on CockroachDB."
+        ),
+    )
 
-    # Autoscaling signals (docs/autoscaling.md, "Signals"): the share of an
-    # engine's learned work rate a pool should run at, and how long a new
-    # engine takes to serve (the horizon of burstgate_pool_desired_engines_predicted).
-    autoscale_target_utilization: float = Field(default=0.8, gt=0, le=1)
-    autoscale_engine_startup_s: float = Field(default=120.0, ge=0)
+    # Autoscaling signals (docs/autoscaling.md, "Signals").
+    autoscale_target_utilization: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Share of an engine's learned work rate a pool should run at.",
+    )
+    autoscale_engine_startup_s: float = Field(
+        default=120.0,
+        ge=0,
+        description=(
+            "How long a new engine takes to serve: the horizon of "
+            "`burstgate_pool_desired_engines_predicted`."
+        ),
+    )
 
-    # Burst-shaping policy defaults (BURSTGATE_POLICY__BP_HARD_THRESHOLD=0.9 ...);
-    # operators override them live through the admin API.
-    policy: Policy = Policy()
+    # Operators override these live through the admin API.
+    policy: Policy = Field(
+        default=Policy(),
+        description=(
+            "Burst-shaping policy defaults, one variable per key "
+            "(`BURSTGATE_POLICY__<KEY>`, listed below)."
+        ),
+    )
 
-    # Logging: "console" for people, "json" for log pipelines.
-    log_format: Literal["console", "json"] = "console"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["console", "json"] = Field(
+        default="console",
+        description="`console` for people, `json` for log pipelines (use it in production).",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Lowest level logged; `debug` adds tracebacks."
+    )
 
     # --- Admin API, security and observability (docs/operating.md) ---
-    # The admin API (burstgate.v1.AdminService) always requires an API key.
-    # The admission API requires a per-sidecar token (a key with role
-    # "sidecar") unless this is off; `burstgate demo` turns it off.
-    admission_auth: bool = True
-    # TLS for the gRPC port (admission and admin alike): server certificate
-    # and key (PEM). With tls_client_ca_file set, clients must present a
-    # certificate signed by that CA (mTLS).
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_client_ca_file: Path | None = None
-    # The key admissions are signed with (docs/ha.md, "Signed admissions"):
-    # 64+ hex digits (32+ random bytes, e.g. `openssl rand -hex 32`). Unset
-    # (the default): a key created once in the database, shared by every
-    # replica of it. When set, every replica must get the same value;
-    # `_previous` is still accepted (rotation: the old key moves there).
-    admission_signing_key: SecretStr | None = None
-    admission_signing_key_previous: SecretStr | None = None
-    # Fraction of admission RPCs (Admit, Complete, ReportLoad, AdmitStream
-    # streams) that get an access log line; admin RPCs are always logged.
+    # The admin API always requires an API key; `burstgate demo` turns
+    # admission auth off.
+    admission_auth: bool = Field(
+        default=True,
+        description=(
+            "The admission API requires a `sidecar` key (`authorization: Bearer ...`); "
+            "`burstgate demo` turns it off."
+        ),
+    )
+    tls_cert_file: Path | None = Field(
+        default=None, description="Server certificate (PEM) for the gRPC port; set with the key."
+    )
+    tls_key_file: Path | None = Field(
+        default=None, description="Server private key (PEM, unencrypted) for the gRPC port."
+    )
+    tls_client_ca_file: Path | None = Field(
+        default=None,
+        description="mTLS: clients must present a certificate signed by this CA (PEM).",
+    )
+    # docs/security.md, "What is signed".
+    admission_signing_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Key admissions are signed with (64+ hex digits, e.g. `openssl rand -hex 32`), the "
+            "same on every replica; unset: a key made once in the database."
+        ),
+    )
+    admission_signing_key_previous: SecretStr | None = Field(
+        default=None,
+        description="The previous signing key, still accepted while keys rotate.",
+    )
     # A line costs more CPU than the decision itself, hence off by default.
-    admission_log_sample: float = Field(default=0.0, ge=0, le=1)
-    # How often live gauges (in-flight tokens, per-pool backpressure, per-tenant
-    # state) are sampled on the event loop for /metrics.
-    metrics_sample_s: float = Field(default=1.0, gt=0)
-    # Tenants with a `tenant` label value of their own (the first to be
-    # counted); later ones share "__other__", so the label's cardinality is
-    # bounded by config; 0 = every tenant under "__other__".
-    metrics_tenant_label_limit: int = Field(default=50, ge=0)
-    # OpenTelemetry tracing of the gRPC server (needs the `otel` extra): off,
-    # console (spans printed to stderr) or otlp (to otlp_endpoint). Nothing
-    # is exported unless configured here.
-    tracing: Literal["off", "console", "otlp"] = "off"
-    otlp_endpoint: str = "http://127.0.0.1:4317"
-    tracing_service_name: str = "burstgate"
+    admission_log_sample: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Fraction of admission RPCs that get an access-log line; admin RPCs are always logged."
+        ),
+    )
+    metrics_sample_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often live gauges (in-flight tokens, pools, tenants) are sampled.",
+    )
+    # Bounds the `tenant` label's cardinality by config.
+    metrics_tenant_label_limit: int = Field(
+        default=50,
+        ge=0,
+        description=(
+            "Tenants with a `tenant` label value of their own (the first counted); later ones "
+            "share `__other__`. 0 = all under `__other__`."
+        ),
+    )
+    tracing: Literal["off", "console", "otlp"] = Field(
+        default="off",
+        description=(
+            "OpenTelemetry tracing of the gRPC server (needs the `otel` extra): off, console "
+            "(stderr) or otlp."
+        ),
+    )
+    otlp_endpoint: str = Field(
+        default="http://127.0.0.1:4317", description="Where `otlp` tracing sends spans."
+    )
+    tracing_service_name: str = Field(
+        default="burstgate", description="The traces' `service.name`."
+    )
 
-    # Envoy's rate-limit service (envoy.service.ratelimit.v3.RateLimitService)
-    # on the same port, with this descriptor mapping file (docs/envoy.md);
-    # unset = not served. The file is re-read when it changes.
-    envoy_rls_config: Path | None = None
+    envoy_rls_config: Path | None = Field(
+        default=None,
+        description=(
+            "Descriptor mapping file: serve Envoy's rate-limit service on the gRPC port "
+            "(re-read when it changes); unset = not served."
+        ),
+    )
 
     # --- Metering: dual ledger, pricing windows, margin warnings (docs/ledger.md) ---
-    # Record every Complete in the ledger and acknowledge it only once durable.
-    # Off: Complete settles in memory only (no ledger, no money figures).
-    ledger_enabled: bool = True
-    # Local append-only spool for acknowledged records while the database is
-    # unreachable or slow; replayed into it on recovery and at start. Unset:
-    # "<sqlite file>.ledger-spool", or var/ledger-spool/<host>-<port>-<db>.
-    ledger_spool_dir: Path | None = None
-    # Bound of the spool (bytes): past it Complete answers UNAVAILABLE and
-    # changes nothing. 256 MiB is about a million records.
-    ledger_spool_max_bytes: int = Field(default=256 * 1024 * 1024, ge=4096)
-    # Most records in one group commit (COPY / executemany + COMMIT).
-    ledger_batch_max: int = Field(default=10_000, ge=1)
-    # A ledger batch not committed after this long (s) is taken for a hung
-    # database: its records go to the spool (fsynced, then acknowledged) and
-    # so does every later batch until the database answers again. The wait
-    # grows to 4x the median of recent batch times when the database is
-    # merely busy, but never beyond ledger_db_timeout_s. (0.5 s: a healthy
-    # PostgreSQL on a loaded 2-core machine was seen past 0.25 s now and then,
-    # and each such batch flips the ledger to spooling for a retry period.)
-    ledger_hang_after_s: float = Field(default=0.5, gt=0)
-    ledger_db_timeout_s: float = Field(default=5.0, gt=0)
-    # While spooling, how often (s) the database is tried again.
-    ledger_retry_s: float = Field(default=1.0, gt=0)
-    # Currency of a request priced at zero because the price catalog has no entry.
-    ledger_default_currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
-    # A (tenant, model) the price catalog cannot price (no entry, and no
-    # default ('*', '*') entry: the configured default price). "book": its
-    # Completes are booked at 0, flagged (price_id 0), counted in
-    # burstgate_ledger_unpriced_records_total and warned of once per tenant and
-    # model. "refuse": Admit refuses it FAILED_PRECONDITION naming model
-    # before anything is reserved (work already done is still booked).
-    ledger_unpriced: Literal["book", "refuse"] = "book"
-    # Complete refuses usage above this many times what was admitted (prompt,
-    # or granted max_tokens) plus 1,024 tokens: a sidecar bug, not a bill.
-    complete_max_overrun_ratio: float = Field(default=4.0, ge=1)
-    # Pricing windows (SPEC section 4): whole seconds, aligned to the Unix epoch.
-    pricing_window_s: int = Field(default=300, ge=1, le=86_400)
-    # Step table as [threshold, multiplier] pairs, ascending: a window whose
-    # cache-miss rate is above a threshold sets its multiplier for the next
-    # window (the highest matched wins; else 1). JSON in the environment:
-    # BURSTGATE_PRICING_STEPS='[["0.30","1.20"],["0.50","1.50"]]'.
-    pricing_steps: list[tuple[Decimal, Decimal]] = [(Decimal("0.30"), Decimal("1.20"))]
-    # Margin warning when a tenant's actual cost exceeds ratio x its user
-    # charge over a pricing window (and over any period on demand).
-    margin_warning_ratio: Decimal = Field(default=Decimal("1.15"), gt=0)
+    ledger_enabled: bool = Field(
+        default=True,
+        description=(
+            "Record every Complete in the ledger, acknowledged once durable; off: settle in "
+            "memory only (no money figures)."
+        ),
+    )
+    ledger_spool_dir: Path | None = Field(
+        default=None,
+        description=(
+            "Local append-only spool for acknowledged records while the database is unreachable; "
+            'unset: "<sqlite file>.ledger-spool", or var/ledger-spool/<host>-<port>-<db>.'
+        ),
+    )
+    # 256 MiB is about a million records.
+    ledger_spool_max_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=4096,
+        description=(
+            "Bound of the spool; past it Complete answers `UNAVAILABLE` and changes nothing."
+        ),
+    )
+    ledger_batch_max: int = Field(
+        default=10_000, ge=1, description="Most records in one ledger group commit."
+    )
+    # 0.5 s: a healthy PostgreSQL on a loaded 2-core machine was seen past
+    # 0.25 s now and then, and each such batch flips the ledger to spooling
+    # for a retry period.
+    ledger_hang_after_s: float = Field(
+        default=0.5,
+        gt=0,
+        description=(
+            "A ledger batch not committed after this long is taken for a hung database and "
+            "spooled (the wait grows to 4x recent batch times, up to the ledger timeout)."
+        ),
+    )
+    ledger_db_timeout_s: float = Field(
+        default=5.0, gt=0, description="Longest wait for a ledger batch on a busy database."
+    )
+    ledger_retry_s: float = Field(
+        default=1.0, gt=0, description="While spooling, how often the database is tried again."
+    )
+    ledger_default_currency: str = Field(
+        default="USD",
+        pattern=r"^[A-Z]{3}$",
+        description="Currency of a request priced at zero for want of a catalog entry.",
+    )
+    ledger_unpriced: Literal["book", "refuse"] = Field(
+        default="book",
+        description=(
+            "A (tenant, model) with no price: `book` at 0, flagged and warned of, or `refuse` "
+            "at Admit (`FAILED_PRECONDITION` naming `model`)."
+        ),
+    )
+    # Usage far above what was admitted is a sidecar bug, not a bill.
+    complete_max_overrun_ratio: float = Field(
+        default=4.0,
+        ge=1,
+        description=(
+            "Complete refuses usage above this many times what was admitted plus 1,024 tokens."
+        ),
+    )
+    pricing_window_s: int = Field(
+        default=300,
+        ge=1,
+        le=86_400,
+        description="Length of a pricing window, aligned to the Unix epoch.",
+    )
+    pricing_steps: list[tuple[Decimal, Decimal]] = Field(
+        default=[(Decimal("0.30"), Decimal("1.20"))],
+        description=(
+            "[threshold, multiplier] pairs, ascending: a window whose miss rate is above a "
+            'threshold sets the next window\'s multiplier (JSON: `[["0.30","1.20"]]`).'
+        ),
+    )
+    margin_warning_ratio: Decimal = Field(
+        default=Decimal("1.15"),
+        gt=0,
+        description="Warn when a tenant's actual cost passes this ratio of its user charge.",
+    )
 
     # --- Scale-out (docs/ha.md; PostgreSQL only, ignored on SQLite) ---
-    # What other replicas and clients dial to reach this one (host:port).
-    # Unset: host:port of the gRPC listener, a wildcard host (0.0.0.0, ::)
-    # replaced by this machine's hostname (``Settings.advertised``).
-    advertise_address: str | None = None
-    # This replica's member id in ha_members; unset: hostname-pid-random.
-    ha_member_id: str | None = Field(default=None, min_length=1, max_length=200)
-    # Cell lease time to live (s), renewed every ttl/3; a replica dead this
-    # long loses its cells. The margin is how much earlier a replica stops
-    # trusting its own lease (its clock against the database's).
-    ha_lease_ttl_s: float = Field(default=5.0, gt=0, le=300)
-    ha_margin_s: float = Field(default=1.0, ge=0)
-    # A lone replica (the last member list it read had no other live member)
-    # takes and renews its leases and tenant shares for this long instead,
-    # so it keeps deciding through a database outage this long (less the
-    # margin); the price: a replacement that starts under a new member id
-    # after it crashed waits this long for its cells (docs/ha.md, "Database
-    # outages"). A value at or below ha_lease_ttl_s turns this off.
-    ha_lone_lease_ttl_s: float = Field(default=30.0, gt=0, le=3600)
-    # Explicit cells: JSON object cell id -> list of pools
-    # (BURSTGATE_HA_CELLS='{"eu": ["eu-1", "eu-2"]}'); pools not listed are
-    # each a cell of their own, named after the pool.
-    ha_cells: dict[str, list[str]] | None = None
-    # A cell with no request routed to this replica for this long (and
-    # nothing in flight in its pools) is released, and its lease row no
-    # longer renewed; the next request claims it again (docs/ha.md, "Idle
-    # cells"). Never shorter than reservation_ttl_s, so every reservation
-    # admitted in the cell has ended first (``ha_cell_idle_release_s``).
-    ha_cell_idle_s: float = Field(default=900.0, gt=0)
-    # A test and diagnostic aid, off by default: append this replica's lease
-    # validity intervals and fenced pricing-window writes to this file as
-    # JSON lines (controlplane/ha/trace.py), so a harness can check across
-    # processes that no cell had two owners at once.
-    ha_trace_file: Path | None = None
+    advertise_address: str | None = Field(
+        default=None,
+        description=(
+            "host:port other replicas and clients dial for this one; unset: the listener's, a "
+            "wildcard host replaced by the hostname."
+        ),
+    )
+    ha_member_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description=(
+            "This replica's member id (a restart is a new member); unset: hostname-pid-random."
+        ),
+    )
+    ha_lease_ttl_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description=(
+            "Cell lease time to live, renewed every TTL/3; a dead replica's cells move after it."
+        ),
+    )
+    # Clock-rate safety: the replica's clock against the database's.
+    ha_margin_s: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "How much earlier than the TTL a replica stops trusting its lease; below two thirds "
+            "of the TTL."
+        ),
+    )
+    # The price: a replacement under a new member id after a crash waits this
+    # long for its cells.
+    ha_lone_lease_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description=(
+            "A lone replica's lease and share TTL: how long it keeps deciding through a database "
+            "outage; at or below the lease TTL: off."
+        ),
+    )
+    ha_cells: dict[str, list[str]] | None = Field(
+        default=None,
+        description=(
+            'JSON `{"cell": ["pool", ...]}` grouping pools into cells; other pools are each a '
+            "cell of their own."
+        ),
+    )
+    # Never shorter than reservation_ttl_s (``ha_cell_idle_release_s``), so
+    # every reservation admitted in the cell has ended first.
+    ha_cell_idle_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="PostgreSQL: a cell with no request for this long is released.",
+    )
+    ha_trace_file: Path | None = Field(
+        default=None,
+        description=(
+            "Test and diagnostic aid: append lease validity intervals and fenced writes here as "
+            "JSON lines."
+        ),
+    )
 
     @field_validator("admission_signing_key", "admission_signing_key_previous")
     @classmethod

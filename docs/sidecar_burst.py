@@ -1,4 +1,4 @@
-"""The README's burst through the sidecar ("Put burstgate in front of vLLM"):
+"""The burst through the sidecar of docs/sidecar.md, "A first run":
 three requests of 2,048 tokens at once from the demo's free tier (a
 4,000-token bucket refilling at 200 tokens/s) in the standard lane, where a
 request may be held up to 2.25 s. Needs the demo, the fake engine and the

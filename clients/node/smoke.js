@@ -17,7 +17,7 @@ const protoLoader = require('@grpc/proto-loader');
 
 const PROTO_DIR = path.resolve(__dirname, '..', '..', 'proto');
 
-// The loader options the README recommends: int64 as JavaScript Numbers
+// The loader options docs/api.md recommends: int64 as JavaScript Numbers
 // (every count and duration in this API is far below 2^53), enums by name,
 // unset fields present with their defaults, proto field names as written.
 const LOADER_OPTIONS = {

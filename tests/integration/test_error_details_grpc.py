@@ -1,7 +1,7 @@
 """Structured errors over a real server: every error carries a google.rpc.Status
 in grpc-status-details-bin with the call's own code and message (decoded with
 grpc_status.rpc_status.from_call, which checks both), an ErrorInfo with the
-README's reason, and a BadRequest naming the field on INVALID_ARGUMENT. The
+reason docs/api.md documents, and a BadRequest naming the field on INVALID_ARGUMENT. The
 auth interceptor's refusals: tests/integration/admin/test_auth.py; RetryInfo
 on UNAVAILABLE: tests/integration/ledger/test_durability.py."""
 

@@ -2,7 +2,7 @@
 processes (controlplane/startup): each known one is a single line on stderr
 (one JSON record with BURSTGATE_LOG_FORMAT=json) naming the cause and the
 option, variable or command that fixes it, with its documented exit status
-(README, "Start-up failures"), and leaves the file system as it found it.
+(docs/operating.md, "Start-up failures"), and leaves the file system as it found it.
 
 Each case starts a process (about a second each); PostgreSQL cases use the
 local server (a closed port, a database or role that does not exist, a

@@ -1,5 +1,5 @@
 """The transport a sidecar in any language relies on, over a real server:
-reflection under both protocol names, and the keepalive policy the README
+reflection under both protocol names, and the keepalive policy docs/api.md
 documents (one test holds a stream open for a minute)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from controlplane.domain import TenantConfig
 from controlplane.store.db import upgrade
 from tests.support import add_tenants
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 V1_METHOD = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
 # How long the keepalive test holds its stream open without sending anything.
 HOLD_S = 60.0
@@ -130,16 +130,16 @@ def test_reflection_v1alpha_still_answers(server: Any) -> None:
 
 
 def _readme_keepalive() -> tuple[dict[str, int], str]:
-    """The server options table of the README's "Keepalive" section, and the
+    """The server options table of docs/api.md's "Keepalive" section, and the
     section's text."""
-    text = README.read_text()
+    text = API_DOC.read_text()
     section = text.split("### Keepalive", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     rows = re.findall(r"^\| `(grpc\.[a-z0-9_.]+)` \| `(\d+)` \|", section, flags=re.M)
     return {name: int(value) for name, value in rows}, section
 
 
 def _ping_every_second() -> list[tuple[str, int]]:
-    """A client as aggressive as the README allows: a ping each second, also
+    """A client as aggressive as docs/api.md allows: a ping each second, also
     on a stream that sends nothing (grpc core's client otherwise stops
     after two pings until it sends data)."""
     return [
@@ -211,7 +211,7 @@ def test_keepalive_policy_is_what_the_readme_says(
     assert len(built) == 1
     server_keepalive = {k: v for k, v in built[0].items() if "ping" in k or "keepalive" in k}
     assert server_keepalive == documented
-    # The Python client's options are the recommendation the README gives.
+    # The Python client's options are the recommendation docs/api.md gives.
     for name, value in KEEPALIVE_OPTIONS:
         assert f"{name}: {value}" in section or f'"{name}": {value}' in section, name
     # ... and within the server's policy: never more often than once a second.

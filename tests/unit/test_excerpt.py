@@ -1,4 +1,4 @@
-"""``excerpt``: how an error message quotes a user-supplied value (README,
+"""``excerpt``: how an error message quotes a user-supplied value (docs/api.md,
 "Errors"): never more than a short prefix, control characters escaped."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """controlplane/rpc/errors.py: every domain error maps to its own status and
-ErrorInfo reason, the README documents each reason, and the details trailer
+ErrorInfo reason, docs/api.md documents each reason, and the details trailer
 decodes to the call's code and message. (Over a real server:
 tests/integration/test_error_details_grpc.py.)"""
 
@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 from controlplane.domain import errors as domain
 from controlplane.rpc import errors
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def _details(status: grpc.Status) -> status_pb2.Status:
@@ -26,7 +26,7 @@ def _details(status: grpc.Status) -> status_pb2.Status:
 
 
 def test_every_domain_error_has_a_code_and_a_documented_reason() -> None:
-    section = README.read_text().split("### Errors", 1)[1].split("\n## ", 1)[0]
+    section = API_DOC.read_text().split("### Errors", 1)[1].split("\n## ", 1)[0]
     classes = [
         cls
         for _, cls in inspect.getmembers(domain, inspect.isclass)

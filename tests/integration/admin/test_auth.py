@@ -151,7 +151,7 @@ def _error(call: Callable[[], Any]) -> grpc.RpcError:
 @pytest.mark.parametrize("env", [{"admission_auth": True}], indirect=True)
 def test_refusals_carry_error_info(env: Env) -> None:
     # The interceptor's refusals have the same structured details as the
-    # servicers' errors (README, "Errors"): admission, streams and admin.
+    # servicers' errors (docs/api.md, "Errors"): admission, streams and admin.
     raw = apb_grpc.AdminServiceStub(grpc.insecure_channel(env.target))
     cases: list[tuple[Callable[[], Any], grpc.StatusCode, str]] = [
         (lambda: env.admit("acme", "r1"), UNAUTH, "missing credentials"),

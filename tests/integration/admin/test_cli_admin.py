@@ -1,5 +1,5 @@
 """`burstgate keys ...` (DB-direct) and `burstgate admin ...` (gRPC) against
-a running server: the operator session of the README, in-process for speed,
+a running server: the operator session of docs/operating.md, in-process for speed,
 plus one run of the real `burstgate` process."""
 
 from __future__ import annotations

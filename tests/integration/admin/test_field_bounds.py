@@ -6,7 +6,7 @@ limit.
 
 The string fields are read from the proto descriptors, so a new field is
 covered as soon as it exists: one character over its documented maximum
-(controlplane/rpc/guard.py FIELD_LIMITS, README "Errors") is
+(controlplane/rpc/guard.py FIELD_LIMITS, docs/api.md "Errors") is
 INVALID_ARGUMENT naming the field; at the maximum it is not a length error.
 All over real gRPC."""
 

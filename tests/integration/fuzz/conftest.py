@@ -64,7 +64,7 @@ REJECT = admission_pb2.DECISION_REJECT
 SIDECAR_SERVICES = frozenset({ADMISSION, ENVOY_RLS})
 ENVOY_MAPPING = Path(__file__).parents[3] / "deploy" / "envoy" / "burstgate-envoy.yaml"
 
-# Statuses a call may answer (README "Errors", the protos' status lists).
+# Statuses a call may answer (docs/api.md "Errors", the protos' status lists).
 # UNAUTHENTICATED is not among them: every call carries a valid key.
 # RESOURCE_EXHAUSTED is documented only for a message over the server's
 # size limit, which the fuzz never sends; UNAVAILABLE only while the
@@ -294,7 +294,7 @@ def judge(
     for s in (x for r in requests if isinstance(r, Message) for x in long_strings(r)):
         assert s not in out.details, f"{name} echoed a {len(s)}-character input back"
     if out.error is not None and not oversize:
-        # Every error burstgate answers is structured (README, "Errors"): a
+        # Every error burstgate answers is structured (docs/api.md, "Errors"): a
         # google.rpc.Status with the call's code and message, an ErrorInfo,
         # a BadRequest naming the field on INVALID_ARGUMENT, a RetryInfo on
         # UNAVAILABLE. (An oversize message is refused by gRPC itself.)

@@ -2,7 +2,7 @@
 clock (reliability issue, bug 7): `exec_start_unix_ns=-5`,
 `exec_end_unix_ns=-2**63` and `2**63-1` were billed and exported as 1969,
 1677 and 2262. Accepted: 0 (unset), or within [now - reservation TTL - 1
-day, now + 1 h] (README, "Metering and billing"; the proto's comment).
+day, now + 1 h] (docs/ledger.md; the proto's comment).
 Over real gRPC, SQLite and PostgreSQL, with the injected clock."""
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def test_spool_full_answers_unavailable_and_changes_nothing(
             except grpc.RpcError as exc:
                 assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
                 assert "spool is full" in (exc.details() or "")
-                details = error_details(exc)  # README "Errors": retry, after a while
+                details = error_details(exc)  # docs/api.md "Errors": retry, after a while
                 assert details.info.reason == "LEDGER_UNAVAILABLE"
                 assert details.retry is not None and details.retry.retry_delay.seconds == 1
                 refused = f"r{i}"

@@ -3,7 +3,7 @@ fake engine, with the real control plane on PostgreSQL (one of each per
 module: the proxy takes seconds to start).
 
 The proxy is started as its users start it (``litellm --config``) with the
-README's callback line; LiteLLM keys have no database here, so a
+callback line of docs/litellm.md; LiteLLM keys have no database here, so a
 ``custom_auth`` module (a file next to the config, LiteLLM's documented
 way) turns the bearer key into the key's team and metadata, which the
 hook's rules read as they read a virtual key's.
@@ -60,7 +60,7 @@ async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
     return UserAPIKeyAuth(api_key=api_key, team_id=team, metadata=metadata)
 '''
 
-# The README's snippet, with the engine's model under three model groups:
+# The snippet of docs/litellm.md, with the engine's model under three model groups:
 # fake-busy is the pool a test reports as loaded, fake-small the fallback.
 CONFIG_YAML = """
 model_list:

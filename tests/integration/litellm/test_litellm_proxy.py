@@ -1,5 +1,5 @@
 """burstgate in LiteLLM's proxy, end to end: the official openai client ->
-a real ``litellm`` proxy process with the README's callback line -> the
+a real ``litellm`` proxy process with the callback line of docs/litellm.md -> the
 fake engine, with the real control plane on PostgreSQL deciding and
 metering. Every request the engine served is in the ledger with the usage
 LiteLLM reported; refusals are LiteLLM's own 429s."""

@@ -3,7 +3,7 @@
 The official openai client -> the sidecar -> the fake engine, with a real
 control plane on PostgreSQL measuring the pool's KV-cache miss rate from the
 sidecar's load reports (the engine's prefix-cache counters) in 1 s pricing
-windows. Short, different chats (the README's demo traffic) used to read as a
+windows. Short, different chats (the demo traffic of docs/sidecar.md) used to read as a
 100% miss rate and priced every window after the first at the 1.2 step; with
 the engine's chat template they share its header blocks, as on vLLM, and the
 price stays at the base. A stream of long, never-seen prompts is what makes
@@ -60,7 +60,7 @@ def test_short_chats_keep_the_base_price_and_a_burst_of_new_prompts_raises_it(
     deadline = time.monotonic() + 4 * WINDOW_S
     i = 0
     while time.monotonic() < deadline:  # about ten different chats a second
-        # The README's one-line questions (docs/sidecar_burst.py's), and an
+        # The one-line questions of docs/sidecar.md (docs/sidecar_burst.py's), and an
         # application's: its system prompt, then the user's question.
         if i % 2:
             steady.append(ask(stack, f"Question {i}"))

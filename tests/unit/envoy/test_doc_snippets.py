@@ -1,5 +1,5 @@
-"""The README's Envoy snippets are part of the files the Envoy tests run
-(deploy/envoy/), so what a reader copies is what CI ran."""
+"""The Envoy page's quick-start snippets are part of the files the Envoy
+tests run (deploy/envoy/), so what a reader copies is what CI ran."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-SECTION = "## Use burstgate as Envoy's rate-limit service"
+SECTION = "## Quick start"
 
 
 def yaml_blocks() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "envoy.md").read_text()
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
     return [b.rstrip("\n").splitlines() for b in blocks]
