@@ -1,7 +1,7 @@
 """Scale-out wiring of one ``ControlPlane`` (docs/ha.md): the cell
 coordinator joined at start, the pricing windows' fence, the takeover
 rebuild when a cell is acquired, and the wake-up when another replica
-releases a cell. Kept out of server.py, which composes it; nothing here
+releases a cell. Kept out of app.py, which composes it; nothing here
 runs per request (``Ownership.route`` in controlplane/ha/serving.py does).
 """
 

@@ -24,7 +24,6 @@ from controlplane.clock import Clock, Sleep, real_clock, real_sleep
 from controlplane.domain.policy import effective_policy
 from controlplane.ha.cells import CellMap
 from controlplane.ha.serving import Ownership
-from controlplane.replicas import ReplicaWiring
 from controlplane.rpc.assembly import (
     ADMIN_SERVICE,
     ADMISSION_SERVICE,
@@ -34,6 +33,7 @@ from controlplane.rpc.assembly import (
 )
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.owners import ensure_shares
+from controlplane.server.replicas import ReplicaWiring
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
@@ -168,7 +168,7 @@ class ControlPlane:
         """On PostgreSQL (unless ``listen_notify`` is off): a LISTEN
         connection (controlplane/store/notify.py). A config change wakes the
         config loop at once; a released cell wakes the HA coordinator, when
-        this plane has one (controlplane/replicas.py)."""
+        this plane has one (controlplane/server/replicas.py)."""
         from controlplane.store.notify import CONFIG_CHANNEL, LEASES_CHANNEL, Listener
 
         self._config_wake = asyncio.Event()
