@@ -75,7 +75,7 @@ class ControlPlane:
         # coordinator is attached at start; on SQLite every cell is ours.
         self.ownership = Ownership(None, CellMap(s.ha_cells))
         self.replicas = ReplicaWiring(s, self.ownership, self.service)
-        # Admin API, auth and observability (rpc/admin.py, rpc/auth.py).
+        # Admin API, auth and observability (rpc/admin.py, rpc/interceptor.py).
         self.audit_log = AuditLog(self.engine)
         self.key_store = KeyStore(self.engine)
         self.key_cache = KeyCache(self.key_store)

@@ -14,16 +14,16 @@ from controlplane.auth import KeyCache
 from controlplane.domain.errors import InvalidArgument
 from controlplane.ha.serving import Ownership
 from controlplane.ledger.metering import Metering
-from controlplane.rpc.auth import ServerInterceptor
 from controlplane.rpc.dbcall import DbCaller
+from controlplane.rpc.interceptor import ServerInterceptor
 from controlplane.service import AdmissionService
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
 from controlplane.startup.errors import Exit, StartupError
 from controlplane.startup.network import port_error
+from controlplane.telemetry import tracing
 from controlplane.telemetry.metrics import RpcStats, registry_for
 from controlplane.telemetry.tenant_metrics import TenantLabels
-from controlplane.telemetry.tracing import server_interceptor
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -39,8 +39,8 @@ def interceptors(
     out: list[grpc.aio.ServerInterceptor] = []
     tracer_provider: Any = None
     if settings.tracing != "off":
-        tracing, tracer_provider = server_interceptor(settings)
-        out.append(tracing)  # outermost: the span covers auth too
+        traced, tracer_provider = tracing.server_interceptor(settings)
+        out.append(traced)  # outermost: the span covers auth too
     out.append(
         ServerInterceptor(
             key_cache=key_cache,

@@ -56,6 +56,8 @@ def notify_listener(
 
 
 class ExpiryLoop:
+    """Every ``EXPIRY_INTERVAL_S``: reservations past their TTL released."""
+
     def __init__(self, service: AdmissionService, waiting: WaitingRoom, sleep: Sleep) -> None:
         self.service, self.waiting, self._sleep = service, waiting, sleep
 
