@@ -60,7 +60,9 @@ class Plane(Protocol):
 
     settings: Settings
     service: AdmissionService
-    config_reloads: int
+
+    @property
+    def config_reloads(self) -> int: ...
 
     async def load_config(self) -> bool: ...
 

@@ -53,7 +53,7 @@ _CODES: dict[type[DomainError], tuple[grpc.StatusCode, str]] = {
     NotFound: (grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
     FailedPrecondition: (grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION"),
     AlreadyExists: (grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"),
-    # Auth: raised by the interceptor in controlplane/rpc/auth.py.
+    # Auth: raised by the interceptor in controlplane/rpc/interceptor.py.
     Unauthenticated: (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
     PermissionDenied: (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
     # Metering: the ledger cannot make a record durable or be read.

@@ -24,7 +24,7 @@ A deserializer has no call context to end the call with, so it hands on a
 with its status before the servicer runs. Registration goes through
 :class:`GuardedRegistrar`, which wraps each handler as the generated
 ``add_*_to_server`` functions register it. The auth interceptor
-(controlplane/rpc/auth.py) still decides before any of this: a refused
+(controlplane/rpc/interceptor.py) still decides before any of this: a refused
 caller's payload is never parsed.
 """
 

@@ -1,5 +1,5 @@
 """burstgate.v1.LedgerService: protobuf <-> metering. Authentication is the
-server interceptor's (controlplane/rpc/auth.py): any service other
+server interceptor's (controlplane/rpc/interceptor.py): any service other
 than admission needs an admin or viewer key, viewers Get*/List* only."""
 
 from __future__ import annotations

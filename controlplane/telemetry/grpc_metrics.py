@@ -13,7 +13,7 @@ rules written for those work unchanged:
 ``InvalidArgument``, ``Unavailable``, ``Canceled``), the values those
 dashboards and the usual "gRPC errors" alerts match on.
 
-The interceptor (controlplane/rpc/auth.py) bumps plain ints in ``RpcStats``
+The interceptor (controlplane/rpc/calltiming.py) bumps plain ints in ``RpcStats``
 on the event-loop thread; ``RpcCollector`` turns them into families at scrape
 time. For unary RPCs one message each way is implied by the call, so the
 message counters are derived at scrape time (received = started, sent =

@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 
 from controlplane.clock import ManualClock
 from controlplane.domain import TenantConfig
-from controlplane.server import EXPIRY_INTERVAL_S
+from controlplane.server.loops import EXPIRY_INTERVAL_S
 from tests.support import add_tenants, wait_until
 
 REAL_PAUSE_S = 0.3  # real time the loops get to (wrongly) act on their own

@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: dict[str, int] = {
     # 1. entry points and the composition root
     "controlplane.cli": 1,
-    "controlplane.server": 1,
-    "controlplane.replicas": 1,  # the server's scale-out wiring (composed by server.py)
+    "controlplane.server": 1,  # the composition root (app.py) and its wiring
     "controlplane.startup": 1,  # the start's checks and failures (serve, demo, migrate)
     "controlplane.__main__": 1,
     "controlplane.protogen": 1,  # developer tool: regenerates controlplane/_proto

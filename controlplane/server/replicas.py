@@ -1,7 +1,7 @@
 """Scale-out wiring of one ``ControlPlane`` (docs/ha.md): the cell
 coordinator joined at start, the pricing windows' fence, the takeover
 rebuild when a cell is acquired, and the wake-up when another replica
-releases a cell. Kept out of server.py, which composes it; nothing here
+releases a cell. Kept out of app.py, which composes it; nothing here
 runs per request (``Ownership.route`` in controlplane/ha/serving.py does).
 """
 
@@ -14,8 +14,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy import Engine
 
+from controlplane.aiotime import within
 from controlplane.domain.errors import DomainError
+from controlplane.ha import trace
+from controlplane.ha.coordinator import Coordinator
+from controlplane.ha.grants import TenantGrants
 from controlplane.ha.serving import Ownership
+from controlplane.ha.share_store import ShareStore
+from controlplane.ha.store import HaStore
+from controlplane.ledger.fencing import UNFENCED
 from controlplane.settings import Settings
 
 if TYPE_CHECKING:
@@ -67,14 +74,9 @@ class ReplicaWiring:
         before SERVING; on SQLite nothing (one replica owns every cell)."""
         if engine.dialect.name != "postgresql":
             return
-        from controlplane.ha.coordinator import Coordinator
-        from controlplane.ha.store import HaStore
-
         s = self.settings
         address, member = s.advertised(port), s.member_id()
         if s.ha_trace_file is not None:  # off by default (a test/diagnostic aid)
-            from controlplane.ha import trace
-
             trace.configure(s.ha_trace_file, member)
         coordinator = Coordinator(
             HaStore(engine), member, address, self.ownership.cellmap.cells(()),
@@ -93,9 +95,6 @@ class ReplicaWiring:
         self.ownership.add_pools(config_pools)
         await self.ownership.start()
         if self.service is not None:
-            from controlplane.ha.grants import TenantGrants
-            from controlplane.ha.share_store import ShareStore
-
             grants = TenantGrants(
                 self.service, ShareStore(engine), coordinator.member_id, s.ha_lease_ttl_s,
                 s.ha_margin_s, interval_s=self.share_interval_s(), affine=self._home_here,
@@ -126,8 +125,6 @@ class ReplicaWiring:
         """The pricing windows' fence (controlplane/ledger/fencing.py): the
         lease of ``pool``'s cell while owned here, None when not; a single
         replica (SQLite) writes unfenced."""
-        from controlplane.ledger.fencing import UNFENCED
-
         return UNFENCED if self.ownership.local else self.ownership.epoch_for_pool(pool)
 
     def cell_acquired(self, cell: str, epoch: int) -> None:
@@ -201,8 +198,6 @@ class ReplicaWiring:
         """The windows measured so far, written under the leases still held
         (after the drain they could not be: the cells are someone else's)."""
         if self.metering is not None and not self.ownership.local:
-            from controlplane.aiotime import within
-
             try:
                 await within(self.metering.flush_windows(), 2.0)
             except Exception as exc:
