@@ -18,8 +18,8 @@ import time
 
 from _pg import ADMIN_DSN, database
 
-from controlplane.ha.share_store import Ask, ShareStore, Window
 from controlplane.store.db import make_engine, upgrade
+from controlplane.store.shares import Ask, ShareStore, Window
 
 HOUR = 1_800_000_000 // 3600 * 3600
 

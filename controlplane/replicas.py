@@ -68,7 +68,7 @@ class ReplicaWiring:
         if engine.dialect.name != "postgresql":
             return
         from controlplane.ha.coordinator import Coordinator
-        from controlplane.ha.store import HaStore
+        from controlplane.store.leases import HaStore
 
         s = self.settings
         address, member = s.advertised(port), s.member_id()
@@ -93,16 +93,16 @@ class ReplicaWiring:
         self.ownership.add_pools(config_pools)
         await self.ownership.start()
         if self.service is not None:
-            from controlplane.ha.grants import TenantGrants
-            from controlplane.ha.share_store import ShareStore
+            from controlplane.ha.grants import TenantShares
+            from controlplane.store.shares import ShareStore
 
-            grants = TenantGrants(
+            grants = TenantShares(
                 self.service, ShareStore(engine), coordinator.member_id, s.ha_lease_ttl_s,
                 s.ha_margin_s, interval_s=self.share_interval_s(), affine=self._home_here,
                 ttl_for=coordinator.lease_ttl,
             )  # fmt: skip
             await grants.start()
-            self.ownership.grants = grants
+            self.ownership.shares = grants
         log.info("ha member joined", member=coordinator.member_id, address=address,
                  cells_owned=sorted(coordinator.owned()))  # fmt: skip
 

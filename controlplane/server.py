@@ -21,8 +21,8 @@ from prometheus_client import start_http_server
 
 from controlplane.aiotime import within
 from controlplane.clock import Clock, Sleep, real_clock, real_sleep
+from controlplane.domain.cells import CellMap
 from controlplane.domain.policy import effective_policy
-from controlplane.ha.cells import CellMap
 from controlplane.ha.serving import Ownership
 from controlplane.replicas import ReplicaWiring
 from controlplane.rpc.assembly import (

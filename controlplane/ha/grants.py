@@ -1,7 +1,8 @@
 """Keep this replica's shares of its tenants' limits (docs/ha.md, "Tenants
 that span cells"): the loop that renews them in PostgreSQL
-(``ShareStore.refresh``, the rules of ``shares.py``) and installs them in
-the service (``AdmissionService.shares``, service/shares.py).
+(``ShareStore.refresh`` in store/shares.py, the rules of domain/shares.py)
+and installs them in the service (``AdmissionService.shares``,
+service/shares.py).
 
 - **Who is asked about.** Every tenant decided here since the last refresh,
   every tenant whose share here is not yet zero (so it can lower it when
@@ -50,8 +51,8 @@ from controlplane.aiotime import within
 from controlplane.domain import TenantConfig
 from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR, NS_PER_S
 from controlplane.ha._blocking import call
-from controlplane.ha.share_store import Ask, ShareStore, Window
 from controlplane.service.shares import NOTHING, Share
+from controlplane.store.shares import Ask, ShareStore, Window
 
 if TYPE_CHECKING:
     from controlplane.service import AdmissionService
@@ -69,7 +70,7 @@ LOG_EVERY_S = 10.0
 CHUNK = 500
 
 
-class TenantGrants:
+class TenantShares:
     def __init__(
         self,
         service: AdmissionService,
@@ -222,8 +223,8 @@ class TenantGrants:
             self._demand[tenant] = max(self._demand.get(tenant, 0.0), 1.0)
         self._seen = counts
 
-    def grant_ttl(self) -> float:
-        """The TTL of the grants a refresh sent now asks for."""
+    def share_ttl(self) -> float:
+        """The TTL of the shares a refresh sent now asks for."""
         return self.ttl_s if self.ttl_for is None else max(self.ttl_s, self.ttl_for())
 
     def asks(self, ttl_s: float | None = None) -> list[Ask]:
@@ -275,7 +276,7 @@ class TenantGrants:
         return asks
 
     async def refresh(self) -> None:
-        ttl = self.grant_ttl()
+        ttl = self.share_ttl()
         asks = self.asks(ttl)
         waiting = self._asked
         self._asked = set()
@@ -295,23 +296,23 @@ class TenantGrants:
             if self._valid_until.get(a.tenant, -math.inf) > deadline:
                 self._valid_until[a.tenant] = deadline
         # Awaited at most an ordinary TTL (less the margin), even for a lone
-        # member's longer grants: a refresh lost in a hung database is tried
-        # again, not waited for until the grants run out. And no later than
+        # member's longer shares: a refresh lost in a hung database is tried
+        # again, not waited for until the shares run out. And no later than
         # the first share held here runs out: the loop lapses it then (a
         # refresh sent after the last good one must not keep it in the fast
         # path past its deadline while it waits).
         soonest = min((u for u in self._valid_until.values() if u > t_sent), default=math.inf)
         wait = min(min(ttl, self.ttl_s) - self.margin_s, soonest - t_sent)
-        grants = await call(
+        renewed = await call(
             self.store.refresh, self.member_id, asks, ttl,
-            wait_s=max(0.0, wait), what="grant refresh",
+            wait_s=max(0.0, wait), what="share refresh",
         )  # fmt: skip
         if self.clock() >= deadline:
-            return  # an answer that came too late grants nothing here
+            return  # an answer that came too late gives nothing here
         self._primed.update(a.tenant for a in asks)
         items = [(tenant, Share(g.rate_ppm, g.hour_allowance, g.day_allowance,
                                 g.hour_others_used, g.day_others_used), g.hour_used, g.day_used)
-                 for tenant, g in grants.items()]  # fmt: skip
+                 for tenant, g in renewed.items()]  # fmt: skip
         for (tenant, share, _, _), known in zip(
             items, self.service.shares.set_many(items), strict=True
         ):
@@ -339,9 +340,9 @@ class TenantGrants:
         return {t: s for t, s in self._shares.items() if self._valid_until.get(t, 0.0) > now}
 
 
-class GrantsCollector(Collector):
-    def __init__(self, grants: TenantGrants) -> None:
-        self._g = grants
+class SharesCollector(Collector):
+    def __init__(self, shares: TenantShares) -> None:
+        self._g = shares
 
     def collect(self) -> Iterator[Metric]:
         held: Any = self._g.held()

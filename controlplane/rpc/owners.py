@@ -81,7 +81,7 @@ async def ensure_shares(
     when it holds them. ``check``: the request's validation, run before
     anything is asked for (bad input asks for nothing), and only then: the
     service validates every request anyway."""
-    grants = ownership.grants if ownership is not None else None
+    grants = ownership.shares if ownership is not None else None
     if grants is None:
         return
     wanted = {t for t in map(svc.shares.resolve, set(tenant_ids)) if t is not None}

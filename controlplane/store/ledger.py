@@ -40,10 +40,10 @@ from controlplane.domain.audit import Actor
 from controlplane.domain.catalog import PRICE_FIELDS, PriceEntry, validate_entry
 from controlplane.domain.ledger_records import COLUMNS, Key, LedgerRecord, from_db_row
 from controlplane.domain.pricing import WindowSummary
-from controlplane.ha.store import fence as check_epoch
 from controlplane.settings import sqlalchemy_url
 from controlplane.store.audit import local_actor, log_change
 from controlplane.store.db import make_engine
+from controlplane.store.leases import fence as check_epoch
 from controlplane.store.models import (
     LedgerRecordRow,
     MarginWarningRow,
@@ -401,7 +401,7 @@ class LedgerStore:
         """Upsert window rows (an open window is rewritten until it closes).
         ``fence`` = (cell, epoch): the rows are written only while that epoch
         is the cell's lease, checked in the same transaction
-        (``controlplane.ha.store.fence``: ``StaleEpoch`` and nothing
+        (``controlplane.store.leases.fence``: ``StaleEpoch`` and nothing
         written otherwise). None: unfenced (one replica)."""
         if not rows:
             return

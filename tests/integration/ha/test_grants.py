@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import Engine
 
 from controlplane.domain import Decision, LaneConfig, TenantConfig
-from controlplane.ha.grants import TenantGrants
-from controlplane.ha.share_store import ShareStore
+from controlplane.ha.grants import TenantShares
 from controlplane.service import AdmissionService
 from controlplane.service.shares import PPM
 from controlplane.settings import Settings
+from controlplane.store.shares import ShareStore
 
 pytestmark = pytest.mark.postgres
 
@@ -30,15 +30,15 @@ RATE, BURST = 4000, 4000  # tokens/s, tokens
 COST = 100  # tokens per request
 
 
-async def member(engine: Engine, name: str, tenant: TenantConfig) -> TenantGrants:
+async def member(engine: Engine, name: str, tenant: TenantConfig) -> TenantShares:
     svc = AdmissionService(Settings())
     svc.apply_config([tenant], LANES)
-    g = TenantGrants(svc, ShareStore(engine), name, TTL, MARGIN, interval_s=INTERVAL)
+    g = TenantShares(svc, ShareStore(engine), name, TTL, MARGIN, interval_s=INTERVAL)
     await g.start()
     return g
 
 
-async def drive(g: TenantGrants, tenant: str, every_s: float, until: float,
+async def drive(g: TenantShares, tenant: str, every_s: float, until: float,
                 admitted: list[int], tag: str) -> None:  # fmt: skip
     """Ask for one COST-token request every ``every_s`` until ``until``,
     as the RPC layer does: wait for a share first, then decide."""

@@ -23,7 +23,7 @@ import pytest
 from controlplane._proto.burstgate.v1 import admission_pb2 as pb
 from controlplane._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from controlplane.domain.policy import Policy
-from controlplane.ha.rendezvous import owner_of
+from controlplane.domain.rendezvous import owner_of
 from controlplane.sdk import Admission, AsyncAdmissionClient
 from controlplane.store.db import upgrade
 from tests.conftest import fresh_pg_database
