@@ -52,7 +52,7 @@ class ReplicaWiring:
         return min(REANNOUNCE_WINDOW_MAX_S, self.settings.ha_lease_ttl_s / 3)
 
     def share_interval_s(self) -> float:
-        """How often tenant shares are renewed (controlplane/ha/grants.py)."""
+        """How often tenant shares are renewed (controlplane/ha/shares.py)."""
         return min(1.0, self.settings.ha_lease_ttl_s / 5)
 
     def share_limits(self, engine: Engine) -> None:
@@ -93,7 +93,7 @@ class ReplicaWiring:
         self.ownership.add_pools(config_pools)
         await self.ownership.start()
         if self.service is not None:
-            from controlplane.ha.grants import TenantShares
+            from controlplane.ha.shares import TenantShares
             from controlplane.store.shares import ShareStore
 
             grants = TenantShares(

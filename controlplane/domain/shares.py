@@ -4,7 +4,7 @@
 One concept, one name: a **share**. How a tenant's limits are split among
 replicas is called its shares in every layer: the rules here, the rows
 (``controlplane/store/shares.py``, ``ShareStore``), the loop that renews this
-replica's shares (``controlplane/ha/grants.py``, ``TenantShares``) and the
+replica's shares (``controlplane/ha/shares.py``, ``TenantShares``) and the
 service's slot limited to one (``controlplane/service/shares.py``, ``Share``).
 A share has two parts: ``rate_ppm``, millionths of the tenant's rate and
 burst, and one quota *allowance* per window (the tokens the member may have

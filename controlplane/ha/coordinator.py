@@ -169,7 +169,7 @@ class Coordinator:
 
     def lease_ttl(self) -> float:
         """The TTL an acquire or renew sent now asks for (and a tenant share:
-        ha/grants.py): ``lone_ttl_s`` while this member is lone, else ``ttl_s``."""
+        ha/shares.py): ``lone_ttl_s`` while this member is lone, else ``ttl_s``."""
         return self.lone_ttl_s if self.lone else self.ttl_s
 
     def wake(self) -> None:

@@ -48,7 +48,7 @@ from controlplane.ha.coordinator import DRAIN, EXPIRED, HANDOFF, REFUSED, REMOVE
 from controlplane.store.leases import CellOwner
 
 if TYPE_CHECKING:
-    from controlplane.ha.grants import TenantShares
+    from controlplane.ha.shares import TenantShares
 
 log = structlog.get_logger("burstgate.ha")
 
@@ -123,7 +123,7 @@ class Ownership:
         # claim_wait_s, so nothing is decided before the old owner's usage
         # of the hour is counted.
         self.rebuilding: dict[str, asyncio.Future[None]] = {}
-        # This replica's shares of its tenants' limits (ha/grants.py), on
+        # This replica's shares of its tenants' limits (ha/shares.py), on
         # PostgreSQL; stopped with the cells (released on a drain).
         self.shares: TenantShares | None = None
         # The service's declared-pool check (InvalidArgument naming `pool`),
@@ -457,6 +457,6 @@ class _OwnershipCollector(Collector):
         members.add_metric([], len(self._o._members) if coord is not None else 1)
         yield members
         if self._o.shares is not None:
-            from controlplane.ha.grants import SharesCollector
+            from controlplane.ha.shares import SharesCollector
 
             yield from SharesCollector(self._o.shares).collect()

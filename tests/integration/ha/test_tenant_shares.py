@@ -1,5 +1,5 @@
 """Shares of one tenant's limits among replicas, end to end on a real
-PostgreSQL (controlplane/ha/grants.py over share_store.py, installed in
+PostgreSQL (controlplane/ha/shares.py over store/shares.py, installed in
 real AdmissionService instances): a tenant spread over four members with
 twice its rate in demand is admitted about its rate in total, never more
 than its rate plus one burst; shares follow demand; a crashed member's
@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine
 
 from controlplane.domain import Decision, LaneConfig, TenantConfig
-from controlplane.ha.grants import TenantShares
+from controlplane.ha.shares import TenantShares
 from controlplane.service import AdmissionService
 from controlplane.service.shares import PPM
 from controlplane.settings import Settings
