@@ -37,7 +37,7 @@ price_app = typer.Typer(
 
 
 def _engine(database_url: str | None) -> Any:
-    from controlplane.store.ledger import ledger_engine
+    from controlplane.store.ledger_write import ledger_engine
 
     return ledger_engine(settings(database_url=database_url).database_url)
 
