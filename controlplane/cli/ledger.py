@@ -48,7 +48,7 @@ def _period(start: str, end: str | None) -> tuple[int, int]:
     option (exit code 2), never a database error."""
     import time
 
-    from controlplane.ledger.export import parse_when
+    from controlplane.domain.exportspec import parse_when
 
     try:
         s = parse_when("--from", start)

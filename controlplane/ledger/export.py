@@ -47,7 +47,7 @@ import structlog
 from sqlalchemy import Connection, Engine, Select  # types: the SQL is in store/ledger_reads.py
 
 from controlplane.domain.errors import InvalidArgument, excerpt
-from controlplane.domain.exportspec import ExportFormat, Granularity
+from controlplane.domain.exportspec import MAX_TIME_NS, ExportFormat, Granularity, check_time_ns
 from controlplane.domain.ledger_records import COLUMNS, iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
 from controlplane.domain.validate import check_id
@@ -67,10 +67,6 @@ FETCH_ROWS = 5_000
 SET_ASIDE_LISTED = 1_000
 # What rendering a damaged record raises (datetime, Decimal, int conversions).
 _UNWRITABLE = (ValueError, OverflowError, ArithmeticError, TypeError)
-# Period bounds: the ledger's times are Unix nanoseconds in BIGINT columns,
-# so a bound outside [1970, 2262] cannot even be compared in SQL.
-MAX_TIME_NS = 2**63 - 1
-TIME_RANGE_TEXT = "1970-01-01 and 2262-04-11T23:47:16Z (Unix nanoseconds in 64 bits)"
 CHUNK_BYTES = 64 * 1024
 
 
@@ -477,29 +473,3 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
 
 def manifest_json(result: ExportResult) -> str:
     return json.dumps(result.manifest, indent=2, ensure_ascii=False) + "\n"
-
-
-def check_time_ns(field_name: str, ns: int) -> int:
-    """A period bound: Unix ns in the ledger's 64-bit columns."""
-    if not 0 <= ns <= MAX_TIME_NS:
-        raise InvalidArgument(field_name, f"must be between {TIME_RANGE_TEXT}")
-    return ns
-
-
-def parse_when(field_name: str, text: str) -> int:
-    """ISO 8601 date or time (naive = UTC) or Unix seconds -> Unix ns, within
-    the range the ledger stores (``check_time_ns``)."""
-    text = text.strip()
-    try:
-        if text.replace(".", "", 1).isdigit():
-            return check_time_ns(field_name, int(Decimal(text) * 1_000_000_000))
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidArgument(
-            field_name, f"not an ISO 8601 time or Unix seconds: {excerpt(text)}"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
-    ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
-    return check_time_ns(field_name, ns)
