@@ -45,7 +45,7 @@ LAYERS: dict[str, int] = {
     "controlplane.ledger": 3,
     "controlplane.auth": 3,
     "controlplane.configfile": 3,
-    "controlplane.ha": 3,  # scale-out: the coordinator (use case) over its lease store
+    "controlplane.ha": 3,  # scale-out: coordinator, serving, shares (over store.leases, .shares)
     # 4. storage: all SQL
     "controlplane.store": 4,
     # 5. domain: pure types, errors, validation, settings
