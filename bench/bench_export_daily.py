@@ -43,7 +43,8 @@ from controlplane.ledger.export import (
 )
 from controlplane.ledger.margin import margin_report
 from controlplane.store.db import upgrade
-from controlplane.store.ledger import LedgerStore, ledger_engine
+from controlplane.store.ledger import LedgerStore
+from controlplane.store.ledger_write import ledger_engine
 
 NS = 1_000_000_000
 T0 = 1_767_225_600 * NS  # 2026-01-01T00:00:00Z

@@ -1,5 +1,5 @@
-"""What one refresh of a replica's tenant shares costs (controlplane/ha/
-share_store.py, docs/ha.md "Tenants that span cells"): the wall time of
+"""What one refresh of a replica's tenant shares costs (controlplane/store/
+shares.py, docs/ha.md "Tenants that span cells"): the wall time of
 ``ShareStore.refresh`` for N tenants at once, one member and three, on a
 scratch PostgreSQL database. Each tenant has an hourly quota (the heavier
 case: its quota rows are read and written too).
@@ -18,8 +18,8 @@ import time
 
 from _pg import ADMIN_DSN, database
 
-from controlplane.ha.share_store import Ask, ShareStore, Window
 from controlplane.store.db import make_engine, upgrade
+from controlplane.store.shares import Ask, ShareStore, Window
 
 HOUR = 1_800_000_000 // 3600 * 3600
 

@@ -293,7 +293,8 @@ async def writer_run(
 ) -> dict[str, float]:
     from controlplane.ledger.spool import Spool
     from controlplane.ledger.writer import LedgerWriter, Outcome
-    from controlplane.store.ledger import LedgerStore, ledger_engine
+    from controlplane.store.ledger import LedgerStore
+    from controlplane.store.ledger_write import ledger_engine
 
     engine = ledger_engine(url)
     store = LedgerStore(engine)
@@ -474,7 +475,8 @@ def copier(url: str, rate: int) -> None:
     its records without writing them (each batch resolved after ``<s>``, as
     long as a durable one took): what a writer process would leave, less
     the cost of getting the records to it."""
-    from controlplane.store.ledger import LedgerStore, ledger_engine
+    from controlplane.store.ledger import LedgerStore
+    from controlplane.store.ledger_write import ledger_engine
 
     engine = ledger_engine(url)
     store = LedgerStore(engine)

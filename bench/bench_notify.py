@@ -42,11 +42,11 @@ from sqlalchemy import Engine
 
 from controlplane.domain import TenantConfig
 from controlplane.ha.coordinator import Coordinator
-from controlplane.ha.store import HaStore
 from controlplane.server import ControlPlane
 from controlplane.settings import Settings
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine, upgrade
+from controlplane.store.leases import HaStore
 from controlplane.store.notify import CONFIG_CHANNEL, LEASES_CHANNEL, Listener
 from controlplane.telemetry import logs
 

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controlplane.domain.cells import CellMap
 from controlplane.domain.policy import Policy
 
 DEFAULT_SQLITE_PATH = Path("var") / "burstgate.db"
@@ -486,8 +487,6 @@ class Settings(BaseSettings):
     @classmethod
     def _cells(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
         if v is not None:
-            from controlplane.ha.cells import CellMap
-
             CellMap(v)  # raises ValueError naming the cell and pool
         return v
 

@@ -37,7 +37,7 @@ price_app = typer.Typer(
 
 
 def _engine(database_url: str | None) -> Any:
-    from controlplane.store.ledger import ledger_engine
+    from controlplane.store.ledger_write import ledger_engine
 
     return ledger_engine(settings(database_url=database_url).database_url)
 
@@ -48,7 +48,7 @@ def _period(start: str, end: str | None) -> tuple[int, int]:
     option (exit code 2), never a database error."""
     import time
 
-    from controlplane.ledger.export import parse_when
+    from controlplane.domain.exportspec import parse_when
 
     try:
         s = parse_when("--from", start)

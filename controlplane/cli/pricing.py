@@ -70,7 +70,7 @@ pricing_app.callback()(connect_options)
 
 
 def _when(option: str, value: str | None, default_ns: int) -> int:
-    from controlplane.ledger.export import parse_when
+    from controlplane.domain.exportspec import parse_when
 
     if value is None:
         return default_ns

@@ -146,7 +146,7 @@ def demo(
 ) -> None:
     """Migrate the database (creating it if need be), load the demo tenants
     and lanes, and serve."""
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import make_url  # URL parsing only
 
     from controlplane import configfile
     from controlplane.store.config import ConfigRepository

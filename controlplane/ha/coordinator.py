@@ -46,9 +46,9 @@ from typing import Any
 
 import structlog
 
+from controlplane.domain.rendezvous import assignment
 from controlplane.ha import _blocking, trace
-from controlplane.ha.rendezvous import assignment
-from controlplane.ha.store import HaStore
+from controlplane.store.leases import HaStore
 
 log = structlog.get_logger("burstgate.ha")
 
@@ -169,7 +169,7 @@ class Coordinator:
 
     def lease_ttl(self) -> float:
         """The TTL an acquire or renew sent now asks for (and a tenant share:
-        grants.py): ``lone_ttl_s`` while this member is lone, else ``ttl_s``."""
+        ha/shares.py): ``lone_ttl_s`` while this member is lone, else ``ttl_s``."""
         return self.lone_ttl_s if self.lone else self.ttl_s
 
     def wake(self) -> None:

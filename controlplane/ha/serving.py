@@ -41,14 +41,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from controlplane.aiotime import within
+from controlplane.domain.cells import CellMap
+from controlplane.domain.rendezvous import owner_of
 from controlplane.ha import _blocking
-from controlplane.ha.cells import CellMap
 from controlplane.ha.coordinator import DRAIN, EXPIRED, HANDOFF, REFUSED, REMOVED, Coordinator
-from controlplane.ha.rendezvous import owner_of
-from controlplane.ha.store import CellOwner
+from controlplane.store.leases import CellOwner
 
 if TYPE_CHECKING:
-    from controlplane.ha.grants import TenantGrants
+    from controlplane.ha.shares import TenantShares
 
 log = structlog.get_logger("burstgate.ha")
 
@@ -123,9 +123,9 @@ class Ownership:
         # claim_wait_s, so nothing is decided before the old owner's usage
         # of the hour is counted.
         self.rebuilding: dict[str, asyncio.Future[None]] = {}
-        # This replica's shares of its tenants' limits (grants.py), on
+        # This replica's shares of its tenants' limits (ha/shares.py), on
         # PostgreSQL; stopped with the cells (released on a drain).
-        self.grants: TenantGrants | None = None
+        self.shares: TenantShares | None = None
         # The service's declared-pool check (InvalidArgument naming `pool`),
         # run before a pool is routed: an undeclared pool claims no cell.
         self.check_pool: Callable[[str], None] | None = None
@@ -346,8 +346,8 @@ class Ownership:
         self._draining = True
         await self._stop_loop()
         await coord.drain()
-        if self.grants is not None:  # no cell here now: the shares go too
-            await self.grants.stop(release=True)
+        if self.shares is not None:  # no cell here now: the shares go too
+            await self.shares.stop(release=True)
         with contextlib.suppress(Exception):
             await self.refresh()
 
@@ -356,8 +356,8 @@ class Ownership:
         leases run out on the clock."""
         self._draining = True  # a later drain() (the server's stop) releases nothing
         await self._stop_loop()
-        if self.grants is not None:  # its shares run out on the clock too
-            await self.grants.stop(release=False)
+        if self.shares is not None:  # its shares run out on the clock too
+            await self.shares.stop(release=False)
         if self.coordinator is not None:
             await self.coordinator.stop()
 
@@ -456,7 +456,7 @@ class _OwnershipCollector(Collector):
         )
         members.add_metric([], len(self._o._members) if coord is not None else 1)
         yield members
-        if self._o.grants is not None:
-            from controlplane.ha.grants import GrantsCollector
+        if self._o.shares is not None:
+            from controlplane.ha.shares import SharesCollector
 
-            yield from GrantsCollector(self._o.grants).collect()
+            yield from SharesCollector(self._o.shares).collect()

@@ -44,16 +44,21 @@ from decimal import Decimal
 from typing import Any
 
 import structlog
-from sqlalchemy import Connection, Engine, Select, String, cast, func, literal_column, select
+from sqlalchemy import Connection, Engine, Select  # types: the SQL is in store/ledger_reads.py
 
 from controlplane.domain.errors import InvalidArgument, excerpt
-from controlplane.domain.exportspec import ExportFormat, Granularity
+from controlplane.domain.exportspec import MAX_TIME_NS, ExportFormat, Granularity, check_time_ns
 from controlplane.domain.ledger_records import COLUMNS, iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
-from controlplane.domain.units import NS_PER_DAY
 from controlplane.domain.validate import check_id
 from controlplane.ledger.revenue import MicroCache, Sums, add_record
-from controlplane.store.ledger import LEDGER
+from controlplane.store.ledger_reads import (
+    SUM_COLUMNS,
+    currency_sums,
+    daily_records_query,
+    daily_sums_query,
+    request_rows_query,
+)
 
 log = structlog.get_logger("burstgate.export")
 
@@ -62,10 +67,6 @@ FETCH_ROWS = 5_000
 SET_ASIDE_LISTED = 1_000
 # What rendering a damaged record raises (datetime, Decimal, int conversions).
 _UNWRITABLE = (ValueError, OverflowError, ArithmeticError, TypeError)
-# Period bounds: the ledger's times are Unix nanoseconds in BIGINT columns,
-# so a bound outside [1970, 2262] cannot even be compared in SQL.
-MAX_TIME_NS = 2**63 - 1
-TIME_RANGE_TEXT = "1970-01-01 and 2262-04-11T23:47:16Z (Unix nanoseconds in 64 bits)"
 CHUNK_BYTES = 64 * 1024
 
 
@@ -162,84 +163,14 @@ class _SetAside:
             self.unsummed += 1
 
 
-def period_filter(q: Select[Any], spec: ExportSpec) -> Select[Any]:
-    """Rows settled in the spec's half-open period (and of its tenants)."""
-    q = q.where(LEDGER.c.settled_ns >= spec.start_ns, LEDGER.c.settled_ns < spec.end_ns)
-    if spec.tenants:
-        q = q.where(LEDGER.c.tenant_id.in_(sorted(set(spec.tenants))))
-    return q
-
-
 def sql_totals(conn: Connection, spec: ExportSpec) -> dict[str, Totals]:
     """Per currency, straight from SQL SUM()."""
-    c = LEDGER.c
-    q = period_filter(
-        select(
-            c.currency,
-            func.count(),
-            func.sum(c.prompt_tokens),
-            func.sum(c.cached_tokens),
-            func.sum(c.output_tokens),
-            func.sum(c.user_charge_nanos),
-            func.sum(c.actual_cost_nanos),
-        ),
-        spec,
-    ).group_by(c.currency)
-    return {row[0]: Totals(*(int(v or 0) for v in row[1:])) for row in conn.execute(q)}
-
-
-def _day_expr() -> Any:
-    # Integer division on both databases (bigint / bigint; integer / integer).
-    return LEDGER.c.settled_ns.op("/")(literal_column(str(NS_PER_DAY)))
-
-
-# What the daily export and the margin report read of each record.
-SUM_COLUMNS = ("prompt_tokens", "cached_tokens", "output_tokens", "user_charge_nanos",
-               "actual_cost_nanos", "pricing_multiplier")  # fmt: skip
-
-
-def sum_columns() -> list[Any]:
-    """``SUM_COLUMNS`` as selected. The multiplier comes as text: a cheap
-    key for ``MicroCache`` (a Decimal built and hashed per row cost more
-    than the rest of the row's work)."""
-    c = LEDGER.c
-    text_multiplier = cast(c.pricing_multiplier, String).label("pricing_multiplier")
-    return [*(c[name] for name in SUM_COLUMNS[:-1]), text_multiplier]
-
-
-def daily_records_query(spec: ExportSpec) -> Select[Any]:
-    """Each record of the period in daily-row order, with its group key
-    (tenant, day, model, currency) first: consecutive rows of one group."""
-    c = LEDGER.c
-    day = _day_expr().label("day")
-    q = select(c.tenant_id, day, c.model, c.currency, *sum_columns())
-    return period_filter(q, spec).order_by(c.tenant_id, day, c.model, c.currency)
+    return {cur: Totals(*sums) for cur, sums in currency_sums(conn, spec).items()}
 
 
 def query(spec: ExportSpec) -> Select[Any]:
     """Request rows; daily: SQL-summed groups (GetUsage; no base charge)."""
-    c = LEDGER.c
-    if spec.granularity == "request":
-        q = select(*(c[name] for name in COLUMNS))
-        return period_filter(q, spec).order_by(c.tenant_id, c.settled_ns, c.request_id)
-    day = _day_expr().label("day")
-    q = select(
-        c.tenant_id,
-        day,
-        c.model,
-        c.currency,
-        func.count(),
-        func.sum(c.prompt_tokens),
-        func.sum(c.cached_tokens),
-        func.sum(c.output_tokens),
-        func.sum(c.user_charge_nanos),
-        func.sum(c.actual_cost_nanos),
-    )
-    return (
-        period_filter(q, spec)
-        .group_by(c.tenant_id, day, c.model, c.currency)
-        .order_by(c.tenant_id, day, c.model, c.currency)
-    )
+    return request_rows_query(spec) if spec.granularity == "request" else daily_sums_query(spec)
 
 
 def _request_values(r: Sequence[Any]) -> list[Any]:
@@ -542,29 +473,3 @@ def export(engine: Engine, spec: ExportSpec, result: ExportResult) -> Iterator[b
 
 def manifest_json(result: ExportResult) -> str:
     return json.dumps(result.manifest, indent=2, ensure_ascii=False) + "\n"
-
-
-def check_time_ns(field_name: str, ns: int) -> int:
-    """A period bound: Unix ns in the ledger's 64-bit columns."""
-    if not 0 <= ns <= MAX_TIME_NS:
-        raise InvalidArgument(field_name, f"must be between {TIME_RANGE_TEXT}")
-    return ns
-
-
-def parse_when(field_name: str, text: str) -> int:
-    """ISO 8601 date or time (naive = UTC) or Unix seconds -> Unix ns, within
-    the range the ledger stores (``check_time_ns``)."""
-    text = text.strip()
-    try:
-        if text.replace(".", "", 1).isdigit():
-            return check_time_ns(field_name, int(Decimal(text) * 1_000_000_000))
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidArgument(
-            field_name, f"not an ISO 8601 time or Unix seconds: {excerpt(text)}"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
-    ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
-    return check_time_ns(field_name, ns)

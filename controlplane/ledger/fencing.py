@@ -6,7 +6,7 @@ Metering is given a ``Fencing`` function, pool -> this replica's lease of
 the pool's cell:
 
 - ``(cell, epoch)``: owned; each write of the pool's rows runs
-  ``controlplane.ha.store.fence(conn, cell, epoch)`` in its own transaction
+  ``controlplane.store.leases.fence(conn, cell, epoch)`` in its own transaction
   first, so a takeover (which raises the epoch) either waits for the write
   or makes it fail with ``StaleEpoch`` and roll back;
 - ``None``: not owned here; the rows are not written;
@@ -34,8 +34,8 @@ import structlog
 
 from controlplane.domain.pricing import WindowSummary
 from controlplane.ha import trace
-from controlplane.ha.store import StaleEpoch
 from controlplane.ledger.pricing import PricingBook
+from controlplane.store.leases import StaleEpoch
 from controlplane.store.ledger import LedgerStore
 
 log = structlog.get_logger("burstgate.ledger")

@@ -18,19 +18,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Engine  # a type: the SQL is in store/ledger_reads.py
 
 from controlplane.domain.ledger_records import iso_ns
 from controlplane.domain.money import format_fixed, format_nanos
-from controlplane.ledger.export import (
-    FETCH_ROWS,
-    ExportMismatch,
-    ExportSpec,
-    period_filter,
-    sum_columns,
-)
+from controlplane.ledger.export import FETCH_ROWS, ExportMismatch, ExportSpec
 from controlplane.ledger.revenue import MicroCache, Sums, add_record
-from controlplane.store.ledger import LEDGER, exceeds
+from controlplane.store.ledger import exceeds
+from controlplane.store.ledger_reads import tenant_currency_records_query, tenant_currency_sums
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,28 +88,12 @@ def row_json(r: MarginRow) -> dict[str, Any]:
     }
 
 
-def _sql_sums(conn: Connection, spec: ExportSpec) -> dict[tuple[str, str], tuple[int, ...]]:
-    c = LEDGER.c
-    q = period_filter(
-        select(
-            c.tenant_id, c.currency, func.count(), func.sum(c.prompt_tokens),
-            func.sum(c.cached_tokens), func.sum(c.output_tokens), func.sum(c.user_charge_nanos),
-            func.sum(c.actual_cost_nanos),
-        ),
-        spec,
-    ).group_by(c.tenant_id, c.currency)  # fmt: skip
-    return {(r[0], r[1]): tuple(int(v or 0) for v in r[2:]) for r in conn.execute(q)}
-
-
 def margin_report(
     engine: Engine, start_ns: int, end_ns: int, tenants: Sequence[str], ratio: Decimal
 ) -> MarginReport:
     """Blocking; see the module docstring."""
     spec = ExportSpec(start_ns, end_ns, tuple(tenants)).validate()
-    c = LEDGER.c
-    q = period_filter(select(c.tenant_id, c.currency, *sum_columns()), spec).order_by(
-        c.tenant_id, c.currency
-    )
+    q = tenant_currency_records_query(spec)
     report = MarginReport(start_ns, end_ns, ratio)
     sums: dict[tuple[str, str], Sums] = {}
     micro = MicroCache()
@@ -122,7 +101,7 @@ def margin_report(
     if engine.dialect.name == "postgresql":
         options["isolation_level"] = "REPEATABLE READ"  # one snapshot for rows and sums
     with engine.connect().execution_options(**options) as conn, conn.begin():
-        expected = _sql_sums(conn, spec)
+        expected = tenant_currency_sums(conn, spec)
         cursor = conn.execution_options(stream_results=True, yield_per=FETCH_ROWS).execute(q)
         for part in cursor.partitions():
             for r in part:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import make_url  # URL parsing only (where the spool lives)
 
 from controlplane.aiotime import within
 from controlplane.domain import Settlement
@@ -59,7 +59,8 @@ from controlplane.service import AdmissionService
 from controlplane.service import records as R
 from controlplane.settings import Settings, sqlalchemy_url
 from controlplane.store.db import dispose_when_idle
-from controlplane.store.ledger import LedgerStore, MarginWarning, exceeds, ledger_engine
+from controlplane.store.ledger import LedgerStore, MarginWarning, exceeds
+from controlplane.store.ledger_write import ledger_engine
 
 log = structlog.get_logger("burstgate.ledger")
 

@@ -171,7 +171,7 @@ class MicroCache:
 
 
 def add_record(sums: Sums, r: Sequence[Any], at: int, micro: MicroCache) -> None:
-    """Add one record read as ``SUM_COLUMNS`` (prompt, cached and output
+    """Add one record read as ``store.ledger_reads.SUM_COLUMNS`` (prompt, cached and output
     tokens, user charge and actual cost in nanos: BIGINT, so ints on both
     databases; the multiplier) from index ``at``."""
     sums.add(r[at], r[at + 1], r[at + 2], r[at + 3], r[at + 4], micro(r[at + 5]))

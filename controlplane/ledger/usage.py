@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine  # a type: the SQL is in store/ledger_reads.py
 
 from controlplane.domain.money import format_nanos
-from controlplane.ledger.export import ExportSpec, Totals, daily_values, query, sql_totals
+from controlplane.ledger.export import ExportSpec, Totals, daily_values, sql_totals
+from controlplane.store.ledger_reads import daily_sums_query
 
 # A usage answer is for people and dashboards; exports are for whole periods.
 MAX_USAGE_ROWS = 10_000
@@ -22,7 +23,7 @@ def usage(
     with engine.connect() as conn:
         rows = [
             dict(zip(keys, daily_values(r), strict=True))
-            for r in conn.execute(query(spec).limit(MAX_USAGE_ROWS))
+            for r in conn.execute(daily_sums_query(spec, limit=MAX_USAGE_ROWS))
         ]
         totals: dict[str, Totals] = sql_totals(conn, spec)
     return rows, [

@@ -76,12 +76,12 @@ async def ensure_shares(
     check: Callable[[], None] | None = None,
 ) -> None:
     """Several replicas: wait (bounded) until this replica holds a share of
-    each configured tenant named (controlplane/ha/grants.py), or with
+    each configured tenant named (controlplane/ha/shares.py), or with
     ``wait`` false only ask for one at once; one dict lookup per tenant
     when it holds them. ``check``: the request's validation, run before
     anything is asked for (bad input asks for nothing), and only then: the
     service validates every request anyway."""
-    grants = ownership.grants if ownership is not None else None
+    grants = ownership.shares if ownership is not None else None
     if grants is None:
         return
     wanted = {t for t in map(svc.shares.resolve, set(tenant_ids)) if t is not None}

@@ -15,7 +15,7 @@ import structlog
 
 from controlplane.auth import KeyCache
 from controlplane.clock import Clock, Sleep, real_clock, real_sleep
-from controlplane.ha.cells import CellMap
+from controlplane.domain.cells import CellMap
 from controlplane.ha.serving import Ownership
 from controlplane.rpc.admin import AdminServicer
 from controlplane.rpc.assembly import create_server, keepalive_options

@@ -18,12 +18,12 @@ from controlplane.aiotime import within
 from controlplane.domain.errors import DomainError
 from controlplane.ha import trace
 from controlplane.ha.coordinator import Coordinator
-from controlplane.ha.grants import TenantGrants
 from controlplane.ha.serving import Ownership
-from controlplane.ha.share_store import ShareStore
-from controlplane.ha.store import HaStore
+from controlplane.ha.shares import TenantShares
 from controlplane.ledger.fencing import UNFENCED
 from controlplane.settings import Settings
+from controlplane.store.leases import HaStore
+from controlplane.store.shares import ShareStore
 
 if TYPE_CHECKING:
     from controlplane.ledger.metering import Metering
@@ -59,7 +59,7 @@ class ReplicaWiring:
         return min(REANNOUNCE_WINDOW_MAX_S, self.settings.ha_lease_ttl_s / 3)
 
     def share_interval_s(self) -> float:
-        """How often tenant shares are renewed (controlplane/ha/grants.py)."""
+        """How often tenant shares are renewed (controlplane/ha/shares.py)."""
         return min(1.0, self.settings.ha_lease_ttl_s / 5)
 
     def share_limits(self, engine: Engine) -> None:
@@ -95,13 +95,13 @@ class ReplicaWiring:
         self.ownership.add_pools(config_pools)
         await self.ownership.start()
         if self.service is not None:
-            grants = TenantGrants(
+            shares = TenantShares(
                 self.service, ShareStore(engine), coordinator.member_id, s.ha_lease_ttl_s,
                 s.ha_margin_s, interval_s=self.share_interval_s(), affine=self._home_here,
                 ttl_for=coordinator.lease_ttl,
             )  # fmt: skip
-            await grants.start()
-            self.ownership.grants = grants
+            await shares.start()
+            self.ownership.shares = shares
         log.info("ha member joined", member=coordinator.member_id, address=address,
                  cells_owned=sorted(coordinator.owned()))  # fmt: skip
 

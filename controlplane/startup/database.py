@@ -7,6 +7,10 @@ database. A SQLite file that does not exist (or whose directory does not)
 is refused with "run ``burstgate migrate``"; ``migrate``, ``demo`` and
 ``serve --migrate`` create it, its directory included. A failed start
 leaves the file system as it found it.
+
+SQLAlchemy is used here for URLs, driver exceptions and the connection
+that reads the schema's heads (``store.db.schema_heads``); no SQL is built
+here. Imported lazily: ``burstgate --help`` does not load it.
 """
 
 from __future__ import annotations

@@ -322,7 +322,7 @@ class HaCellLeaseRow(Base):
 
 class HaTenantAnchorRow(Base):
     """One row per tenant with grants: the row lock every writer of the
-    tenant's grants takes first (controlplane/ha/share_store.py)."""
+    tenant's grants takes first (controlplane/store/shares.py)."""
 
     __tablename__ = "ha_tenant_anchors"
 
@@ -330,7 +330,7 @@ class HaTenantAnchorRow(Base):
 
 
 class HaTenantRateRow(Base):
-    """A replica's share of a tenant's rate and burst (controlplane/ha/shares.py):
+    """A replica's share of a tenant's rate and burst (controlplane/domain/shares.py):
     raised only into what the other replicas' live grants leave free."""
 
     __tablename__ = "ha_tenant_rates"

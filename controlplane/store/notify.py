@@ -6,7 +6,7 @@ caller's transaction: PostgreSQL delivers it only when that transaction
 commits, so a listener never hears of a change that rolled back. Every
 audited configuration write (``store.audit.log_change``: tenants, lanes,
 policy, prices, API keys) sends one on ``burstgate_config``; a lease release
-(``ha.store``) sends the cell id on ``burstgate_leases``. A no-op on SQLite.
+(``store.leases``) sends the cell id on ``burstgate_leases``. A no-op on SQLite.
 
 **The listener.** One dedicated psycopg connection (autocommit, TCP
 keepalives) per server, ``LISTEN`` on the channels, on a daemon thread that

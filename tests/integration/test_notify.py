@@ -21,10 +21,10 @@ from sqlalchemy import Engine, create_engine
 from controlplane.domain import TenantConfig
 from controlplane.domain.keys import Role
 from controlplane.domain.policy import Policy
-from controlplane.ha.store import HaStore
 from controlplane.store.config import ConfigRepository
 from controlplane.store.db import make_engine, upgrade
 from controlplane.store.keys import KeyStore
+from controlplane.store.leases import HaStore
 from controlplane.store.notify import CHANNELS, CONFIG_CHANNEL, LEASES_CHANNEL, Listener, notify
 from tests.support import wait_until
 

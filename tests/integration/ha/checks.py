@@ -387,7 +387,7 @@ def spread_figure(
 def spread_within_limit(fig: dict[str, Any]) -> bool:
     """The acceptance row "a tenant spread over 4 cells": what the lead
     switches to asserting once the service uses per-member grants
-    (controlplane/ha/shares.py); today each owner gives the tenant its whole
+    (controlplane/domain/shares.py); today each owner gives the tenant its whole
     rate, so this is False (reported, not asserted)."""
     return bool(fig["lower"] <= fig["admitted_tokens"] <= fig["upper"])
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine
 
-from controlplane.ha.store import HaStore
 from controlplane.store.db import make_engine, upgrade
+from controlplane.store.leases import HaStore
 
 
 @pytest.fixture

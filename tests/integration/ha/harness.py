@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from controlplane.ha.coordinator import Coordinator, Interval
-from controlplane.ha.store import HaStore
 from controlplane.store.db import make_engine
+from controlplane.store.leases import HaStore
 
 
 class PausableStore(HaStore):

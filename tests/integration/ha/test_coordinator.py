@@ -18,8 +18,8 @@ import random
 import pytest
 from sqlalchemy import text
 
+from controlplane.domain.rendezvous import assignment
 from controlplane.ha.coordinator import DRAIN, EXPIRED, HANDOFF, Coordinator
-from controlplane.ha.rendezvous import assignment
 from tests.integration.ha.harness import Checker, Member, overlaps, until
 
 pytestmark = pytest.mark.postgres
@@ -43,8 +43,8 @@ def assert_one_owner_at_a_time(checker: Checker) -> None:
 
 
 def test_validation_names_the_setting(ha_url: str) -> None:
-    from controlplane.ha.store import HaStore
     from controlplane.store.db import make_engine
+    from controlplane.store.leases import HaStore
 
     engine = make_engine(ha_url)
     store = HaStore(engine)

@@ -30,8 +30,8 @@ from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from burstgate_client.redirects import not_owner
 from sqlalchemy.engine import make_url
 
+from controlplane.domain.rendezvous import assignment
 from controlplane.ha.coordinator import Interval
-from controlplane.ha.rendezvous import assignment
 from controlplane.store.db import upgrade
 from tests.integration.ha.harness import no_takeover_holds
 from tests.integration.ledger.conftest import ledger_rows_once

@@ -25,7 +25,7 @@ from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2 as rls
 from controlplane._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
 from controlplane.domain.audit import Actor
 from controlplane.domain.keys import Role
-from controlplane.ha.rendezvous import assignment
+from controlplane.domain.rendezvous import assignment
 from controlplane.ha.serving import Redirect
 from controlplane.integrations.envoy.forward import HOP_HEADER
 from controlplane.service import records as R
@@ -112,7 +112,7 @@ def trio(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             ok = True
             for p in planes:
                 assert p.srv is not None
-                grants = p.srv.plane.ownership.grants
+                grants = p.srv.plane.ownership.shares
                 assert grants is not None
                 ask_ = functools.partial(grants.ask_soon, ["acme"])
                 p.srv.on_loop(ask_)

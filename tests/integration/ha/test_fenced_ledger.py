@@ -22,12 +22,12 @@ from sqlalchemy import Engine, text
 from controlplane.domain import Decision, LaneConfig, TenantConfig
 from controlplane.domain.policy import Policy
 from controlplane.domain.pricing import StepTable
-from controlplane.ha.store import HaStore
 from controlplane.ledger.fencing import FenceToken
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.pricing import PricingBook
 from controlplane.service import AdmissionService
 from controlplane.settings import Settings
+from controlplane.store.leases import HaStore
 from controlplane.telemetry.ledger_metrics import LedgerCollector
 from fastpath import Reason
 from tests.conftest import FakeClock

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
+from controlplane.domain.rendezvous import assignment
 from controlplane.ha.coordinator import Coordinator
-from controlplane.ha.rendezvous import assignment
-from controlplane.ha.store import HaStore
+from controlplane.store.leases import HaStore
 from controlplane.store.notify import LEASES_CHANNEL, Listener
 
 pytestmark = pytest.mark.postgres

@@ -24,7 +24,7 @@ from burstgate_client._proto.burstgate.v1 import admission_pb2_grpc as pb_grpc
 from burstgate_client.sdk import Admission, AsyncAdmissionClient
 
 from controlplane.domain.policy import Policy
-from controlplane.ha.rendezvous import owner_of
+from controlplane.domain.rendezvous import owner_of
 from controlplane.store.db import upgrade
 from tests.conftest import fresh_pg_database
 from tests.integration.ledger.conftest import ledger_rows

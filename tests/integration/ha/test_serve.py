@@ -22,7 +22,7 @@ from burstgate_client.protoclient import ProtoClient
 from burstgate_client.redirects import not_owner
 from burstgate_client.sdk import AsyncAdmissionClient
 
-from controlplane.ha.rendezvous import assignment
+from controlplane.domain.rendezvous import assignment
 from controlplane.store.db import upgrade
 from tests.conftest import fresh_pg_database
 from tests.integration.ha.harness import no_takeover_holds
@@ -68,7 +68,7 @@ def trio(ha_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[
 
     def has_share(p: Plane, tenant_id: str) -> bool:
         assert p.srv is not None
-        grants = p.srv.plane.ownership.grants
+        grants = p.srv.plane.ownership.shares
         return grants is not None and bool(p.srv.on_loop(lambda: grants.ready(tenant_id)))
 
     def homed() -> bool:  # each pool's tenant's rate gathered on the pool's owner

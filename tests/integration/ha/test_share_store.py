@@ -11,10 +11,10 @@ import time
 import pytest
 from sqlalchemy import Engine, text
 
-from controlplane.ha.share_store import Ask, ShareStore, Window
-from controlplane.ha.shares import PPM
-from controlplane.ha.store import HaUnsupported
+from controlplane.domain.shares import PPM
 from controlplane.store.db import make_engine
+from controlplane.store.leases import HaUnsupported
+from controlplane.store.shares import Ask, ShareStore, Window
 
 pytestmark = pytest.mark.postgres
 

@@ -1,4 +1,4 @@
-"""Leases and fencing in PostgreSQL (controlplane/ha/store.py), on a real
+"""Leases and fencing in PostgreSQL (controlplane/store/leases.py), on a real
 database per test: acquire, renew, release, the epoch only rising, takeover
 after expiry by the database's clock, stale renews refused, and ``fence``:
 a stale write refused and rolled back, and a takeover waiting for a fenced
@@ -13,8 +13,8 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import Connection, Engine, func, insert, select, text
 
-from controlplane.ha.store import HaStore, HaUnsupported, StaleEpoch, fence
 from controlplane.store.db import make_engine, upgrade
+from controlplane.store.leases import HaStore, HaUnsupported, StaleEpoch, fence
 from controlplane.store.models import PricingWindowRow
 from tests.support import wait_until
 

@@ -17,8 +17,8 @@ import pytest
 
 from controlplane.domain.pricing import WindowSummary
 from controlplane.ha import trace
-from controlplane.ha.store import StaleEpoch
 from controlplane.ledger.fencing import StaleWrites, WindowWriter
+from controlplane.store.leases import StaleEpoch
 from tests.integration.ha import checks
 from tests.integration.ha.harness import Member, until
 

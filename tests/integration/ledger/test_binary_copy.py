@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.domain.ledger_records import COLUMNS, Key, LedgerRecord
-from controlplane.store import ledger as store_ledger
+from controlplane.store import ledger_write
 from controlplane.store.db import upgrade
-from controlplane.store.ledger import PG_TYPES, LedgerStore, ledger_engine
+from controlplane.store.ledger import LedgerStore
+from controlplane.store.ledger_write import PG_TYPES, ledger_engine
 
 _COLS = ", ".join(COLUMNS)
 I64 = 2**63 - 1
@@ -34,7 +35,7 @@ I64 = 2**63 - 1
 def _text_insert(
     conn: psycopg.Connection[Any], table: str, records: Sequence[LedgerRecord]
 ) -> set[Key]:
-    """The previous ``LedgerStore._pg_insert``, on ``table``."""
+    """The previous ``pg_insert`` (text COPY), on ``table``."""
     try:
         with conn.cursor() as cur, cur.copy(f"COPY {table} ({_COLS}) FROM STDIN") as copy:
             for r in records:
@@ -267,7 +268,7 @@ def test_conflict_path_keeps_the_originals_and_reports_the_same_keys(both: Both)
 def test_numeric_cache_stays_exact_across_many_values_and_clears(
     both: Both, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_ledger, "_NUMERIC_CACHE_MAX", 16)  # clears again and again
+    monkeypatch.setattr(ledger_write, "_NUMERIC_CACHE_MAX", 16)  # clears again and again
     records = [
         rec(
             f"ppm-{ppm}",

@@ -16,7 +16,8 @@ from sqlalchemy.engine import make_url
 
 from controlplane.domain.ledger_records import COLUMNS, Key, LedgerRecord
 from controlplane.store.db import upgrade
-from controlplane.store.ledger import LedgerStore, ledger_engine
+from controlplane.store.ledger import LedgerStore
+from controlplane.store.ledger_write import ledger_engine
 from tests.integration.ledger.test_binary_copy import rec
 
 

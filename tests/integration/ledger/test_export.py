@@ -24,7 +24,8 @@ from controlplane.cli import app
 from controlplane.domain.ledger_records import LedgerRecord
 from controlplane.domain.money import format_nanos
 from controlplane.ledger.export import ExportResult, ExportSpec, export
-from controlplane.store.ledger import LedgerStore, ledger_engine
+from controlplane.store.ledger import LedgerStore
+from controlplane.store.ledger_write import ledger_engine
 from tests.integration.ledger.conftest import NS, Served, complete
 
 T0 = 1_700_000_000 * NS

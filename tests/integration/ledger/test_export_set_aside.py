@@ -18,7 +18,7 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from controlplane.cli import app
-from controlplane.store.ledger import ledger_engine
+from controlplane.store.ledger_write import ledger_engine
 from tests.integration.ledger.conftest import NS, Served, complete
 
 YEAR_10000 = 253_402_300_800  # Unix s: what no ISO 8601 year of four digits can say

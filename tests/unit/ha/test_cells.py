@@ -1,10 +1,10 @@
-"""Cells of pools (controlplane/ha/cells.py)."""
+"""Cells of pools (controlplane/domain/cells.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from controlplane.ha.cells import CellMap
+from controlplane.domain.cells import CellMap
 
 
 def test_default_is_one_cell_per_pool() -> None:

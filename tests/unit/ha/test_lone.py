@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from controlplane.domain.rendezvous import assignment
 from controlplane.ha.coordinator import Coordinator
-from controlplane.ha.rendezvous import assignment
 
 TTL, LONE, MARGIN = 1.0, 10.0, 0.25
 # A member that loses cell "c" to "me" by rendezvous: "me" keeps it.

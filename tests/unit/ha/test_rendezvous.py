@@ -1,4 +1,4 @@
-"""Rendezvous hashing (controlplane/ha/rendezvous.py): properties."""
+"""Rendezvous hashing (controlplane/domain/rendezvous.py): properties."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.ha.rendezvous import assignment, owner_of, weight
+from controlplane.domain.rendezvous import assignment, owner_of, weight
 
 ids = st.text(min_size=1, max_size=12).filter(lambda s: "\0" not in s)
 members_st = st.lists(ids, min_size=1, max_size=8, unique=True)

@@ -1,4 +1,4 @@
-"""The share rules (controlplane/ha/shares.py) on a model of several members
+"""The share rules (controlplane/domain/shares.py) on a model of several members
 refreshing in any order, dying and spending: the sums never pass the
 tenant's limits, and live members with steady demand converge to their
 demand-weighted shares."""
@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.ha.shares import (
+from controlplane.domain.shares import (
     PPM,
-    Grant,
+    MemberShare,
     QuotaHolding,
     RateHolding,
     quota_allowance,
-    rate_grant,
+    rate_share,
     rate_target,
 )
 
@@ -42,7 +42,7 @@ class Tenant:
         m = self.members[name]
         m.live = True
         others = [x for x in self.members.values() if x.name != name]
-        m.rate_ppm = rate_grant(m.demand, [RateHolding(x.name, x.demand, x.rate_ppm, x.live)
+        m.rate_ppm = rate_share(m.demand, [RateHolding(x.name, x.demand, x.rate_ppm, x.live)
                                            for x in others])  # fmt: skip
         m.allowance = quota_allowance(m.used, self.quota, m.rate_ppm,
                                       [QuotaHolding(x.name, x.used, x.allowance)
@@ -119,7 +119,7 @@ def test_idle_tenant_is_split_equally_and_targets_add_up() -> None:
     others = [RateHolding("b", 0, 0, True), RateHolding("c", 0, 0, True),
               RateHolding("d", 0, 0, False)]  # fmt: skip
     assert rate_target(0, others) == PPM // 3
-    assert Grant(250_000, None, None).scale(1000) == 250
+    assert MemberShare(250_000, None, None).scale(1000) == 250
 
 
 def test_bad_quota_arguments_are_refused() -> None:

@@ -1,15 +1,15 @@
-"""Tenant grants in PostgreSQL: the rows ``controlplane/ha/shares.py``'s rules
+"""Tenant shares in PostgreSQL: the rows ``controlplane/domain/shares.py``'s rules
 are applied to (docs/ha.md, "Tenants that span cells").
 
 ``ha_tenant_rates``  (tenant_id, member_id) -> demand, rate_ppm, expires_at
 ``ha_tenant_quotas`` (tenant_id, member_id, window, window_start) -> used, allowance
 
-``refresh`` renews one member's grants for many tenants in one transaction:
+``refresh`` renews one member's shares for many tenants in one transaction:
 it locks each tenant's anchor row (``ha_tenant_anchors``), in tenant order
 so that two members refreshing overlapping tenants wait for each other
 instead of deadlocking; THEN reads every member's rate rows and the quota
-rows of the windows asked about, computes each grant by the rules (a
-member raises its grant only into what the others leave free), and writes
+rows of the windows asked about, computes each share by the rules (a
+member raises its share only into what the others leave free), and writes
 its own rows. Every writer of a tenant's rows holds its anchor lock, and
 the read is a statement that starts after the lock is held (READ
 COMMITTED: a fresh snapshot per statement), so the sums read are exact.
@@ -19,7 +19,7 @@ once that member has granted itself a share. The property test in
 tests/integration/ha/test_share_store.py caught exactly that.)
 
 Expiry is judged by the database's clock, as for cell leases; a member
-uses its rate grant only until ``t_sent + ttl - margin`` on its own clock
+uses its rate share only until ``t_sent + ttl - margin`` on its own clock
 (the caller's job, as in the coordinator).
 """
 
@@ -31,15 +31,15 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
 
-from controlplane.ha.shares import (
+from controlplane.domain.shares import (
     PPM,
-    Grant,
+    MemberShare,
     QuotaHolding,
     RateHolding,
     quota_allowance,
-    rate_grant,
+    rate_share,
 )
-from controlplane.ha.store import _require_postgres, _ttl
+from controlplane.store.leases import positive_ttl, require_postgres
 
 HOUR, DAY = "hour", "day"
 
@@ -64,7 +64,7 @@ class Ask:
     demand: int
     hour: Window | None = None
     day: Window | None = None
-    # Tokens the tenant could spend in one grant TTL at its whole rate, plus
+    # Tokens the tenant could spend in one share TTL at its whole rate, plus
     # its whole burst: an allowance runs at most this times the member's
     # share ahead of its use (shares.quota_allowance's headroom); None: no cap.
     spend_bound: int | None = None
@@ -130,16 +130,16 @@ _FORGET_RATES = text(
 
 
 class ShareStore:
-    """Grant rows over the project's engine (blocking calls)."""
+    """Share rows over the project's engine (blocking calls)."""
 
     def __init__(self, engine: Engine) -> None:
-        _require_postgres(engine.dialect.name, "ShareStore")
+        require_postgres(engine.dialect.name, "ShareStore")
         self.engine = engine
 
-    def refresh(self, me: str, asks: Sequence[Ask], ttl_s: float) -> dict[str, Grant]:
-        """Renew this member's grants of the asked tenants for ``ttl_s``
-        seconds of database time; the new grant of each."""
-        ttl = _ttl(ttl_s)
+    def refresh(self, me: str, asks: Sequence[Ask], ttl_s: float) -> dict[str, MemberShare]:
+        """Renew this member's shares of the asked tenants for ``ttl_s``
+        seconds of database time; the new share of each."""
+        ttl = positive_ttl(ttl_s)
         if not asks:
             return {}
         by_tenant = {a.tenant: a for a in asks}
@@ -175,10 +175,10 @@ class ShareStore:
                         )
                     else:  # what this member id used before (a restart keeping its id)
                         own[(tenant, kind)] = (int(used), int(allowance))
-            grants: dict[str, Grant] = {}
+            renewed: dict[str, MemberShare] = {}
             for t in tenants:
                 a = by_tenant[t]
-                share = rate_grant(a.demand, rates[t])
+                share = rate_share(a.demand, rates[t])
                 headroom = None if a.spend_bound is None else a.spend_bound * share // PPM
                 # used never goes back: the row may hold more (this member id's
                 # earlier process); the caller catches its counters up
@@ -190,25 +190,25 @@ class ShareStore:
                     for kind, w in ((HOUR, a.hour), (DAY, a.day))
                 }  # fmt: skip
                 others = {kind: sum(h.used for h in quotas[(t, kind)]) for kind in (HOUR, DAY)}
-                grants[t] = Grant(share, allowed[HOUR], allowed[DAY], used[HOUR], used[DAY],
-                                  others[HOUR], others[DAY])  # fmt: skip
+                renewed[t] = MemberShare(share, allowed[HOUR], allowed[DAY], used[HOUR],
+                                         used[DAY], others[HOUR], others[DAY])  # fmt: skip
             conn.execute(_WRITE_RATES, {
                 "me": me, "ttl": ttl, "tenants": tenants,
                 "demands": [max(0, by_tenant[t].demand) for t in tenants],
-                "rates": [grants[t].rate_ppm for t in tenants],
+                "rates": [renewed[t].rate_ppm for t in tenants],
             })  # fmt: skip
             if windows:
                 conn.execute(_WRITE_QUOTAS, {
                     "me": me, "tenants": [t for t, _, _ in windows],
                     "kinds": [k for _, k, _ in windows],
                     "starts": [w.start for _, _, w in windows],
-                    "used": [_used(grants[t], k) for t, k, _ in windows],
-                    "allowances": [_allowance(grants[t], k) for t, k, _ in windows],
+                    "used": [_used(renewed[t], k) for t, k, _ in windows],
+                    "allowances": [_allowance(renewed[t], k) for t, k, _ in windows],
                 })  # fmt: skip
-        return grants
+        return renewed
 
     def release(self, me: str, final: Sequence[Ask] = ()) -> None:
-        """Give up every rate grant of this member at once (a graceful exit):
+        """Give up every rate share of this member at once (a graceful exit):
         the others may raise theirs at their next refresh. Its quota
         allowances shrink to what it used (``final``: its last use of each
         tenant's windows, never less than the rows hold), so the others may
@@ -248,11 +248,11 @@ def _floor(row: tuple[int, int] | None, first: bool) -> int:
     return max(used, allowance) if first else used
 
 
-def _used(g: Grant, kind: str) -> int:
+def _used(g: MemberShare, kind: str) -> int:
     return g.hour_used if kind == HOUR else g.day_used
 
 
-def _allowance(g: Grant, kind: str) -> int:
+def _allowance(g: MemberShare, kind: str) -> int:
     value = g.hour_allowance if kind == HOUR else g.day_allowance
     if value is None:  # only windows that were asked about are written
         raise AssertionError(f"no {kind} allowance computed")

@@ -1,4 +1,5 @@
-"""Members and cell leases in PostgreSQL, and the fencing guard.
+"""Members and cell leases in PostgreSQL, and the fencing guard (the SQL of
+scale-out's cell ownership; ``controlplane/ha`` is the use case over it).
 
 Every operation is one statement or one short transaction, and every expiry
 is judged by the DATABASE's clock (``clock_timestamp()``): the replicas'
@@ -58,7 +59,7 @@ class CellOwner:
     expired: bool  # by the database's clock, when it was read
 
 
-def _require_postgres(dialect: str, what: str) -> None:
+def require_postgres(dialect: str, what: str) -> None:
     if dialect != "postgresql":
         raise HaUnsupported(
             f"{what}: scale-out needs a shared PostgreSQL database, not {dialect}; "
@@ -66,7 +67,7 @@ def _require_postgres(dialect: str, what: str) -> None:
         )
 
 
-def _ttl(ttl_s: float, name: str = "ttl") -> float:
+def positive_ttl(ttl_s: float, name: str = "ttl") -> float:
     if not ttl_s > 0:  # also refuses NaN
         raise ValueError(f"{name} must be > 0 seconds, got {ttl_s!r}")
     return float(ttl_s)
@@ -135,7 +136,7 @@ class HaStore:
     the coordinator runs them on a thread)."""
 
     def __init__(self, engine: Engine) -> None:
-        _require_postgres(engine.dialect.name, "HaStore")
+        require_postgres(engine.dialect.name, "HaStore")
         self.engine = engine
 
     # --- members ---
@@ -152,7 +153,7 @@ class HaStore:
     def live_addresses(self, member_ttl_s: float) -> dict[str, str]:
         """``live_members`` with their addresses (owner discovery)."""
         with self.engine.begin() as conn:
-            rows = conn.execute(_LIVE_ADDRESSES, {"ttl": _ttl(member_ttl_s, "member_ttl")})
+            rows = conn.execute(_LIVE_ADDRESSES, {"ttl": positive_ttl(member_ttl_s, "member_ttl")})
             return {m: a for m, a in rows}
 
     def leave(self, member_id: str) -> None:
@@ -165,7 +166,7 @@ class HaStore:
         """Take ``cell`` for ``ttl_s`` seconds of database time if it is free,
         expired or already ours; the new epoch, or None when another member
         holds it. Waits for fenced transactions of the cell to end."""
-        ttl = _ttl(ttl_s)
+        ttl = positive_ttl(ttl_s)
         with self.engine.begin() as conn:
             conn.execute(_ACQUIRE_INSERT, {"cell": cell})
             row = conn.execute(_ACQUIRE, {"cell": cell, "me": me, "ttl": ttl}).first()
@@ -174,7 +175,7 @@ class HaStore:
     def renew(self, cell: str, me: str, epoch: int, ttl_s: float) -> bool:
         """Extend our unexpired lease of ``epoch`` to now + ``ttl_s`` (database
         time); False when it is not ours any more or already expired."""
-        ttl = _ttl(ttl_s)
+        ttl = positive_ttl(ttl_s)
         with self.engine.begin() as conn:
             res = conn.execute(_RENEW, {"cell": cell, "me": me, "epoch": epoch, "ttl": ttl})
             return bool(res.rowcount)
@@ -218,7 +219,7 @@ def fence(conn: Connection, cell: str, epoch: int) -> None:
     raise ``StaleEpoch`` (the caller's transaction is then rolled back by
     its ``with engine.begin()``). The lock holds until the transaction ends,
     so a takeover cannot slip in between this check and the write."""
-    _require_postgres(conn.dialect.name, "fence")
+    require_postgres(conn.dialect.name, "fence")
     row = conn.execute(_FENCE, {"cell": cell}).first()
     current = None if row is None else int(row[0])
     if current != epoch:

@@ -1,5 +1,5 @@
 """Shares of one tenant's limits among replicas, end to end on a real
-PostgreSQL (controlplane/ha/grants.py over share_store.py, installed in
+PostgreSQL (controlplane/ha/shares.py over store/shares.py, installed in
 real AdmissionService instances): a tenant spread over four members with
 twice its rate in demand is admitted about its rate in total, never more
 than its rate plus one burst; shares follow demand; a crashed member's
@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import Engine
 
 from controlplane.domain import Decision, LaneConfig, TenantConfig
-from controlplane.ha.grants import TenantGrants
-from controlplane.ha.share_store import ShareStore
+from controlplane.ha.shares import TenantShares
 from controlplane.service import AdmissionService
 from controlplane.service.shares import PPM
 from controlplane.settings import Settings
+from controlplane.store.shares import ShareStore
 
 pytestmark = pytest.mark.postgres
 
@@ -30,15 +30,15 @@ RATE, BURST = 4000, 4000  # tokens/s, tokens
 COST = 100  # tokens per request
 
 
-async def member(engine: Engine, name: str, tenant: TenantConfig) -> TenantGrants:
+async def member(engine: Engine, name: str, tenant: TenantConfig) -> TenantShares:
     svc = AdmissionService(Settings())
     svc.apply_config([tenant], LANES)
-    g = TenantGrants(svc, ShareStore(engine), name, TTL, MARGIN, interval_s=INTERVAL)
+    g = TenantShares(svc, ShareStore(engine), name, TTL, MARGIN, interval_s=INTERVAL)
     await g.start()
     return g
 
 
-async def drive(g: TenantGrants, tenant: str, every_s: float, until: float,
+async def drive(g: TenantShares, tenant: str, every_s: float, until: float,
                 admitted: list[int], tag: str) -> None:  # fmt: skip
     """Ask for one COST-token request every ``every_s`` until ``until``,
     as the RPC layer does: wait for a share first, then decide."""
