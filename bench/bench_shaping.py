@@ -109,12 +109,12 @@ def _server_stats(plane: Any, gc_timer: GcPauses, full: bool) -> dict[str, Any]:
         reasons[name] = reasons.get(name, 0) + count
     stats: dict[str, Any] = {
         "waiting": svc.waiting,
-        "depths": svc.queue_depths(),
-        "open_reservations": svc.open_reservations,
-        "blocked_inflight": svc.tenant_state(BLOCKED)["inflight"],
-        "records": svc.remembered_requests,
+        "depths": svc.views.queue_depths(),
+        "open_reservations": svc.views.open_reservations,
+        "blocked_inflight": svc.views.tenant_state(BLOCKED)["inflight"],
+        "records": svc.views.remembered_requests,
         "cancelled_total": svc.stats.cancelled_total,
-        **svc.queue_footprint(),
+        **svc.views.queue_footprint(),
         "loop_tasks": len(asyncio.all_tasks()),
         "timer_armed": plane.waiting.timer_armed,
         "reasons": reasons,

@@ -34,7 +34,7 @@ from controlplane.rpc.assembly import (
 )
 from controlplane.rpc.dbcall import DbCaller
 from controlplane.rpc.owners import ensure_shares
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
 from controlplane.startup.errors import Exit, StartupError
@@ -85,7 +85,7 @@ class ControlPlane:
             from controlplane.ledger.pricing import PricingBook
 
             pricing = PricingBook(settings.pricing_window_s, StepTable(settings.pricing_steps))
-        self.service = AdmissionService(settings, clock=clock, pricing=pricing)
+        self.service = AdmissionService(ServiceLimits.of(settings), clock=clock, pricing=pricing)
         self.waiting = WaitingRoom(self.service)
         self.engine = make_engine(
             settings.database_url,
@@ -228,7 +228,7 @@ class ControlPlane:
         # and every decision runs on this thread too.
         self.service.apply_config(tenants, lanes, policy)
         # The cells of the declared pools are coordinated from now.
-        self._config_pools = set(self.service.declared_pools())
+        self._config_pools = set(self.service.views.declared_pools())
         self.ownership.add_pools(self._config_pools)
         self.waiting.reschedule()
         self._fingerprint = fp

@@ -103,7 +103,7 @@ class OpenReservation:
 
 @dataclass(frozen=True, slots=True)
 class Restore:
-    """What :meth:`AdmissionService.restore_reservation` did: ``outcome``
+    """What :meth:`AdmissionService.replicas.restore_reservation` did: ``outcome``
     one of RESTORED, KNOWN, REFUSED (``detail`` says why), and the pool the
     reservation belongs to."""
 

@@ -62,7 +62,6 @@ from controlplane.integrations.envoy.config import EnvoyConfig
 from controlplane.integrations.envoy.mapping import Ask, Phase
 from controlplane.rpc.auth import admission_scope
 from controlplane.service import AdmissionService
-from controlplane.service import records as R
 from fastpath import Reason
 
 HOP_HEADER = "x-burstgate-forwarded"  # value: the forwarding replica's member id
@@ -149,15 +148,15 @@ class OwnerGate:
     # ----------------------------------------------------------- the route
 
     def pool_of(self, ask: Ask, cfg: EnvoyConfig) -> str:
-        """The pool the decision uses (docs/ha.md: ``AdmissionService.pool_of``)."""
+        """The pool the decision uses (docs/ha.md: ``ReplicaDoors.pool_of``)."""
         if ask.phase == Phase.RESPONSE:
-            rec = self._svc.record(ask.tenant, ask.request_id) if ask.request_id else None
-            if rec is not None and rec[R.POOL]:
-                return str(rec[R.POOL])
+            rec = self._svc.views.record(ask.tenant, ask.request_id) if ask.request_id else None
+            if rec is not None and rec.pool:
+                return rec.pool
             tokens = cfg.defaults.estimate_tokens
         else:
             tokens = ask.tokens
-        return self._svc.pool_of(ask.tenant, ask.lane, 0, tokens, ask.pool)
+        return self._svc.replicas.pool_of(ask.tenant, ask.lane, 0, tokens, ask.pool)
 
     async def _route(self, pool: str) -> Redirect | None:
         try:
@@ -181,10 +180,11 @@ class OwnerGate:
             check_pool(pool)  # a bad name never reaches the lease table
             # nor an undeclared one, nor one a scoped key may not use
             # (answered OVER_LIMIT with x-burstgate-error by the servicer)
-            if pool not in self._svc.declared_pools():
-                if ask.phase == Phase.RESPONSE and self._svc.record(ask.tenant, ask.request_id):
+            if pool not in self._svc.views.declared_pools():
+                views = self._svc.views
+                if ask.phase == Phase.RESPONSE and views.record(ask.tenant, ask.request_id):
                     return None  # admitted here before the pool was undeclared: settle here
-                self._svc.check_pool(pool)
+                self._svc.replicas.check_pool(pool)
             scope = admission_scope.get()
             if scope is not None:
                 scope.check_tenant("tenant_id", ask.tenant)

@@ -47,7 +47,6 @@ from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.errors import unary_errors
 from controlplane.rpc.owners import ensure_shares
 from controlplane.service import AdmissionService
-from controlplane.service import records as R
 from controlplane.service.limits import TenantLimits
 from controlplane.service.waiting import WaitingRoom
 from fastpath import Reason
@@ -138,7 +137,7 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", ask.tenant)
-        reason, retry_ns, limits = self._svc.check_only(ask.tenant)
+        reason, retry_ns, limits = self._svc.views.check_only(ask.tenant)
         return A.Verdict(
             over=reason != 0, reason=reason, retry_after_ns=retry_ns,
             window=A.binding(limits, reason, retry_ns),
@@ -150,8 +149,8 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
         if scope is not None:
             scope.check_tenant("tenant_id", ask.tenant)
         rid = ask.request_id or uuid.uuid4().hex
-        known = self._svc.record(ask.tenant, rid) if ask.request_id else None
-        if known is not None and known[R.STATE] == R.SETTLED:
+        known = self._svc.views.record(ask.tenant, rid) if ask.request_id else None
+        if known is not None and known.is_settled:
             # Envoy makes one request-path call per request: a settled id
             # again is a new request under an old id (a replay would admit it
             # free of charge), not a repeated call.
@@ -191,7 +190,7 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
 
     def _limits(self, tenant: str) -> TenantLimits | None:
         try:
-            return self._svc.tenant_limits(tenant)
+            return self._svc.views.tenant_limits(tenant)
         except NotFound:  # unknown (charged to the default tenant, or refused)
             return None
 
