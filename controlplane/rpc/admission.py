@@ -84,11 +84,13 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", request.tenant_id)
+        route = None  # computed once: the owner check's is the decision's
         if self.ownership is not None and not self.ownership.local:
-            pool = self._svc.replicas.pool_of(
+            route = self._svc.replicas.route(
                 request.tenant_id, request.lane, request.prompt_tokens, request.max_tokens,
                 request.pool,
             )  # fmt: skip
+            pool = request.pool or ("" if route is None else route.pool)
             if scope is not None:  # a key outside the pool claims nothing for it
                 scope.check_pool("pool", pool, "this request's pool")
             await redirect_if_not_owner(self.ownership, pool, context)
@@ -117,6 +119,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             scope=scope,
             retry_key=request.retry_key,
             attempt=request.attempt,
+            route=route,
         )
         return decision_to_pb(d)
 

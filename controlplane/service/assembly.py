@@ -87,29 +87,38 @@ def assemble(
     # keys (store/signing.py) before serving.
     signer = AdmissionSigner()
     decider = Decider(
-        table, tenants, pressure, gate, pricing, limits.concurrency_retry_ms * NS_PER_MS,
-        deadlines, signer, first_reservation=max(1, clock() // 1000),  # microseconds: see Decider
+        table=table, tenants=tenants, pressure=pressure, gate=gate, pricing=pricing,
+        concurrency_retry_ns=limits.concurrency_retry_ms * NS_PER_MS, deadlines=deadlines,
+        signer=signer, first_reservation=max(1, clock() // 1000),  # microseconds: see Decider
     )  # fmt: skip
     outcomes = Outcomes(log, stats, tenants, signer)
-    dispatcher = Dispatcher(tenants, decider, outcomes, stats, gate, queues, deadlines)
+    dispatcher = Dispatcher(
+        tenants=tenants, decider=decider, outcomes=outcomes, stats=stats, gate=gate,
+        queues=queues, deadlines=deadlines,
+    )  # fmt: skip
     settler = Settler(table, log, limits.complete_max_overrun_ratio)
     unary = UnaryAdmission(
         clock=clock, tenants=tenants, log=log, outcomes=outcomes, dispatcher=dispatcher,
         deadlines=deadlines, decider=decider, stats=stats,
     )  # fmt: skip
-    restorer = Restorer(tenants, log, dispatcher, decider, gate, stats, ttl_ns, signer)
+    restorer = Restorer(
+        tenants=tenants, log=log, dispatcher=dispatcher, decider=decider, gate=gate,
+        stats=stats, ttl_ns=ttl_ns, signer=signer,
+    )  # fmt: skip
     return Parts(
         table=table, log=log, stats=stats, tenants=tenants, pressure=pressure, gate=gate,
         deadlines=deadlines, signer=signer, dispatcher=dispatcher, settler=settler,
         # Several replicas deciding for one tenant: controlplane/ha/grants.py
         # drives this (service/shares.py); unused in process and on SQLite.
         shares=ShareControl(
-            tenants, decider, queues, stats, table, clock, dispatcher.dispatch
+            tenants=tenants, decider=decider, queues=queues, stats=stats, table=table,
+            clock=clock, changed=dispatcher.dispatch,
         ),
         # Booking the requests a sidecar admitted while this server was
         # unreachable, from their Complete (CompleteRequest.offline).
         offline=Booking(
-            tenants, log, dispatcher, decider, outcomes, stats, limits.complete_max_overrun_ratio
+            tenants=tenants, log=log, dispatcher=dispatcher, decider=decider, outcomes=outcomes,
+            stats=stats, max_overrun_ratio=limits.complete_max_overrun_ratio,
         ),
         unary=unary,
         batches=BatchAdmission(

@@ -32,6 +32,7 @@ what happens to a refusal that waiting could cure.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -80,9 +81,32 @@ WAITABLE = frozenset(
 )
 
 
+class Charge(NamedTuple):
+    """What the fast path answered for one request (``TokenBucketTable.admit``)."""
+
+    reason: int
+    reserved: int
+    retry_ns: int
+    bucket: int
+    hour: int
+    day: int
+
+
+class Asked(NamedTuple):
+    """The request a verdict is concluded for, where it goes and when it came."""
+
+    lane: str
+    slot: int
+    pool: str
+    model: str
+    prompt: int
+    arrived: int
+
+
 class Decider:
     def __init__(
         self,
+        *,
         table: TokenBucketTable,
         tenants: TenantDirectory,
         pressure: PressureGate,
@@ -147,9 +171,7 @@ class Decider:
         ):
             return self.gate_refusal(v, lane, slot, pool, now, arrived)
         if shadow:
-            reason, reserved, retry, bucket, hour, day = self.table.charge(
-                slot, now, prompt, max_tokens
-            )
+            charge = Charge(*self.table.charge(slot, now, prompt, max_tokens))
         else:
             reason, reserved, retry, bucket, hour, day = self.table.admit(
                 slot, now, prompt, max_tokens
@@ -162,10 +184,9 @@ class Decider:
                 if reason in SHARED_REASONS:
                     reason, retry = self.explain(entry, reason, retry, prompt, max_tokens)
                 hour, day = self.tenant_wide(entry, hour, day)
-        rec = self.conclude(
-            reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
-            pool, model, now, arrived, self._next_reservation, None,
-        )  # fmt: skip
+            charge = Charge(reason, reserved, retry, bucket, hour, day)
+        ask = Asked(lane, slot, pool, model, prompt, arrived)
+        rec = self.conclude(charge, ask, v, shadow=shadow, now=now, rid=self._next_reservation)
         if rec[R.STATE] == R.OPEN:
             self._next_reservation += 1
         return rec
@@ -262,10 +283,9 @@ class Decider:
         if reason == _OPEN_RESERVATIONS:
             return None
         v = self._pressure.verdict(lane, pool, now)
-        rec = self.conclude(
-            _OK, reserved, 0, bucket, hour, day, prompt, False, v, lane, entry.slot, pool, model,
-            now, now, self._next_reservation, None,
-        )  # fmt: skip
+        charge = Charge(_OK, reserved, 0, bucket, hour, day)
+        ask = Asked(lane, entry.slot, pool, model, prompt, now)
+        rec = self.conclude(charge, ask, v, shadow=False, now=now, rid=self._next_reservation)
         self._next_reservation += 1
         return rec
 
@@ -310,33 +330,19 @@ class Decider:
         )  # fmt: skip
 
     def conclude(
-        self,
-        reason: int,
-        reserved: int,
-        retry_ns: int,
-        bucket: int,
-        hour: int,
-        day: int,
-        prompt: int,
-        shadow: bool,
-        v: Verdict,
-        lane: str,
-        slot: int,
-        pool: str,
-        model: str,
-        now: int,
-        arrived: int,
-        rid: int,
-        price: PriceQuote | None,
-        release: bool = True,
-    ) -> Record:
-        """The record of a fast-path verdict; an admission takes reservation
-        id ``rid`` and the price in force (``price``, or quoted here), and is
-        counted by the pool gate unless ``release`` is false (a batch counts
-        its admissions at once). In shadow mode the request was charged
-        whatever the verdict and is admitted with the reason it would have
-        been refused for, except past the memory cap (OPEN_RESERVATIONS):
-        the fast path charged nothing and the refusal is real."""
+        self, charge: Charge, ask: Asked, v: Verdict, *, shadow: bool, now: int, rid: int,
+        price: PriceQuote | None = None, release: bool = True,
+    ) -> Record:  # fmt: skip
+        """The record of a fast-path verdict (``charge``) on the request
+        ``ask``; an admission takes reservation id ``rid`` and the price in
+        force (``price``, or quoted here), and is counted by the pool gate
+        unless ``release`` is false (a batch counts its admissions at once).
+        In shadow mode the request was charged whatever the verdict and is
+        admitted with the reason it would have been refused for, except past
+        the memory cap (OPEN_RESERVATIONS): the fast path charged nothing and
+        the refusal is real."""
+        reason, reserved, retry_ns, bucket, hour, day = charge
+        lane, slot, pool, model, prompt, arrived = ask
         shadow_reason = 0
         if shadow and reason != _OPEN_RESERVATIONS:  # memory protection binds shadow too
             shadow_reason = v.reason or reason

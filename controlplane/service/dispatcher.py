@@ -40,6 +40,7 @@ DEADLINE_MARGIN_MAX_NS = 100 * NS_PER_MS
 class Dispatcher:
     def __init__(
         self,
+        *,
         tenants: TenantDirectory,
         decider: Decider,
         outcomes: Outcomes,
