@@ -75,7 +75,7 @@ def report(svc: AdmissionService) -> None:
 
 def unary(n: int, gate: bool, as_batch: bool = False, signed: bool = True) -> float:
     """``as_batch``: each request as an AdmitStream batch of one, what a
-    unary Admit would cost through the batch's columns (service/batchdecision.py)."""
+    unary Admit would cost through the batch's columns (service/batch.py)."""
     svc, clock = make_service(gate, signed)
     start = time.perf_counter_ns()
     for i in range(n):

@@ -16,13 +16,13 @@ from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_MS
 from controlplane.service.answers import BatchResult
 from controlplane.service.deadlines import Deadlines
-from controlplane.service.decider import Decider, early_reason
+from controlplane.service.decider import Decider
 from controlplane.service.edge import check_batch, check_max_wait, check_retries
 from controlplane.service.keyscope import check_scope
 from controlplane.service.queueing import Waiter, WaitQueues
 from controlplane.service.records import RequestLog
 from controlplane.service.stats import AdmissionStats
-from controlplane.service.tenants import TenantDirectory
+from controlplane.service.tenants import TenantDirectory, early_reason
 from controlplane.service.unary import UnaryAdmission
 
 

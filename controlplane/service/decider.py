@@ -19,12 +19,12 @@ A request goes through the same steps on either path:
 
 :meth:`Decider.decide` takes them for one request with scalars; a batch
 takes each for all its entries at once in columns
-(service/batchdecision.py, one method per step). The rules are the
+(service/batch.py, its vectorised twin, one method per step). The rules are the
 helpers here, called by both; where a batch needs a rule in columns, its
 columnar form sits beside the scalar one (``Deadlines.late_columns`` beside
 ``late_if_past``). tests/unit/service/test_decide_twins.py holds the two
 paths to the same answers and records through random histories. Why two
-paths and not a batch of one: batchdecision.py's docstring (measured).
+paths and not a batch of one: batch.py's docstring (measured).
 Nothing here waits or dispatches: the dispatcher and the façade decide
 what happens to a refusal that waiting could cure.
 """
@@ -42,7 +42,8 @@ from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import MTOK_PER_TOKEN, NS_PER_MS, PPM
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult
-from controlplane.service.batchdecision import RETRYABLE, BatchDecision, early_reason
+from controlplane.service.batch import RETRYABLE, BatchDecision
+from controlplane.service.batch_answer import store
 from controlplane.service.deadlines import BatchRetries, Deadlines
 from controlplane.service.gate import PoolGate
 from controlplane.service.pools import FRESH
@@ -52,7 +53,7 @@ from controlplane.service.records import Record, RequestLog
 from controlplane.service.shares import SHARED_REASONS, explain, remaining_offsets
 from controlplane.service.signing import AdmissionSigner
 from controlplane.service.stats import AdmissionStats
-from controlplane.service.tenants import Tenant, TenantDirectory
+from controlplane.service.tenants import Tenant, TenantDirectory, early_reason
 from fastpath import Reason, TokenBucketTable
 from fastpath.codes import MAX_REQUEST_TOKENS
 
@@ -383,7 +384,7 @@ class Decider:
         retries: BatchRetries | None = None,
     ) -> BatchResult:
         """Decide a validated batch with one call into the fast path; store
-        and count the fresh decisions (the steps: service/batchdecision.py).
+        and count the fresh decisions (the steps: service/batch.py).
         ``lanes`` has one entry per request (the named lane or "" for the
         tenant's default), one for all, or none; ``pool`` is the batch's,
         "" = each entry's own (``TenantDirectory.pool_for``). Repeated keys
@@ -406,7 +407,7 @@ class Decider:
         b.gate()  # 4. the pool gate's share, premium first
         b.fast_path()  # 5. buckets, quotas, concurrency; borrowing; shares
         b.conclude()  # 6. shadow mode, reservations, retry hints, late flags
-        return b.store(stats)  # 7. stored, counted, released; the answer
+        return store(b, stats)  # 7. stored, counted, released; the answer
 
     def columns(
         self,

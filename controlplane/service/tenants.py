@@ -19,7 +19,7 @@ from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.domain.validate import MAX_LANE_NAME
 from controlplane.service.gate import DEFAULT_POOL
 from controlplane.service.shares import NOTHING, Share, scaled, whole
-from fastpath import TokenBucketTable
+from fastpath import Reason, TokenBucketTable
 
 # Lane of a request whose tenant is unknown and that named no lane (only the
 # refusal's record carries it).
@@ -47,6 +47,15 @@ class Route(NamedTuple):
     lane: str
     pool: str
     generation: int
+
+
+def early_reason(entry: Tenant | None) -> int:
+    """Refusals that need no bucket: the tenant is unknown or disabled."""
+    if entry is None:
+        return int(Reason.UNKNOWN_TENANT)
+    if not entry.config.enabled:
+        return int(Reason.TENANT_DISABLED)
+    return int(Reason.OK)
 
 
 class TenantDirectory:

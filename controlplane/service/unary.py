@@ -18,7 +18,7 @@ from controlplane.domain.scope import KeyScope
 from controlplane.service import records as R
 from controlplane.service.answers import Outcomes
 from controlplane.service.deadlines import Deadlines
-from controlplane.service.decider import Decider, early_reason
+from controlplane.service.decider import Decider
 from controlplane.service.demand import counts_as_demand
 from controlplane.service.dispatcher import Dispatcher
 from controlplane.service.edge import check_admit, check_retry
@@ -26,7 +26,7 @@ from controlplane.service.keyscope import check_scope
 from controlplane.service.queueing import Waiter
 from controlplane.service.records import Key, RequestLog
 from controlplane.service.stats import AdmissionStats
-from controlplane.service.tenants import Route, Tenant, TenantDirectory
+from controlplane.service.tenants import Route, Tenant, TenantDirectory, early_reason
 from fastpath import Reason
 
 _TOKEN_RATE = int(Reason.TOKEN_RATE)

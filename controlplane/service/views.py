@@ -15,7 +15,6 @@ from controlplane.domain.autoscaler import engines_for
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
 from controlplane.domain.validate import check_id
 from controlplane.service.deadlines import Deadlines
-from controlplane.service.decider import early_reason
 from controlplane.service.demand import DESIRED_WINDOW_S, LaneBacklog, PoolDemand
 from controlplane.service.gate import PoolGate
 from controlplane.service.limits import TenantLimits
@@ -25,7 +24,7 @@ from controlplane.service.queueing import WaitQueues
 from controlplane.service.records import RequestLog
 from controlplane.service.recordview import RecordView
 from controlplane.service.stats import AdmissionStats
-from controlplane.service.tenants import TenantDirectory
+from controlplane.service.tenants import TenantDirectory, early_reason
 from fastpath import Reason, TokenBucketTable
 
 
