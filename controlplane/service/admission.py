@@ -10,10 +10,12 @@ same code with real or simulated time.
 The façade keeps the API that decides and moves time (admit, admit_or_wait,
 tick, cancel, complete, report_load, expire, apply_config); the other doors
 are parts reached as attributes: ``views`` (read-only, for metrics and
-status), ``batches`` (AdmitStream and AdmitBatch), ``replicas`` (several
-replicas), ``shares`` and ``offline``. controlplane/service/__init__.py
-lists the whole API. Only the façade and the dispatcher start a dispatch: a
-part that frees capacity returns what it freed and the façade dispatches.
+status), ``batches`` (AdmitStream and AdmitBatch), ``settlement`` (a
+Complete in two steps around the ledger's durable write), ``replicas``
+(several replicas), ``shares`` and ``offline``; assembly.py builds them.
+controlplane/service/__init__.py lists the whole API. Only the façade and
+the dispatcher start a dispatch: a part that frees capacity returns what it
+freed and the façade dispatches.
 """
 
 from __future__ import annotations
