@@ -487,7 +487,7 @@ _FOCUS = (
     ("admission.py", "_block"),
     ("admission.py", "_resolve"),
     ("admission.py", "next_wakeup_ns"),
-    ("admission.py", "apply_complete"),
+    ("completion.py", "apply"),
     ("admission.py", "cancel"),
     ("queueing.py", "add"),
     ("queueing.py", "remove"),

@@ -55,6 +55,7 @@ from controlplane.service.answers import BatchResult
 from controlplane.service.recordview import RecordView
 from controlplane.service.restore import OpenReservation, Restore
 from controlplane.service.service_limits import ServiceLimits
+from controlplane.service.tenants import Route
 
 __all__ = [
     "AdmissionService",
@@ -62,5 +63,6 @@ __all__ = [
     "OpenReservation",
     "RecordView",
     "Restore",
+    "Route",
     "ServiceLimits",
 ]

@@ -19,15 +19,11 @@ flags), then batch_answer.store (the gate release, the rows stored and
 counted, the answer). Each rule is the scalar one, or its columnar form
 beside it (``Deadlines.late_columns`` beside ``late_if_past``).
 
-Why two paths: numpy costs about a microsecond per call whatever the batch
-size (~40 calls), which a batch of a hundred shares but a single request
-pays alone (a unary admit + complete 21 µs, a batch of one 109 µs;
-bench/bench_service.py, BENCHMARKS.md "The decision written once"). So:
-what differs per tenant is one small matrix spread over the entries with
-one index; each (lane, pool) pair gets template rows of the request
-table's layout (admitted, refused after its verdict, refused before any),
-an entry's row starts as its template, and the rows are stored in one
-call. No Python object is made per request beyond the answer's lists.
+Why two paths: ~40 numpy calls of about a microsecond each, which a batch
+of a hundred shares and a single request pays alone (21 µs against 109 µs,
+BENCHMARKS.md "The decision written once"). Per tenant one small matrix,
+per (lane, pool) pair template rows of the request table's layout; no
+Python object per request beyond the answer's lists.
 """
 
 from __future__ import annotations
@@ -37,13 +33,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.domain.scope import KeyScope
 from controlplane.service import records as R
 from controlplane.service.answers import NOT_RETRYABLE
 from controlplane.service.batch_rules import Rules
 from controlplane.service.deadlines import BatchRetries
 from controlplane.service.demand import CAPACITY_REASONS
-from controlplane.service.keyscope import check_scope
 from controlplane.service.pools import UNKNOWN
 from controlplane.service.pressure import Verdict
 from controlplane.service.pricing import PriceQuote
@@ -119,6 +113,7 @@ class BatchDecision:
     # conclude
     rows: npt.NDArray[np.int64]
     admitted: npt.NDArray[np.bool_]
+    released_pools: set[int]  # pools whose admissions conclude released
 
     def __init__(
         self, decider: Rules, tenant_ids: list[str], request_ids: list[str],
@@ -228,26 +223,6 @@ class BatchDecision:
         else:
             self.fresh = None
             self.is_fresh = np.ones(n, dtype=bool)
-
-    def check_scope(self, scope: KeyScope) -> None:
-        """A scoped key's batch: the pools its entries go to and the tenants
-        they are charged to, per pair and per tenant (a handful); entries
-        are walked only when one of those is outside the scope, to name the
-        first entry that would be decided with it. Before anything changes."""
-        bad_pairs = {k for k, (_, p) in enumerate(self.pair_keys) if p and p not in scope.pools}
-        bad_tenants = {
-            j for j, (t, e) in enumerate(zip(self.order, self.t_entry, strict=True))
-            if e is not None and e.config.tenant_id != t and e.config.tenant_id not in scope.tenants
-        }  # fmt: skip
-        if not bad_pairs and not bad_tenants:
-            return
-        decided = self.is_fresh & (self.early == _OK)
-        for i in np.flatnonzero(decided).tolist():
-            j, k = self.tix[i], int(self.pair[i])
-            entry = self.t_entry[j]
-            if (j in bad_tenants or k in bad_pairs) and entry is not None:
-                check_scope(scope, self.tenant_ids[i], entry, self.pair_keys[k][1],
-                            f"entry {i}'s", f"tenant_id[{i}]")  # fmt: skip
 
     # -------------------------------------------------------- 3. judge
 
@@ -425,6 +400,7 @@ class BatchDecision:
             shadow_reason = np.where(sh, np.where(v_reason != _OK, v_reason, reason), 0)
             reason[sh] = _OK
         self.admitted = admitted = to_fast & (reason == _OK)
+        self.release_before_refusals()
         na = int(np.count_nonzero(admitted))
         rid0 = self.d.take_reservation_ids(na)
         templates, pair, prompt = self.templates, self.pair, self.prompt
@@ -470,6 +446,28 @@ class BatchDecision:
         for i, prior in self.replayed.items():
             rows[i] = prior
         self.rows = rows
+
+    def release_before_refusals(self) -> None:
+        """A pool that refused entries for lack of room and admitted others
+        releases its admissions here, in batch order, each refusal's retry
+        hint the gate's after the admissions before it (as one by one);
+        the other pools' are released when stored (batch_answer.store)."""
+        self.released_pools = set()
+        refused, admitted = self.gate_refused, self.admitted
+        if refused is None:
+            return
+        gate, pv, pools, now = self.d.gate, self.pv, self.pools, self.now
+        pool_ix = pv[:, _P_POOL]
+        for k in dict.fromkeys(pool_ix[refused].tolist()):
+            mine = np.flatnonzero(pool_ix == k)
+            if not admitted[mine].any():
+                continue  # the retry the gate step computed stands
+            for i in mine.tolist():
+                if admitted[i]:
+                    gate.released(pools[k], now, int(self.prompt[i]), bool(pv[i, _P_FAIL_OPEN]))
+                elif refused[i]:
+                    self.gate_retry[i] = gate.retry_ns(pools[k], now)
+            self.released_pools.add(k)
 
     def _flag_late(
         self, rows: npt.NDArray[np.int64], reason: npt.NDArray[np.int64],

@@ -40,6 +40,8 @@ def store(b: BatchDecision, stats: AdmissionStats) -> BatchResult:
         adm = np.flatnonzero(admitted)
         pool_ix = pv[:, _P_POOL]
         for k in dict.fromkeys(pool_ix[adm].tolist()):
+            if k in b.released_pools:
+                continue  # released in order before its refusals (conclude)
             mine = adm if len(pools) == 1 else adm[pool_ix[adm] == k]
             first = pv[mine, _P_FAIL_OPEN].astype(bool).tolist()
             d.gate.released_many(pools[k], b.now, b.prompt[mine].tolist(), first)

@@ -46,6 +46,7 @@ from controlplane.service.batch import RETRYABLE, BatchDecision
 from controlplane.service.batch_answer import store
 from controlplane.service.deadlines import BatchRetries, Deadlines
 from controlplane.service.gate import PoolGate
+from controlplane.service.keyscope import check_batch_scope
 from controlplane.service.pools import FRESH
 from controlplane.service.pressure import PressureGate, Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
@@ -402,7 +403,7 @@ class Decider:
         b.screen()  # 1. the tenant screen; replays; late retries
         b.place(lanes)  # 2. lanes (length-aware placement) and their pools
         if scope is not None:
-            b.check_scope(scope)  # before anything changes
+            check_batch_scope(b, scope)  # before anything changes
         b.judge()  # 3. the pools' verdicts: backpressure, degradation
         b.gate()  # 4. the pool gate's share, premium first
         b.fast_path()  # 5. buckets, quotas, concurrency; borrowing; shares

@@ -59,7 +59,7 @@ entry = st.tuples(
     st.sampled_from(SIZES),  # max tokens
 )
 step = st.tuples(
-    st.lists(entry, min_size=1, max_size=12),
+    st.lists(entry, min_size=1, max_size=10),
     st.sampled_from(["", "", "p", "q"]),  # the batch's pool ("" = each entry's)
     st.integers(0, 800),  # ms passed before it
     st.booleans(),  # complete the admissions after it
@@ -72,7 +72,7 @@ world = st.fixed_dictionaries({
     ),
     # None: one replica; else acme's share of its limits and its hourly allowance
     "share": st.sampled_from([None, (PPM, 12_000), (PPM // 2, 3000), (PPM // 10, 500)]),
-    "steps": st.lists(step, min_size=1, max_size=8),
+    "steps": st.lists(step, min_size=1, max_size=6),
 })  # fmt: skip
 
 
@@ -108,7 +108,7 @@ def build(make_service: Any, w: dict[str, Any]) -> Any:
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(w=world)
 def test_a_batch_is_decided_as_its_entries_one_by_one(
