@@ -52,9 +52,9 @@ class Route(NamedTuple):
 def early_reason(entry: Tenant | None) -> int:
     """Refusals that need no bucket: the tenant is unknown or disabled."""
     if entry is None:
-        return int(Reason.UNKNOWN_TENANT)
+        return Reason.UNKNOWN_TENANT
     if not entry.config.enabled:
-        return int(Reason.TENANT_DISABLED)
+        return Reason.TENANT_DISABLED
     return int(Reason.OK)
 
 
