@@ -98,7 +98,7 @@ async def _serve(
     from _grpc_empty import create_empty_server
 
     from controlplane.server import ControlPlane
-    from controlplane.service import AdmissionService
+    from controlplane.service import AdmissionService, ServiceLimits
     from controlplane.settings import Settings
 
     overrides: dict[str, Any] = {} if ttl_s is None else {"reservation_ttl_s": ttl_s}
@@ -124,12 +124,12 @@ async def _serve(
         limits = {t: gr.Limit(*GENEROUS_LIMIT) for t in GENEROUS_TENANTS}
         limits[TIGHT_TENANT] = gr.Limit(*TIGHT_LIMIT)
         redis_servicer = await gr.RedisAdmissionServicer.connect("127.0.0.1", redis_port, limits)
-        service = AdmissionService(settings)
+        service = AdmissionService(ServiceLimits.of(settings))
         server, port = gr.create_redis_server(service, redis_servicer, "127.0.0.1:0")
         await server.start()
         implementation = "redis+lua"
     else:
-        service = AdmissionService(settings)
+        service = AdmissionService(ServiceLimits.of(settings))
         server, port = create_empty_server(service, "127.0.0.1:0")
         await server.start()
         implementation = service.implementation
@@ -141,9 +141,9 @@ async def _serve(
             "gc_max_s": gc_timer.longest_s,
             "gc_collections": list(gc_timer.collections),
             "rss_mb": h.rss_mb(),
-            "open_reservations": plane.service.open_reservations if plane else 0,
+            "open_reservations": plane.service.views.open_reservations if plane else 0,
             # request ids remembered (admitted until the TTL, refused ~1 s)
-            "records": plane.service.remembered_requests if plane else 0,
+            "records": plane.service.views.remembered_requests if plane else 0,
             # O(objects): only when asked, outside any measured window
             "tracked_objects": len(gc.get_objects()) if how == ("full",) else -1,
         }

@@ -126,7 +126,8 @@ def config_delays(
             while True:
                 if plane.config_reloads != before:
                     t_seen = time.perf_counter()
-                    if lt.call(lambda: plane.service.tenant_limits("acme").token_rate) == rate:
+                    limits = lt.call(lambda: plane.service.views.tenant_limits("acme"))
+                    if limits.token_rate == rate:
                         break
                     before = plane.config_reloads
                 time.sleep(0.0002)

@@ -37,11 +37,11 @@ EMPTY_SERVER = """
 import asyncio, sys
 sys.path.insert(0, {bench!r})
 from _grpc_empty import create_empty_server
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.settings import Settings
 
 async def main():
-    service = AdmissionService(Settings(database_url="sqlite://"))
+    service = AdmissionService(ServiceLimits.of(Settings(database_url="sqlite://")))
     server, port = create_empty_server(service, "127.0.0.1:0")
     await server.start()
     print(f"burstgate listening on 127.0.0.1:{{port}}", flush=True)

@@ -27,7 +27,7 @@ from decimal import Decimal
 
 from controlplane.domain import DEFAULT_LANES, TenantConfig
 from controlplane.domain.policy import Policy
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.settings import Settings
 from controlplane.telemetry.gcpause import GcPauses
 from fastpath import IMPLEMENTATION
@@ -35,7 +35,9 @@ from fastpath import IMPLEMENTATION
 
 def run(window_s: float, rate: int, seconds: int) -> tuple[int, int]:
     now = [1_700_000_000 * 10**9]
-    svc = AdmissionService(Settings(settled_id_window_s=window_s), clock=lambda: now[0])
+    svc = AdmissionService(
+        ServiceLimits.of(Settings(settled_id_window_s=window_s)), clock=lambda: now[0]
+    )
     tenants = [TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**8)
                for i in range(100)]  # fmt: skip
     svc.apply_config(tenants, list(DEFAULT_LANES), Policy(pool_gate=False))
@@ -53,7 +55,7 @@ def run(window_s: float, rate: int, seconds: int) -> tuple[int, int]:
     # tracemalloc sees Python's allocators only; the compiled request table
     # allocates its rows, index and expiry rings with malloc and counts them
     used += svc._log.table.footprint()["bytes"] if IMPLEMENTATION == "cython" else 0
-    return svc.remembered_requests, used
+    return svc.views.remembered_requests, used
 
 
 def gc_pauses(n: int, prepare: bool) -> tuple[float, int]:
@@ -61,7 +63,7 @@ def gc_pauses(n: int, prepare: bool) -> tuple[float, int]:
     now = [1_700_000_000 * 10**9]
     # no cap on open reservations: ``n`` admissions stay open, however many
     svc = AdmissionService(
-        Settings(max_open_reservations=0, max_open_reservations_per_tenant=0),
+        ServiceLimits.of(Settings(max_open_reservations=0, max_open_reservations_per_tenant=0)),
         clock=lambda: now[0],
     )
     tenants = [TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**12)

@@ -32,7 +32,7 @@ from typing import Any
 
 from controlplane.domain import DEFAULT_LANES, TenantConfig
 from controlplane.domain.policy import Policy
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.settings import Settings
 
 LANES = list(DEFAULT_LANES)
@@ -54,7 +54,7 @@ def make_service(gate: bool = True, signed: bool = True) -> tuple[AdmissionServi
     """``signed`` False: admissions carry no token (service/signing.py), the
     cost of signing measured by difference, in the same process and rounds."""
     clock = Clock()
-    svc = AdmissionService(Settings(), clock=clock)
+    svc = AdmissionService(ServiceLimits.of(Settings()), clock=clock)
     if not signed:
         signer: Any = svc.signer
         signer.sign_record = lambda key, rec: b""
@@ -75,14 +75,14 @@ def report(svc: AdmissionService) -> None:
 
 def unary(n: int, gate: bool, as_batch: bool = False, signed: bool = True) -> float:
     """``as_batch``: each request as an AdmitStream batch of one, what a
-    unary Admit would cost through the batch's columns (service/batchdecision.py)."""
+    unary Admit would cost through the batch's columns (service/batch.py)."""
     svc, clock = make_service(gate, signed)
     start = time.perf_counter_ns()
     for i in range(n):
         t = f"t{i % TENANTS}"
         rid = f"r{i}"
         if as_batch:
-            svc.admit_batch([t], [rid], ["standard"], [500], [200], pool=POOL)
+            svc.batches.admit([t], [rid], ["standard"], [500], [200], pool=POOL)
         else:
             svc.admit(t, rid, "standard", 500, 200, pool=POOL)
         svc.complete(t, rid, 0, 500, 100)
@@ -104,7 +104,7 @@ def batch(
     start = time.perf_counter_ns()
     for b in range(n // size):
         ids = [f"b{b}-{i}" for i in range(size)]
-        svc.admit_batch(tenants, ids, [], prompts, maxt, pool=POOL)
+        svc.batches.admit(tenants, ids, [], prompts, maxt, pool=POOL)
         clock.now += 1000
         report(svc)
     return (time.perf_counter_ns() - start) / (n // size * size)
@@ -113,7 +113,7 @@ def batch(
 def waiting(n: int) -> float:
     """A tenant whose requests queue behind its own backlog, released by completes."""
     clock = Clock()
-    svc = AdmissionService(Settings(), clock=clock)
+    svc = AdmissionService(ServiceLimits.of(Settings()), clock=clock)
     svc.apply_config(
         [TenantConfig("w", token_rate=Decimal(10**6), burst_tokens=10**8, max_concurrency=8)],
         LANES,

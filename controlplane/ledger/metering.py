@@ -3,12 +3,12 @@ acknowledged only once durable.
 
     prepare (memory, no change) -> figures -> durable write -> apply (memory)
 
-1. ``AdmissionService.prepare_complete`` validates against the in-memory
+1. ``AdmissionService.settlement.prepare`` validates against the in-memory
    record and changes nothing.
 2. The ledger record is built: the multiplier and window locked at
    admission, the price catalog, the request's miss rate (else the pool's).
 3. ``LedgerWriter`` makes it durable: committed, or fsynced to the spool.
-4. Only then ``AdmissionService.apply_complete`` refunds the unused
+4. Only then ``AdmissionService.settlement.apply`` refunds the unused
    reservation and marks the request settled.
 
 A failure before 4 leaves memory as it was, so the client's retry is a new
@@ -55,8 +55,7 @@ from controlplane.ledger.pricing import PricingBook
 from controlplane.ledger.spool import Spool
 from controlplane.ledger.takeover import CountedUsage, Rebuilt, rebuild_usage, take_over
 from controlplane.ledger.writer import LedgerWriter, Outcome, Row
-from controlplane.service import AdmissionService
-from controlplane.service import records as R
+from controlplane.service import AdmissionService, RecordView
 from controlplane.settings import Settings, sqlalchemy_url
 from controlplane.store.db import dispose_when_idle
 from controlplane.store.ledger import LedgerStore, MarginWarning, exceeds
@@ -220,7 +219,7 @@ class Metering:
             self.duplicates += 1
             return result.as_duplicate()
         try:
-            prepared = self.svc.prepare_complete(
+            prepared = self.svc.settlement.prepare(
                 tenant_id, request_id, reservation_id, prompt_tokens, generated_tokens,
                 cached_prompt_tokens, kv_cache_miss_rate,
             )  # fmt: skip
@@ -232,8 +231,8 @@ class Metering:
             return CompleteResult(_settlement_of(found), found, duplicate=True)
         if isinstance(prepared, Settlement):
             self.duplicates += 1
-            rec = self.svc.record(tenant_id, request_id)
-            found = await self.find_admission(key, rec[R.RID] if rec is not None else 0)
+            rec = self.svc.views.record(tenant_id, request_id)
+            found = await self.find_admission(key, rec.rid if rec is not None else 0)
             return CompleteResult(prepared, found, duplicate=True)
         reported = kv_cache_miss_rate > 0 if miss_rate_reported is None else miss_rate_reported
         record = self.build_record(
@@ -254,10 +253,10 @@ class Metering:
             task.exception()  # retrieved here too: the caller may have gone
 
     async def _settle(
-        self, key: Key, prepared: tuple[Any, ...], record: LedgerRecord, actual: int, first: int
+        self, key: Key, prepared: RecordView, record: LedgerRecord, actual: int, first: int
     ) -> CompleteResult:
         record, outcome = await self._book(record)
-        settlement = self.svc.apply_complete(key, prepared, actual, first_token_ns=first)
+        settlement = self.svc.settlement.apply(key, prepared, actual, first_token_ns=first)
         if outcome is Outcome.EXISTS:
             original = record
             log.warning(
@@ -333,7 +332,7 @@ class Metering:
     def build_record(
         self,
         key: Key,
-        rec: tuple[Any, ...],
+        rec: RecordView,
         prompt_tokens: int,
         cached_tokens: int,
         output_tokens: int,
@@ -345,7 +344,7 @@ class Metering:
         """Both ledgers of one request (pure: reads memory, changes nothing)."""
         now = self.clock()
         tenant_id, request_id = key
-        lane, pool, model = rec[R.LANE], rec[R.POOL], rec[R.MODEL]
+        lane, pool, model = rec.lane, rec.pool, rec.model
         if miss_rate is not None:
             miss_ppm, source = rate_ppm(miss_rate), "request"
         else:
@@ -357,33 +356,33 @@ class Metering:
             self.unpriced += 1
             self._warn_unpriced(tenant_id, model)
             price = zero_price(self.settings.ledger_default_currency)
-        multiplier = self.pricing.multiplier_decimal(rec[R.MULTIPLIER])
+        multiplier = self.pricing.multiplier_decimal(rec.multiplier)
         lane_multiplier = price.lane_multiplier(lane)
         user = user_charge(
             price, prompt_tokens, cached_tokens, output_tokens, multiplier, lane_multiplier
         )
         cost = actual_cost(price, prompt_tokens, output_tokens, miss)
-        arrival = rec[R.ARRIVED_NS]
+        arrival = rec.arrived_ns
         return LedgerRecord(
             tenant_id=tenant_id,
             request_id=request_id,
-            reservation_id=rec[R.RID],
+            reservation_id=rec.rid,
             lane=lane,
             model=model,
             pool=pool,
             arrival_ns=arrival,
             queue_start_ns=arrival,
-            exec_start_ns=exec_start_ns or rec[R.DECIDED_NS],
+            exec_start_ns=exec_start_ns or rec.decided_ns,
             end_ns=exec_end_ns or now,
             settled_ns=now,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
             output_tokens=output_tokens,
-            reserved_tokens=rec[R.RESERVED],
+            reserved_tokens=rec.reserved,
             kv_cache_miss_rate=miss,
             miss_rate_source=source,
             pricing_multiplier=multiplier,
-            pricing_window=rec[R.WINDOW],
+            pricing_window=rec.window,
             lane_multiplier=lane_multiplier,
             currency=price.currency,
             user_charge_nanos=to_nanos(user),
@@ -465,7 +464,7 @@ class Metering:
         self._catalog_fp = fp
         self._unpriced_warned.clear()  # a new catalog: warn again of what it leaves unpriced
         log.info("price catalog loaded", entries=len(entries))
-        for gap in pricing_gaps(self.catalog, self.svc.tenant_ids()):
+        for gap in pricing_gaps(self.catalog, self.svc.views.tenant_ids()):
             log.warning("PRICING GAP: " + gap, unpriced=self.settings.ledger_unpriced)
         return True
 

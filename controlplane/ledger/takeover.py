@@ -125,7 +125,7 @@ async def rebuild_usage(m: Owner, pools: Iterable[str] | None = None) -> tuple[i
     now = m.svc.clock()
     hour_start, day_start = now - now % NS_PER_HOUR, now - now % NS_PER_DAY
     hour, day = await asyncio.to_thread(m.store.usage_by_pool, hour_start, day_start, wanted)
-    known = set(m.svc.tenant_ids())
+    known = set(m.svc.views.tenant_ids())
     add_h, add_d = m.usage.gaps(hour, day, now, m.svc.clock(), known.__contains__)
     tenants = m.svc.restore_usage(add_h, add_d) if add_h or add_d else 0
     return tenants, sum(add_h.values()), sum(add_d.values())

@@ -170,8 +170,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         # between this count and the commit is still settleable after the
         # delete: deleted tenants keep their open reservations.
         open_now = (
-            self._svc.tenant_state(tenant_id)["inflight"]
-            if tenant_id in self._svc.tenant_ids()
+            self._svc.views.tenant_state(tenant_id)["inflight"]
+            if tenant_id in self._svc.views.tenant_ids()
             else 0
         )
 
@@ -280,8 +280,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         as_of.FromNanoseconds(svc.clock())
         return apb.ServerState(
             fastpath=svc.implementation,
-            tenants=len(svc.tenant_ids()),
-            open_reservations=svc.open_reservations,
+            tenants=len(svc.views.tenant_ids()),
+            open_reservations=svc.views.open_reservations,
             config_reloads=self._plane.config_reloads,
             decisions=[
                 apb.DecisionCount(
@@ -364,7 +364,7 @@ def pool_states(svc: AdmissionService) -> list[apb.PoolState]:
     out = []
     for pool in sorted(set(live) | set(demand)):
         p = live.get(pool)
-        d = demand.get(pool) or svc.pool_demand(pool, now)
+        d = demand.get(pool) or svc.views.pool_demand(pool, now)
         multiplier = p.pricing_multiplier if p else svc.pricing.quote(pool, "", now).multiplier
         out.append(apb.PoolState(
             pool=pool,

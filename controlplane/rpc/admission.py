@@ -84,11 +84,13 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", request.tenant_id)
+        route = None  # computed once: the owner check's is the decision's
         if self.ownership is not None and not self.ownership.local:
-            pool = self._svc.pool_of(
+            route = self._svc.replicas.route(
                 request.tenant_id, request.lane, request.prompt_tokens, request.max_tokens,
                 request.pool,
             )  # fmt: skip
+            pool = request.pool or ("" if route is None else route.pool)
             if scope is not None:  # a key outside the pool claims nothing for it
                 scope.check_pool("pool", pool, "this request's pool")
             await redirect_if_not_owner(self.ownership, pool, context)
@@ -117,6 +119,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             scope=scope,
             retry_key=request.retry_key,
             attempt=request.attempt,
+            route=route,
         )
         return decision_to_pb(d)
 
@@ -137,22 +140,23 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             # before the pool's declaration was withdrawn): it settles here,
             # so no record of work done is lost to a config change.
             if (
-                request.pool in svc.declared_pools()
-                or svc.reservation_pool(request.tenant_id, request.request_id) != request.pool
+                request.pool in svc.views.declared_pools()
+                or svc.replicas.reservation_pool(request.tenant_id, request.request_id)
+                != request.pool
             ):
-                svc.check_pool(request.pool)
+                svc.replicas.check_pool(request.pool)
                 await redirect_if_not_owner(self.ownership, request.pool, context)
         check_exec_times(
             request.exec_start_unix_ns,
             request.exec_end_unix_ns,
             svc.clock(),
-            int(svc.settings.reservation_ttl_s * NS_PER_S),
+            int(svc.limits.reservation_ttl_s * NS_PER_S),
             first_ns=request.first_token_unix_ns,
         )
         check_optional_name("correlation_id", request.correlation_id, max_len=MAX_ID_LEN)
         booked = request.HasField("offline") and await self._book_offline(request, scope)
         if scope is not None:
-            pool = self._svc.reservation_pool(request.tenant_id, request.request_id)
+            pool = self._svc.replicas.reservation_pool(request.tenant_id, request.request_id)
             scope.check_pool("pool", pool, "the reservation's pool")
         # With metering the reply waits until the ledger record is
         # durable; without it the settlement is in memory only.
@@ -229,7 +233,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         if self.metering is not None:
             svc.offline.check(*args)  # (bad input never reaches the ledger's lookup)
             key = (request.tenant_id, request.request_id)
-            if svc.record(*key) is None and await self.metering.find(key) is not None:
+            if svc.views.record(*key) is None and await self.metering.find(key) is not None:
                 return False
         return svc.offline.book(*args, now=svc.clock(), scope=scope)
 
@@ -275,7 +279,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             kv_cache_usage=_optional(request, "kv_cache_usage"),
         )
         self._waiting.reschedule()
-        load, evict_below = self._svc.eviction_advice(request.pool)
+        load, evict_below = self._svc.views.eviction_advice(request.pool)
         return pb.LoadReportAck(
             pool=request.pool, engines_reporting=n, load=load, evict_below_reuse_per_s=evict_below
         )
@@ -287,7 +291,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", request.tenant_id)
-        t = self._svc.tenant_limits(request.tenant_id)
+        t = self._svc.views.tenant_limits(request.tenant_id)
         return pb.TenantLimits(
             tenant_id=t.tenant_id,
             token_rate=format(t.token_rate.normalize(), "f"),

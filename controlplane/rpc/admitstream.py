@@ -298,13 +298,13 @@ def _decide(
     if scope is not None:
         scope.check_tenants("tenant_id", tenant_ids)
     if not batch.max_wait_ms:
-        r = svc.admit_batch(
+        r = svc.batches.admit(
             tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
             list(batch.max_tokens), batch.model, batch.pool, scope=scope,
             retry_keys=list(batch.retry_key), attempts=list(batch.attempt),
         )  # fmt: skip
-        return batch_result(batch.batch_id, r, svc.fallback_model, tenant_ids)
-    outs = svc.admit_batch_waiting(
+        return batch_result(batch.batch_id, r, svc.views.fallback_model, tenant_ids)
+    outs = svc.batches.admit_waiting(
         tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
         list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
         retry_keys=list(batch.retry_key), attempts=list(batch.attempt),
@@ -351,7 +351,7 @@ def _waiting_outs(
     tenant_ids = list(batch.tenant_id)
     if scope is not None:
         scope.check_tenants("tenant_id", tenant_ids)
-    return svc.admit_batch_waiting(
+    return svc.batches.admit_waiting(
         tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
         list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
         retry_keys=list(batch.retry_key), attempts=list(batch.attempt),

@@ -112,7 +112,7 @@ async def batch_redirects(
         scope.check_tenants("tenant_id", list(batch.tenant_id))
     if batch.pool:
         check_pool(batch.pool)
-        svc.check_pool(batch.pool)
+        svc.replicas.check_pool(batch.pool)
     if batch.pool:
         pools = [batch.pool] * n
     else:
@@ -121,7 +121,8 @@ async def batch_redirects(
         if len(lanes) != n or len(prompt) != n or len(max_tokens) != n:
             return None  # malformed: the decision names the column
         tenants = list(batch.tenant_id)
-        pools = [svc.pool_of(tenants[i], lanes[i], prompt[i], max_tokens[i]) for i in range(n)]
+        pool_of = svc.replicas.pool_of
+        pools = [pool_of(tenants[i], lanes[i], prompt[i], max_tokens[i]) for i in range(n)]
     if scope is not None:
         for pool in dict.fromkeys(pools):
             scope.check_pool("pool", pool, f"entry {pools.index(pool)}'s pool")  # as the service

@@ -58,13 +58,13 @@ async def reannounce(
     request: pb.ReannounceRequest,
 ) -> pb.ReannounceResponse:
     entries = [open_reservation(e) for e in request.reservations]
-    most = svc.settings.max_batch
+    most = svc.limits.max_batch
     if len(entries) > most:
         raise InvalidArgument(FIELD, f"{len(entries)} entries exceed max_batch {most}")
     pools = []
     for i, r in enumerate(entries):
         try:
-            pools.append(svc.reannounce_pool(r, scope))
+            pools.append(svc.replicas.reannounce_pool(r, scope))
         except (InvalidArgument, PermissionDenied) as exc:
             raise _named(i, exc) from None
     routes: dict[str, Redirect | None] = {}
@@ -87,7 +87,7 @@ async def reannounce(
             out.not_owner += 1
         else:
             try:
-                done = svc.restore_reservation(r, scope)
+                done = svc.replicas.restore_reservation(r, scope)
             except (InvalidArgument, PermissionDenied) as exc:  # (checked above: config changed)
                 raise _named(i, exc) from None
             outcome = _OUTCOME.get(done.outcome, pb.REANNOUNCE_OUTCOME_REFUSED)

@@ -26,7 +26,7 @@ from controlplane.server.health import ServerHealth
 from controlplane.server.loops import ConfigLoop, ExpiryLoop, notify_listener
 from controlplane.server.metering import metering_for, pricing_book, start_metering
 from controlplane.server.replicas import ReplicaWiring
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.service.waiting import WaitingRoom
 from controlplane.settings import Settings
 from controlplane.startup.network import port_error
@@ -58,7 +58,7 @@ class ControlPlane:
         those loops run when simulated time moves, not in real time."""
         s = self.settings = settings
         pricing = pricing_book(s)
-        self.service = AdmissionService(s, clock=clock, pricing=pricing)
+        self.service = AdmissionService(ServiceLimits.of(s), clock=clock, pricing=pricing)
         self.waiting = WaitingRoom(self.service)
         self.engine = make_engine(
             s.database_url, connect_timeout_s=s.db_connect_timeout_s,

@@ -128,7 +128,7 @@ class ConfigLoop:
         # and every decision runs on this thread too.
         self.service.apply_config(tenants, lanes, policy)
         # The cells of the declared pools are coordinated from now.
-        self.pools = set(self.service.declared_pools())
+        self.pools = set(self.service.views.declared_pools())
         self.ownership.add_pools(self.pools)
         self.waiting.reschedule()
         self._fingerprint = fp

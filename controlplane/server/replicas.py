@@ -90,8 +90,8 @@ class ReplicaWiring:
             svc = self.service
             # only declared pools are routed (a made-up name claims no cell),
             # and a cell with requests in flight is not idle
-            self.ownership.check_pool = svc.check_pool
-            self.ownership.in_use = lambda pools: any(svc.gate_inflight(p) for p in pools)
+            self.ownership.check_pool = svc.replicas.check_pool
+            self.ownership.in_use = lambda pools: any(svc.views.gate_inflight(p) for p in pools)
         self.ownership.add_pools(config_pools)
         await self.ownership.start()
         if self.service is not None:
@@ -160,7 +160,7 @@ class ReplicaWiring:
         self._epochs[cell] = epoch
         if epoch <= 1 or last == epoch - 1 or self.service is None:
             return
-        self.service.hold_pools(pools, self.reannounce_window_s)
+        self.service.replicas.hold_pools(pools, self.reannounce_window_s)
         self.holds_total += 1
         log.info("ha cell taken over: gate held", cell=cell, epoch=epoch,
                  hold_s=self.reannounce_window_s)  # fmt: skip
@@ -184,7 +184,7 @@ class ReplicaWiring:
         if self.metering is not None:
             self.metering.release_pools(pools)
         if self.service is not None:  # the new owner's gate counts what runs there
-            self.service.forget_pools(pools)
+            self.service.replicas.forget_pools(pools)
 
     async def stop(self) -> None:
         """Cancel takeover rebuilds still running (the server is stopping:

@@ -257,8 +257,12 @@ class Deadlines:
             first = self.retries.first(entry.slot, key or rid, now) if slo else None
             if first is None:
                 continue
-            lane = tenants.place(entry, asked, prompts[i], max_tokens[i])
-            where = tenants.pool_for(entry, lane, pool)
+            # where it goes (the screen above is the route's first steps,
+            # cheap enough for every entry; the rest only for a retry)
+            route = tenants.route(
+                tenant_ids[i], lanes[i], prompts[i], max_tokens[i], pool, f"lane[{i}]"
+            )
+            lane, where = route.lane, route.pool
             if now > self.release_by_ns(first + slo, slo, where, prompts[i]):
                 late[i] = self.fresh_retry_ns(lane, where, prompts[i], slo, now)
             else:

@@ -19,12 +19,12 @@ A request goes through the same steps on either path:
 
 :meth:`Decider.decide` takes them for one request with scalars; a batch
 takes each for all its entries at once in columns
-(service/batchdecision.py, one method per step). The rules are the
+(service/batch.py, its vectorised twin, one method per step). The rules are the
 helpers here, called by both; where a batch needs a rule in columns, its
 columnar form sits beside the scalar one (``Deadlines.late_columns`` beside
 ``late_if_past``). tests/unit/service/test_decide_twins.py holds the two
 paths to the same answers and records through random histories. Why two
-paths and not a batch of one: batchdecision.py's docstring (measured).
+paths and not a batch of one: batch.py's docstring (measured).
 Nothing here waits or dispatches: the dispatcher and the façade decide
 what happens to a refusal that waiting could cure.
 """
@@ -32,6 +32,7 @@ what happens to a refusal that waiting could cure.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -41,9 +42,11 @@ from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import MTOK_PER_TOKEN, NS_PER_MS, PPM
 from controlplane.service import records as R
 from controlplane.service.answers import BatchResult
-from controlplane.service.batchdecision import RETRYABLE, BatchDecision, early_reason
+from controlplane.service.batch import RETRYABLE, BatchDecision
+from controlplane.service.batch_answer import store
 from controlplane.service.deadlines import BatchRetries, Deadlines
 from controlplane.service.gate import PoolGate
+from controlplane.service.keyscope import check_batch_scope
 from controlplane.service.pools import FRESH
 from controlplane.service.pressure import PressureGate, Verdict
 from controlplane.service.pricing import PriceQuote, Pricing
@@ -51,7 +54,7 @@ from controlplane.service.records import Record, RequestLog
 from controlplane.service.shares import SHARED_REASONS, explain, remaining_offsets
 from controlplane.service.signing import AdmissionSigner
 from controlplane.service.stats import AdmissionStats
-from controlplane.service.tenants import Tenant, TenantDirectory
+from controlplane.service.tenants import Tenant, TenantDirectory, early_reason
 from fastpath import Reason, TokenBucketTable
 from fastpath.codes import MAX_REQUEST_TOKENS
 
@@ -80,9 +83,32 @@ WAITABLE = frozenset(
 )
 
 
+class Charge(NamedTuple):
+    """What the fast path answered for one request (``TokenBucketTable.admit``)."""
+
+    reason: int
+    reserved: int
+    retry_ns: int
+    bucket: int
+    hour: int
+    day: int
+
+
+class Asked(NamedTuple):
+    """The request a verdict is concluded for, where it goes and when it came."""
+
+    lane: str
+    slot: int
+    pool: str
+    model: str
+    prompt: int
+    arrived: int
+
+
 class Decider:
     def __init__(
         self,
+        *,
         table: TokenBucketTable,
         tenants: TenantDirectory,
         pressure: PressureGate,
@@ -147,9 +173,7 @@ class Decider:
         ):
             return self.gate_refusal(v, lane, slot, pool, now, arrived)
         if shadow:
-            reason, reserved, retry, bucket, hour, day = self.table.charge(
-                slot, now, prompt, max_tokens
-            )
+            charge = Charge(*self.table.charge(slot, now, prompt, max_tokens))
         else:
             reason, reserved, retry, bucket, hour, day = self.table.admit(
                 slot, now, prompt, max_tokens
@@ -162,10 +186,9 @@ class Decider:
                 if reason in SHARED_REASONS:
                     reason, retry = self.explain(entry, reason, retry, prompt, max_tokens)
                 hour, day = self.tenant_wide(entry, hour, day)
-        rec = self.conclude(
-            reason, reserved, retry, bucket, hour, day, prompt, shadow, v, lane, slot,
-            pool, model, now, arrived, self._next_reservation, None,
-        )  # fmt: skip
+            charge = Charge(reason, reserved, retry, bucket, hour, day)
+        ask = Asked(lane, slot, pool, model, prompt, arrived)
+        rec = self.conclude(charge, ask, v, shadow=shadow, now=now, rid=self._next_reservation)
         if rec[R.STATE] == R.OPEN:
             self._next_reservation += 1
         return rec
@@ -262,10 +285,9 @@ class Decider:
         if reason == _OPEN_RESERVATIONS:
             return None
         v = self._pressure.verdict(lane, pool, now)
-        rec = self.conclude(
-            _OK, reserved, 0, bucket, hour, day, prompt, False, v, lane, entry.slot, pool, model,
-            now, now, self._next_reservation, None,
-        )  # fmt: skip
+        charge = Charge(_OK, reserved, 0, bucket, hour, day)
+        ask = Asked(lane, entry.slot, pool, model, prompt, now)
+        rec = self.conclude(charge, ask, v, shadow=False, now=now, rid=self._next_reservation)
         self._next_reservation += 1
         return rec
 
@@ -310,33 +332,19 @@ class Decider:
         )  # fmt: skip
 
     def conclude(
-        self,
-        reason: int,
-        reserved: int,
-        retry_ns: int,
-        bucket: int,
-        hour: int,
-        day: int,
-        prompt: int,
-        shadow: bool,
-        v: Verdict,
-        lane: str,
-        slot: int,
-        pool: str,
-        model: str,
-        now: int,
-        arrived: int,
-        rid: int,
-        price: PriceQuote | None,
-        release: bool = True,
-    ) -> Record:
-        """The record of a fast-path verdict; an admission takes reservation
-        id ``rid`` and the price in force (``price``, or quoted here), and is
-        counted by the pool gate unless ``release`` is false (a batch counts
-        its admissions at once). In shadow mode the request was charged
-        whatever the verdict and is admitted with the reason it would have
-        been refused for, except past the memory cap (OPEN_RESERVATIONS):
-        the fast path charged nothing and the refusal is real."""
+        self, charge: Charge, ask: Asked, v: Verdict, *, shadow: bool, now: int, rid: int,
+        price: PriceQuote | None = None, release: bool = True,
+    ) -> Record:  # fmt: skip
+        """The record of a fast-path verdict (``charge``) on the request
+        ``ask``; an admission takes reservation id ``rid`` and the price in
+        force (``price``, or quoted here), and is counted by the pool gate
+        unless ``release`` is false (a batch counts its admissions at once).
+        In shadow mode the request was charged whatever the verdict and is
+        admitted with the reason it would have been refused for, except past
+        the memory cap (OPEN_RESERVATIONS): the fast path charged nothing and
+        the refusal is real."""
+        reason, reserved, retry_ns, bucket, hour, day = charge
+        lane, slot, pool, model, prompt, arrived = ask
         shadow_reason = 0
         if shadow and reason != _OPEN_RESERVATIONS:  # memory protection binds shadow too
             shadow_reason = v.reason or reason
@@ -377,7 +385,7 @@ class Decider:
         retries: BatchRetries | None = None,
     ) -> BatchResult:
         """Decide a validated batch with one call into the fast path; store
-        and count the fresh decisions (the steps: service/batchdecision.py).
+        and count the fresh decisions (the steps: service/batch.py).
         ``lanes`` has one entry per request (the named lane or "" for the
         tenant's default), one for all, or none; ``pool`` is the batch's,
         "" = each entry's own (``TenantDirectory.pool_for``). Repeated keys
@@ -395,12 +403,12 @@ class Decider:
         b.screen()  # 1. the tenant screen; replays; late retries
         b.place(lanes)  # 2. lanes (length-aware placement) and their pools
         if scope is not None:
-            b.check_scope(scope)  # before anything changes
+            check_batch_scope(b, scope)  # before anything changes
         b.judge()  # 3. the pools' verdicts: backpressure, degradation
         b.gate()  # 4. the pool gate's share, premium first
         b.fast_path()  # 5. buckets, quotas, concurrency; borrowing; shares
         b.conclude()  # 6. shadow mode, reservations, retry hints, late flags
-        return b.store(stats)  # 7. stored, counted, released; the answer
+        return store(b, stats)  # 7. stored, counted, released; the answer
 
     def columns(
         self,

@@ -26,7 +26,7 @@ what the plane sees (docs/autoscaling.md, "Signals"):
   more engines (the "token density" axis).
 
 Counting is O(1) per decision (an integer division, two list additions);
-everything else is computed when asked (``AdmissionService.pool_demand``).
+everything else is computed when asked (``AdmissionService.views.pool_demand``).
 The forecast is the burst forecaster's Holt model with a damped trend
 (controlplane/domain/holt.py, which analysis/forecast.py fits on logs; here
 its fallback parameters), fed one value per completed second: the pool's
@@ -302,7 +302,7 @@ class LaneBacklog:
 
 @dataclass(frozen=True, slots=True)
 class PoolDemand:
-    """What a pool is asked and what it needs (AdmissionService.pool_demand)."""
+    """What a pool is asked and what it needs (AdmissionService.views.pool_demand)."""
 
     pool: str
     engines_reporting: int  # engines with a fresh load report

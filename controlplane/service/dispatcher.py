@@ -40,6 +40,7 @@ DEADLINE_MARGIN_MAX_NS = 100 * NS_PER_MS
 class Dispatcher:
     def __init__(
         self,
+        *,
         tenants: TenantDirectory,
         decider: Decider,
         outcomes: Outcomes,
@@ -89,6 +90,16 @@ class Dispatcher:
         in-flight tokens may have room."""
         self._concurrency_blocked.discard(slot)
         self._watermark_blocked = False
+
+    def reservation_ended(self, rec: Record, now: int) -> None:
+        """A reservation ended (settled, expired, cancelled, forgotten): its
+        tenant's slot, the shared in-flight tokens and its pool's gate may
+        have room. The caller dispatches."""
+        self.slot_freed(rec[R.SLOT])
+        pool = rec[R.POOL]
+        if pool and self._gate.enabled:
+            self._gate.completed(pool, now)
+            self.pool_reported(pool)
 
     def pool_reported(self, pool: str) -> None:
         """Lanes held back by this pool's backpressure may go now."""

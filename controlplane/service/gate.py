@@ -40,15 +40,12 @@ the gate opens is the dispatcher's business.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from controlplane.domain import LoadSample
 from controlplane.domain.policy import Policy
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
-from controlplane.service.demand import WorkRate
-from controlplane.service.pace import PoolPace
+from controlplane.service.poolstate import PoolState, Room
 
 DEFAULT_POOL = "default"  # the pool of an Admit that names none
 
@@ -56,62 +53,21 @@ DEFAULT_POOL = "default"  # the pool of an Admit that names none
 # Weight of each fail-open release in the average premium prompt (about the
 # last 1/weight releases count).
 FIRST_PROMPT_WEIGHT = 0.05
-# Completions remembered per pool to measure its drain rate.
-DRAIN_WINDOW = 64
 # Bounds of a predicted retry_after (ns).
 MIN_RETRY_NS = 1_000_000
 MAX_RETRY_NS = 30_000_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class _Room:
-    """What a pool can take now, before the releases since its reports."""
-
-    fallback: int  # >= 0 without fresh reports: in-flight requests allowed; -1 = reports
-    slots: int = 0  # free sequence slots of engines with nothing waiting
-    tokens: int = 0  # those engines' next-step token budget for new prompts
-    waiting: int = 0  # how many more may wait before the target is reached
-    # Some engine reports its running requests and max_num_seqs, so whether
-    # a release starts at the next step can be told; without them every
-    # lane goes by the waiting target alone.
-    steps_known: bool = False
-
-
-@dataclass(slots=True)
-class _PoolState:
-    engines: dict[str, LoadSample] = field(default_factory=dict)
-    # Releases since the reports, newest last: those that start at the next
-    # step (times, and their prompt tokens: two deques of ints, because ints
-    # are not tracked by the garbage collector and tuples are) and those that
-    # will wait (times).
-    starting: deque[int] = field(default_factory=deque)
-    starting_prompts: deque[int] = field(default_factory=deque)
-    starting_tokens: int = 0
-    waiting: deque[int] = field(default_factory=deque)
-    inflight: int = 0  # released and not yet completed
-    done: deque[int] = field(default_factory=lambda: deque(maxlen=DRAIN_WINDOW))
-    report_gap_ns: int = 0  # typical time between two reports of one engine
-    held_until: int = 0  # a takeover hold: closed until then or the next report (0 = none)
-    pace: PoolPace = field(default_factory=PoolPace)  # how fast it takes held work
-    # per-engine work rate in gated seconds, for the autoscaler (service/demand.py)
-    work: WorkRate = field(default_factory=WorkRate)
-    first_prompt: float = 0.0  # fail-open lanes' mean prompt (exponential average)
-    # The pool's room from its reports, cached until a report arrives, the
-    # first fresh one goes stale or the policy changes.
-    room: _Room | None = None
-    room_until: int = -1
-
-
-_EMPTY = _PoolState()  # read-only stand-in for a pool nobody released to yet
+_EMPTY = PoolState()  # read-only stand-in for a pool nobody released to yet
 # Where a release goes (PoolGate._classify).
 _START, _WAIT, _NO_ROOM = 0, 1, 2
-_CLOSED = _Room(-1)
+_CLOSED = Room(-1)
 
 
 class PoolGate:
     def __init__(self, stale_ns: int) -> None:
         self._stale_ns = stale_ns
-        self._pools: dict[str, _PoolState] = {}
+        self._pools: dict[str, PoolState] = {}
         self.enabled = False
         self._per_engine = 2
         self._fallback = 64
@@ -132,10 +88,10 @@ class PoolGate:
         for state in self._pools.values():
             state.room = None  # the thresholds changed
 
-    def _pool(self, pool: str) -> _PoolState:
+    def _pool(self, pool: str) -> PoolState:
         state = self._pools.get(pool)
         if state is None:
-            state = self._pools[pool] = _PoolState()
+            state = self._pools[pool] = PoolState()
         return state
 
     def report(self, load: LoadSample) -> None:
@@ -316,7 +272,7 @@ class PoolGate:
             wait = state.report_gap_ns or MIN_RETRY_NS * 100
         return min(max(wait, MIN_RETRY_NS), MAX_RETRY_NS)
 
-    def _room(self, state: _PoolState, now: int) -> _Room:
+    def _room(self, state: PoolState, now: int) -> Room:
         if state.held_until:
             if now < state.held_until:
                 return _CLOSED
@@ -326,7 +282,7 @@ class PoolGate:
         if room is not None and now < state.room_until:
             return room
         if state is _EMPTY:  # shared by every gate: computed, never cached
-            return _Room(self._fallback)
+            return Room(self._fallback)
         stale = self._stale_ns
         fresh = [e for e in state.engines.values() if now - e.received_ns <= stale]
         # valid until the first fresh report goes stale (or the next report)
@@ -334,7 +290,7 @@ class PoolGate:
         room = state.room = self._compute(fresh, self._step_tokens(state))
         return room
 
-    def _step_tokens(self, state: _PoolState) -> int:
+    def _step_tokens(self, state: PoolState) -> int:
         """How many prompt tokens other lanes' work may put into one engine
         step (0 = no bound beyond the engine's own budget), so that premium
         arriving at any moment gets its first token within its SLO.
@@ -368,9 +324,9 @@ class PoolGate:
             return 1  # nothing fits: one release at a time
         return max(1, int((left_s / b - state.first_prompt) / 2))
 
-    def _compute(self, fresh: list[LoadSample], step_tokens: int = 0) -> _Room:
+    def _compute(self, fresh: list[LoadSample], step_tokens: int = 0) -> Room:
         if not fresh:
-            return _Room(self._fallback)
+            return Room(self._fallback)
         kv_full = self._kv_threshold
         if any(e.kv_cache_usage is not None and e.kv_cache_usage >= kv_full for e in fresh):
             return _CLOSED  # KV cache nearly full: more work now means preemptions
@@ -393,10 +349,10 @@ class PoolGate:
                     budget = min(budget, running + step_tokens)
                 slots += seqs - running
                 tokens += max(0, budget - max(running, e.batch_tokens))
-        return _Room(-1, slots, tokens, waiting, known)
+        return Room(-1, slots, tokens, waiting, known)
 
     @staticmethod
-    def _classify(state: _PoolState, room: _Room, prompts: list[int]) -> list[int] | None:
+    def _classify(state: PoolState, room: Room, prompts: list[int]) -> list[int] | None:
         """Where each of ``prompts``, released in this order, would go: it
         starts at the engines' next step (a free slot and prefill budget),
         waits within the target, or finds no room; None when all start.
@@ -427,7 +383,7 @@ class PoolGate:
         return out
 
     @staticmethod
-    def _starts(state: _PoolState, room: _Room, prompt: int) -> bool:
+    def _starts(state: PoolState, room: Room, prompt: int) -> bool:
         """One more release of ``prompt`` tokens would start at the engines'
         next step: a free sequence slot and prefill budget on an engine with
         nothing waiting, the pool under its waiting target."""
@@ -438,7 +394,7 @@ class PoolGate:
         )
 
     @staticmethod
-    def _fits(state: _PoolState, room: _Room) -> bool:
+    def _fits(state: PoolState, room: Room) -> bool:
         if room.fallback >= 0:
             return state.inflight < room.fallback
         # a release that would start needs the pool under its target too

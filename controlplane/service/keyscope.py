@@ -12,9 +12,13 @@ too, or a key for ``team-*`` could spend it with made-up ids.
 
 from __future__ import annotations
 
+import numpy as np
+
 from controlplane.domain.errors import PermissionDenied
 from controlplane.domain.scope import KeyScope, quote
+from controlplane.service.batch import BatchDecision
 from controlplane.service.tenants import Tenant
+from fastpath import Reason
 
 
 def check_scope(
@@ -30,3 +34,25 @@ def check_scope(
             field=field,
         )
     scope.check_pool("pool", pool, f"{whose} pool")
+
+
+def check_batch_scope(b: BatchDecision, scope: KeyScope) -> None:
+    """A scoped key's batch (batch.py, after its ``place`` step): the pools
+    its entries go to and the tenants they are charged to, per pair and per
+    tenant (a handful); entries are walked only when one of those is outside
+    the scope, to name the first entry that would be decided with it.
+    Before anything changes."""
+    bad_pairs = {k for k, (_, p) in enumerate(b.pair_keys) if p and p not in scope.pools}
+    bad_tenants = {
+        j for j, (t, e) in enumerate(zip(b.order, b.t_entry, strict=True))
+        if e is not None and e.config.tenant_id != t and e.config.tenant_id not in scope.tenants
+    }  # fmt: skip
+    if not bad_pairs and not bad_tenants:
+        return
+    decided = b.is_fresh & (b.early == int(Reason.OK))
+    for i in np.flatnonzero(decided).tolist():
+        j, k = b.tix[i], int(b.pair[i])
+        entry = b.t_entry[j]
+        if (j in bad_tenants or k in bad_pairs) and entry is not None:
+            check_scope(scope, b.tenant_ids[i], entry, b.pair_keys[k][1],
+                        f"entry {i}'s", f"tenant_id[{i}]")  # fmt: skip

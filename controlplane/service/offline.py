@@ -27,6 +27,7 @@ from controlplane.service.tenants import TenantDirectory
 class Booking:
     def __init__(
         self,
+        *,
         tenants: TenantDirectory,
         log: RequestLog,
         dispatcher: Dispatcher,

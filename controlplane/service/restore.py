@@ -103,7 +103,7 @@ class OpenReservation:
 
 @dataclass(frozen=True, slots=True)
 class Restore:
-    """What :meth:`AdmissionService.restore_reservation` did: ``outcome``
+    """What :meth:`AdmissionService.replicas.restore_reservation` did: ``outcome``
     one of RESTORED, KNOWN, REFUSED (``detail`` says why), and the pool the
     reservation belongs to."""
 
@@ -205,6 +205,7 @@ def altered(r: OpenReservation, stated: Decimal | None, signed: Signed) -> str |
 class Restorer:
     def __init__(
         self,
+        *,
         tenants: TenantDirectory,
         log: RequestLog,
         dispatcher: Dispatcher,
@@ -244,15 +245,12 @@ class Restorer:
                     f"expired: admitted {age_ns // NS_PER_S} s ago, longer than the "
                     f"reservation TTL ({self._ttl_ns // NS_PER_S} s)"
                 )
-        entry = tenants.resolve(r.tenant_id)
-        if entry is None:
-            tenants.check_lane("lane", r.lane)
-            tenants.check_pool(r.pool)
-            return r.pool, refusal or f"unknown tenant {excerpt(r.tenant_id)}"
-        lane = tenants.lane_for("lane", r.lane, entry)
-        lane = tenants.place(entry, lane, r.prompt_tokens, r.max_tokens)
+        route = tenants.route(r.tenant_id, r.lane, r.prompt_tokens, r.max_tokens, r.pool)
         tenants.check_pool(r.pool)
-        pool = tenants.pool_for(entry, lane, r.pool)
+        entry = route.entry
+        if entry is None:
+            return r.pool, refusal or f"unknown tenant {excerpt(r.tenant_id)}"
+        lane, pool = route.lane, route.pool
         if refusal is None and isinstance(signed, Signed):
             # the lane it was placed in and the pool it was resolved to at
             # admission (placement and pools may have been configured since)

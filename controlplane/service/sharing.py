@@ -23,7 +23,7 @@ class ShareControl:
     service's thread (the event loop), as every other service call.
     ``changed(now)``: the facade's hook that looks at waiting requests again."""
 
-    def __init__(self, tenants: TenantDirectory, decider: Decider, queues: WaitQueues,
+    def __init__(self, *, tenants: TenantDirectory, decider: Decider, queues: WaitQueues,
                  stats: AdmissionStats, table: TokenBucketTable, clock: Callable[[], int],
                  changed: Callable[[int], None]) -> None:  # fmt: skip
         self._tenants = tenants

@@ -22,6 +22,7 @@ from controlplane.domain import Decision
 from controlplane.domain.units import NS_PER_S
 from controlplane.service import records as R
 from controlplane.service.demand import DemandBook
+from controlplane.service.recordview import RecordView
 from fastpath import Reason
 
 _OK = int(Reason.OK)
@@ -197,10 +198,10 @@ class AdmissionStats:
         cell[1] += actual
 
     def count_spend(
-        self, rec: R.Record, currency: str, user_charge_nanos: int, actual_cost_nanos: int
+        self, rec: RecordView, currency: str, user_charge_nanos: int, actual_cost_nanos: int
     ) -> None:
         """The ledger made a record of ``rec``'s settlement durable (metering)."""
-        key = (rec[_SLOT], rec[_LANE], currency)
+        key = (rec.slot, rec.lane, currency)
         cell = self.spend.get(key)
         if cell is None:
             cell = self.spend[key] = [0, 0]

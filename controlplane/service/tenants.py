@@ -10,6 +10,7 @@ settled, and comes back to the same slot.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.errors import InvalidArgument, NotFound, excerpt
@@ -18,7 +19,7 @@ from controlplane.domain.units import NS_PER_DAY, NS_PER_HOUR
 from controlplane.domain.validate import MAX_LANE_NAME
 from controlplane.service.gate import DEFAULT_POOL
 from controlplane.service.shares import NOTHING, Share, scaled, whole
-from fastpath import TokenBucketTable
+from fastpath import Reason, TokenBucketTable
 
 # Lane of a request whose tenant is unknown and that named no lane (only the
 # refusal's record carries it).
@@ -34,6 +35,27 @@ class Tenant:
         self.slot = slot
         self.config = config
         self.deleted = False
+
+
+class Route(NamedTuple):
+    """Where a request goes: the tenant charged, the lane it asked for (its
+    SLO applies), the lane it was placed in and the pool it belongs to.
+    ``generation``: the config it was computed under (``TenantDirectory.generation``)."""
+
+    entry: Tenant | None
+    asked: str
+    lane: str
+    pool: str
+    generation: int
+
+
+def early_reason(entry: Tenant | None) -> int:
+    """Refusals that need no bucket: the tenant is unknown or disabled."""
+    if entry is None:
+        return Reason.UNKNOWN_TENANT
+    if not entry.config.enabled:
+        return Reason.TENANT_DISABLED
+    return int(Reason.OK)
 
 
 class TenantDirectory:
@@ -53,6 +75,8 @@ class TenantDirectory:
         # The pools an operator declared (``declared_pools``); no other pool
         # name is accepted at any door, so no request creates pool state.
         self.declared: frozenset[str] = frozenset({DEFAULT_POOL})
+        # Bumped by every install: a route computed before it may be stale.
+        self.generation = 0
 
     def install(
         self,
@@ -92,6 +116,7 @@ class TenantDirectory:
             if tenant_id not in seen:
                 entry.deleted = True
         self.declared = declared_pools(tenants, lanes, policy)
+        self.generation += 1
 
     def _configure(self, entry: Tenant, now: int) -> None:
         cfg = entry.config
@@ -274,6 +299,21 @@ class TenantDirectory:
         placed = self.lanes.get(lane)
         configured = placed.pool if placed is not None else None
         return configured or (DEFAULT_POOL if self.policy.pool_gate else "")
+
+    def route(
+        self, tenant_id: str, lane: str, prompt: int, max_tokens: int, pool: str = "",
+        field: str = "lane",
+    ) -> Route:  # fmt: skip
+        """The one route of a request: resolve its tenant (``resolve``), its
+        lane (``lane_for``; ``field`` names it in an error), length-aware
+        placement (``place``), then its pool (``pool_for``, after placement:
+        the final lane's). Every door that needs to know where a request
+        goes asks this: Admit, a batch's scope and retries, the owner check
+        under several replicas, a re-announced reservation. Changes nothing."""
+        entry = self.resolve(tenant_id)
+        asked = self.lane_for(field, lane, entry)
+        placed = asked if entry is None else self.place(entry, asked, prompt, max_tokens)
+        return Route(entry, asked, placed, self.pool_for(entry, placed, pool), self.generation)
 
     def shadow(self, entry: Tenant) -> bool:
         """Shadow mode: decide and charge as usual, but admit whatever the verdict."""

@@ -15,6 +15,7 @@ from controlplane.domain import AdmitDecision
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_S
 from controlplane.service.admission import AdmissionService
+from controlplane.service.tenants import Route
 
 
 class WaitingRoom:
@@ -37,12 +38,14 @@ class WaitingRoom:
         scope: KeyScope | None = None,
         retry_key: str = "",
         attempt: int = 0,
+        route: Route | None = None,
     ) -> AdmitDecision:
+        """``route``: as ``AdmissionService.admit_or_wait``'s."""
         svc = self.service
         deadline = None if timeout_s is None else svc.clock() + int(timeout_s * NS_PER_S)
         out = svc.admit_or_wait(
             tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
-            deadline_ns=deadline, scope=scope, retry_key=retry_key, attempt=attempt,
+            deadline_ns=deadline, scope=scope, retry_key=retry_key, attempt=attempt, route=route,
         )  # fmt: skip
         if isinstance(out, AdmitDecision):
             self.reschedule()

@@ -41,7 +41,7 @@ from controlplane.domain import (
 )
 from controlplane.domain.policy import Policy
 from controlplane.domain.units import NS_PER_S
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.service.demand import PoolDemand
 from controlplane.settings import Settings
 from controlplane.sim.engine import Engine, Pool
@@ -185,7 +185,7 @@ class Burstgate:
             settings = settings.model_copy(
                 update={"autoscale_engine_startup_s": self.engine_startup_s}
             )
-        self.svc = AdmissionService(settings, clock=lambda: sim.now)
+        self.svc = AdmissionService(ServiceLimits.of(settings), clock=lambda: sim.now)
         # The simulated operator declares the one pool its engines serve
         # (an undeclared pool is refused, docs/operating.md).
         policy = self._policy if self._policy is not None else settings.policy
@@ -242,7 +242,7 @@ class Burstgate:
 
     def pool_demand(self) -> PoolDemand:
         """What the plane says the simulated pool needs (the autoscaler's signal)."""
-        return self.svc.pool_demand(POOL)
+        return self.svc.views.pool_demand(POOL)
 
     def next_wakeup_ns(self) -> int | None:
         return self.svc.next_wakeup_ns()

@@ -7,7 +7,7 @@ harness starts or drains engines to match. Modes:
 - ``off``: no autoscaler; the pool has ``--engines`` engines all the time
   (provisioned for the peak).
 - ``reactive``: follows burstgate's ``desired_engines`` for the pool
-  (``AdmissionService.pool_demand``, what the KEDA and HPA recipes read).
+  (``AdmissionService.views.pool_demand``, what the KEDA and HPA recipes read).
 - ``predictive``: the larger of ``desired_engines`` and
   ``desired_engines_predicted`` (the forecast an engine start-up ahead),
   as the recipes' two triggers combine; its scale-ups beyond the reactive

@@ -50,7 +50,7 @@ class PoolLive:
 
 def tenant_live(service: AdmissionService, tenant_id: str) -> TenantLive:
     """One tenant's state now; NotFound for an unknown tenant. Loop thread only."""
-    snap = service.tenant_state(tenant_id)  # refilled to now
+    snap = service.views.tenant_state(tenant_id)  # refilled to now
     now = service.clock()
     # Quota counters roll over lazily on the next decision: a counter from
     # an earlier hour/day is zero now.
@@ -66,7 +66,7 @@ def tenant_live(service: AdmissionService, tenant_id: str) -> TenantLive:
         daily_quota=snap["daily_quota"] or -1,
         in_flight=snap["inflight"],
         in_flight_tokens=snap["inflight_tokens"],
-        queued=service.tenant_queued(tenant_id),
+        queued=service.views.tenant_queued(tenant_id),
     )
 
 
@@ -74,9 +74,9 @@ def pools_live(service: AdmissionService) -> list[PoolLive]:
     """Every pool that reported: fresh engines, the service's own backpressure
     score (``pool_views()``), pricing multiplier. Loop thread only."""
     now = service.clock()
-    stale_ns = int(service.settings.load_report_stale_s * 1_000_000_000)
-    scored = service.pool_views()
-    reports = service.pools
+    stale_ns = int(service.limits.load_report_stale_s * 1_000_000_000)
+    scored = service.views.pool_views()
+    reports = service.views.pools
     out = []
     for pool in sorted(set(reports) | set(scored)):
         engines = reports.get(pool, {}).values()
@@ -91,7 +91,7 @@ def pools_demand(service: AdmissionService) -> list[PoolDemand]:
     """Demand, backlog and desired engines of every pool the service knows
     of (declared, reported, asked or holding work). Loop thread only."""
     now = service.clock()
-    return [service.pool_demand(pool, now) for pool in service.demand_pools()]
+    return [service.views.pool_demand(pool, now) for pool in service.views.demand_pools()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ class LiveSnapshot:
     pools: tuple[PoolLive, ...] = ()
     # Every tenant; the collector decides which get a label of their own.
     per_tenant: tuple[TenantLive, ...] = ()
-    # What each pool is asked and needs (AdmissionService.pool_demand)
+    # What each pool is asked and needs (AdmissionService.views.pool_demand)
     demand: tuple[PoolDemand, ...] = ()
     samples: int = field(default=0)
 
@@ -132,7 +132,7 @@ class LiveSampler:
         """Loop thread only."""
         svc = self.service
         tenants = []
-        for tenant_id in svc.tenant_ids():
+        for tenant_id in svc.views.tenant_ids():
             with contextlib.suppress(Exception):  # removed between the two calls
                 tenants.append(tenant_live(svc, tenant_id))
         self.snapshot = LiveSnapshot(

@@ -30,7 +30,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from controlplane.service import AdmissionService
-from controlplane.service.admission import QUEUE_WAIT_BUCKETS_NS
+from controlplane.service.stats import QUEUE_WAIT_BUCKETS_NS
+from controlplane.settings import Settings
 from controlplane.telemetry.grpc_metrics import RpcCollector, RpcStats
 from controlplane.telemetry.histogram import LATENCY_BUCKETS_S, LatencyHistogram
 from controlplane.telemetry.tenant_metrics import TenantLabels, tenant_families
@@ -56,7 +57,8 @@ class AdmissionCollector(Collector):
 
     def __init__(self, service: AdmissionService, labels: TenantLabels | None = None) -> None:
         self._svc = service
-        limit = service.settings.metrics_tenant_label_limit
+        # without the live sampler's labels: the settings' default limit
+        limit = Settings.model_fields["metrics_tenant_label_limit"].default
         self._labels = labels if labels is not None else TenantLabels(limit)
 
     def collect(self) -> Iterator[Metric]:
@@ -67,19 +69,19 @@ class AdmissionCollector(Collector):
         yield GaugeMetricFamily(
             "burstgate_open_reservations",
             "Admitted requests not yet settled",
-            value=self._svc.open_reservations,
+            value=self._svc.views.open_reservations,
         )
         # Memory protection's caps (settings, fixed at start): alert on the
         # open count nearing the overall one before Admits are refused.
-        settings = self._svc.settings
+        limits = self._svc.limits
         caps = GaugeMetricFamily(
             "burstgate_open_reservations_limit",
             "Most open reservations held before Admit answers OPEN_RESERVATIONS "
             "(scope overall or per tenant; 0 = no cap)",
             labels=["scope"],
         )
-        caps.add_metric(["overall"], settings.max_open_reservations)
-        caps.add_metric(["tenant"], settings.max_open_reservations_per_tenant)
+        caps.add_metric(["overall"], limits.max_open_reservations)
+        caps.add_metric(["tenant"], limits.max_open_reservations_per_tenant)
         yield caps
         yield CounterMetricFamily(
             "burstgate_reservations_expired",
@@ -93,7 +95,7 @@ class AdmissionCollector(Collector):
         depth = GaugeMetricFamily(
             "burstgate_queue_waiting", "Admit calls waiting in each lane's queue", labels=["lane"]
         )
-        for lane, n in sorted(svc.queue_depths().items()):
+        for lane, n in sorted(svc.views.queue_depths().items()):
             depth.add_metric([lane], n)
         yield depth
         waits = HistogramMetricFamily(
@@ -133,7 +135,7 @@ class AdmissionCollector(Collector):
             "burstgate_queue_wait_seconds with",
             labels=["lane"],
         )
-        for name, cfg in sorted(svc.lanes.items()):
+        for name, cfg in sorted(svc.views.lanes.items()):
             target.add_metric([name], cfg.wait_target_ms / 1000)
         yield target
 

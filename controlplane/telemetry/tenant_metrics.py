@@ -81,7 +81,7 @@ def tenant_families(service: AdmissionService, labels: TenantLabels) -> Iterator
     settled = [(k, (c[0], c[1])) for k, c in st.settled.copy().items()]
     spend = [(k, (c[0], c[1])) for k, c in st.spend.copy().items()]
     shadow = st.shadow.copy()
-    names = service.tenant_ids_by_slot()
+    names = service.views.tenant_ids_by_slot()
     label_of: dict[int, str] = {-1: UNKNOWN}
     active = {k[0] for k, _ in outcomes} | {k[0] for k, _ in settled} | {k[0] for k, _ in spend}
     active |= {k[0] for k in shadow}

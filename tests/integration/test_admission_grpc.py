@@ -144,7 +144,7 @@ def test_bad_admit_is_invalid_argument_naming_field(
     served: Any, request_kwargs: dict[str, Any], field: str
 ) -> None:
     srv, c = served
-    before = srv.on_loop(lambda: srv.plane.service.tenant_state("acme"))
+    before = srv.on_loop(lambda: srv.plane.service.views.tenant_state("acme"))
     req: dict[str, Any] = {
         "tenant_id": "acme",
         "request_id": "r1",
@@ -158,7 +158,7 @@ def test_bad_admit_is_invalid_argument_naming_field(
         c.stub.Admit(pb.AdmitRequest(**req), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith(field)
-    assert srv.on_loop(lambda: srv.plane.service.tenant_state("acme")) == before
+    assert srv.on_loop(lambda: srv.plane.service.views.tenant_state("acme")) == before
 
 
 def test_bad_complete_statuses(served: Any) -> None:
@@ -177,7 +177,7 @@ def test_bad_complete_statuses(served: Any) -> None:
         c.complete("beta", "huge", prompt_tokens=1, generated_tokens=1)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     # nothing was settled by the failed calls
-    assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 1
+    assert srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 1
 
 
 def test_oversized_message_is_refused_and_server_keeps_serving(
@@ -230,7 +230,7 @@ def test_admit_stream_empty_batch_is_answered_empty_and_the_stream_goes_on(serve
     first, second = list(c.admit_stream([empty, good]))
     assert first.batch_id == 7 and list(first.decision) == [] and list(first.reason) == []
     assert second.batch_id == 8 and list(second.decision) == [pb.DECISION_ADMIT]
-    assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 1
+    assert srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 1
 
 
 def test_admit_stream_bad_batch_ends_stream_after_earlier_answers(served: Any) -> None:
@@ -244,7 +244,7 @@ def test_admit_stream_bad_batch_ends_stream_after_earlier_answers(served: Any) -
         next(stream)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "prompt_tokens[1]" in err.value.details()
-    assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 3
+    assert srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 3
 
 
 def test_report_load(served: Any) -> None:
@@ -358,7 +358,7 @@ def test_reservations_expire_over_grpc(
         assert c.admit("acme", "b", prompt_tokens=1, max_tokens=1).reason == pb.REASON_CONCURRENCY
         clock.advance(31 * NS)
         wait_until(  # the expiry task runs every 0.5 s
-            lambda: srv.on_loop(lambda: srv.plane.service.open_reservations) == 0,
+            lambda: srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 0,
             message="the expiry task to drop the expired reservation",
         )
         assert c.admit("acme", "c", prompt_tokens=1, max_tokens=1).decision == pb.DECISION_ADMIT

@@ -72,7 +72,7 @@ def test_bad_vllm_load_fields_are_refused_and_nothing_is_stored(
             c.report_load(load(**fields))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details().startswith(f"{field}:")
-        assert srv.on_loop(lambda: srv.plane.service.pools) == {}  # nothing stored
+        assert srv.on_loop(lambda: srv.plane.service.views.pools) == {}  # nothing stored
         ack = c.report_load(load(requests_running=3, max_num_seqs=256, kv_cache_usage=0.5))
         assert ack.engines_reporting == 1
 
@@ -182,7 +182,7 @@ def test_an_unknown_pool_is_refused_naming_the_declared_ones(
             # a stream's error names its batch first
             assert err.value.details().removeprefix("batch 1: ").startswith("pool: unknown pool")
             assert "gpu-a" in err.value.details()
-        assert srv.on_loop(lambda: srv.plane.service.pools) == {}  # nothing stored
+        assert srv.on_loop(lambda: srv.plane.service.views.pools) == {}  # nothing stored
         assert c.admit("acme", "ok", prompt_tokens=1, max_tokens=1, pool="gpu-a").decision == (
             pb.DECISION_ADMIT
         )

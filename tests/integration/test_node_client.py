@@ -134,6 +134,6 @@ def test_node_client_from_the_protos_alone(
     assert out["no_credentials"]["code"] == "UNAUTHENTICATED"
 
     # The server saw what the client says it did.
-    state = srv.on_loop(lambda: srv.plane.service.tenant_state("acme"))
+    state = srv.on_loop(lambda: srv.plane.service.views.tenant_state("acme"))
     # acme: b-0 and b-1 are in flight; node-1 was settled
     assert (state["inflight"], state["inflight_tokens"]) == (2, 15 + 25)

@@ -57,7 +57,7 @@ def test_changes_apply_without_waiting_for_the_poll(
     repo = ConfigRepository(engine)
 
     def rate() -> Decimal:
-        got: Decimal = srv.on_loop(lambda: svc.tenant_limits("acme").token_rate)
+        got: Decimal = srv.on_loop(lambda: svc.views.tenant_limits("acme").token_rate)
         return got
 
     # A tenant's limits, then its admission decisions.
@@ -77,7 +77,7 @@ def test_changes_apply_without_waiting_for_the_poll(
     for r in range(2, 12):
         repo.update_tenant("beta", {"token_rate": Decimal(r)})
     wait_until(
-        lambda: srv.on_loop(lambda: svc.tenant_limits("beta").token_rate) == Decimal(11),
+        lambda: srv.on_loop(lambda: svc.views.tenant_limits("beta").token_rate) == Decimal(11),
         message="beta's last rate",
     )
 
@@ -123,7 +123,7 @@ def test_the_poll_still_applies_changes_without_listen(
     srv.on_loop(lambda: manual.advance(30))
 
     def rate() -> Any:
-        return srv.on_loop(lambda: srv.plane.service.tenant_limits("acme").token_rate)
+        return srv.on_loop(lambda: srv.plane.service.views.tenant_limits("acme").token_rate)
 
     wait_until(lambda: rate() == Decimal(40), message="the poll to load the new rate")
     assert srv.plane.notified_reloads == 0

@@ -78,13 +78,13 @@ def test_reannounce_restores_only_what_this_plane_signed(
     svc = srv.plane.service
 
     def inflight() -> int:
-        return int(srv.on_loop(lambda: svc.tenant_state("acme"))["inflight"])
+        return int(srv.on_loop(lambda: svc.views.tenant_state("acme"))["inflight"])
 
     # An id this plane never admitted: refused, nothing kept.
     got = reannounce(srv.target, entry("never-admitted", pricing_multiplier="1.000000"))
     assert list(got.outcome) == [pb.REANNOUNCE_OUTCOME_REFUSED], got
     assert got.detail[0].startswith("unsigned"), got.detail
-    assert srv.on_loop(lambda: svc.record("acme", "never-admitted")) is None
+    assert srv.on_loop(lambda: svc.views.record("acme", "never-admitted")) is None
     # A real admission at a multiplier of the caller's: refused as altered.
     got = reannounce(srv.target, held(real, "real", pricing_multiplier="0.000001"))
     assert list(got.outcome) == [pb.REANNOUNCE_OUTCOME_REFUSED], got
@@ -94,7 +94,7 @@ def test_reannounce_restores_only_what_this_plane_signed(
                                                             reserved_tokens=29))  # fmt: skip
     assert list(got.outcome) == [pb.REANNOUNCE_OUTCOME_REFUSED] * 2, got
     assert all(d == "signature does not match" for d in got.detail), got.detail
-    assert inflight() == 0 and srv.on_loop(lambda: svc.open_reservations) == 0
+    assert inflight() == 0 and srv.on_loop(lambda: svc.views.open_reservations) == 0
 
     # As issued (the key lives in the database: the restarted plane verifies it).
     got = reannounce(srv.target, held(real, "real"))
@@ -186,7 +186,8 @@ def test_a_pricing_window_outside_the_admission_window_is_refused(
                 signed("ok", 0), entry("far", pricing_window=window)]), timeout=10)  # fmt: skip
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (err.value.details() or "").startswith("reservations[1].pricing_window: ")
-        assert srv.on_loop(lambda: srv.plane.service.record("acme", "ok")) is None  # nothing taken
+        views = srv.plane.service.views
+        assert srv.on_loop(lambda: views.record("acme", "ok")) is None  # nothing taken
         # a window of this clock's is restored, then settled and exported as any other
         got = stub.Reannounce(pb.ReannounceRequest(reservations=[signed("near", now_s - 60)]),
                               timeout=10)  # fmt: skip

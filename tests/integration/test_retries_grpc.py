@@ -82,13 +82,13 @@ def test_bad_retry_fields_are_invalid_argument_naming_them(
     served: Any, fields: dict[str, Any], named: str
 ) -> None:
     srv, c = served
-    before = srv.on_loop(lambda: srv.plane.service.tenant_state("acme"))
+    before = srv.on_loop(lambda: srv.plane.service.views.tenant_state("acme"))
     with pytest.raises(grpc.RpcError) as err:
         c.stub.Admit(pb.AdmitRequest(tenant_id="acme", request_id="r", prompt_tokens=1,
                                      **fields), timeout=5)  # fmt: skip
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith(named)
-    assert srv.on_loop(lambda: srv.plane.service.tenant_state("acme")) == before
+    assert srv.on_loop(lambda: srv.plane.service.views.tenant_state("acme")) == before
     batch = pb.AdmitBatch(batch_id=1, tenant_id=["acme"] * 2, request_id=["a", "b"],
                           prompt_tokens=[1, 1], max_tokens=[0, 0], retry_key=["k"])  # fmt: skip
     with pytest.raises(grpc.RpcError) as err:
@@ -170,7 +170,7 @@ def test_envoy_rls_judges_a_retry_by_its_key_and_attempt(
         # the same id as a first attempt of its own key: admitted
         assert ask("k2.0", "idem-2", "0")[0] == rls.RateLimitResponse.OK
         # a bad attempt count is named, and spends nothing
-        before = srv.on_loop(lambda: srv.plane.service.tenant_state("acme"))
+        before = srv.on_loop(lambda: srv.plane.service.views.tenant_state("acme"))
         code, h = ask("k.2", "idem-1", "many")
         assert code == over and h["x-burstgate-error"].startswith("attempt:")
-        assert srv.on_loop(lambda: srv.plane.service.tenant_state("acme")) == before
+        assert srv.on_loop(lambda: srv.plane.service.views.tenant_state("acme")) == before

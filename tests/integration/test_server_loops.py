@@ -29,14 +29,15 @@ def test_config_poll_waits_for_simulated_time(make_server: Any, migrated_url: st
         migrated_url, clock=manual, sleep=manual.sleep, config_poll_s=30, listen_notify=False
     )
     svc = srv.plane.service
-    assert srv.on_loop(svc.tenant_ids) == []
+    assert srv.on_loop(svc.views.tenant_ids) == []
     add_tenants(migrated_url, TenantConfig("late", token_rate=Decimal(10), burst_tokens=100))
     srv.on_loop(lambda: manual.advance(29))
     time.sleep(REAL_PAUSE_S)
-    assert srv.on_loop(svc.tenant_ids) == [], "polled before its interval passed"
+    assert srv.on_loop(svc.views.tenant_ids) == [], "polled before its interval passed"
     reloads = srv.plane.config_reloads
     srv.on_loop(lambda: manual.advance(1))
-    wait_until(lambda: srv.on_loop(svc.tenant_ids) == ["late"], message="the poll to load 'late'")
+    ids = svc.views.tenant_ids
+    wait_until(lambda: srv.on_loop(ids) == ["late"], message="the poll to load 'late'")
     assert srv.plane.config_reloads == reloads + 1
 
 
@@ -49,12 +50,12 @@ def test_expiry_runs_on_simulated_time(make_server: Any, migrated_url: str) -> N
     assert d.reserved_tokens == 200
     srv.on_loop(lambda: manual.advance(60 - EXPIRY_INTERVAL_S))
     time.sleep(REAL_PAUSE_S)
-    assert srv.on_loop(lambda: svc.open_reservations) == 1, "expired before its TTL"
+    assert srv.on_loop(lambda: svc.views.open_reservations) == 1, "expired before its TTL"
     srv.on_loop(lambda: manual.advance(EXPIRY_INTERVAL_S))
-    wait_until(lambda: srv.on_loop(lambda: svc.open_reservations) == 0, message="expiry")
+    wait_until(lambda: srv.on_loop(lambda: svc.views.open_reservations) == 0, message="expiry")
     assert srv.on_loop(lambda: svc.stats.expired_total) == 1
     # the bucket got nothing back: an expired reservation is not refunded
-    assert srv.on_loop(lambda: svc.tenant_state("acme")["inflight"]) == 0
+    assert srv.on_loop(lambda: svc.views.tenant_state("acme")["inflight"]) == 0
 
 
 def test_stop_waits_for_a_poll_query_in_flight(make_server: Any, migrated_url: str) -> None:

@@ -53,7 +53,7 @@ def test_many_waiting_calls_are_admitted_as_slots_free(
     waited = [r for r in results if r.queue_wait_ms > 0]
     assert len(waited) >= n - 4  # all but the first few had to wait
     assert srv.on_loop(lambda: srv.plane.service.waiting) == 0
-    assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 0
+    assert srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 0
 
 
 def test_cancelled_call_leaves_the_queue(
@@ -84,7 +84,7 @@ def test_cancelled_call_leaves_the_queue(
         with pytest.raises(grpc.FutureCancelledError):
             fut.result()
         c.complete("acme", "hold", prompt_tokens=1, generated_tokens=1)
-        assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 0
+        assert srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 0
 
 
 def test_deadline_is_answered_with_queue_timeout_before_it_passes(

@@ -190,7 +190,7 @@ def test_bad_max_wait_ends_the_stream_naming_the_field_and_decides_nothing(
         assert isinstance(err, grpc.RpcError)
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.details() == message
-        assert gated.on_loop(lambda: gated.plane.service.record("acme", "a")) is None
+        assert gated.on_loop(lambda: gated.plane.service.views.record("acme", "a")) is None
 
 
 def test_an_id_already_waiting_for_another_call_fails_the_batch(gated: Any) -> None:

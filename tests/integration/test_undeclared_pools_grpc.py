@@ -184,9 +184,9 @@ def test_an_undeclared_pool_is_refused_at_every_door_and_makes_no_state(
                 assert "not declared" in message and "gpu-a, gpu-b" in message, (door, message)
     # nothing was made for the pool: no lease row, no pool view, no record
     assert set(lease_rows(migrated_url)) == set(before)
-    assert srv.on_loop(lambda: MADE_UP not in srv.plane.service.pools)
-    assert srv.on_loop(lambda: MADE_UP not in srv.plane.service.pool_views())
-    assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 0
+    assert srv.on_loop(lambda: MADE_UP not in srv.plane.service.views.pools)
+    assert srv.on_loop(lambda: MADE_UP not in srv.plane.service.views.pool_views())
+    assert srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 0
     # the declared pools are served
     md = [("authorization", f"Bearer {every}")]
     with grpc.insecure_channel(srv.target) as ch:

@@ -34,7 +34,7 @@ def served(
 
 
 def state(srv: Any) -> dict[str, int]:
-    out: dict[str, int] = srv.on_loop(lambda: srv.plane.service.tenant_state("acme"))
+    out: dict[str, int] = srv.on_loop(lambda: srv.plane.service.views.tenant_state("acme"))
     return out
 
 
@@ -47,7 +47,7 @@ def test_an_offline_complete_too_large_is_refused_before_it_is_booked(served: An
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (err.value.details() or "").startswith("generated_tokens: ")
     assert state(served) == before  # no quota charged, nothing left open
-    assert served.on_loop(lambda: served.plane.service.record("acme", "big")) is None
+    assert served.on_loop(lambda: served.plane.service.views.record("acme", "big")) is None
 
 
 def test_envoys_response_path_too_large_is_bad_input_and_books_nothing(served: Any) -> None:

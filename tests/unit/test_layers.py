@@ -145,12 +145,6 @@ NEVERS: tuple[Never, ...] = (
           "billing and scale-out drive the service through its API, never the reverse"),
 )  # fmt: skip
 
-# Nevers that do not hold yet because the work that makes them hold is under
-# way elsewhere: each must still be broken (so this set cannot go stale
-# silently); when it holds, its name leaves this set.
-PENDING: frozenset[str] = frozenset({
-    "service -> settings",  # AdmissionService still takes Settings (ServiceLimits next)
-})  # fmt: skip
 
 
 def _under(module: str, prefixes: tuple[str, ...]) -> bool:
@@ -365,14 +359,7 @@ def violations(never: Never) -> list[str]:
 @pytest.mark.parametrize("never", NEVERS, ids=lambda n: n.name)
 def test_never(never: Never) -> None:
     found = violations(never)
-    if never.name in PENDING:
-        assert found, f"{never.name!r} holds now ({never.why}): take it out of PENDING"
-    else:
-        assert not found, f"{never.name} ({never.why}):\n" + "\n".join(found)
-
-
-def test_pending_names_are_nevers() -> None:
-    assert {n.name for n in NEVERS} >= PENDING
+    assert not found, f"{never.name} ({never.why}):\n" + "\n".join(found)
 
 
 def test_the_client_wing_imports_only_itself() -> None:

@@ -61,8 +61,7 @@ from controlplane.integrations.envoy import answers as A
 from controlplane.integrations.envoy.config import EnvoyConfig
 from controlplane.integrations.envoy.mapping import Ask, Phase
 from controlplane.rpc.auth import admission_scope
-from controlplane.service import AdmissionService
-from controlplane.service import records as R
+from controlplane.service import AdmissionService, Route
 from fastpath import Reason
 
 HOP_HEADER = "x-burstgate-forwarded"  # value: the forwarding replica's member id
@@ -148,16 +147,27 @@ class OwnerGate:
 
     # ----------------------------------------------------------- the route
 
-    def pool_of(self, ask: Ask, cfg: EnvoyConfig) -> str:
-        """The pool the decision uses (docs/ha.md: ``AdmissionService.pool_of``)."""
+    def pool_of(self, ask: Ask, cfg: EnvoyConfig, route: Route | None = None) -> str:
+        """The pool the decision uses (docs/ha.md: ``ReplicaDoors.pool_of``);
+        ``route``: the request path's, when the caller has it (``route_of``)."""
         if ask.phase == Phase.RESPONSE:
-            rec = self._svc.record(ask.tenant, ask.request_id) if ask.request_id else None
-            if rec is not None and rec[R.POOL]:
-                return str(rec[R.POOL])
+            rec = self._svc.views.record(ask.tenant, ask.request_id) if ask.request_id else None
+            if rec is not None and rec.pool:
+                return rec.pool
             tokens = cfg.defaults.estimate_tokens
         else:
+            if route is not None:
+                return ask.pool or route.pool
             tokens = ask.tokens
-        return self._svc.pool_of(ask.tenant, ask.lane, 0, tokens, ask.pool)
+        return self._svc.replicas.pool_of(ask.tenant, ask.lane, 0, tokens, ask.pool)
+
+    def route_of(self, ask: Ask) -> Route | None:
+        """Where a request-path call goes (``ReplicaDoors.route``), computed
+        once for the owner check and the decision; None on the response
+        path or for a bad field (the decision names it)."""
+        if ask.phase == Phase.RESPONSE:
+            return None
+        return self._svc.replicas.route(ask.tenant, ask.lane, 0, ask.tokens, ask.pool)
 
     async def _route(self, pool: str) -> Redirect | None:
         try:
@@ -171,20 +181,23 @@ class OwnerGate:
         ask: Ask,
         cfg: EnvoyConfig,
         context: grpc.aio.ServicerContext,
+        route: Route | None = None,
     ) -> rls.RateLimitResponse | None:
         """None when this replica decides the call; else the answer (the
         owner's, or OVER_LIMIT when the owner could not be reached in time).
         Ends the call with the owner's status when the owner answered an
-        error. InvalidArgument for a pool that cannot be a cell."""
-        pool = self.pool_of(ask, cfg)
+        error. InvalidArgument for a pool that cannot be a cell. ``route``:
+        as :meth:`pool_of`'s."""
+        pool = self.pool_of(ask, cfg, route)
         if pool:
             check_pool(pool)  # a bad name never reaches the lease table
             # nor an undeclared one, nor one a scoped key may not use
             # (answered OVER_LIMIT with x-burstgate-error by the servicer)
-            if pool not in self._svc.declared_pools():
-                if ask.phase == Phase.RESPONSE and self._svc.record(ask.tenant, ask.request_id):
+            if pool not in self._svc.views.declared_pools():
+                views = self._svc.views
+                if ask.phase == Phase.RESPONSE and views.record(ask.tenant, ask.request_id):
                     return None  # admitted here before the pool was undeclared: settle here
-                self._svc.check_pool(pool)
+                self._svc.replicas.check_pool(pool)
             scope = admission_scope.get()
             if scope is not None:
                 scope.check_tenant("tenant_id", ask.tenant)

@@ -46,8 +46,7 @@ from controlplane.integrations.envoy.settle import settle
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.errors import unary_errors
 from controlplane.rpc.owners import ensure_shares
-from controlplane.service import AdmissionService
-from controlplane.service import records as R
+from controlplane.service import AdmissionService, Route
 from controlplane.service.limits import TenantLimits
 from controlplane.service.waiting import WaitingRoom
 from fastpath import Reason
@@ -103,10 +102,12 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
         except BadInput as exc:
             return self._bad(str(exc), exc.field, len(request.descriptors))
         gate = self.gate
+        route = None  # computed once: the owner check's is the decision's
         try:
             if gate is not None and gate.active:
                 # Another replica owns the pool's cell: its answer (forward.py).
-                forwarded = await gate.answer(request, ask, cfg, context)
+                route = gate.route_of(ask)
+                forwarded = await gate.answer(request, ask, cfg, context, route)
                 if forwarded is not None:
                     return forwarded
                 if ask.phase != Phase.RESPONSE:  # decided here: under this replica's share
@@ -118,7 +119,7 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
             if ask.cost_given and ask.tokens == 0:
                 verdict = self._check(ask)
             else:
-                verdict = await self._admit(ask, context)
+                verdict = await self._admit(ask, context, route)
         except _INPUT_ERRORS as exc:
             field = getattr(exc, "field", "") or type(exc).__name__
             return self._bad(str(exc), field, len(ask.mapped), ask.mapped)
@@ -138,20 +139,22 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", ask.tenant)
-        reason, retry_ns, limits = self._svc.check_only(ask.tenant)
+        reason, retry_ns, limits = self._svc.views.check_only(ask.tenant)
         return A.Verdict(
             over=reason != 0, reason=reason, retry_after_ns=retry_ns,
             window=A.binding(limits, reason, retry_ns),
         )  # fmt: skip
 
-    async def _admit(self, ask: Ask, context: grpc.aio.ServicerContext) -> A.Verdict:
+    async def _admit(
+        self, ask: Ask, context: grpc.aio.ServicerContext, route: Route | None = None
+    ) -> A.Verdict:
         self.calls["admit"] += 1
         scope = admission_scope.get()
         if scope is not None:
             scope.check_tenant("tenant_id", ask.tenant)
         rid = ask.request_id or uuid.uuid4().hex
-        known = self._svc.record(ask.tenant, rid) if ask.request_id else None
-        if known is not None and known[R.STATE] == R.SETTLED:
+        known = self._svc.views.record(ask.tenant, rid) if ask.request_id else None
+        if known is not None and known.is_settled:
             # Envoy makes one request-path call per request: a settled id
             # again is a new request under an old id (a replay would admit it
             # free of charge), not a repeated call.
@@ -167,11 +170,13 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
             d = await self._waiting.admit(
                 ask.tenant, rid, ask.lane, 0, ask.tokens, ask.model, ask.pool,
                 timeout_s=timeout, scope=scope, retry_key=ask.retry_key, attempt=ask.attempt,
+                route=route,
             )  # fmt: skip
         else:
             out = self._svc.admit_or_wait(
                 ask.tenant, rid, ask.lane, 0, ask.tokens, ask.model, ask.pool,
                 wait=False, scope=scope, retry_key=ask.retry_key, attempt=ask.attempt,
+                route=route,
             )  # fmt: skip
             if not isinstance(out, AdmitDecision):  # wait=False never queues
                 raise TypeError("admit_or_wait(wait=False) queued a request")
@@ -191,7 +196,7 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):
 
     def _limits(self, tenant: str) -> TenantLimits | None:
         try:
-            return self._svc.tenant_limits(tenant)
+            return self._svc.views.tenant_limits(tenant)
         except NotFound:  # unknown (charged to the default tenant, or refused)
             return None
 

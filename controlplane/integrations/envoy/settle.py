@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from controlplane.domain.scope import KeyScope
 from controlplane.integrations.envoy.mapping import Ask
 from controlplane.service import AdmissionService
-from controlplane.service import records as R
 from controlplane.service.waiting import WaitingRoom
 
 if TYPE_CHECKING:
@@ -59,13 +58,13 @@ async def settle(
     prompt, generated = usage(ask)
     rid = ask.request_id or uuid.uuid4().hex  # no id: a usage report of its own
     key = (ask.tenant, rid)
-    rec = svc.record(*key)
-    if ask.usage_missing and rec is not None and rec[R.STATE] == R.OPEN:
+    rec = svc.views.record(*key)
+    if ask.usage_missing and rec is not None and rec.is_open:
         # a successful answer without its usage is billed its reservation
         # (or what was counted, when more): never the zero it reported
-        generated = max(generated, rec[R.RESERVED] - prompt)
+        generated = max(generated, rec.reserved - prompt)
     booked = False
-    if rec is None or rec[R.STATE] == R.REJECTED:
+    if rec is None or rec.is_refused:
         if prompt + generated == 0:
             return Settled("nothing")
         svc.offline.check(ask.tenant, rid, ask.lane, ask.model, ask.pool, prompt, generated)
@@ -76,7 +75,7 @@ async def settle(
             now=svc.clock(), scope=scope,
         )  # fmt: skip
     elif scope is not None:
-        scope.check_pool("pool", rec[R.POOL], "the reservation's pool")
+        scope.check_pool("pool", rec.pool, "the reservation's pool")
     if metering is None:
         s = svc.complete(ask.tenant, rid, 0, prompt, generated)
         duplicate = s.duplicate

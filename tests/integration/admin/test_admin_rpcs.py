@@ -160,7 +160,8 @@ def test_lanes(env: Env) -> None:
         ),
     )
     assert (lane.weight, lane.wait_target_ms, lane.priority) == ("0.2", 9000, 2)
-    assert env.srv.on_loop(lambda: env.srv.plane.service.lanes["batch"].wait_target_ms) == 9000
+    views = env.srv.plane.service.views
+    assert env.srv.on_loop(lambda: views.lanes["batch"].wait_target_ms) == 9000
     code, details = code_of(
         lambda: env.admin.call(
             "UpdateLane",
@@ -298,9 +299,9 @@ def test_api_keys_through_the_api(env: Env) -> None:
 def test_tenant_and_lane_pools(env: Env) -> None:
     def live_pool(tenant: str, rid: str) -> str:
         svc = env.srv.plane.service
-        rec = env.srv.on_loop(lambda: svc.record(tenant, rid))
-        assert rec is not None and rec[R.STATE] == R.OPEN
-        pool: str = rec[R.POOL]
+        rec = env.srv.on_loop(lambda: svc.views.record(tenant, rid))
+        assert rec is not None and rec.state == R.OPEN
+        pool: str = rec.pool
         return pool
 
     def update_tenant(t: apb.Tenant) -> apb.Tenant:

@@ -192,7 +192,7 @@ def test_a_config_that_cannot_apply_does_not_stop_revocations(env: Env) -> None:
     failures = plane.config_reload_failures
     env.srv._run(plane.poll_once())
     assert plane.config_reload_failures == failures + 1  # the config did not apply ...
-    assert "gamma" not in env.srv.on_loop(plane.service.tenant_ids)
+    assert "gamma" not in env.srv.on_loop(plane.service.views.tenant_ids)
     code, details = code_of(lambda: env.admit("acme", "r2", key=env.keys.sidecar))
     assert code == UNAUTH, details  # ... and the revocation took effect anyway
     assert plane.key_refresh_failures == 0
@@ -226,5 +226,5 @@ def test_a_revoked_key_ends_its_open_admit_streams(env: Env) -> None:
     assert info.value.code() == UNAUTH, info.value.details()
     outbox.put(None)
     # the second batch was never decided
-    record = env.srv.on_loop(lambda: env.srv.plane.service.record("acme", "s2"))
+    record = env.srv.on_loop(lambda: env.srv.plane.service.views.record("acme", "s2"))
     assert record is None

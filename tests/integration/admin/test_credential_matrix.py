@@ -305,7 +305,7 @@ def test_credential_matrix(matrix: Matrix) -> None:
     audit_before = len(plane.audit_log.list(1000)[0])
     assert plane.metering is not None
     prices_before = plane.metering.store.load_catalog()
-    tenants_before = matrix.srv.on_loop(plane.service.tenant_ids)
+    tenants_before = matrix.srv.on_loop(plane.service.views.tenant_ids)
     mismatches = []
     for service, method in methods:
         for cred in matrix.credentials:
@@ -323,11 +323,11 @@ def test_credential_matrix(matrix: Matrix) -> None:
     # Nothing changed: no audit record, the same tenants; the scoped key
     # decided nothing for B (the key for every tenant did: it may).
     assert len(plane.audit_log.list(1000)[0]) == audit_before
-    assert matrix.srv.on_loop(plane.service.tenant_ids) == tenants_before
+    assert matrix.srv.on_loop(plane.service.views.tenant_ids) == tenants_before
     assert plane.metering.store.load_catalog() == prices_before
 
     def decided(cred: Credential) -> Any:
-        return matrix.srv.on_loop(lambda: plane.service.record(B, request_id(cred)))
+        return matrix.srv.on_loop(lambda: plane.service.views.record(B, request_id(cred)))
 
     by_name = {c.name: c for c in matrix.credentials}
     assert decided(by_name["sidecar A/P for B/Q"]) is None

@@ -64,7 +64,7 @@ class Scoped:
         return r
 
     def record(self, tenant: str, rid: str) -> Any:
-        return self.srv.on_loop(lambda: self.plane.service.record(tenant, rid))
+        return self.srv.on_loop(lambda: self.plane.service.views.record(tenant, rid))
 
 
 @pytest.fixture
@@ -169,7 +169,7 @@ def test_complete_and_load_reports_are_scoped(env: Scoped) -> None:
         code, details, _ = refused(lambda: stub.Complete(req, timeout=10))  # noqa: B023
         assert (code, text in details) == (DENIED, True), details
     # Neither reservation was settled by the refused calls.
-    assert env.record("beta", "b1")[0] == env.record("acme", "on-b")[0] == 0  # OPEN
+    assert env.record("beta", "b1").state == env.record("acme", "on-b").state == 0  # OPEN
     # A replay of a request admitted to a pool outside the key is refused
     # too (it would hand over the reservation id).
     code, details, _ = refused(lambda: env.admit(key, "acme", "on-b"))
@@ -186,7 +186,7 @@ def test_complete_and_load_reports_are_scoped(env: Scoped) -> None:
     assert report("pool-a").engines_reporting == 1
     code, details, _ = refused(lambda: report("pool-b"))
     assert code == DENIED and details == "pool: pool 'pool-b' is outside this key's pools"
-    assert "pool-b" not in env.srv.on_loop(lambda: env.plane.service.pools)
+    assert "pool-b" not in env.srv.on_loop(lambda: env.plane.service.views.pools)
 
 
 def test_reannounce_is_scoped_by_the_signed_pool(env: Scoped) -> None:
@@ -228,7 +228,8 @@ def test_reannounce_is_scoped_by_the_signed_pool(env: Scoped) -> None:
     assert env.record("acme", "b-side") is None
     got = call(entry("acme", "in", "pool-a"))
     assert list(got.outcome) == [pb.REANNOUNCE_OUTCOME_RESTORED], got
-    assert env.srv.on_loop(lambda: env.plane.service.reservation_pool("acme", "in")) == "pool-a"
+    replicas = env.plane.service.replicas
+    assert env.srv.on_loop(lambda: replicas.reservation_pool("acme", "in")) == "pool-a"
     # the key for every pool restores the pool-b one
     every = env.stub(env.every).Reannounce(
         pb.ReannounceRequest(reservations=[entry("acme", "b-side", "pool-b")]), timeout=10
@@ -364,7 +365,7 @@ def test_a_failed_last_use_write_stops_no_other_poll_step(env: Scoped) -> None:
         add_tenants(env.url, TenantConfig("delta", Decimal(10), 1_000))
         env.srv._run(plane.poll_once())
         assert plane.key_use_failures == 1
-        assert "delta" in env.srv.on_loop(plane.service.tenant_ids)  # config applied
+        assert "delta" in env.srv.on_loop(plane.service.views.tenant_ids)  # config applied
         code, _, _ = refused(lambda: env.admit(env.every, "acme", "u2"))
         assert code == UNAUTH  # the revocation too
     finally:

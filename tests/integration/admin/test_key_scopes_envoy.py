@@ -62,10 +62,10 @@ class Env:
         return out
 
     def record(self, tenant: str, rid: str) -> Any:
-        return self.srv.on_loop(lambda: self.srv.plane.service.record(tenant, rid))
+        return self.srv.on_loop(lambda: self.srv.plane.service.views.record(tenant, rid))
 
     def in_flight(self, tenant: str) -> int:
-        return int(self.srv.on_loop(lambda: self.srv.plane.service.tenant_limits(tenant))
+        return int(self.srv.on_loop(lambda: self.srv.plane.service.views.tenant_limits(tenant))
                    .inflight_requests)  # fmt: skip
 
 

@@ -109,8 +109,8 @@ def test_a_key_revoked_by_the_cli_reaches_calls_and_open_streams_within_one_poll
     except grpc.RpcError as stream_err:
         assert stream_err.code() == grpc.StatusCode.UNAUTHENTICATED, stream_err.details()
     outbox.put(None)
-    assert srv.on_loop(lambda: srv.plane.service.record("acme", "s2")) is None
-    assert srv.on_loop(lambda: srv.plane.service.record("acme", tries[-1])) is None
+    assert srv.on_loop(lambda: srv.plane.service.views.record("acme", "s2")) is None
+    assert srv.on_loop(lambda: srv.plane.service.views.record("acme", tries[-1])) is None
     # The same poll wrote the key's last use: `keys list` (its own process) shows it.
     listed = json.loads(
         burstgate("keys", "list", "--all", "--json", "--database-url", pg_url).stdout

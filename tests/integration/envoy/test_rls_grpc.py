@@ -85,7 +85,7 @@ def test_reserve_repeat_settle_repeat(gateway: Gateway, rls_call: rls_grpc.RateL
     again = call(rls_call, gateway.key, shape("request-path", "acme", rid))
     assert again.overall_code == OK  # the same admission, not a second one
     svc = gateway.plane.srv.plane.service  # type: ignore[union-attr]
-    assert svc.record("acme", rid) is not None
+    assert svc.views.record("acme", rid) is not None
     done = usage(shape("stream-done", "acme", rid), 30, 70)
     assert call(rls_call, gateway.key, done).overall_code == OK
     assert call(rls_call, gateway.key, done).overall_code == OK  # duplicate
@@ -119,9 +119,9 @@ def test_hits_addend_zero_checks_without_spending(
     req = shape("request-path", "tiny", uuid.uuid4().hex)
     req.descriptors[0].hits_addend.value = 0  # HasField: set, to zero
     svc = gateway.plane.srv.plane.service  # type: ignore[union-attr]
-    before = svc.tenant_limits("tiny").bucket_tokens
+    before = svc.views.tenant_limits("tiny").bucket_tokens
     resp = call(rls_call, gateway.key, req)
-    after = svc.tenant_limits("tiny").bucket_tokens
+    after = svc.views.tenant_limits("tiny").bucket_tokens
     assert after >= before  # nothing spent (the bucket only refills)
     assert resp.overall_code == (OK if before > 0 else OVER)
     assert headers(resp)["x-ratelimit-limit"] == "1500"
@@ -210,8 +210,8 @@ def test_the_response_path_is_scoped_like_the_request_path(
     # acme's reservation is still open: settled only by a key that covers acme
     srv = gateway.plane.srv
     assert srv is not None
-    rec = srv.on_loop(lambda: srv.plane.service.record("acme", rid))
-    assert rec is not None and rec[0] == 0  # R.OPEN
+    rec = srv.on_loop(lambda: srv.plane.service.views.record("acme", rid))
+    assert rec is not None and rec.state == 0  # R.OPEN
     done = call(rls_call, gateway.key, usage(shape("stream-done", "acme", rid), 10, 5))
     assert done.overall_code == OK
     row = wait_until(lambda: ledger_rows(gateway.url, f"request_id = '{rid}'") or None,
@@ -270,15 +270,15 @@ def test_an_id_settled_past_the_window_is_admitted_again_and_billed(
             with grpc.insecure_channel(plane.direct) as ch:
                 stub = rls_grpc.RateLimitServiceStub(ch)
                 rid, rids = uuid.uuid4().hex, []
-                record = functools.partial(srv.plane.service.record, "acme", rid)
+                record = functools.partial(srv.plane.service.views.record, "acme", rid)
                 for prompt, completion in ((30, 70), (20, 500)):
                     srv.on_loop(srv.plane.expire_once)  # the settled id is forgotten
                     assert srv.on_loop(record) is None
                     got = call(stub, key, shape("request-path", "acme", rid))
                     assert got.overall_code == OK
                     rec = srv.on_loop(record)
-                    assert rec is not None and rec[0] == 0  # open: admitted anew, not replayed
-                    rids.append(rec[4])
+                    assert rec is not None and rec.state == 0  # open: admitted anew, not replayed
+                    rids.append(rec.rid)
                     done = usage(shape("stream-done", "acme", rid), prompt, completion)
                     assert call(stub, key, done).overall_code == OK
                     assert call(stub, key, done).overall_code == OK  # repeated: once

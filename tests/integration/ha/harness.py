@@ -184,6 +184,6 @@ async def until(predicate: Callable[[], bool], message: str, timeout: float = 30
 
 def no_takeover_holds(planes: list[Any]) -> bool:
     """No running plane's gate holds a pool after a takeover any more
-    (``AdmissionService.pool_holds``): the handed-off cells decide again."""
-    return not any(p.srv.on_loop(p.srv.plane.service.pool_holds)
+    (``AdmissionService.views.pool_holds``): the handed-off cells decide again."""
+    return not any(p.srv.on_loop(p.srv.plane.service.views.pool_holds)
                    for p in planes if p.srv is not None)  # fmt: skip

@@ -28,6 +28,7 @@ from controlplane.domain.keys import Role
 from controlplane.domain.rendezvous import assignment
 from controlplane.ha.serving import Redirect
 from controlplane.integrations.envoy.forward import HOP_HEADER
+from controlplane.service import RecordView
 from controlplane.service import records as R
 from controlplane.store.db import make_engine, upgrade
 from controlplane.store.keys import KeyStore
@@ -159,10 +160,11 @@ def headers(resp: rls.RateLimitResponse) -> dict[str, str]:
     return {h.key: h.value for h in resp.response_headers_to_add}
 
 
-def record(p: Plane, tenant_id: str, rid: str) -> tuple[object, ...] | None:
+def record(p: Plane, tenant_id: str, rid: str) -> RecordView | None:
     srv = p.srv
     assert srv is not None
-    found: tuple[object, ...] | None = srv.on_loop(lambda: srv.plane.service.record(tenant_id, rid))
+    views = srv.plane.service.views
+    found: RecordView | None = srv.on_loop(lambda: views.record(tenant_id, rid))
     return found
 
 
@@ -194,7 +196,7 @@ def test_a_call_to_a_non_owner_is_decided_by_the_owner(trio: Trio) -> None:
     rid = uuid.uuid4().hex
     assert call(other, ask("acme", rid, pool), trio.key).overall_code == OK
     rec = record(owner, "acme", rid)
-    assert rec is not None and rec[R.STATE] == R.OPEN
+    assert rec is not None and rec.state == R.OPEN
     assert record(other, "acme", rid) is None
     srv = other.srv
     assert srv is not None
@@ -211,7 +213,7 @@ def test_a_forwarded_stream_done_call_settles_the_reservation_once(trio: Trio) -
     assert call(third, done, trio.key).overall_code == OK  # through another non-owner
     assert call(other, done, trio.key).overall_code == OK  # a repeated delivery
     rec = record(owner, "acme", rid)
-    assert rec is not None and rec[R.STATE] == R.SETTLED
+    assert rec is not None and rec.state == R.SETTLED
     rows = wait_until(lambda: ledger_rows(trio.url, f"request_id = '{rid}'"),
                       message="the ledger row")  # fmt: skip
     time.sleep(0.3)  # a second row would be written by now

@@ -25,7 +25,7 @@ from controlplane.domain.pricing import StepTable
 from controlplane.ledger.fencing import FenceToken
 from controlplane.ledger.metering import Metering
 from controlplane.ledger.pricing import PricingBook
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.settings import Settings
 from controlplane.store.leases import HaStore
 from controlplane.telemetry.ledger_metrics import LedgerCollector
@@ -56,7 +56,7 @@ class Replica:
             policy=Policy(known_pools=[POOL]),  # declared (docs/operating.md)
         )
         book = PricingBook(settings.pricing_window_s, StepTable(settings.pricing_steps))
-        self.svc = AdmissionService(settings, clock=clock, pricing=book)
+        self.svc = AdmissionService(ServiceLimits.of(settings), clock=clock, pricing=book)
         self.svc.apply_config([ACME], LANES)
         self.m = Metering(self.svc, settings, book, fencing=self.leases.get)
 
@@ -239,25 +239,25 @@ def test_hourly_quota_usage_carries_over_a_takeover(
         await a.m.take_over([POOL])
         for i in range(3):  # 9,000 of acme's 10,000 hourly tokens, settled by a
             assert await a.serve(f"a{i}", 2000, 1000) == Reason.OK
-        assert b.svc.tenant_limits("acme").hourly_remaining == 10_000  # b knows nothing yet
+        assert b.svc.views.tenant_limits("acme").hourly_remaining == 10_000  # b knows nothing yet
 
         assert store.release(POOL, "a", 1)
         assert acquire(store, b) == 2
         rebuilt = await b.m.take_over([POOL])
         assert (rebuilt.tenants, rebuilt.hour_tokens) == (1, 9000)
         assert await b.serve("b0", 2000, 1000) == Reason.HOURLY_QUOTA  # would overshoot
-        assert b.svc.tenant_limits("acme").hourly_remaining == 1000
+        assert b.svc.views.tenant_limits("acme").hourly_remaining == 1000
         again = await b.m.take_over([POOL])  # idempotent: nothing new in the ledger
         assert (again.tenants, again.hour_tokens) == (0, 0)
         assert await b.serve("b1", 500, 500) == Reason.OK  # the last 1,000
-        assert b.svc.tenant_limits("acme").hourly_remaining == 0
+        assert b.svc.views.tenant_limits("acme").hourly_remaining == 0
 
         # a takes it back: it counts b's 1,000, not its own 9,000 a second time
         assert store.release(POOL, "b", 2)
         assert acquire(store, a) == 3
         back = await a.m.take_over([POOL])
         assert back.hour_tokens == 1000
-        assert a.svc.tenant_limits("acme").hourly_remaining == 0
+        assert a.svc.views.tenant_limits("acme").hourly_remaining == 0
         assert await a.serve("a9", 1, 1) == Reason.HOURLY_QUOTA
 
     run(ha_url, tmp_path, body)

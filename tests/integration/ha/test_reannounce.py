@@ -163,8 +163,8 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
     svc = bsrv.plane.service
     assert bsrv.on_loop(lambda: svc.stats.restored_total) == OPEN
     # the restored reservations were settled (refunded): only the new ones remain
-    assert bsrv.on_loop(lambda: svc.gate_inflight(pool)) == admitted_new
-    assert bsrv.on_loop(lambda: svc.tenant_state("acme")["inflight"]) == admitted_new
+    assert bsrv.on_loop(lambda: svc.views.gate_inflight(pool)) == admitted_new
+    assert bsrv.on_loop(lambda: svc.views.tenant_state("acme")["inflight"]) == admitted_new
     rows = ledger_rows(b.url, "request_id LIKE 'open-%'")
     assert len(rows) == OPEN  # each billed exactly once
     for r in rows:
@@ -175,7 +175,7 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
     # Idempotent: re-announcing settled (and open) ones again changes nothing.
     # Their tokens as the SDK got them: open-0's signed by A, theirs-0's by B
     # (the deployment's one key, in the database).
-    before = bsrv.on_loop(lambda: svc.tenant_state("acme"))
+    before = bsrv.on_loop(lambda: svc.views.tenant_state("acme"))
 
     def signed(rid: str) -> pb.OpenReservation:
         a = held[rid]
@@ -187,10 +187,10 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
     # Not signed: refused, whatever this replica holds.
     forged = reannounce(b, entry("open-1", pool), entry("forged", pool))
     assert list(forged.outcome) == [pb.REANNOUNCE_OUTCOME_REFUSED] * 2, forged
-    assert bsrv.on_loop(lambda: svc.tenant_state("acme"))["inflight"] == before["inflight"]
+    assert bsrv.on_loop(lambda: svc.views.tenant_state("acme"))["inflight"] == before["inflight"]
     # Bad input names the entry and its field, and takes nothing.
     with pytest.raises(grpc.RpcError) as err:
         reannounce(b, entry("bad-0", pool), entry("bad-1", pool, reserved_tokens=7))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (err.value.details() or "").startswith("reservations[1].reserved_tokens: ")
-    assert bsrv.on_loop(lambda: svc.record("acme", "bad-0")) is None
+    assert bsrv.on_loop(lambda: svc.views.record("acme", "bad-0")) is None

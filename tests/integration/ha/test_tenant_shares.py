@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 
 from controlplane.domain import Decision, LaneConfig, TenantConfig
 from controlplane.ha.shares import TenantShares
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.service.shares import PPM
 from controlplane.settings import Settings
 from controlplane.store.shares import ShareStore
@@ -31,7 +31,7 @@ COST = 100  # tokens per request
 
 
 async def member(engine: Engine, name: str, tenant: TenantConfig) -> TenantShares:
-    svc = AdmissionService(Settings())
+    svc = AdmissionService(ServiceLimits.of(Settings()))
     svc.apply_config([tenant], LANES)
     g = TenantShares(svc, ShareStore(engine), name, TTL, MARGIN, interval_s=INTERVAL)
     await g.start()

@@ -91,7 +91,7 @@ def test_concurrent_duplicate_completes_record_exactly_once(served: Served) -> N
         assert len({(r.user_charge, r.actual_cost, r.actual_tokens) for r in rs}) == 1
     rows = ledger_rows(served.url)
     assert len(rows) == n_requests
-    assert served.srv.on_loop(lambda: served.srv.plane.service.open_reservations) == 0
+    assert served.srv.on_loop(lambda: served.srv.plane.service.views.open_reservations) == 0
 
 
 def test_expired_record_is_answered_from_the_ledger(served: Served, clock: Any) -> None:
@@ -133,7 +133,7 @@ def test_bad_complete_is_invalid_argument_and_changes_nothing(
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith(field), err.value.details()
     assert ledger_rows(served.url) == []
-    assert served.srv.on_loop(lambda: served.srv.plane.service.open_reservations) == 1
+    assert served.srv.on_loop(lambda: served.srv.plane.service.views.open_reservations) == 1
     ok = complete(c, "acme", "r1", prompt_tokens=100, generated_tokens=10)
     assert not ok.duplicate
 

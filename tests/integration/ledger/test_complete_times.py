@@ -45,7 +45,7 @@ def test_out_of_window_times_are_refused_and_nothing_is_billed(served: Served, c
         assert err.value.details().startswith(f"{field}: "), (times, err.value.details())
         assert "is outside" in err.value.details(), err.value.details()
     assert ledger_rows(served.url) == []  # nothing billed
-    assert served.srv.on_loop(lambda: served.srv.plane.service.open_reservations) == 1
+    assert served.srv.on_loop(lambda: served.srv.plane.service.views.open_reservations) == 1
     # The window's own edges are accepted, and recorded as sent.
     start, end = now - TTL - DAY, now + HOUR
     ok = complete(c, "acme", "r1", prompt_tokens=100, generated_tokens=10,
@@ -81,5 +81,5 @@ def test_refused_without_metering_too(
             complete(c, "acme", "r", prompt_tokens=10, exec_start_unix_ns=-5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details().startswith("exec_start_unix_ns: ")
-        assert srv.on_loop(lambda: srv.plane.service.open_reservations) == 1
+        assert srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 1
         assert not complete(c, "acme", "r", prompt_tokens=10).duplicate

@@ -114,7 +114,7 @@ def test_spool_full_answers_unavailable_and_changes_nothing(
                 break
         assert refused is not None and acked
         # Nothing changed for the refused one: still open, not settled.
-        assert srv.on_loop(lambda: svc.open_reservations) == 1
+        assert srv.on_loop(lambda: svc.views.open_reservations) == 1
         proxy.restore()
         wait_until(
             lambda: srv.on_loop(lambda: srv.plane.metering.writer.db_ok),

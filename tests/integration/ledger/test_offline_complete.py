@@ -98,7 +98,7 @@ def test_bad_offline_fields_are_refused_naming_the_field(served: Served) -> None
                                  offline=offline())  # fmt: skip
     assert rpc_code(lambda: c.stub.Complete(unknown, timeout=10)) == grpc.StatusCode.NOT_FOUND
     assert ledger_rows(served.url) == []
-    assert served.srv.on_loop(lambda: served.srv.plane.service.record("acme", "bad")) is None
+    assert served.srv.on_loop(lambda: served.srv.plane.service.views.record("acme", "bad")) is None
 
 
 def test_get_limits_reports_the_tenants_configuration_and_state(served: Served) -> None:

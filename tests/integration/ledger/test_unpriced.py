@@ -75,13 +75,13 @@ def test_refuse_mode_refuses_an_unpriced_admit_before_anything_is_reserved(
     err = _refused(lambda: stub.Admit(ask, timeout=10))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     assert (err.details() or "").startswith("model: no price for tenant 'acme' and model 'm1'")
-    assert srv.on_loop(lambda: srv.plane.service.record("acme", "u1")) is None
+    assert srv.on_loop(lambda: srv.plane.service.views.record("acme", "u1")) is None
     batch = pb.AdmitBatch(batch_id=1, tenant_id=["beta", "acme"], request_id=["b1", "a1"],
                           prompt_tokens=[1, 1], max_tokens=[1, 1], model="m1")  # fmt: skip
     err = _refused(lambda: list(stub.AdmitStream(iter([batch]), timeout=10)))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     assert "model: no price" in (err.details() or "")
-    assert srv.on_loop(lambda: srv.plane.service.record("beta", "b1")) is None
+    assert srv.on_loop(lambda: srv.plane.service.views.record("beta", "b1")) is None
     # A price for acme's m1 (picked up at the next catalog poll): acme is
     # admitted, beta still refused; then the default price covers beta.
     def admitted(tenant: str, rid: str) -> bool | None:
@@ -96,7 +96,7 @@ def test_refuse_mode_refuses_an_unpriced_admit_before_anything_is_reserved(
     price(migrated_url, "acme", "m1")
     wait_until(lambda: admitted("acme", "u2"), message="acme's price to be picked up")
     assert admitted("beta", "u3") is None
-    assert srv.on_loop(lambda: srv.plane.service.record("beta", "u3")) is None
+    assert srv.on_loop(lambda: srv.plane.service.views.record("beta", "u3")) is None
     price(migrated_url, "*", "*")
     wait_until(lambda: admitted("beta", "u4"), message="the default price to cover beta")
 

@@ -175,7 +175,7 @@ def test_a_stream_reports_its_first_token(stack: Stack) -> None:
     assert srv is not None
 
     def samples() -> int:
-        n: int = srv.on_loop(lambda: srv.plane.service.ttft_samples("fake-llama"))
+        n: int = srv.on_loop(lambda: srv.plane.service.views.ttft_samples("fake-llama"))
         return n
 
     before = samples()

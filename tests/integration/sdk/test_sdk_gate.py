@@ -104,7 +104,7 @@ def test_a_late_release_is_settled_not_leaked(plane_factory: Any) -> None:
             assert a.retry_after_ms >= a.queue_wait_ms > 0  # never "retry at once"
             proxy.restore()
             await until(lambda: c.counters.late_releases == 1, "the late release")
-            await until(lambda: srv.on_loop(lambda: srv.plane.service.open_reservations) == 0,
+            await until(lambda: srv.on_loop(lambda: srv.plane.service.views.open_reservations) == 0,
                         "the late admission to be settled")  # fmt: skip
 
     asyncio.run(run())

@@ -7,7 +7,7 @@ import pytest
 
 from controlplane.domain import LaneConfig, TenantConfig
 from controlplane.domain.policy import Policy
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.settings import Settings
 
 LANES = [
@@ -38,7 +38,7 @@ def tenant(tenant_id: str = "acme", **kw: Any) -> TenantConfig:
 def make_service(clock: Any) -> Any:
     def make(*tenants: TenantConfig, **settings: Any) -> AdmissionService:
         settings.setdefault("policy", UnitPolicy())
-        svc = AdmissionService(Settings(**settings), clock=clock)
+        svc = AdmissionService(ServiceLimits.of(Settings(**settings)), clock=clock)
         svc.apply_config(list(tenants) or [tenant()], LANES)
         return svc
 

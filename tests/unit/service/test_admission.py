@@ -63,7 +63,7 @@ def test_duplicate_admit_replays_and_takes_nothing(make_service: Any) -> None:
     assert again.duplicate and not first.duplicate
     assert again.reservation_id == first.reservation_id
     assert again.bucket_remaining == first.bucket_remaining
-    assert svc.tenant_state("acme")["inflight"] == 1
+    assert svc.views.tenant_state("acme")["inflight"] == 1
     # the same request id of another tenant is another request
     svc.apply_config([tenant(), tenant("beta")], LANES)
     assert not svc.admit("beta", "r1", "", 1000, 1000).duplicate
@@ -90,7 +90,7 @@ def test_complete_refunds_unused_reservation(make_service: Any) -> None:
     assert d.bucket_remaining == 5000 and d.hourly_remaining == 95_000
     s = svc.complete("acme", "r1", 0, 1000, 1200)
     assert (s.reserved_tokens, s.actual_tokens, s.refunded_tokens) == (5000, 2200, 2800)
-    state = svc.tenant_state("acme")
+    state = svc.views.tenant_state("acme")
     assert state["level_mtok"] == (10_000 - 2200) * 1000
     assert state["hour_used"] == 2200
     assert state["inflight"] == 0
@@ -100,11 +100,11 @@ def test_complete_is_idempotent(make_service: Any) -> None:
     svc = make_service()
     svc.admit("acme", "r1", "", 1000, 4000)
     first = svc.complete("acme", "r1", 0, 1000, 100)
-    level = svc.tenant_state("acme")["level_mtok"]
+    level = svc.views.tenant_state("acme")["level_mtok"]
     second = svc.complete("acme", "r1", 0, 1000, 100)
     assert second.duplicate and not first.duplicate
     assert second.refunded_tokens == first.refunded_tokens
-    assert svc.tenant_state("acme")["level_mtok"] == level
+    assert svc.views.tenant_state("acme")["level_mtok"] == level
 
 
 def test_complete_errors(make_service: Any) -> None:
@@ -123,7 +123,7 @@ def test_complete_errors(make_service: Any) -> None:
     with pytest.raises(InvalidArgument, match="kv_cache_miss_rate"):
         svc.complete("acme", "ok", 0, 10, 1, kv_cache_miss_rate=float("nan"))
     # none of the failed calls settled anything
-    assert svc.tenant_state("acme")["inflight"] == 2
+    assert svc.views.tenant_state("acme")["inflight"] == 2
     # settling by reservation id alone works
     assert svc.complete("acme", "ok", d.reservation_id, 10, 5).refunded_tokens == 5
 
@@ -146,7 +146,7 @@ def test_unsettled_reservations_expire_and_free_their_slot(make_service: Any, cl
     assert svc.expire() == 0
     clock.advance(1 * NS)
     assert svc.expire() == 1
-    assert svc.open_reservations == 0
+    assert svc.views.open_reservations == 0
     assert svc.admit("acme", "c", "", 10, 10).decision == Decision.ADMIT
     with pytest.raises(NotFound, match="expired"):
         svc.complete("acme", "a", 0, 10, 10)
@@ -168,7 +168,7 @@ def test_a_settled_id_is_remembered_for_its_window_not_the_ttl(
     assert svc.complete("acme", "a", 0, 10, 5).duplicate
     clock.advance(1 * NS)
     svc.expire()
-    assert svc.remembered_requests == 1  # only the unsettled one
+    assert svc.views.remembered_requests == 1  # only the unsettled one
     with pytest.raises(NotFound):
         svc.complete("acme", "a", 0, 10, 5)
     fresh = svc.admit("acme", "a", "", 10, 10)  # decided anew
@@ -181,7 +181,7 @@ def test_a_settled_id_is_remembered_for_its_window_not_the_ttl(
     d = short.admit("acme", "x", "", 10, 10)
     short.complete("acme", "x", d.reservation_id, 10, 5)
     short.expire()
-    assert short.remembered_requests == 0
+    assert short.views.remembered_requests == 0
 
 
 def test_hourly_quota_refusal_retries_at_next_hour(make_service: Any, clock: Any) -> None:
@@ -226,7 +226,7 @@ def test_bad_input_names_the_field_and_changes_nothing(
     make_service: Any, kwargs: dict[str, Any], field: str
 ) -> None:
     svc = make_service()
-    before = svc.tenant_state("acme")
+    before = svc.views.tenant_state("acme")
     args = {
         "tenant_id": "acme",
         "request_id": "r",
@@ -237,16 +237,16 @@ def test_bad_input_names_the_field_and_changes_nothing(
     with pytest.raises(InvalidArgument) as err:
         svc.admit(**args)
     assert err.value.field == field
-    assert svc.tenant_state("acme") == before
+    assert svc.views.tenant_state("acme") == before
 
 
 def test_reconfigure_keeps_bucket_level(make_service: Any, clock: Any) -> None:
     svc = make_service(tenant(burst_tokens=10_000))
     svc.admit("acme", "a", "", 6000, 0)
     svc.apply_config([tenant(burst_tokens=20_000, max_concurrency=5)], LANES)
-    assert svc.tenant_state("acme")["level_mtok"] == 4000 * 1000
+    assert svc.views.tenant_state("acme")["level_mtok"] == 4000 * 1000
     svc.apply_config([tenant(burst_tokens=3000)], LANES)  # shrink: clamp to the new burst
-    assert svc.tenant_state("acme")["level_mtok"] == 3000 * 1000
+    assert svc.views.tenant_state("acme")["level_mtok"] == 3000 * 1000
 
 
 def test_removed_tenant_is_unknown_but_can_still_settle(make_service: Any) -> None:
@@ -262,7 +262,7 @@ def test_removed_tenant_is_unknown_but_can_still_settle(make_service: Any) -> No
 
 def test_batch_validation_rejects_whole_batch_without_state_change(make_service: Any) -> None:
     svc = make_service()
-    before = svc.tenant_state("acme")
+    before = svc.views.tenant_state("acme")
     cases = [
         (["acme", "acme"], ["a"], [], [1, 1], [1, 1], "request_id"),
         (["acme", "acme"], ["a", "b"], [], [1, -5], [1, 1], "prompt_tokens[1]"),
@@ -273,16 +273,16 @@ def test_batch_validation_rejects_whole_batch_without_state_change(make_service:
     ]
     for tenants, rids, lanes, prompt, maxt, field in cases:
         with pytest.raises(InvalidArgument) as err:
-            svc.admit_batch(tenants, rids, lanes, prompt, maxt)
+            svc.batches.admit(tenants, rids, lanes, prompt, maxt)
         assert err.value.field == field
-    assert svc.tenant_state("acme") == before
-    assert svc.open_reservations == 0
+    assert svc.views.tenant_state("acme") == before
+    assert svc.views.open_reservations == 0
 
 
 def test_batch_with_duplicates_unknown_and_disabled(make_service: Any) -> None:
     svc = make_service(tenant(), tenant("off", enabled=False))
     svc.admit("acme", "seen", "", 10, 10)
-    r = svc.admit_batch(
+    r = svc.batches.admit(
         ["acme", "nobody", "off", "acme"],
         ["seen", "x", "y", "new"],
         ["batch"],
@@ -324,7 +324,7 @@ def test_batch_decides_exactly_like_unary_calls_in_order(
 
     def flush() -> None:
         if chunk:
-            r = batched.admit_batch(
+            r = batched.batches.admit(
                 [c[0] for c in chunk],
                 [f"r{c[1]}" for c in chunk],
                 [],
@@ -355,10 +355,10 @@ def test_batch_decides_exactly_like_unary_calls_in_order(
         for d in expected
     ]  # fmt: skip
     for t in ("acme", "beta"):
-        assert unary.tenant_state(t) == batched.tenant_state(t)
+        assert unary.views.tenant_state(t) == batched.views.tenant_state(t)
     # and what each path remembers is the same record, field for field
     for t, i, _, _ in requests:
-        assert unary.record(t, f"r{i}") == batched.record(t, f"r{i}")
+        assert unary.views.record(t, f"r{i}") == batched.views.record(t, f"r{i}")
 
 
 def test_report_load_validates_and_counts_fresh_engines(make_service: Any, clock: Any) -> None:
@@ -383,7 +383,7 @@ def test_report_load_validates_and_counts_fresh_engines(make_service: Any, clock
             svc.report_load(*args)
         assert err.value.field == field
     # nothing was stored by the refused reports: still one fresh engine
-    assert {e: s.queue_capacity for e, s in svc.pools["p1"].items()} == {"e1": 100, "e2": 100}
+    assert {e: s.queue_capacity for e, s in svc.views.pools["p1"].items()} == {"e1": 100, "e2": 100}
     # an unbounded queue (0) and an unmeasured miss rate (None) are valid
     assert svc.report_load("p1", "e3", 1, 1, 0, 0, None, 0.0) == 2
 
@@ -394,15 +394,15 @@ def test_every_record_has_every_field(make_service: Any) -> None:
     svc = make_service(tenant(burst_tokens=1000))
     svc.admit("acme", "ok", "", 10, 10)
     svc.admit("acme", "refused", "", 5000, 0)
-    svc.admit_batch(["acme", "acme"], ["b-ok", "b-refused"], [], [10, 5000], [10, 0])
+    svc.batches.admit(["acme", "acme"], ["b-ok", "b-refused"], [], [10, 5000], [10, 0])
     svc.complete("acme", "ok", 0, 10, 5)
-    recs = {rid: svc.record("acme", rid) for rid in ("ok", "refused", "b-ok", "b-refused")}
-    assert {len(r) for r in recs.values() if r is not None} == {R.FIELDS}
+    recs = {rid: svc.views.record("acme", rid) for rid in ("ok", "refused", "b-ok", "b-refused")}
+    assert {len(r.raw) for r in recs.values() if r is not None} == {R.FIELDS}
     assert None not in recs.values()
     ok = recs["ok"]
-    assert ok is not None and ok[R.STATE] == R.SETTLED
-    assert ok[R.ARRIVED_NS] == ok[R.DECIDED_NS]
-    assert [r[R.STATE] for r in recs.values() if r is not None] == [
+    assert ok is not None and ok.state == R.SETTLED
+    assert ok.arrived_ns == ok.decided_ns
+    assert [r.state for r in recs.values() if r is not None] == [
         R.SETTLED, R.REJECTED, R.OPEN, R.REJECTED
     ]  # fmt: skip
 
@@ -425,7 +425,7 @@ def test_refusals_say_whether_retrying_can_help(make_service: Any) -> None:
     big = svc.admit("acme", "big", "", 1_500, 0)
     assert (big.reason, big.retryable) == (Reason.TOKEN_RATE, True)
     assert big.retry_after_ns == 900 * 1_000_000  # 900 tokens at 1,000/s: a full bucket
-    batch = svc.admit_batch(["acme", "acme", "nobody"], ["b1", "b2", "b3"], [],
+    batch = svc.batches.admit(["acme", "acme", "nobody"], ["b1", "b2", "b3"], [],
                             [500, 2_500, 1], [0, 0, 1])  # fmt: skip
     assert batch.reason[0] == Reason.TOKEN_RATE  # b1: the bucket is still short
     assert batch.retryable == [True, False, False]
@@ -447,10 +447,10 @@ def test_settled_ids_are_forgotten_and_their_keys_released(
         clock.advance(NS)
         svc.expire()
     # (an id settled exactly one window ago is forgotten at that instant)
-    assert svc.remembered_requests == 20 * (window_s - 1)
+    assert svc.views.remembered_requests == 20 * (window_s - 1)
     # the admissions' expiry queue is compacted: its entries for ids settled
     # and forgotten do not pile up until the TTL
-    assert svc._log.table.footprint()["admitted_fifo"] <= 2 * svc.remembered_requests + 4096
+    assert svc._log.table.footprint()["admitted_fifo"] <= 2 * svc.views.remembered_requests + 4096
 
 
 def test_remembered_requests_are_no_objects_for_the_garbage_collector(
@@ -467,7 +467,7 @@ def test_remembered_requests_are_no_objects_for_the_garbage_collector(
         d = svc.admit("acme", f"r{i}", "", 10, 10)
         svc.complete("acme", f"r{i}", d.reservation_id, 10, 5)
     gc.collect()
-    assert svc.remembered_requests == 5100
+    assert svc.views.remembered_requests == 5100
     # nothing per request stays tracked (the reference build's tuples are
     # untracked by the first collection they survive; the compiled build
     # makes none)

@@ -217,11 +217,11 @@ def test_premium_borrows_from_its_bucket_while_the_pool_has_room(make_service: A
     assert svc.admit("vip", "a", "", 1_000, 0, pool="p").reason == Reason.OK  # level 0
     # past its rate while the pool has room: served, the bucket in debt
     assert svc.admit("vip", "b", "", 600, 0, pool="p").reason == Reason.OK
-    assert svc.tenant_state("vip")["level_mtok"] == -600_000
+    assert svc.views.tenant_state("vip")["level_mtok"] == -600_000
     assert svc.admit("vip", "c", "", 600, 0, pool="p").reason == Reason.OK
     # charged in full (billing uses the usage), the level held at one burst of debt
-    assert svc.record("vip", "c") is not None and svc.record("vip", "c")[3] == 600
-    assert svc.tenant_state("vip")["level_mtok"] == -1_000_000
+    assert svc.views.record("vip", "c") is not None and svc.views.record("vip", "c").reserved == 600
+    assert svc.views.tenant_state("vip")["level_mtok"] == -1_000_000
     # the other lanes do not borrow
     assert svc.admit("std", "a", "", 1_000, 0, pool="p").reason == Reason.OK
     assert svc.admit("std", "b", "", 600, 0, pool="p").reason == Reason.TOKEN_RATE
@@ -237,7 +237,7 @@ def test_premium_is_held_by_its_rate_when_the_pool_is_full(make_service: Any) ->
     assert svc.admit("vip", "a", "", 1_000, 0, pool="p").reason == Reason.OK
     report(svc, waiting=5, running=256)  # the engines' queue is past its target
     assert svc.admit("vip", "b", "", 600, 0, pool="p").reason == Reason.BACKPRESSURE
-    assert svc.tenant_state("vip")["level_mtok"] == 0  # nothing borrowed
+    assert svc.views.tenant_state("vip")["level_mtok"] == 0  # nothing borrowed
     off = make_service(vip)
     off.apply_config([vip], LANES, GATE.model_copy(update={"pool_gate": False}))
     assert off.admit("vip", "a", "", 1_000, 0, pool="p").reason == Reason.OK
@@ -256,7 +256,7 @@ def test_premium_larger_than_its_bucket_runs_while_the_pool_has_room(
     # 5,000 tokens: more than the bucket takes (2 x 1,000); premium runs it,
     # leaving the bucket one burst in debt, and the next one too
     assert svc.admit("vip", "huge", "", 5_000, 0, pool="p").reason == Reason.OK
-    assert svc.tenant_state("vip")["level_mtok"] == -1_000_000
+    assert svc.views.tenant_state("vip")["level_mtok"] == -1_000_000
     assert svc.admit("vip", "again", "", 5_000, 0, pool="p").reason == Reason.OK
     # a quota still binds, and a per-request cap the operator set still refuses
     assert svc.admit("vip", "third", "", 5_000, 0, pool="p").reason == Reason.MAX_TOKENS
@@ -266,8 +266,8 @@ def test_premium_larger_than_its_bucket_runs_while_the_pool_has_room(
 def test_a_batch_flags_the_same_refusals_late_as_unary(make_service: Any) -> None:
     svc = service(make_service, tenant(burst_tokens=5_000))
     report(svc, waiting=0, running=0)
-    r = svc.admit_batch(["acme"] * 2, ["all", "late"], [], [5_000, 4_000], [0, 0], pool="p")
+    r = svc.batches.admit(["acme"] * 2, ["all", "late"], [], [5_000, 4_000], [0, 0], pool="p")
     assert r.reason == [Reason.OK, Reason.TOKEN_RATE]
     assert r.retryable == [False, False]  # 4 s of refill is past the deadline
-    r = svc.admit_batch(["acme"], ["soon"], [], [1], [0], pool="p")
+    r = svc.batches.admit(["acme"], ["soon"], [], [1], [0], pool="p")
     assert (r.reason, r.retryable) == ([Reason.TOKEN_RATE], [True])  # 1 ms is not

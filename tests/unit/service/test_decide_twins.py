@@ -127,16 +127,16 @@ def run_twins(
             one = unary.admit_or_wait(t, rid, lane, prompt, maxt, pool=pool, wait=False,
                                       retry_key=key, attempt=attempt)  # fmt: skip
             assert isinstance(one, AdmitDecision)  # wait=False: never queued
-            many = batched.admit_batch([t], [rid], [lane], [prompt], [maxt], pool=pool,
+            many = batched.batches.admit([t], [rid], [lane], [prompt], [maxt], pool=pool,
                                        retry_keys=[key], attempts=[attempt])  # fmt: skip
             assert unary_answer(one) == batch_answer(many), op
-            assert unary.record(t, rid) == batched.record(t, rid), op
+            assert unary.views.record(t, rid) == batched.views.record(t, rid), op
             if one.decision == Decision.ADMIT and not one.duplicate:
                 admitted[t, rid] = one.reservation_id
     for t in NAMES[:4]:
-        assert unary.tenant_state(t) == batched.tenant_state(t)
+        assert unary.views.tenant_state(t) == batched.views.tenant_state(t)
     for pool in ("p", "q"):
-        assert unary.gate_inflight(pool) == batched.gate_inflight(pool)
+        assert unary.views.gate_inflight(pool) == batched.views.gate_inflight(pool)
 
 
 @settings(

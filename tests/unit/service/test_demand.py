@@ -1,4 +1,4 @@
-"""Demand per pool (service/demand.py, AdmissionService.pool_demand): what
+"""Demand per pool (service/demand.py, AdmissionService.views.pool_demand): what
 users asked of a pool counts, the tenant's own limits do not; the backlog
 and its predicted wait; the engines the pool needs (issue 32)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from controlplane.domain.autoscaler import engines_for
-from controlplane.service import AdmissionService
+from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.service.demand import (
     CAPACITY_REASONS,
     DEMAND_WINDOW_S,
@@ -90,7 +90,7 @@ def report(svc: AdmissionService, running: int, pool: str = "p", engine: str = "
 @pytest.fixture
 def svc(clock: Any) -> AdmissionService:
     clock.now_ns = T0
-    s = AdmissionService(Settings(policy=UnitPolicy()), clock=clock)
+    s = AdmissionService(ServiceLimits.of(Settings(policy=UnitPolicy())), clock=clock)
     s.apply_config(
         [
             tenant("acme", token_rate=10**6, burst_tokens=10**8),
@@ -108,7 +108,7 @@ def test_admitted_and_held_requests_are_demand_and_held_ones_are_backlog(
     assert svc.admit("acme", "a", "standard", 1_000, 10, pool="p").reason == 0
     held = svc.admit_or_wait("acme", "b", "standard", 2_000, 10, pool="p")
     assert isinstance(held, Waiter)
-    d = svc.pool_demand("p")
+    d = svc.views.pool_demand("p")
     assert d.demand_requests_per_s == pytest.approx(2 / DEMAND_WINDOW_S)
     assert d.demand_tokens_per_s == pytest.approx(3_000 / DEMAND_WINDOW_S)
     standard = {b.lane: b for b in d.lanes}["standard"]
@@ -128,7 +128,7 @@ def test_a_tenants_own_limits_are_not_demand(svc: AdmissionService) -> None:
     assert svc.admit("tiny", "two", "standard", 10, 10, pool="p").reason == Reason.CONCURRENCY
     svc.complete("tiny", "one", 0, 50, 10)
     assert svc.admit("tiny", "three", "standard", 80, 10, pool="p").reason == Reason.TOKEN_RATE
-    d = svc.pool_demand("p")
+    d = svc.views.pool_demand("p")
     assert d.demand_requests_per_s == pytest.approx(1 / DEMAND_WINDOW_S)  # "one" alone
     assert d.demand_tokens_per_s == pytest.approx(50 / DEMAND_WINDOW_S)
 
@@ -148,18 +148,18 @@ def test_capacity_refusals_are_demand_and_a_retry_is_not_asked_twice(
         "acme", "r3", "standard", 1_000, 10, pool="p", wait=False, retry_key="k", attempt=1
     )
     assert isinstance(retry, type(out)) and retry.reason == Reason.BACKPRESSURE
-    d = svc.pool_demand("p")
+    d = svc.views.pool_demand("p")
     assert d.demand_requests_per_s == pytest.approx(2 / DEMAND_WINDOW_S)
 
 
 def test_batches_count_as_unary_admits_do(svc: AdmissionService) -> None:
     report(svc, running=0)
-    res = svc.admit_batch(
+    res = svc.batches.admit(
         ["acme", "acme", "tiny", "nobody"], ["b1", "b2", "b3", "b4"], ["standard"],
         [100, 200, 1_000, 5], [10, 10, 10, 10], pool="p",
     )  # fmt: skip
     assert res.reason == [0, 0, Reason.MAX_TOKENS, Reason.UNKNOWN_TENANT]
-    d = svc.pool_demand("p")
+    d = svc.views.pool_demand("p")
     assert d.demand_requests_per_s == pytest.approx(2 / DEMAND_WINDOW_S)
     assert d.demand_tokens_per_s == pytest.approx(300 / DEMAND_WINDOW_S)
 
@@ -196,18 +196,18 @@ def test_desired_engines_rise_with_demand_and_with_prompt_length(
     svc: AdmissionService, clock: Any
 ) -> None:
     learn_pace(svc, clock)
-    d = svc.pool_demand("p")
+    d = svc.views.pool_demand("p")
     assert d.work_rate_per_engine == pytest.approx(10_000)  # 1,000 tokens per 100 ms
     assert d.demand_tokens_per_s == 0 and d.desired_engines == 0
     # 8 requests/s of 1,000 tokens: 8,000 tokens/s, one engine at 80 %
     ask(svc, clock, 8, 1_000, "a")
-    assert svc.pool_demand("p").desired_engines == 1
+    assert svc.views.pool_demand("p").desired_engines == 1
     # twice the requests: two engines
     ask(svc, clock, 16, 1_000, "b")
-    assert svc.pool_demand("p").desired_engines == 2
+    assert svc.views.pool_demand("p").desired_engines == 2
     # the same 8 requests/s with prompts 3x longer: three engines
     ask(svc, clock, 8, 3_000, "c")
-    d = svc.pool_demand("p")
+    d = svc.views.pool_demand("p")
     assert d.demand_requests_per_s == pytest.approx(8)
     assert d.desired_engines == 3
     assert d.desired_engines_predicted >= 1
@@ -224,7 +224,7 @@ def test_a_backlog_the_pool_cannot_release_in_time_asks_for_more_engines(
     # arrival (hopeless), so held: about 22,500 tokens
     for i in range(30):
         svc.admit_or_wait("acme", f"q{i}", "standard", 2_000, 10, pool="p")
-    d = svc.pool_demand("p")
+    d = svc.views.pool_demand("p")
     standard = {b.lane: b for b in d.lanes}["standard"]
     assert 0 < standard.requests < 30 and standard.tokens == 2_000 * standard.requests
     assert standard.predicted_wait_s == pytest.approx(standard.tokens / 10_000)
@@ -237,10 +237,10 @@ def test_a_backlog_the_pool_cannot_release_in_time_asks_for_more_engines(
 
 
 def test_an_unknown_pool_is_all_zeros(svc: AdmissionService) -> None:
-    d = svc.pool_demand("never-reported")
+    d = svc.views.pool_demand("never-reported")
     assert (d.engines_reporting, d.demand_tokens_per_s, d.desired_engines) == (0, 0.0, 0)
     assert d.backlog_requests == 0
-    assert "never-reported" in svc.demand_pools()
+    assert "never-reported" in svc.views.demand_pools()
 
 
 # ---------------------------------------------------- the per-engine work rate

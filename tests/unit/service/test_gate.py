@@ -184,19 +184,19 @@ def test_a_pool_handed_to_another_replica_is_forgotten_here(make_service: Any) -
         assert svc.admit("acme", r, "", 10, 10, pool="p").decision == Decision.ADMIT
     assert svc.admit("acme", "x", "", 10, 10, pool="q").decision == Decision.ADMIT
     assert svc.admit("acme", "c", "", 10, 10, pool="p").reason == Reason.BACKPRESSURE
-    before = svc.tenant_state("acme")
+    before = svc.views.tenant_state("acme")
     # the cell of p moved to another replica (which counts a and b now,
     # re-announced): they end here as at expiry, and the gate forgets p
-    assert svc.forget_pools(["p"]) == 2
-    after = svc.tenant_state("acme")
+    assert svc.replicas.forget_pools(["p"]) == 2
+    after = svc.views.tenant_state("acme")
     assert (before["inflight"], after["inflight"]) == (3, 1)  # x, of pool q, stays
     assert after["level_mtok"] == before["level_mtok"]  # no refund: what was reserved is spent
-    assert svc.gate_inflight("p") == 0 and svc.open_reservations == 1
+    assert svc.views.gate_inflight("p") == 0 and svc.views.open_reservations == 1
     with pytest.raises(NotFound):
         svc.complete("acme", "a", 0, 10, 5)  # a late Complete here: booked offline instead
     # the cell came back: it is not refused for what the other replica runs
     assert svc.admit("acme", "d", "", 10, 10, pool="p").decision == Decision.ADMIT
-    assert svc.forget_pools(["nowhere"]) == 0
+    assert svc.replicas.forget_pools(["nowhere"]) == 0
 
 
 def test_every_admit_belongs_to_a_pool(make_service: Any) -> None:
@@ -214,11 +214,11 @@ def test_a_full_kv_cache_closes_the_gate(make_service: Any) -> None:
 def test_a_batch_gets_only_the_room_there_is(make_service: Any) -> None:
     svc = gated(make_service)
     report(svc, waiting=0, running=256, max_seqs=256)  # no slot: premium may wait, 2 of them
-    r = svc.admit_batch(["vip"] * 4, ["a", "b", "c", "d"], [], [10] * 4, [10] * 4, pool="p")
+    r = svc.batches.admit(["vip"] * 4, ["a", "b", "c", "d"], [], [10] * 4, [10] * 4, pool="p")
     assert r.reason == [Reason.OK, Reason.OK, Reason.BACKPRESSURE, Reason.BACKPRESSURE]
     # the pool takes more within premium's SLO: a retry may pass
     assert r.retryable is not None and all(r.retryable[2:]) and min(r.retry_after_ms[2:]) > 0
-    r = svc.admit_batch(["acme"] * 2, ["s0", "s1"], [], [10] * 2, [10] * 2, pool="p")
+    r = svc.batches.admit(["acme"] * 2, ["s0", "s1"], [], [10] * 2, [10] * 2, pool="p")
     assert r.reason == [Reason.BACKPRESSURE] * 2  # other lanes only where they start
 
 
@@ -226,13 +226,13 @@ def test_a_batch_gives_the_room_to_premium_first(make_service: Any, clock: Any) 
     svc = gated(make_service)
     report(svc, waiting=0, running=256, max_seqs=256)  # room for 2 premium
     lanes = ["standard", "batch", "premium", "standard", "premium"]
-    r = svc.admit_batch(["acme"] * 5, [f"r{i}" for i in range(5)], lanes, [10] * 5, [10] * 5,
+    r = svc.batches.admit(["acme"] * 5, [f"r{i}" for i in range(5)], lanes, [10] * 5, [10] * 5,
                         pool="p")  # fmt: skip
     ok = [lane for lane, reason in zip(lanes, r.reason, strict=True) if reason == Reason.OK]
     assert ok == ["premium", "premium"]
     clock.advance(100 * MS)
     report(svc, waiting=0, running=254, max_seqs=256)  # 2 free slots: then batch order
-    r = svc.admit_batch(["acme"] * 3, ["s0", "s1", "s2"], ["standard", "batch", "standard"],
+    r = svc.batches.admit(["acme"] * 3, ["s0", "s1", "s2"], ["standard", "batch", "standard"],
                         [10] * 3, [10] * 3, pool="p")  # fmt: skip
     assert r.reason == [Reason.OK, Reason.OK, Reason.BACKPRESSURE]
 
@@ -285,15 +285,15 @@ def test_the_score_is_renormalised_over_the_signals_present(make_service: Any) -
     # vLLM: no queue bound (measured against the gate's target of 2), no miss
     # rate; (0.4 * 4096/8192 + 0.3 * 1/2 + 0.4 * 0.8) / (0.4 + 0.3 + 0.4)
     svc.report_load("p", "e1", 4096, 8192, 1, 0, None, 0.5, kv_cache_usage=0.8)
-    assert svc.pool_views()["p"][0] == pytest.approx((0.2 + 0.15 + 0.32) / 1.1, abs=1e-6)
+    assert svc.views.pool_views()["p"][0] == pytest.approx((0.2 + 0.15 + 0.32) / 1.1, abs=1e-6)
     # a second engine without KV usage: its batch and queue count, the KV term
     # is the first engine's; its miss rate enters with gamma
     svc.report_load("p", "e2", 0, 8192, 3, 0, 0.5, 0.5)
     expected = (0.4 * 4096 / 16384 + 0.3 * 1.0 + 0.3 * 0.5 + 0.4 * 0.8) / 1.4
-    assert svc.pool_views()["p"][0] == pytest.approx(expected, abs=1e-6)
+    assert svc.views.pool_views()["p"][0] == pytest.approx(expected, abs=1e-6)
     # everything full reaches 1.0 without a miss rate (SPEC weights alone: 0.7)
     svc.report_load("q", "e1", 8192, 8192, 9, 0, None, 1.0, kv_cache_usage=1.0)
-    assert svc.pool_views()["q"][0] == pytest.approx(1.0)
+    assert svc.views.pool_views()["q"][0] == pytest.approx(1.0)
 
 
 def test_new_load_fields_are_validated(make_service: Any) -> None:
@@ -321,7 +321,7 @@ def test_bucket_debt_admits_a_tenants_own_burst(make_service: Any) -> None:
         fresh = make_service(tenant(burst_tokens=1_000))
         fresh.apply_config([tenant(burst_tokens=1_000)], LANES, policy)
         assert fresh.admit("acme", "big", "", 1_500, 0).reason == Reason.OK
-        assert fresh.tenant_state("acme")["level_mtok"] == -500_000
+        assert fresh.views.tenant_state("acme")["level_mtok"] == -500_000
 
 
 def test_gate_retry_after_is_predicted_from_the_pools_drain_rate(

@@ -35,8 +35,8 @@ def test_per_tenant_cap_refuses_with_its_own_reason_and_a_hint(make_service: Any
     assert "open reservations" in d.message
     # another tenant has a cap of its own
     assert svc.admit("beta", "r0", "", 10, 10).decision == Decision.ADMIT
-    assert svc.open_reservations == 4
-    assert svc.tenant_state("acme")["inflight"] == 3
+    assert svc.views.open_reservations == 4
+    assert svc.views.tenant_state("acme")["inflight"] == 3
 
 
 def test_overall_cap_counts_every_tenant(make_service: Any) -> None:
@@ -46,7 +46,7 @@ def test_overall_cap_counts_every_tenant(make_service: Any) -> None:
     assert svc.admit("beta", "b1", "", 1, 1).decision == Decision.ADMIT
     assert svc.admit("acme", "a1", "", 1, 1).reason == OPEN
     assert svc.admit("beta", "b2", "", 1, 1).reason == OPEN
-    assert svc.open_reservations == 3
+    assert svc.views.open_reservations == 3
 
 
 def test_a_replayed_request_id_does_not_take_a_second_place(make_service: Any) -> None:
@@ -55,12 +55,12 @@ def test_a_replayed_request_id_does_not_take_a_second_place(make_service: Any) -
     for _ in range(5):
         again = svc.admit("acme", "r0", "", 10, 10)
         assert again.duplicate and again.reservation_id == first.reservation_id
-    assert svc.open_reservations == 1
+    assert svc.views.open_reservations == 1
     assert svc.admit("acme", "r1", "", 10, 10).decision == Decision.ADMIT
     assert svc.admit("acme", "r2", "", 10, 10).reason == OPEN
     # the refusal replays as such (duplicate), it took nothing either
     assert svc.admit("acme", "r2", "", 10, 10).duplicate
-    assert svc.open_reservations == 2
+    assert svc.views.open_reservations == 2
 
 
 def test_complete_and_expiry_free_a_place(make_service: Any, clock: Any) -> None:
@@ -76,7 +76,7 @@ def test_complete_and_expiry_free_a_place(make_service: Any, clock: Any) -> None
     assert svc.admit("acme", "r3", "", 10, 10).reason == OPEN
     clock.advance(61 * NS)  # r1 and r2 pass their TTL without a Complete
     assert svc.expire() == 2
-    assert svc.open_reservations == 0
+    assert svc.views.open_reservations == 0
     assert svc.admit("acme", "r3", "", 10, 10).decision == Decision.ADMIT
     assert svc.admit("acme", "r4", "", 10, 10).decision == Decision.ADMIT
 
@@ -107,7 +107,7 @@ def test_a_waiting_request_that_meets_the_cap_is_answered_with_it(
     clock.advance(60 * MS)
     svc.tick()
     assert [a.reason for a in answers] == [OPEN]
-    assert svc.waiting == 0 and svc.open_reservations == 2
+    assert svc.waiting == 0 and svc.views.open_reservations == 2
 
 
 def test_shadow_mode_is_refused_at_the_cap_too(make_service: Any) -> None:
@@ -120,10 +120,10 @@ def test_shadow_mode_is_refused_at_the_cap_too(make_service: Any) -> None:
     assert (over.decision, over.shadow_reason) == (Decision.ADMIT, Reason.CONCURRENCY)
     d = svc.admit("acme", "r2", "", 10, 10)
     assert (d.decision, d.reason, d.shadow_reason) == (Decision.REJECT, OPEN, 0)
-    r = svc.admit_batch(["acme"] * 2, ["b0", "b1"], [], [10, 10], [10, 10])
+    r = svc.batches.admit(["acme"] * 2, ["b0", "b1"], [], [10, 10], [10, 10])
     assert r.reason == [OPEN, OPEN] and r.decision == [Decision.REJECT] * 2
     assert r.shadow_reason == [0, 0]
-    assert svc.open_reservations == 2
+    assert svc.views.open_reservations == 2
 
 
 def test_a_batch_is_refused_from_the_entry_that_meets_the_cap(make_service: Any) -> None:
@@ -134,19 +134,19 @@ def test_a_batch_is_refused_from_the_entry_that_meets_the_cap(make_service: Any)
     svc.admit("acme", "a0", "", 10, 10)
     tenants = ["acme", "acme", "beta", "acme", "beta", "beta", "acme"]
     ids = ["a0", "a1", "b0", "a2", "b1", "b2", "a3"]
-    r = svc.admit_batch(tenants, ids, [], [10] * 7, [10] * 7)
+    r = svc.batches.admit(tenants, ids, [], [10] * 7, [10] * 7)
     # a0 is a replay (takes nothing); acme fills its 3 with a1, a2; beta gets two of
     # the plane's 5 places; then the plane is full
     assert r.duplicate == [True, False, False, False, False, False, False]
     assert r.reason == [0, 0, 0, 0, 0, OPEN, OPEN]
     assert r.retry_after_ms == [0, 0, 0, 0, 0, 300, 300]
     assert r.retryable[-2:] == [True, True]
-    assert svc.open_reservations == 5
+    assert svc.views.open_reservations == 5
     assert svc.stats.decision_counts[(int(Decision.REJECT), int(OPEN))] == 2
     # a Complete frees a place for the next batch (b2's refusal replays until its
     # retry_after has passed: a new id)
     svc.complete("beta", "b0", 0, 10, 5)
-    r = svc.admit_batch(["beta", "acme"], ["b3", "a4"], [], [10, 10], [10, 10])
+    r = svc.batches.admit(["beta", "acme"], ["b3", "a4"], [], [10, 10], [10, 10])
     assert r.reason == [0, OPEN]
 
 
@@ -155,7 +155,7 @@ def test_unary_and_batch_decide_alike_at_the_cap(make_service: Any) -> None:
     batched = make_service(tenant(**BIG), max_open_reservations_per_tenant=4)
     ids = [f"r{i}" for i in range(7)]
     one_by_one = [unary.admit("acme", i, "", 5, 5).reason for i in ids]
-    r = batched.admit_batch(["acme"] * 7, ids, [], [5] * 7, [5] * 7)
+    r = batched.batches.admit(["acme"] * 7, ids, [], [5] * 7, [5] * 7)
     assert r.reason == [int(x) for x in one_by_one] == [0, 0, 0, 0, OPEN, OPEN, OPEN]
 
 

@@ -41,9 +41,9 @@ def service(make_service: Any, policy: Policy = GATED) -> Any:
 
 
 def pool_of(svc: Any, tenant_id: str, request_id: str) -> str:
-    rec = svc.record(tenant_id, request_id)
-    assert rec is not None and rec[R.STATE] == R.OPEN, rec
-    pool: str = rec[R.POOL]
+    rec = svc.views.record(tenant_id, request_id)
+    assert rec is not None and rec.state == R.OPEN, rec
+    pool: str = rec.pool
     return pool
 
 
@@ -114,7 +114,7 @@ def test_batch_resolution_order_per_entry(make_service: Any, requested: str) -> 
     entries.append(("short", "standard", 500))  # demoted to batch
     tenants = [t for t, _, _ in entries]
     ids = [f"b{i}" for i in range(len(entries))]
-    r = svc.admit_batch(tenants, ids, [lane for _, lane, _ in entries],
+    r = svc.batches.admit(tenants, ids, [lane for _, lane, _ in entries],
                         [p for _, _, p in entries], [0] * len(entries), pool=requested)  # fmt: skip
     assert r.reason == [Reason.OK] * len(entries)
     got = [pool_of(svc, t, i) for t, i in zip(tenants, ids, strict=True)]
@@ -124,19 +124,19 @@ def test_batch_resolution_order_per_entry(make_service: Any, requested: str) -> 
 
 def test_batch_counts_the_gate_per_resolved_pool(make_service: Any) -> None:
     svc = service(make_service, ONE_EACH)
-    r = svc.admit_batch(["routed", "routed", "plain", "plain"], ["a", "b", "c", "d"], [],
+    r = svc.batches.admit(["routed", "routed", "plain", "plain"], ["a", "b", "c", "d"], [],
                         [10] * 4, [0] * 4)  # fmt: skip
     # tenant-pool and lane-std take one each
     assert r.reason == [Reason.OK, Reason.BACKPRESSURE, Reason.OK, Reason.BACKPRESSURE]
     # a batch naming a pool puts everything in it
-    r = svc.admit_batch(["routed", "plain"], ["e", "f"], [], [10] * 2, [0] * 2, pool="req")
+    r = svc.batches.admit(["routed", "plain"], ["e", "f"], [], [10] * 2, [0] * 2, pool="req")
     assert r.reason == [Reason.OK, Reason.BACKPRESSURE]
 
 
 def test_batch_without_the_gate_has_no_default_pool(make_service: Any) -> None:
     svc = service(make_service, UnitPolicy(pool_gate=False))
-    svc.admit_batch(["routed", "plain", "vip"], ["a", "b", "c"], [], [10] * 3, [0] * 3)
-    svc.admit_batch(["routed"], ["d"], [], [10], [0], pool="req")
+    svc.batches.admit(["routed", "plain", "vip"], ["a", "b", "c"], [], [10] * 3, [0] * 3)
+    svc.batches.admit(["routed"], ["d"], [], [10], [0], pool="req")
     got = [pool_of(svc, t, i) for t, i in (("routed", "a"), ("plain", "b"), ("vip", "c"),
                                            ("routed", "d"))]  # fmt: skip
     assert got == ["tenant-pool", "lane-std", "", "req"]
@@ -147,7 +147,7 @@ def test_the_unary_and_batch_paths_agree(make_service: Any) -> None:
     batch = service(make_service)
     for i, (t, lane, prompt, requested, _) in enumerate(ORDER):
         unary.admit(t, f"r{i}", lane, prompt, 0, pool=requested)
-        batch.admit_batch([t], [f"r{i}"], [lane], [prompt], [0], pool=requested)
+        batch.batches.admit([t], [f"r{i}"], [lane], [prompt], [0], pool=requested)
         assert pool_of(unary, t, f"r{i}") == pool_of(batch, t, f"r{i}")
 
 
@@ -158,6 +158,6 @@ def test_an_unknown_tenant_in_a_batch_without_a_standard_lane_is_refused_not_a_c
     lanes = [LANES[0], LANES[2]]
     svc = make_service(tenant(default_lane="premium"))
     svc.apply_config([tenant(default_lane="premium")], lanes, GATED)
-    r = svc.admit_batch(["nobody", "acme"], ["x", "y"], [], [10, 10], [0, 0])
+    r = svc.batches.admit(["nobody", "acme"], ["x", "y"], [], [10, 10], [0, 0])
     assert r.reason == [Reason.UNKNOWN_TENANT, Reason.OK]
     assert svc.admit("nobody", "z", "", 10, 0).reason == Reason.UNKNOWN_TENANT

@@ -129,11 +129,11 @@ def test_queue_bounds_per_tenant_lane_and_global(make_service: Any) -> None:
     waiting(svc.admit_or_wait("acme", "a2", "", 1, 1))
     full = decided(svc.admit_or_wait("acme", "a3", "", 1, 1))
     assert full.reason == Reason.QUEUE_FULL and full.retry_after_ns == 800 * MS
-    assert svc.tenant_queued("acme") == 2 and svc.tenant_queued("nobody") == 0
+    assert svc.views.tenant_queued("acme") == 2 and svc.views.tenant_queued("nobody") == 0
     svc.admit_or_wait("beta", "b0", "", 1, 1)
     waiting(svc.admit_or_wait("beta", "b1", "", 1, 1))  # standard lane: 3 waiting now
     assert decided(svc.admit_or_wait("beta", "b2", "", 1, 1)).reason == Reason.QUEUE_FULL
-    assert svc.queue_depths()["standard"] == 3
+    assert svc.views.queue_depths()["standard"] == 3
 
 
 def test_cancelled_waiter_leaves_at_once_and_leaks_nothing(make_service: Any) -> None:
@@ -141,9 +141,9 @@ def test_cancelled_waiter_leaves_at_once_and_leaks_nothing(make_service: Any) ->
     svc.admit_or_wait("acme", "a", "", 10, 10)
     w = waiting(svc.admit_or_wait("acme", "b", "", 10, 10))
     svc.cancel(w)
-    assert svc.waiting == 0 and svc.queue_depths()["standard"] == 0
+    assert svc.waiting == 0 and svc.views.queue_depths()["standard"] == 0
     svc.complete("acme", "a", 0, 10, 10)
-    assert svc.tenant_state("acme")["inflight"] == 0  # the cancelled call took nothing
+    assert svc.views.tenant_state("acme")["inflight"] == 0  # the cancelled call took nothing
     # the id is free again: nothing was remembered for it
     assert decided(svc.admit_or_wait("acme", "b", "", 10, 10)).decision == Decision.ADMIT
 
@@ -263,7 +263,7 @@ def test_long_requests_are_demoted_to_the_lowest_lane(make_service: Any) -> None
 def test_backpressure_score_follows_the_spec_formula(make_service: Any) -> None:
     svc = make_service()
     report(svc, batch=500, depth=250, miss=0.2)
-    score, freshness, degraded = svc.pool_views()["p"]
+    score, freshness, degraded = svc.views.pool_views()["p"]
     # 0.4 * 500/1000 + 0.3 * 250/1000 + 0.3 * 0.2
     assert score == pytest.approx(0.4 * 0.5 + 0.3 * 0.25 + 0.3 * 0.2, abs=1e-6)
     assert freshness == 1 and not degraded
@@ -386,7 +386,7 @@ def test_global_watermark_caps_all_tenants_together(make_service: Any) -> None:
     w = waiting(svc.admit_or_wait("beta", "c", "", 600, 0))
     svc.complete("acme", "a", 0, 600, 0)
     assert w.done and w.result.decision == Decision.ADMIT
-    assert svc.inflight_tokens() <= 1000
+    assert svc.views.inflight_tokens() <= 1000
 
 
 # ------------------------------------------------------------------ batches
@@ -399,7 +399,7 @@ def test_batch_applies_backpressure_shadow_and_degradation(make_service: Any) ->
         policy=UnitPolicy(degrade_max_tokens=500, long_request_tokens=10**6, pool_gate=False),
     )
     report(svc, batch=1000, depth=1000, miss=0.5, gpu=0.99)  # B = 0.85, degraded
-    r = svc.admit_batch(
+    r = svc.batches.admit(
         ["acme", "acme", "shadow"], ["a", "b", "c"], ["standard", "premium", "standard"],
         [10, 10, 10], [900, 900, 900], pool="p",
     )  # fmt: skip
@@ -459,8 +459,8 @@ def test_cancel_after_admission_releases_the_reservation(make_service: Any) -> N
     svc.complete("acme", "a", 0, 10, 5)
     assert w.done and w.result.decision == Decision.ADMIT
     svc.cancel(w)
-    assert svc.open_reservations == 0
-    assert svc.tenant_state("acme")["inflight"] == 0
+    assert svc.views.open_reservations == 0
+    assert svc.views.tenant_state("acme")["inflight"] == 0
     assert svc.stats.cancelled_total == 1
     again = decided(svc.admit_or_wait("acme", "b", "", 10, 10))
     assert again.decision == Decision.ADMIT and not again.duplicate

@@ -42,7 +42,7 @@ def test_a_half_share_gives_half_the_burst_and_half_the_rate(
     svc = shared(make_service, tenant(token_rate=Decimal(1000), burst_tokens=10_000))
     assert svc.shares.set("acme", Share(PPM // 2))
     assert svc.shares.slot_state("acme")["burst_mtok"] == 5_000_000
-    assert svc.tenant_state("acme")["burst_mtok"] == 10_000_000  # reported: the whole
+    assert svc.views.tenant_state("acme")["burst_mtok"] == 10_000_000  # reported: the whole
     assert svc.admit("acme", "a", "", 5000, 0).decision == Decision.ADMIT
     d = svc.admit("acme", "b", "", 1000, 0)
     assert d.reason == Reason.TOKEN_RATE
@@ -67,7 +67,7 @@ def test_a_request_too_large_for_the_share_but_not_the_tenant_is_retryable(
     d = svc.admit("acme", "huge", "", 2001, 0)  # too large for the tenant itself
     assert d.reason == Reason.MAX_TOKENS and not d.retryable
     # the batch path answers the same
-    b = svc.admit_batch(["acme", "acme"], ["mid-b", "huge-b"], [], [800, 2001], [0, 0])
+    b = svc.batches.admit(["acme", "acme"], ["mid-b", "huge-b"], [], [800, 2001], [0, 0])
     assert b.reason == [Reason.TOKEN_RATE, Reason.MAX_TOKENS]
     assert b.retry_after_ms == [REFRESH // 1_000_000, 0]
 
@@ -123,7 +123,7 @@ def test_a_share_set_for_an_unknown_tenant_is_kept_for_when_it_is_configured(
 ) -> None:
     svc = shared(make_service, tenant())
     assert not svc.shares.set("later", Share(PPM))
-    svc.apply_config([tenant(), tenant("later")], svc.lanes.values())
+    svc.apply_config([tenant(), tenant("later")], svc.views.lanes.values())
     assert svc.admit("later", "a", "", 100, 0).decision == Decision.ADMIT
     assert svc.admit("acme", "a", "", 100, 0).reason == Reason.TOKEN_RATE  # still none
 
@@ -160,10 +160,10 @@ def test_limits_and_answers_report_the_whole_limits_and_tenant_wide_use(
     d = svc.admit("acme", "a", "", 2000, 0)
     assert d.decision == Decision.ADMIT
     assert d.hourly_remaining == 48_000  # 100,000 - 50,000 - 2,000, not 30,000 - 2,000
-    b = svc.admit_batch(["acme"], ["b"], [], [500], [0])
+    b = svc.batches.admit(["acme"], ["b"], [], [500], [0])
     assert b.hourly_remaining == [47_500]
-    lim = svc.tenant_limits("acme")
+    lim = svc.views.tenant_limits("acme")
     assert (lim.token_rate, lim.burst_tokens, lim.hourly_quota) == (1000, 10_000, 100_000)
     assert lim.bucket_tokens == 0  # this replica's quarter of the burst, less 2,500
     assert lim.hourly_remaining == 47_500
-    assert svc.tenant_state("acme")["hour_used"] == 52_500  # tenant-wide, for the admin API
+    assert svc.views.tenant_state("acme")["hour_used"] == 52_500  # tenant-wide, for the admin API

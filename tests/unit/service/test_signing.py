@@ -104,11 +104,11 @@ def test_every_admitted_answer_carries_a_token_that_verifies(make_service: Any) 
     )  # a replay: the same token
     refused = svc.admit("ghost", "u2", "", 10, 20)
     assert refused.decision == Decision.REJECT and refused.admission_token == b""
-    r = svc.admit_batch(["acme", "ghost", "acme"], ["b1", "b2", "u1"], [], [1, 1, 10],
+    r = svc.batches.admit(["acme", "ghost", "acme"], ["b1", "b2", "u1"], [], [1, 1, 10],
                         [2, 2, 20], model="m", pool="p")  # fmt: skip
     assert r.admission_token is not None and r.admission_token[1] == b""
     assert r.admission_token[2] == d.admission_token  # the replay's
     got = svc.signer.verify(r.admission_token[0], "acme", "b1", "m", 1, 2, r.reservation_id[0])
     assert isinstance(got, Signed) and got.pool == "p"
-    none = svc.admit_batch(["ghost"], ["b3"], [], [1], [1])
+    none = svc.batches.admit(["ghost"], ["b3"], [], [1], [1])
     assert none.admission_token is None

@@ -98,7 +98,7 @@ def admit(room: WaitingRoom, rid: str, lane: str = "") -> Coroutine[Any, Any, Ad
 
 
 def queued(svc: AdmissionService) -> int:
-    assert svc.waiting == sum(svc.queue_depths().values())
+    assert svc.waiting == sum(svc.views.queue_depths().values())
     return svc.waiting
 
 
@@ -212,13 +212,13 @@ def test_cancelling_the_caller_takes_its_waiter_out_of_the_queue(
         leave = asyncio.create_task(admit(room, "leave", "premium"))
         await run_pending()
         assert queued(svc) == 2
-        depths = svc.queue_depths()
+        depths = svc.views.queue_depths()
         assert (depths.get("premium"), depths.get("standard")) == (1, 1)
         assert loop.pending_timers() == [pytest.approx(0.75)]
         leave.cancel()
         await run_pending()
         assert leave.cancelled()
-        assert queued(svc) == 1 and svc.queue_depths().get("premium", 0) == 0
+        assert queued(svc) == 1 and svc.views.queue_depths().get("premium", 0) == 0
         assert svc.stats.cancelled_total == 1
         # The timer armed for the cancelled call may stay (an early wake-up
         # is harmless): at 750 ms it finds nothing due and re-arms for the

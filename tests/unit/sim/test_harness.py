@@ -117,8 +117,8 @@ def test_burstgate_policy_drives_the_real_service() -> None:
     svc = policy.svc
     decided = sum(svc.stats.decision_counts.values())
     assert decided == sum(j.attempts for j in res.jobs)
-    assert svc.open_reservations == 0  # every admission was completed
-    assert set(svc.pools) == {"sim-pool"}  # the engines reported their load
+    assert svc.views.open_reservations == 0  # every admission was completed
+    assert set(svc.views.pools) == {"sim-pool"}  # the engines reported their load
 
 
 @pytest.mark.parametrize("load", [1.5, 2.0])

@@ -1,76 +1,50 @@
-"""One AdmitStream batch decided in columns: the steps of
-``Decider.decide`` (service/decider.py), each taken for the whole batch.
+"""The vectorised twin of ``Decider.decide`` (service/decider.py): one
+AdmitStream batch decided in columns, each step of the scalar decision
+taken for the whole batch. The scalar path is the reference; the twin
+tests hold this one to it (tests/unit/service/test_decide_twins.py: a
+unary Admit and a batch of one through random histories;
+tests/unit/service/test_batch_twin.py: random batches against their
+entries decided one by one).
 
-A batch is decided by :class:`BatchDecision`, one object per batch whose
-methods are the decision's steps, in order:
+A batch is one :class:`BatchDecision`, its methods the steps in order:
+``screen`` (the tenant screen, replays, late retries), ``place`` (lanes,
+length-aware placement, pools), ``judge`` (the pool's verdict: the
+degradation cap and the pressure refusal), ``gate`` (the pool gate's share,
+fail-open lanes first; a batch never waits), ``fast_path`` (buckets,
+quotas, concurrency and the global watermark in one call into the same
+compiled function a unary request uses, then premium borrowing),
+``shares`` (refusals under a share, tenant-wide quotas), ``conclude``
+(the shadow reason, reservation ids, the concurrency retry hint, late
+flags), then batch_answer.store (the gate release, the rows stored and
+counted, the answer). Each rule is the scalar one, or its columnar form
+beside it (``Deadlines.late_columns`` beside ``late_if_past``).
 
-1. :meth:`~BatchDecision.screen`: the tenant screen (``early_reason``),
-   replays of earlier decisions, and retries that can no longer meet their
-   first attempt's deadline (refused before anything is charged);
-2. :meth:`~BatchDecision.place`: each entry's lane (named, else its
-   tenant's default; then length-aware placement) and that lane's pool;
-3. :meth:`~BatchDecision.judge`: the pool's verdict per (lane, pool) pair:
-   backpressure may refuse, degradation caps the output;
-4. :meth:`~BatchDecision.gate`: the pool gate's share (what a pool has no
-   room for is refused; a batch never waits), premium first;
-5. :meth:`~BatchDecision.fast_path`: buckets, quotas, concurrency and the
-   global watermark in one call into the compiled fast path
-   (``TokenBucketTable.admit_batch``: the same C function that decides a
-   unary request), then the rules that need Python per entry and are rare:
-   premium borrowing (``Decider.borrows``) and refusals under a share
-   (``Decider.explain``);
-6. :meth:`~BatchDecision.conclude`: shadow mode, reservation ids, the
-   price locked at admission, the retry hint, and late flags (a refusal
-   whose retry cannot make its deadline is not retryable);
-7. :meth:`~BatchDecision.store`: the records stored and counted, the gate
-   told of the releases, the answer's columns.
-
-Each rule is the unary one (the same helpers, or its vectorised form
-beside it); tests/unit/service/test_decide_twins.py drives a unary Admit and
-the same request as a batch of one through random histories and compares
-them field for field.
-
-Why a batch is not literally the unary path, nor the unary path a batch of
-one: the columns cost about a microsecond per numpy call whatever the batch
-size (~40 calls), which a batch of a hundred shares but a single request
-pays alone: in process, a unary admit + complete took 21 µs and the same
-request as a batch of one 109 µs (5.2x; bench/bench_service.py,
-BENCHMARKS.md "The decision written once").
-
-Columns throughout, with as few numpy calls as possible: what differs per
-tenant is one small matrix, spread over the entries with one index; each
-(lane, pool) *pair* gets template rows of the request table's layout
-(admitted, refused after its verdict, refused before any), and an entry's
-row starts as its template, indexed in one call, before the few per-entry
-columns are written. The rows are stored in one call and the answer's
-columns read from them in one. No Python object is made per request beyond
-the answer's lists.
+Why two paths: ~40 numpy calls of about a microsecond each, which a batch
+of a hundred shares and a single request pays alone (21 µs against 109 µs,
+BENCHMARKS.md "The decision written once"). Per tenant one small matrix,
+per (lane, pool) pair template rows of the request table's layout; no
+Python object per request beyond the answer's lists.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.domain.scope import KeyScope
 from controlplane.service import records as R
-from controlplane.service.answers import NOT_RETRYABLE, BatchResult
-from controlplane.service.deadlines import BatchRetries, Deadlines
+from controlplane.service.answers import NOT_RETRYABLE
+from controlplane.service.batch_rules import Rules
+from controlplane.service.deadlines import BatchRetries
 from controlplane.service.demand import CAPACITY_REASONS
-from controlplane.service.gate import PoolGate
-from controlplane.service.keyscope import check_scope
 from controlplane.service.pools import UNKNOWN
 from controlplane.service.pressure import Verdict
-from controlplane.service.pricing import PriceQuote, Pricing
+from controlplane.service.pricing import PriceQuote
 from controlplane.service.records import RequestLog, float_bits
 from controlplane.service.shares import SHARED_REASONS
-from controlplane.service.signing import AdmissionSigner
-from controlplane.service.stats import AdmissionStats
-from controlplane.service.tenants import Tenant, TenantDirectory
-from fastpath import Reason, TokenBucketTable
+from controlplane.service.tenants import Tenant, early_reason
+from fastpath import Reason
 
 _OK = int(Reason.OK)
 _BACKPRESSURE = int(Reason.BACKPRESSURE)
@@ -88,50 +62,6 @@ _T_TKEY, _T_SLOT, _T_EARLY, _T_SHADOW, _T_LONG = range(5)
 _P_REASON, _P_RETRY, _P_SHED, _P_CAP, _P_POOL, _P_FAIL_OPEN = range(6)
 _ONE_BITS = float_bits(1.0)
 _NEVER = 2**62  # a length no request reaches (unknown tenants are never placed)
-
-
-def early_reason(entry: Tenant | None) -> int:
-    """Refusals that need no bucket: the tenant is unknown or disabled."""
-    if entry is None:
-        return Reason.UNKNOWN_TENANT
-    if not entry.config.enabled:
-        return Reason.TENANT_DISABLED
-    return _OK
-
-
-class Rules(Protocol):
-    """What the steps use of ``Decider`` (service/decider.py): its parts and
-    the rules a unary decision uses, so both paths apply the same ones."""
-
-    table: TokenBucketTable
-    tenants: TenantDirectory
-    gate: PoolGate
-    deadlines: Deadlines
-    pricing: Pricing
-    concurrency_retry_ns: int
-    signer: AdmissionSigner
-
-    def verdict(self, lane: str, pool: str, now: int) -> Verdict: ...
-
-    def borrows(
-        self, lane: str, slot: int, now: int, prompt: int, max_tokens: int, reason: int
-    ) -> bool: ...
-
-    def borrow(self, slot: int, now: int, prompt: int, max_tokens: int) -> tuple[int, ...]: ...
-
-    def explain(
-        self, entry: Tenant, reason: int, retry: int, prompt: int, max_tokens: int
-    ) -> tuple[int, int]: ...
-
-    def tenant_wide(self, entry: Tenant, hour: int, day: int) -> tuple[int, int]: ...
-
-    def take_reservation_ids(self, count: int) -> int: ...
-
-    def columns(
-        self, rows: npt.NDArray[np.int64], is_fresh: npt.NDArray[np.bool_],
-        degraded: npt.NDArray[np.bool_], verdicts: dict[tuple[str, str], Verdict],
-        multiplier: float,
-    ) -> BatchResult: ...  # fmt: skip
 
 
 class BatchDecision:
@@ -183,6 +113,7 @@ class BatchDecision:
     # conclude
     rows: npt.NDArray[np.int64]
     admitted: npt.NDArray[np.bool_]
+    released_pools: set[int]  # pools whose admissions conclude released
 
     def __init__(
         self, decider: Rules, tenant_ids: list[str], request_ids: list[str],
@@ -292,26 +223,6 @@ class BatchDecision:
         else:
             self.fresh = None
             self.is_fresh = np.ones(n, dtype=bool)
-
-    def check_scope(self, scope: KeyScope) -> None:
-        """A scoped key's batch: the pools its entries go to and the tenants
-        they are charged to, per pair and per tenant (a handful); entries
-        are walked only when one of those is outside the scope, to name the
-        first entry that would be decided with it. Before anything changes."""
-        bad_pairs = {k for k, (_, p) in enumerate(self.pair_keys) if p and p not in scope.pools}
-        bad_tenants = {
-            j for j, (t, e) in enumerate(zip(self.order, self.t_entry, strict=True))
-            if e is not None and e.config.tenant_id != t and e.config.tenant_id not in scope.tenants
-        }  # fmt: skip
-        if not bad_pairs and not bad_tenants:
-            return
-        decided = self.is_fresh & (self.early == _OK)
-        for i in np.flatnonzero(decided).tolist():
-            j, k = self.tix[i], int(self.pair[i])
-            entry = self.t_entry[j]
-            if (j in bad_tenants or k in bad_pairs) and entry is not None:
-                check_scope(scope, self.tenant_ids[i], entry, self.pair_keys[k][1],
-                            f"entry {i}'s", f"tenant_id[{i}]")  # fmt: skip
 
     # -------------------------------------------------------- 3. judge
 
@@ -442,22 +353,30 @@ class BatchDecision:
                 p, m = int(prompt[i]), int(maxt[i])
                 if d.borrows(lane, slot, now, p, m, int(reason[i])):
                     out[:, i] = d.borrow(slot, now, p, m)
-        if self.tenants.shares is not None:  # refusals under a share (shares.py)
-            t_entry = self.t_entry
-            if any(e is not None and (e.config.hourly_quota or e.config.daily_quota)
-                   for e in t_entry):  # fmt: skip
-                offsets = np.array(
-                    [(0, 0) if e is None else d.tenant_wide(e, 0, 0) for e in t_entry],
-                    dtype=np.int64,
-                )[self.tix]
-                for col, off in ((hour, offsets[:, 0]), (day, offsets[:, 1])):
-                    col[:] = np.where(to_fast & (col >= 0), np.maximum(0, col + off), col)
-            for i in np.flatnonzero(to_fast & np.isin(reason, _SHARED)).tolist():
-                entry = t_entry[self.tix[i]]
-                assert entry is not None  # decided by the fast path: a known tenant
-                reason[i], retry[i] = d.explain(
-                    entry, int(reason[i]), int(retry[i]), self.prompt_tokens[i], int(maxt[i])
-                )
+        if self.tenants.shares is not None:
+            self.shares()
+
+    def shares(self) -> None:
+        """Refusals under a share (shares.py) explained, and the quotas'
+        remaining told tenant-wide, for the entries the fast path decided
+        but shadow mode's: those were charged whatever (``Decider.decide``)."""
+        d, reason, retry, hour, day = self.d, self.out[0], self.out[2], self.out[4], self.out[5]
+        decided = self.to_fast & ~self.shadow if self.any_shadow else self.to_fast
+        t_entry, maxt = self.t_entry, self.maxt
+        if any(e is not None and (e.config.hourly_quota or e.config.daily_quota)
+               for e in t_entry):  # fmt: skip
+            offsets = np.array(
+                [(0, 0) if e is None else d.tenant_wide(e, 0, 0) for e in t_entry],
+                dtype=np.int64,
+            )[self.tix]
+            for col, off in ((hour, offsets[:, 0]), (day, offsets[:, 1])):
+                col[:] = np.where(decided & (col >= 0), np.maximum(0, col + off), col)
+        for i in np.flatnonzero(decided & np.isin(reason, _SHARED)).tolist():
+            entry = t_entry[self.tix[i]]
+            assert entry is not None  # decided by the fast path: a known tenant
+            reason[i], retry[i] = d.explain(
+                entry, int(reason[i]), int(retry[i]), self.prompt_tokens[i], int(maxt[i])
+            )
 
     # ----------------------------------------------------- 6. conclude
 
@@ -481,6 +400,7 @@ class BatchDecision:
             shadow_reason = np.where(sh, np.where(v_reason != _OK, v_reason, reason), 0)
             reason[sh] = _OK
         self.admitted = admitted = to_fast & (reason == _OK)
+        self.release_before_refusals()
         na = int(np.count_nonzero(admitted))
         rid0 = self.d.take_reservation_ids(na)
         templates, pair, prompt = self.templates, self.pair, self.prompt
@@ -527,6 +447,28 @@ class BatchDecision:
             rows[i] = prior
         self.rows = rows
 
+    def release_before_refusals(self) -> None:
+        """A pool that refused entries for lack of room and admitted others
+        releases its admissions here, in batch order, each refusal's retry
+        hint the gate's after the admissions before it (as one by one);
+        the other pools' are released when stored (batch_answer.store)."""
+        self.released_pools = set()
+        refused, admitted = self.gate_refused, self.admitted
+        if refused is None:
+            return
+        gate, pv, pools, now = self.d.gate, self.pv, self.pools, self.now
+        pool_ix = pv[:, _P_POOL]
+        for k in dict.fromkeys(pool_ix[refused].tolist()):
+            mine = np.flatnonzero(pool_ix == k)
+            if not admitted[mine].any():
+                continue  # the retry the gate step computed stands
+            for i in mine.tolist():
+                if admitted[i]:
+                    gate.released(pools[k], now, int(self.prompt[i]), bool(pv[i, _P_FAIL_OPEN]))
+                elif refused[i]:
+                    self.gate_retry[i] = gate.retry_ns(pools[k], now)
+            self.released_pools.add(k)
+
     def _flag_late(
         self, rows: npt.NDArray[np.int64], reason: npt.NDArray[np.int64],
         retry: npt.NDArray[np.int64],
@@ -546,59 +488,3 @@ class BatchDecision:
             self.pair_keys, self.asked, self.pair, waitable, retry, self.prompt, waited
         )
         rows[late, R.SHED] |= R.LATE_BIT
-
-    # -------------------------------------------------------- 7. store
-
-    def count_demand(self, stats: AdmissionStats) -> None:
-        """The fresh entries that are demand on their pool (admitted or
-        refused for capacity; a recognised retry was counted at its first
-        attempt: service/demand.py), added per pool in one go."""
-        reason = self.rows[:, R.REASON]
-        asked = self.is_fresh & ((reason == _OK) | np.isin(reason, _CAPACITY))
-        if self.retries is not None:
-            again = [*self.retries.late, *self.retries.first]
-            asked[again] = False
-        if not asked.any():
-            return
-        pool_ix = self.pv[asked, _P_POOL]
-        prompts = self.prompt[asked]
-        for k in dict.fromkeys(pool_ix.tolist()):
-            mine = pool_ix == k
-            stats.demand.add(self.pools[k], self.now, int(prompts[mine].sum()), int(mine.sum()))
-
-
-    def store(self, stats: AdmissionStats) -> BatchResult:
-        """The gate told of the admissions, the rows stored and counted;
-        the answer's columns."""
-        d, rows, admitted = self.d, self.rows, self.admitted
-        if d.gate.enabled and admitted.any():
-            pv, pools = self.pv, self.pools
-            adm = np.flatnonzero(admitted)
-            pool_ix = pv[:, _P_POOL]
-            for k in dict.fromkeys(pool_ix[adm].tolist()):
-                mine = adm if len(pools) == 1 else adm[pool_ix[adm] == k]
-                first = pv[mine, _P_FAIL_OPEN].astype(bool).tolist()
-                d.gate.released_many(pools[k], self.now, self.prompt[mine].tolist(), first)
-        log = self.log
-        log.add_rows(self.tkeys, self.tenant_ids, self.request_ids, rows, self.fresh)
-        stats.count_rows(
-            rows[self.is_fresh] if self.replayed else rows, log.names.names,
-            len(self.tenants.by_slot), self.any_shadow,
-        )  # fmt: skip
-        self.count_demand(stats)
-        # Degradation instructions go with an admission (as a unary answer's):
-        # a refusal says the pool's state in its pressure, not in instructions.
-        degraded = rows[:, R.DEGRADED_CAP] > 0
-        # Entries of one batch may resolve to different pools: the batch-level
-        # multiplier is the first fresh entry's (each admission's record, which
-        # the ledger bills, locks its own pool's).
-        first = self.prices.get(self.batch_pools[0]) if self.batch_pools else None
-        result = d.columns(
-            rows, self.is_fresh, degraded, self.verdicts,
-            first.multiplier if first is not None else 1.0,
-        )  # fmt: skip
-        # each admission's token, replays included (Outcomes.answer's rule)
-        result.admission_token = d.signer.sign_rows(
-            rows, self.tenant_ids, self.request_ids, log.names.names
-        )
-        return result
