@@ -2,6 +2,9 @@
 
 Values come from ``BURSTGATE_*`` environment variables (and a ``.env`` file if
 present); a bad value is reported by its variable name at start.
+
+Long because: one field per setting, each with the description that
+docs/configuration.md is generated from (tools/configdoc.py).
 """
 
 from __future__ import annotations

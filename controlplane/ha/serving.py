@@ -1,4 +1,4 @@
-"""Ownership as ``serve`` uses it (docs/ha.md, step 2): which cell a pool is
+"""Ownership as ``serve`` uses it (docs/ha.md): which cell a pool is
 in, whether this replica owns it now, and if not, where to send the caller.
 
 The owner of a cell is

@@ -23,7 +23,7 @@
   do exactly on both databases.
 - **Never failed by one row**: a record that cannot be written (a time
   outside what ISO 8601 and Parquet's 64-bit nanoseconds can say, left by
-  an older server or written into the database by hand: issue 30 item 10)
+  an older server or written into the database by hand)
   is *set aside*: not in the file, listed in the manifest's ``set_aside``
   (tenant, request id, settled time, why), its figures in
   ``set_aside_totals``, and the reconciliation checks rows written plus rows

@@ -1,6 +1,10 @@
 """``Metering``: a Complete recorded in the dual ledger exactly once and
 acknowledged only once durable.
 
+Long because: the exactly-once path is one object (prepare, figures,
+durable write, apply, the answer from memory, spool or database); its
+margin checks and takeover rebuild live in margin_windows.py and takeover.py.
+
     prepare (memory, no change) -> figures -> durable write -> apply (memory)
 
 1. ``AdmissionService.settlement.prepare`` validates against the in-memory
@@ -49,8 +53,9 @@ from controlplane.domain.catalog import (
 from controlplane.domain.errors import FailedPrecondition, LedgerUnavailable, NotFound, excerpt
 from controlplane.domain.ledger_records import REBOOK_KEYS, Key, LedgerRecord, rebooked_id
 from controlplane.domain.money import ppm_decimal, rate_ppm, to_nanos
-from controlplane.domain.units import NS_PER_S, PPM
+from controlplane.domain.units import PPM
 from controlplane.ledger.fencing import Fencing, StaleWrites, WindowWriter, no_fencing
+from controlplane.ledger.margin_windows import check_window, margin_report
 from controlplane.ledger.pricing import PricingBook
 from controlplane.ledger.spool import Spool
 from controlplane.ledger.takeover import CountedUsage, Rebuilt, rebuild_usage, take_over
@@ -58,7 +63,7 @@ from controlplane.ledger.writer import LedgerWriter, Outcome, Row
 from controlplane.service import AdmissionService, RecordView
 from controlplane.settings import Settings, sqlalchemy_url
 from controlplane.store.db import dispose_when_idle
-from controlplane.store.ledger import LedgerStore, MarginWarning, exceeds
+from controlplane.store.ledger import LedgerStore, MarginWarning
 from controlplane.store.ledger_write import ledger_engine
 
 log = structlog.get_logger("burstgate.ledger")
@@ -535,56 +540,18 @@ class Metering:
         return found
 
     async def check_window(self, index: int) -> list[MarginWarning]:
-        ws = self.settings.pricing_window_s
-        start_s = index * ws
-        try:
-            sums = await asyncio.to_thread(
-                self.store.tenant_sums, start_s * NS_PER_S, (start_s + ws) * NS_PER_S
-            )
-        except Exception as exc:
-            raise LedgerUnavailable(f"margin check: {exc}") from exc
-        ratio = self.settings.margin_warning_ratio
-        now = self.clock()
-        warnings = [
-            MarginWarning(
-                s.tenant_id,
-                start_s,
-                ws,
-                s.currency,
-                s.requests,
-                s.user_charge_nanos,
-                s.actual_cost_nanos,
-                ratio,
-                now,
-            )
-            for s in sums
-            if exceeds(s.actual_cost_nanos, s.user_charge_nanos, ratio)
-        ]
-        if warnings:
-            try:
-                await asyncio.to_thread(self.store.record_margin_warnings, warnings)
-            except Exception as exc:
-                raise LedgerUnavailable(f"margin warnings: {exc}") from exc
-            for w in warnings:
-                log.warning(
-                    "margin warning",
-                    tenant_id=w.tenant_id,
-                    window_start=w.window_start,
-                    currency=w.currency,
-                    user_charge_nanos=w.user_charge_nanos,
-                    actual_cost_nanos=w.actual_cost_nanos,
-                )
+        warnings = await check_window(
+            self.store, self.settings.pricing_window_s, self.settings.margin_warning_ratio,
+            index, self.clock(),
+        )  # fmt: skip
         self.margin_warnings_total += len(warnings)
         self.last_margin_tenants = len({w.tenant_id for w in warnings})
         return warnings
 
     def margin_report(self, start_ns: int, end_ns: int, tenants: list[str]) -> list[Any]:
         """On demand, over any period (blocking: call in a thread)."""
-        ratio = self.settings.margin_warning_ratio
-        return [
-            (s, exceeds(s.actual_cost_nanos, s.user_charge_nanos, ratio))
-            for s in self.store.tenant_sums(start_ns, end_ns, tenants)
-        ]
+        return margin_report(self.store, self.settings.margin_warning_ratio, start_ns, end_ns,
+                             tenants)  # fmt: skip
 
 
 def _settlement_of(r: LedgerRecord) -> Settlement:

@@ -1,4 +1,4 @@
-"""Demand per pool: what users asked of it, for an autoscaler (issue 32).
+"""Demand per pool: what users asked of it, for an autoscaler.
 
 burstgate holds bursts in its own queues, so the engines' own queues
 (vLLM's ``num_requests_waiting``) stay near zero through a burst and an

@@ -13,7 +13,7 @@ pool, multiplier, pricing window and admission time the restore uses. An
 entry without one, or altered, or admitted longer ago than the reservation
 TTL (its old owner had released it by then), is refused. Without this a
 sidecar key could restore ids never admitted, at a multiplier of its
-choosing (issue 30).
+choosing.
 
 Re-created here, each one is counted as if this replica had admitted it:
 
