@@ -11,7 +11,6 @@ from burstgate_client._proto.burstgate.v1 import admin_pb2 as apb
 from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 from google.protobuf.field_mask_pb2 import FieldMask
 
-from controlplane.service import records as R
 from tests.integration.admin.conftest import Env, code_of
 
 
@@ -300,7 +299,7 @@ def test_tenant_and_lane_pools(env: Env) -> None:
     def live_pool(tenant: str, rid: str) -> str:
         svc = env.srv.plane.service
         rec = env.srv.on_loop(lambda: svc.views.record(tenant, rid))
-        assert rec is not None and rec.state == R.OPEN
+        assert rec is not None and rec.is_open
         pool: str = rec.pool
         return pool
 

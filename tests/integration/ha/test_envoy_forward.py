@@ -29,7 +29,6 @@ from controlplane.domain.rendezvous import assignment
 from controlplane.ha.serving import Redirect
 from controlplane.integrations.envoy.forward import HOP_HEADER
 from controlplane.service import RecordView
-from controlplane.service import records as R
 from controlplane.store.db import make_engine, upgrade
 from controlplane.store.keys import KeyStore
 from tests.conftest import fresh_pg_database
@@ -196,7 +195,7 @@ def test_a_call_to_a_non_owner_is_decided_by_the_owner(trio: Trio) -> None:
     rid = uuid.uuid4().hex
     assert call(other, ask("acme", rid, pool), trio.key).overall_code == OK
     rec = record(owner, "acme", rid)
-    assert rec is not None and rec.state == R.OPEN
+    assert rec is not None and rec.is_open
     assert record(other, "acme", rid) is None
     srv = other.srv
     assert srv is not None
@@ -213,7 +212,7 @@ def test_a_forwarded_stream_done_call_settles_the_reservation_once(trio: Trio) -
     assert call(third, done, trio.key).overall_code == OK  # through another non-owner
     assert call(other, done, trio.key).overall_code == OK  # a repeated delivery
     rec = record(owner, "acme", rid)
-    assert rec is not None and rec.state == R.SETTLED
+    assert rec is not None and rec.is_settled
     rows = wait_until(lambda: ledger_rows(trio.url, f"request_id = '{rid}'"),
                       message="the ledger row")  # fmt: skip
     time.sleep(0.3)  # a second row would be written by now
