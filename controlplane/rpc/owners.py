@@ -81,17 +81,17 @@ async def ensure_shares(
     when it holds them. ``check``: the request's validation, run before
     anything is asked for (bad input asks for nothing), and only then: the
     service validates every request anyway."""
-    grants = ownership.shares if ownership is not None else None
-    if grants is None:
+    shares = ownership.shares if ownership is not None else None
+    if shares is None:
         return
     wanted = {t for t in map(svc.shares.resolve, set(tenant_ids)) if t is not None}
-    if any(not grants.ready(t) for t in wanted):
+    if any(not shares.ready(t) for t in wanted):
         if check is not None:
             check()
         if wait:
-            await grants.ensure(wanted, timeout_s)
+            await shares.ensure(wanted, timeout_s)
         else:
-            grants.ask_soon(wanted)
+            shares.ask_soon(wanted)
 
 
 async def batch_redirects(

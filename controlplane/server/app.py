@@ -131,7 +131,7 @@ class ControlPlane:
     async def ready_tenants(self, tenant_ids: Sequence[str]) -> None:
         """Wait (bounded: three share refreshes) until this replica holds a
         share of each tenant's limits (several replicas, or one on
-        PostgreSQL: controlplane/ha/grants.py); at once otherwise. The admin
+        PostgreSQL: controlplane/ha/shares.py); at once otherwise. The admin
         API calls it so that a tenant it created is usable on every door,
         AdmitStream included, once the call returns."""
         await ensure_shares(self.ownership, self.service, tenant_ids)

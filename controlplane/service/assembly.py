@@ -108,7 +108,7 @@ def assemble(
     return Parts(
         table=table, log=log, stats=stats, tenants=tenants, pressure=pressure, gate=gate,
         deadlines=deadlines, signer=signer, dispatcher=dispatcher, settler=settler,
-        # Several replicas deciding for one tenant: controlplane/ha/grants.py
+        # Several replicas deciding for one tenant: controlplane/ha/shares.py
         # drives this (service/shares.py); unused in process and on SQLite.
         shares=ShareControl(
             tenants=tenants, decider=decider, queues=queues, stats=stats, table=table,

@@ -5,7 +5,7 @@ With one replica (SQLite, or ``AdmissionService`` in process: simulate,
 replay) a tenant's fast-path slot is configured with its whole limits. When
 several replicas decide for one tenant (its pools are in cells owned by
 different replicas), each holds a *share*, renewed by
-``controlplane/ha/grants.py``: its slot is configured with that part of the
+``controlplane/ha/shares.py``: its slot is configured with that part of the
 rate and burst and with its quota *allowances* (tokens it may have spent in
 the hour and the day), so the replicas' sums stay within the tenant's
 limits. The fast path itself is unchanged; two things need translating:
@@ -54,7 +54,7 @@ class Share:
     day_others: int = 0
 
 
-NOTHING = Share(0)  # a tenant without a grant here yet
+NOTHING = Share(0)  # a tenant without a share here yet
 
 
 @dataclass(frozen=True, slots=True)

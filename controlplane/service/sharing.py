@@ -1,6 +1,6 @@
 """The service's in-process API for shares of tenants' limits
 (``AdmissionService.shares``; the rules in service/shares.py, the driver in
-controlplane/ha/grants.py)."""
+controlplane/ha/shares.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fastpath import TokenBucketTable
 
 class ShareControl:
     """The service's in-process API for shares (``AdmissionService.shares``),
-    driven by controlplane/ha/grants.py: switch a service to shared limits,
+    driven by controlplane/ha/shares.py: switch a service to shared limits,
     set a tenant's share, read what the refresh asks with. Every call on the
     service's thread (the event loop), as every other service call.
     ``changed(now)``: the facade's hook that looks at waiting requests again."""
@@ -49,7 +49,7 @@ class ShareControl:
 
     def set(self, tenant_id: str, share: Share, hour_used: int = 0, day_used: int = 0) -> bool:
         """A tenant's new share here. ``hour_used`` / ``day_used``: what the
-        grant store counts this replica as having used in the current UTC
+        share store counts this replica as having used in the current UTC
         hour and day; the slot's counters are raised to it when lower (a
         restart that kept its member id). Requests waiting for the tenant
         are looked at again. False when the tenant is not configured."""

@@ -175,7 +175,7 @@ class TenantDirectory:
         counters; returns how many tenants were restored."""
         if self.shares is not None:
             # Several replicas: what the others used is in their quota
-            # allowances (controlplane/ha/grants.py); counting it here too
+            # allowances (controlplane/ha/shares.py); counting it here too
             # would count it twice against this replica's own allowance.
             return 0
         restored = 0

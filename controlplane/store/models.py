@@ -321,8 +321,8 @@ class HaCellLeaseRow(Base):
 
 
 class HaTenantAnchorRow(Base):
-    """One row per tenant with grants: the row lock every writer of the
-    tenant's grants takes first (controlplane/store/shares.py)."""
+    """One row per tenant with shares: the row lock every writer of the
+    tenant's shares takes first (controlplane/store/shares.py)."""
 
     __tablename__ = "ha_tenant_anchors"
 
