@@ -332,6 +332,6 @@ def test_without_pyarrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(arrowread.JsonChunks, "build", None)  # must not be reached
     assert len(read_log(jsonl)) == 5
     with pytest.raises(
-        LogReadError, match=r"Parquet needs pyarrow: pip install 'burstgate\[parquet\]'"
+        LogReadError, match=r"Parquet needs pyarrow: pip install 'burstgate\[analysis\]'"
     ):
         read_log(parquet)
