@@ -4,7 +4,7 @@ Each start runs its checks before it binds or writes anything (TLS files,
 the listeners, the database and its schema: controlplane/startup), and a
 failure before the "listening" line is one line on stderr (one JSON record
 with BURSTGATE_LOG_FORMAT=json) with an exit status per class of failure
-(controlplane/startup/errors.py; README, "Start-up failures")."""
+(controlplane/startup/errors.py; docs/operating.md, "Start-up failures")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ place (controlplane/rpc/errors.py); nothing below the adapters knows gRPC."""
 
 from __future__ import annotations
 
-# The most of a user-supplied value an error message quotes (README,
+# The most of a user-supplied value an error message quotes (docs/api.md,
 # "Errors"): enough to recognise a typo, never the whole of a hostile value
 # (a status message travels in a header; grpc ends a call whose headers pass
 # its metadata limit with RESOURCE_EXHAUSTED "Stream removed").

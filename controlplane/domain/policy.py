@@ -32,7 +32,7 @@ class Policy(BaseModel):
     # signals the reports carry). With a miss rate and no KV usage that is SPEC
     # section 2's formula (alpha + beta + gamma = 1); an engine without a
     # bounded queue (vLLM) has its queue measured against the gate's target
-    # (gate_waiting_per_engine). README, "The backpressure score".
+    # (gate_waiting_per_engine). docs/burst-shaping.md, "The backpressure score".
     bp_alpha: float = Field(default=0.4, ge=0, le=1)
     bp_beta: float = Field(default=0.3, ge=0, le=1)
     bp_gamma: float = Field(default=0.3, ge=0, le=1)

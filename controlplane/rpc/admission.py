@@ -243,7 +243,7 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.AdmitBatchResult]:
         # A bad batch ends the stream with INVALID_ARGUMENT naming
-        # field[index] after a "batch N: " prefix (README, "Errors");
+        # field[index] after a "batch N: " prefix (docs/api.md, "Errors");
         # batches answered before it stand. So does an entry outside a
         # scoped key's tenants or pools, with PERMISSION_DENIED: nothing of
         # that batch is decided. Entries that may wait: admitstream.py.

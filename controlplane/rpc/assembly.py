@@ -38,12 +38,12 @@ ADMISSION_SERVICE = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 LEDGER_SERVICE = ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name
 # Early client pings (see keepalive_options) tolerated before GOAWAY; grpc's
-# default, stated here because the README documents it.
+# default, stated here because docs/api.md documents it.
 MAX_PING_STRIKES = 2
 
 
 def keepalive_options(settings: Settings) -> list[tuple[str, int]]:
-    """The server's keepalive policy as grpc core channel options (README,
+    """The server's keepalive policy as grpc core channel options (docs/api.md,
     "Keepalive"). Without them grpc's defaults apply: no server pings for
     2 h, and a client pinging more often than every 5 minutes is cut off at
     its third early ping with GOAWAY ENHANCE_YOUR_CALM ("too_many_pings"),

@@ -2,7 +2,7 @@
 
 Every error a servicer (or the auth interceptor) ends a call with carries a
 ``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer, with the
-same code and message as the call's status (README, "Errors"):
+same code and message as the call's status (docs/api.md, "Errors"):
 
 - ``ErrorInfo`` always: a stable ``reason`` (the table below) in
   :data:`DOMAIN`, with ``field`` (and ``batch_id`` in AdmitStream) in its
@@ -47,7 +47,7 @@ log = structlog.get_logger("burstgate.rpc")
 DOMAIN = "burstgate.dev"
 
 # Status code and ErrorInfo.reason of each domain error. The reasons are part
-# of the API (README table): add new ones, never rename one.
+# of the API (docs/api.md, "Errors"): add new ones, never rename one.
 _CODES: dict[type[DomainError], tuple[grpc.StatusCode, str]] = {
     InvalidArgument: (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
     NotFound: (grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),

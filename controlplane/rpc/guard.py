@@ -56,7 +56,7 @@ MALFORMED_LOG_INTERVAL_S = 1.0
 # "Message.field" entries override a name's entry for one message. The
 # operator services are checked against this table here; the admission
 # service's edge checks apply the same numbers (a test holds them to it).
-# Documented in README, "Errors".
+# Documented in docs/api.md, "Errors".
 MAX_DECIMAL_LEN = 64  # decimal text: token_rate, weight, prices, multipliers
 MAX_KEY_ID_LEN = 32  # key ids are 12 hex characters
 MAX_ROLE_LEN = 32

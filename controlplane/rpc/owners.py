@@ -35,7 +35,7 @@ RESULT_COLUMNS = (
     "granted_max_tokens", "bucket_remaining", "hourly_remaining", "daily_remaining",
     "duplicate", "shadow_reason", "degraded", "retryable",
 )  # fmt: skip
-NOT_OWNER = "NOT_OWNER"  # ErrorInfo.reason (README/docs/api.md error table)
+NOT_OWNER = "NOT_OWNER"  # ErrorInfo.reason (docs/api.md, "Errors")
 _NOT_OWNER = int(Reason.NOT_OWNER)
 _REJECT = int(Decision.REJECT)
 

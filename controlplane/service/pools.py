@@ -51,7 +51,7 @@ class Pool:
 
 def pool_score_ppm(fresh: list[LoadSample], policy: Policy) -> int:
     """The backpressure score of a pool's fresh reports: the weighted mean of
-    the signals present (README, "The backpressure score"). Sums over the
+    the signals present (docs/burst-shaping.md, "The backpressure score"). Sums over the
     engines, so a big engine weighs more; an engine without a bounded queue
     (``queue_capacity`` 0, vLLM) counts the gate's per-engine target as its
     capacity; the prefix-cache miss rate is weighted by batch capacity over

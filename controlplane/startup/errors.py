@@ -1,5 +1,5 @@
 """Start-up failures of ``burstgate serve``, ``demo`` and ``migrate``: one
-exit status per class (README, "Start-up failures"; docs/operating.md), and
+exit status per class (docs/operating.md, "Start-up failures"), and
 :class:`StartupError`, which carries the one line an operator reads: what is
 wrong and what to do about it."""
 

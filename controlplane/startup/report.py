@@ -140,7 +140,7 @@ def load_settings(overrides: Mapping[str, Any], options: Mapping[str, str]) -> S
         err = StartupError(
             Exit.SETTINGS, "invalid_settings", "; ".join(problems),
             ("correct it" if len(problems) == 1 else "correct them")
-            + ' (README, "Configuration", lists every setting)',
+            + ' (docs/configuration.md lists every setting)',
         )  # fmt: skip
     fmt, level = _log_prefs()
     from controlplane.telemetry import logs

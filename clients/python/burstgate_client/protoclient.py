@@ -34,7 +34,7 @@ R = TypeVar("R")
 
 __all__ = ["KEEPALIVE_OPTIONS", "ProtoClient", "pb"]
 
-# Keepalive within the server's policy (README "Keepalive"): ping after 10 s
+# Keepalive within the server's policy (docs/api.md, "Keepalive"): ping after 10 s
 # without traffic (Go's and Java's floor, 20x what the server tolerates) and
 # give the connection up when the ack takes over 5 s, so an AdmitStream to a
 # vanished server fails in ~15 s rather than at the OS's TCP timeout. Also

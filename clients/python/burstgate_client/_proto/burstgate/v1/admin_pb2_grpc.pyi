@@ -26,7 +26,7 @@ Status codes (besides UNAUTHENTICATED and PERMISSION_DENIED on every
 method):
   INVALID_ARGUMENT     a field is bad; the status message starts with the
                        field's name ("burst_tokens: must be > 0, got 0").
-                       Every string has a maximum length (README,
+                       Every string has a maximum length (docs/api.md,
                        "Errors"). Nothing was stored.
   NOT_FOUND            the named tenant, lane or key does not exist.
   ALREADY_EXISTS       CreateTenant for a tenant_id that exists.
