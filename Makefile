@@ -28,13 +28,15 @@ demo: install
 ## fixture that starts a process (an engine, a gateway) starts once.
 ## PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= auto
-## The benchmarks' tiny runs (make bench-smoke) come last, on their own.
+## The suite includes the benchmarks' tiny runs (the bench_smoke marker, what
+## make bench-smoke runs alone): spread over the workers with the rest, they
+## cost CI about a minute less than run after it.
 test: install-test pg-up lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m "not bench_smoke"
-	$(MAKE) --no-print-directory bench-smoke
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
-## Every benchmark in bench/ at a tiny size (about 90 s on 2 cores): a
-## benchmark that no longer runs fails here (tests/integration/test_benchmarks_run.py).
+## Every benchmark in bench/ at a tiny size (2 min 40 s alone on 2 quiet
+## cores): a benchmark that no longer runs fails here
+## (tests/integration/test_benchmarks_run.py). make test runs these too.
 bench-smoke: install-test pg-up
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m bench_smoke
 

@@ -21,7 +21,7 @@ each on this project's 2-core machine (85 s wall for both, quiet machine),
 split to balance.
 
 ``make bench-smoke`` runs these modules alone (the marker ``bench_smoke``);
-``make test`` runs the rest of the suite and then them.
+``make test`` runs them with the rest of the suite.
 
 One by hand: the command in the failure message, e.g.
 ``.venv/bin/python bench/bench_grpc.py --quick --rounds 1 --seconds 0.2``.
