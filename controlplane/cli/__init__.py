@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from burstgate_client.sidecar.cli import sidecar
+from burstgate_client.cli import sidecar
 
 from controlplane.analysis.cli import register as register_analysis
 from controlplane.cli import (

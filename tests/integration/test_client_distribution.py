@@ -41,7 +41,7 @@ CLIENT_MODULES = (
     "burstgate_client",
     "burstgate_client.sdk",
     "burstgate_client.sidecar",
-    "burstgate_client.sidecar.cli",
+    "burstgate_client.cli",
     "burstgate_client.protoclient",
     "burstgate_client.admin",
 )

@@ -1,6 +1,10 @@
 """``burstgate-sidecar`` (and ``burstgate sidecar``, the same command in the
 server's CLI): the HTTP sidecar in front of an OpenAI-compatible engine
-(docs/sidecar.md)."""
+(docs/sidecar.md).
+
+Outside the ``sidecar`` package, which it imports only when the command
+runs: the server's CLI registers this command, and every ``burstgate``
+command would otherwise pay for the sidecar's HTTP stack at start."""
 
 from __future__ import annotations
 
