@@ -128,13 +128,9 @@ def check_complete_args(
 def check_window(value: float) -> float:
     """``batch_window_s``: seconds >= 0 and < 1 (0 = never hold an Admit)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(
-            f"batch_window_s: must be a number of seconds, got {type(value).__name__}"
-        )
+        raise ValueError(f"batch_window_s: must be a number of seconds, got {type(value).__name__}")
     if not 0 <= value < 1:  # (NaN too)
-        raise ValueError(
-            f"batch_window_s: must be >= 0 and < 1 s (0 = never hold), got {value}"
-        )
+        raise ValueError(f"batch_window_s: must be >= 0 and < 1 s (0 = never hold), got {value}")
     return float(value)
 
 
