@@ -178,7 +178,8 @@ def test_a_held_batch_goes_when_the_batch_in_flight_is_answered(loop_kind: str) 
 
 def test_an_arrival_past_the_window_sends_the_held_batch() -> None:
     """The loop's timer ticks in milliseconds: the window is kept by the
-    next arrival (a fake clock here; nothing waits for real)."""
+    next arrival (a fake clock here; nothing waits for real), which sends
+    the held batch at the end of its loop iteration, with what else came."""
 
     async def run() -> None:
         b, call = batcher(window_s=0.5)
@@ -187,16 +188,26 @@ def test_an_arrival_past_the_window_sends_the_held_batch() -> None:
         assert len(call.written) == 1  # in flight, unanswered from here on
         loop = asyncio.get_running_loop()
         now = [loop.time()]
+
+        def waited(i: int) -> Entry:
+            e = entry(i, now[0] + 60)
+            e.waiters.append(loop.create_future())  # a caller waits: it is sent
+            return e
+
         loop.time = lambda: now[0]  # type: ignore[method-assign]
-        b._enqueue(entry(1, now[0] + 60))
-        b._enqueue(entry(2, now[0] + 60))
-        assert [e.request_id for e in b._pending] == ["r1", "r2"]  # within the window
+        b._enqueue(waited(1))
+        b._enqueue(waited(2))
+        held = b._flush_handle
+        assert isinstance(held, asyncio.TimerHandle)  # waiting for the window
         now[0] += 0.5
-        b._enqueue(entry(3, now[0] + 60))
-        assert b._pending == [] and [e.request_id for e in b._outbox[0]] == ["r1", "r2", "r3"]
+        b._enqueue(waited(3))
+        b._enqueue(waited(4))
+        assert held.cancelled() and not isinstance(b._flush_handle, asyncio.TimerHandle)
         del loop.time
+        await turns()
+        assert len(call.written) == 2
+        assert list(call.written[1].request_id) == ["r1", "r2", "r3", "r4"]
         first.cancel()
-        b._outbox.clear()
         await b.aclose()
 
     asyncio.run(run())

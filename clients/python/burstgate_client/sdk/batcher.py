@@ -20,8 +20,9 @@ early when that batch's first result comes back: under load the batches
 grow to what arrives in one round trip, bounded by the window. The loop's
 timers are rounded up to its resolution (1 ms for epoll and libuv), so the
 window is kept by the events that wake the loop anyway: an arrival that
-finds the held batch older than ``window_s`` sends it, as does the answer
-to the batch in flight; the timer is only the backstop when neither comes
+finds the held batch older than ``window_s`` sends it at the end of that
+loop iteration (with the rest of the iteration's arrivals), and the answer
+to the batch in flight sends it at once; the timer is only the backstop when neither comes
 (then the hold is up to 1 ms). ``window_s=0`` never holds.
 
 Failures (see breaker.py for "unreachable"):
@@ -179,7 +180,11 @@ class Batcher:
                 self._held_since = -1.0
                 self._flush_handle = self._loop.call_soon(self._flush)
         elif self._held_since >= 0 and self._loop.time() - self._held_since >= self._window_s:
-            self._flush()
+            # Past the window: sent at the end of this loop iteration, with
+            # whatever else arrives in it (the writer runs no sooner anyway).
+            self._flush_handle.cancel()
+            self._held_since = -1.0
+            self._flush_handle = self._loop.call_soon(self._flush)
 
     def _idle(self) -> bool:
         """Nothing in flight or to be written: a window would only add latency."""
