@@ -60,7 +60,12 @@ from burstgate_client.admin import TlsFiles
 from burstgate_client.redirects import MAX_HOPS, targets
 from burstgate_client.sdk.batcher import Batcher
 from burstgate_client.sdk.breaker import CHANNEL_OPTIONS, TRANSPORT_CODES, Breaker
-from burstgate_client.sdk.checks import check_admit_args, check_complete_args, check_deadline
+from burstgate_client.sdk.checks import (
+    check_admit_args,
+    check_complete_args,
+    check_deadline,
+    check_window,
+)
 from burstgate_client.sdk.counters import Counters
 from burstgate_client.sdk.entries import Entry
 from burstgate_client.sdk.limits import LimitsCache
@@ -82,6 +87,9 @@ log = logging.getLogger("burstgate.sdk")
 
 API_KEY_ENV = "BURSTGATE_API_KEY"
 MAX_BATCH = 10_000  # the server's default most entries per AdmitBatch
+# How long concurrent Admits may be held to share an AdmitBatch while one is
+# in flight (a lone caller is never held: batcher.py).
+BATCH_WINDOW_S = 0.0002
 
 
 def make_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
@@ -117,7 +125,7 @@ def fail_policies(value: FailPolicy | Mapping[str, FailPolicy]) -> dict[str, Fai
 class AsyncAdmissionClient:
     def __init__(
         self, target: str | Sequence[str], *, api_key: str | None = None, deadline_s: float = 0.25,
-        batch_window_s: float = 0.0003, batch_max: int = 256,
+        batch_window_s: float = BATCH_WINDOW_S, batch_max: int = 256,
         fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
         spool_path: str | Path | None = None, spool_max: int = 100_000,
         limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
@@ -130,12 +138,15 @@ class AsyncAdmissionClient:
         it gets longer than ``deadline_s``; a Complete past it is buffered.
         ``wait_in_gate=False``: Admits are never held in burstgate's queue
         (refused at once instead; the server's cheaper path), for callers
-        that back off themselves. ``tls``: the CA (and for mTLS the client's
+        that back off themselves. ``batch_window_s`` (default 200 µs, 0 to
+        never hold): how long concurrent Admits may be held to share one
+        AdmitBatch while another is in flight (a lone Admit is sent at
+        once; batcher.py); ``batch_max``: the most Admits per AdmitBatch.
+        ``tls``: the CA (and for mTLS the client's
         certificate and key) when the control plane serves TLS; None: plaintext."""
         self.deadline_s = check_deadline("deadline_s", deadline_s)
         self.complete_deadline_s = check_deadline("complete_deadline_s", complete_deadline_s)
-        if not (batch_window_s >= 0 and batch_window_s < 1):
-            raise ValueError(f"batch_window_s: must be >= 0 and < 1 s, got {batch_window_s}")
+        batch_window_s = check_window(batch_window_s)
         if isinstance(batch_max, bool) or not 1 <= batch_max <= MAX_BATCH:
             raise ValueError(f"batch_max: must be between 1 and {MAX_BATCH}, got {batch_max}")
         if isinstance(spool_max, bool) or spool_max < 1:

@@ -15,11 +15,15 @@ Self-clocking, as Nagle's algorithm for TCP: an Admit that finds no batch
 awaiting its first result (and none waiting to be written) is sent at the
 end of the current loop iteration, with whatever else arrived in it, so a
 lone caller pays no window. While a batch is in flight, arrivals are held
-for at most ``window_s`` (or until ``batch_max``), and sent early when that
-batch's first result comes back: under load the batches grow to what
-arrives in one round trip, bounded by the window. The window is a loop
-timer: rounded up to the loop's timer resolution (1 ms for epoll and
-libuv) when nothing else wakes the loop. ``window_s=0`` never holds.
+for at most ``window_s`` (default 200 µs; or until ``batch_max``), and sent
+early when that batch's first result comes back: under load the batches
+grow to what arrives in one round trip, bounded by the window. The loop's
+timers are rounded up to its resolution (1 ms for epoll and libuv), so the
+window is kept by the events that wake the loop anyway: an arrival that
+finds the held batch older than ``window_s`` sends it at the end of that
+loop iteration (with the rest of the iteration's arrivals), and the answer
+to the batch in flight sends it at once; the timer is only the backstop when neither comes
+(then the hold is up to 1 ms). ``window_s=0`` never holds.
 
 Failures (see breaker.py for "unreachable"):
 
@@ -79,6 +83,13 @@ def wait_ms(remaining_s: float) -> int:
     return max(0, (us - margin) // 1000)
 
 
+def wait_ms_column(group: list[Entry], now: float) -> list[int]:
+    """``wait_ms`` of each entry's time left at ``now``, inlined (a call per
+    entry cost more than building the rest of its AdmitBatch entry)."""
+    left = [int((e.deadline - now) * 1_000_000) for e in group]
+    return [max(0, (us - min(100_000, max(5_000, us // 10))) // 1000) for us in left]
+
+
 class Batcher:
     def __init__(
         self, stub: Any, metadata: tuple[tuple[str, str], ...] | None, breaker: Breaker,
@@ -94,6 +105,10 @@ class Batcher:
         self._loop = asyncio.get_running_loop()
         self._pending: list[Entry] = []
         self._flush_handle: asyncio.Handle | None = None
+        # loop time the pending batch began to be held for the window (-1:
+        # not held; a flush at the end of this loop iteration is due). Not
+        # the handle's type: uvloop's timer handles are not asyncio's.
+        self._held_since = -1.0
         self._outbox: deque[list[Entry]] = deque()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -150,15 +165,26 @@ class Batcher:
     # ----------------------------------------------------------------- window
 
     def _enqueue(self, e: Entry) -> None:
-        self._pending.append(e)
-        if len(self._pending) >= self._batch_max:
+        pending = self._pending
+        pending.append(e)
+        if len(pending) >= self._batch_max:
             self._flush()
         elif self._flush_handle is None:
-            self._flush_handle = (
-                self._loop.call_later(self._window_s, self._flush)
-                if self._window_s > 0 and not self._idle()
-                else self._loop.call_soon(self._flush)
-            )
+            if self._window_s > 0 and not self._idle():
+                # Held: the loop's timer is the backstop (rounded up to its
+                # resolution, 1 ms); an arrival past the window, or the
+                # answer to the batch in flight, sends it sooner.
+                self._held_since = self._loop.time()
+                self._flush_handle = self._loop.call_later(self._window_s, self._flush)
+            else:
+                self._held_since = -1.0
+                self._flush_handle = self._loop.call_soon(self._flush)
+        elif self._held_since >= 0 and self._loop.time() - self._held_since >= self._window_s:
+            # Past the window: sent at the end of this loop iteration, with
+            # whatever else arrives in it (the writer runs no sooner anyway).
+            self._flush_handle.cancel()
+            self._held_since = -1.0
+            self._flush_handle = self._loop.call_soon(self._flush)
 
     def _idle(self) -> bool:
         """Nothing in flight or to be written: a window would only add latency."""
@@ -169,6 +195,7 @@ class Batcher:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        self._held_since = -1.0
         if self._pending:
             self._outbox.append(self._pending)
             self._pending = []
@@ -206,10 +233,15 @@ class Batcher:
                 self._answers.settle_offline(e)
             return
         now = self._loop.time()
-        unary = [e for e in entries if self._suspects(e, now)]
-        if unary:
-            entries = [e for e in entries if not self._suspects(e, now)]
-        st = await self._open(entries) if entries else None
+        unary: list[Entry] = []
+        if self._suspects:
+            unary = [e for e in entries if self._suspects(e, now)]
+            if unary:
+                entries = [e for e in entries if not self._suspects(e, now)]
+        st = self._stream
+        if st is None or st.ended:  # (connecting may take a while: see _live below)
+            st = await self._open(entries) if entries else None
+            entries = self._live(entries)
         if st is None and entries:
             if self._breaker.up:  # reopen backoff after a server error: unary meanwhile
                 unary += entries
@@ -219,11 +251,17 @@ class Batcher:
             entries = []
         for e in unary:
             self.spawn(self._unary(e))
+        if not entries:
+            return
+        assert st is not None
+        model, pool = entries[0].model, entries[0].pool
+        if all(e.model == model and e.pool == pool for e in entries):  # the common case
+            await self._write(st, entries, model, pool)
+            return
         groups: dict[tuple[str, str], list[Entry]] = {}
-        for e in self._live(entries):
+        for e in entries:
             groups.setdefault((e.model, e.pool), []).append(e)
         for (model, pool), group in groups.items():
-            assert st is not None
             await self._write(st, group, model, pool)
 
     async def _write(self, st: Session, group: list[Entry], model: str, pool: str) -> None:
@@ -236,7 +274,7 @@ class Batcher:
             request_id=[e.request_id for e in group],
             lane=lanes if any(lanes) else (), prompt_tokens=[e.prompt_tokens for e in group],
             max_tokens=[e.max_tokens for e in group], model=model, pool=pool,
-            max_wait_ms=[wait_ms(e.deadline - now) for e in group] if self._wait_in_gate else (),
+            max_wait_ms=wait_ms_column(group, now) if self._wait_in_gate else (),
         )  # fmt: skip
         if any(e.retry_key or e.attempt for e in group):  # retries, judged by their first attempt
             batch.retry_key.extend(e.retry_key for e in group)
@@ -309,8 +347,10 @@ class Batcher:
         st.last_read = self._loop.time()
         if not res.entry:
             self._reopen_failures = 0  # a first result: this stream works
-        self._counters.queued += st.dispatch(res, self._answers.settle, self._loop.time())
-        if self._pending and self._idle() and isinstance(self._flush_handle, asyncio.TimerHandle):
+        self._counters.queued += st.dispatch(
+            res, self._answers.settle, self._loop.time(), self._answers.settle_many
+        )
+        if self._pending and self._held_since >= 0 and self._idle():
             self._flush()  # the last batch is answered: send what waits now (as Nagle's)
 
     def _on_lost(

@@ -49,18 +49,6 @@ def check_deadline(name: str, value: float) -> float:
     return float(value)
 
 
-def _fine_id(value: object, max_len: int) -> bool:
-    return type(value) is str and 0 < len(value) <= max_len and value.isprintable()
-
-
-def _fine_name(value: object, max_len: int) -> bool:
-    return type(value) is str and len(value) <= max_len and (not value or value.isprintable())
-
-
-def _fine_tokens(value: object) -> bool:
-    return type(value) is int and 0 <= value <= MAX_TOKENS_PER_FIELD
-
-
 # As the server's AdmitRequest.attempt: a client retrying more is looping.
 MAX_ATTEMPT = 1_000
 
@@ -69,14 +57,22 @@ def check_admit_args(
     tenant_id: str, request_id: str, prompt_tokens: int, max_tokens: int,
     lane: str, model: str, pool: str, retry_key: str = "", attempt: int = 0,
 ) -> None:  # fmt: skip
-    # The common case in one expression; the precise check (and its message)
-    # only when something is off.
+    # The common case in one expression, inlined (a helper call per argument
+    # cost as much as the rest of it); the precise check (and its message)
+    # only when something is off. The same rules as the precise check.
     if (
-        _fine_tokens(prompt_tokens) and _fine_tokens(max_tokens)
-        and _fine_id(tenant_id, MAX_ID_LEN) and _fine_id(request_id, MAX_ID_LEN)
-        and _fine_name(lane, MAX_LANE_NAME) and _fine_name(model, MAX_MODEL_LEN)
-        and _fine_name(pool, MAX_POOL_LEN) and _fine_name(retry_key, MAX_ID_LEN)
-        and attempt == 0
+        type(prompt_tokens) is int and 0 <= prompt_tokens <= MAX_TOKENS_PER_FIELD
+        and type(max_tokens) is int and 0 <= max_tokens <= MAX_TOKENS_PER_FIELD
+        and type(tenant_id) is str and 0 < len(tenant_id) <= MAX_ID_LEN
+        and tenant_id.isprintable()
+        and type(request_id) is str and 0 < len(request_id) <= MAX_ID_LEN
+        and request_id.isprintable()
+        and attempt == 0 and type(lane) is str and type(model) is str and type(pool) is str
+        and type(retry_key) is str
+        and (not lane or (len(lane) <= MAX_LANE_NAME and lane.isprintable()))
+        and (not model or (len(model) <= MAX_MODEL_LEN and model.isprintable()))
+        and (not pool or (len(pool) <= MAX_POOL_LEN and pool.isprintable()))
+        and not retry_key
     ):  # fmt: skip
         return
     try:
@@ -127,6 +123,15 @@ def check_complete_args(
         raise ValueError("first_token_unix_ns: is before exec_start_unix_ns")
     if first and exec_end_unix_ns and first > exec_end_unix_ns:
         raise ValueError("first_token_unix_ns: is after exec_end_unix_ns")
+
+
+def check_window(value: float) -> float:
+    """``batch_window_s``: seconds >= 0 and < 1 (0 = never hold an Admit)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"batch_window_s: must be a number of seconds, got {type(value).__name__}")
+    if not 0 <= value < 1:  # (NaN too)
+        raise ValueError(f"batch_window_s: must be >= 0 and < 1 s (0 = never hold), got {value}")
+    return float(value)
 
 
 def check_tenant_id(tenant_id: str) -> None:

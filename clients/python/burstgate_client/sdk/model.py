@@ -9,8 +9,9 @@ control plane is unreachable (FailPolicy).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, make_dataclass
 from enum import StrEnum
+from typing import Any, cast
 
 from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 from burstgate_client.redirects import NotOwner
@@ -77,6 +78,21 @@ class Admission:
     # Admitted by the server: its signature over the admission (opaque), what
     # re-announcing the reservation to another replica needs (reannounce.py).
     admission_token: bytes = b""
+
+
+# Admission's fields in a plain slots class. A frozen dataclass's __init__
+# sets each field through object.__setattr__ (about 5x the cost of a plain
+# one's, 19 fields); an instance of this twin, built by the plain __init__
+# and given Admission as its class (the same slots, so the same layout), is
+# an Admission like any other: equal, hashable, frozen from then on.
+_Unfrozen = make_dataclass("_Unfrozen", [f.name for f in fields(Admission)], slots=True)
+
+
+def _built(*values: Any) -> Admission:
+    """An Admission of all 19 fields, positionally, built fast (see _Unfrozen)."""
+    a = _Unfrozen(*values)
+    a.__class__ = Admission
+    return cast(Admission, a)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,38 +173,65 @@ def _column(column: Sequence[int], n: int, default: int) -> list[int]:
     return out if len(out) >= n else out + [default] * (n - len(out))
 
 
+def _pick(column: list[Any], columns: Sequence[int], whole: bool) -> list[Any]:
+    return column if whole else [column[k] for k in columns]
+
+
 def admissions_of_result(
     res: pb.AdmitBatchResult, columns: Sequence[int], request_ids: Sequence[str]
 ) -> list[Admission]:
     """Columns ``columns`` of an AdmitBatchResult (a first result or a
     release), for the requests ``request_ids`` (one per column listed). The
-    batch-wide degradation instructions apply where ``degraded[k]``."""
+    batch-wide degradation instructions apply where ``degraded[k]``.
+
+    Column by column (each a list comprehension or a repeated default), then
+    one ``map`` builds the answers: a Python loop body per entry costs more
+    than the rest of the SDK's work for that entry."""
     n = len(res.decision)
-    decision, reason = list(res.decision), _column(res.reason, n, 0)
-    retry, retryable = _column(res.retry_after_ms, n, 0), _column(res.retryable, n, 0)
-    granted, rid = _column(res.granted_max_tokens, n, 0), _column(res.reservation_id, n, 0)
-    bucket = _column(res.bucket_remaining, n, 0)
-    hourly, daily = _column(res.hourly_remaining, n, -1), _column(res.daily_remaining, n, -1)
-    degraded, waited = _column(res.degraded, n, 0), _column(res.queue_wait_ms, n, 0)
+    m = len(request_ids)
+    if len(columns) != m:
+        raise ValueError(f"{len(columns)} columns for {m} request ids")
+    whole = m == n and all(k == i for i, k in enumerate(columns))
+    reason = _pick(_column(res.reason, n, 0), columns, whole)
+    if any(reason):
+        names = [REASON_NAMES.get(r) or ("" if not r else f"reason_{r}") for r in reason]
+        quota = [name in QUOTA_REASONS for name in names]
+    else:
+        names, quota = [""] * m, [False] * m
+    admit = pb.DECISION_ADMIT
+    admitted = [d == admit for d in _pick(list(res.decision), columns, whole)]
+    retryable = [bool(r) for r in _pick(_column(res.retryable, n, 0), columns, whole)]
     g = res.degradation if res.HasField("degradation") and res.degradation.active else None
-    cap, fallback = (g.max_tokens_cap, g.fallback_model) if g is not None else (0, "")
-    # each degraded entry's own tenant's fallback model (servers before the
-    # column: the batch-wide one, the first entry's tenant's)
-    fallbacks = list(res.fallback_model) if len(res.fallback_model) == n else [fallback] * n
-    owners = list(res.owner) if len(res.owner) == n else [""] * n
-    tokens = list(res.admission_token) if len(res.admission_token) == n else [b""] * n
-    multiplier, admit = res.pricing_multiplier, pb.DECISION_ADMIT
-    out = []
-    for k, request_id in zip(columns, request_ids, strict=True):
-        name = REASON_NAMES.get(reason[k]) or ("" if not reason[k] else f"reason_{reason[k]}")
-        d = g is not None and bool(degraded[k])
-        a = Admission(
-            request_id, decision[k] == admit, name, retry[k], bool(retryable[k]), granted[k],
-            rid[k], d, cap if d else 0, fallbacks[k] if d else "", multiplier, bucket[k],
-            hourly[k], daily[k], waited[k], False, name in QUOTA_REASONS, owners[k],
-            tokens[k],
-        )  # fmt: skip
-        out.append(a)
+    if g is not None:
+        # each degraded entry's own tenant's fallback model (servers before
+        # the column: the batch-wide one, the first entry's tenant's)
+        fallback = list(res.fallback_model) if len(res.fallback_model) == n else None
+        degraded = [bool(d) for d in _pick(_column(res.degraded, n, 0), columns, whole)]
+        caps = [g.max_tokens_cap if d else 0 for d in degraded]
+        picked = _pick(fallback, columns, whole) if fallback is not None else None
+        fallbacks = [
+            (picked[i] if picked is not None else g.fallback_model) if d else ""
+            for i, d in enumerate(degraded)
+        ]
+    else:
+        degraded, caps, fallbacks = [False] * m, [0] * m, [""] * m
+    owners = _pick(list(res.owner), columns, whole) if len(res.owner) == n else [""] * m
+    tokens = (
+        _pick(list(res.admission_token), columns, whole)
+        if len(res.admission_token) == n
+        else [b""] * m
+    )
+    out: list[Admission] = list(map(
+        _built, request_ids, admitted, names,
+        _pick(_column(res.retry_after_ms, n, 0), columns, whole), retryable,
+        _pick(_column(res.granted_max_tokens, n, 0), columns, whole),
+        _pick(_column(res.reservation_id, n, 0), columns, whole), degraded, caps, fallbacks,
+        [res.pricing_multiplier] * m, _pick(_column(res.bucket_remaining, n, 0), columns, whole),
+        _pick(_column(res.hourly_remaining, n, -1), columns, whole),
+        _pick(_column(res.daily_remaining, n, -1), columns, whole),
+        _pick(_column(res.queue_wait_ms, n, 0), columns, whole), [False] * m, quota, owners,
+        tokens,
+    ))  # fmt: skip
     return out
 
 

@@ -99,14 +99,24 @@ class OpenAdmissions:
         return self.items.get(key)
 
     def add(self, key: Key, a: Admitted) -> None:
-        self.pop(key)  # (re)inserted last: a dict keeps insertion order
-        self.items[key] = a
-        if a.address:
-            self._by_route.setdefault(a.route, {})[key] = None
-            where = self._where.setdefault(a.route, {})
-            where[a.address] = where.get(a.address, 0) + 1
-        if len(self.items) > self._max:  # never completed: forget the oldest
-            self.pop(next(iter(self.items)))
+        # once per admission: the common case (a new key) without calls
+        items = self.items
+        if key in items:
+            self.pop(key)  # (re)inserted last: a dict keeps insertion order
+        items[key] = a
+        address = a.address
+        if address:
+            route = a.route
+            by_route = self._by_route.get(route)
+            if by_route is None:
+                by_route = self._by_route[route] = {}
+            by_route[key] = None
+            where = self._where.get(route)
+            if where is None:
+                where = self._where[route] = {}
+            where[address] = where.get(address, 0) + 1
+        if len(items) > self._max:  # never completed: forget the oldest
+            self.pop(next(iter(items)))
 
     def pop(self, key: Key) -> Admitted | None:
         a = self.items.pop(key, None)

@@ -39,10 +39,12 @@ class Session:
     reader: asyncio.Task[None] | None = None
 
     def dispatch(
-        self, res: pb.AdmitBatchResult, settle: Callable[[Entry, Admission], None], now: float
-    ) -> int:
-        """Answer the entries ``res`` answers; return how many it says the
-        server holds in a queue (a first result), else 0."""
+        self, res: pb.AdmitBatchResult, settle: Callable[[Entry, Admission], None], now: float,
+        settle_many: Callable[[list[Entry], list[Admission]], None] | None = None,
+    ) -> int:  # fmt: skip
+        """Answer the entries ``res`` answers (``settle(entry, answer)``
+        each, or ``settle_many(entries, answers)`` once when given); return
+        how many it says the server holds in a queue (a first result), else 0."""
         bid = res.batch_id
         group = self.batches.get(bid)
         if group is None:
@@ -54,22 +56,29 @@ class Session:
             if self.sent_at:
                 self.sent_at.popleft()
             queued = list(res.queued)
-            columns = []
-            for k, e in enumerate(group):
-                if k < len(queued) and queued[k]:
-                    e.queued, e.queued_at = True, now
-                    queued_now += 1
-                else:
-                    columns.append(k)
+            if not any(queued):  # the common case: every entry answered now
+                columns = list(range(len(group)))
+            else:
+                columns = []
+                for k, e in enumerate(group):
+                    if k < len(queued) and queued[k]:
+                        e.queued, e.queued_at = True, now
+                        queued_now += 1
+                    else:
+                        columns.append(k)
             entries = columns
             owed = queued_now
         else:  # a release: column k answers entry[k]
             pairs = [(k, i) for k, i in enumerate(res.entry) if i < len(group)]
             columns, entries = [k for k, _ in pairs], [i for _, i in pairs]
             owed = self.owed.get(bid, 0) - len(res.entry)
-        answers = admissions_of_result(res, columns, [group[i].request_id for i in entries])
-        for i, a in zip(entries, answers, strict=True):
-            settle(group[i], a)
+        answered = group if len(entries) == len(group) else [group[i] for i in entries]
+        answers = admissions_of_result(res, columns, [e.request_id for e in answered])
+        if settle_many is not None:
+            settle_many(answered, answers)
+        else:
+            for e, a in zip(answered, answers, strict=True):
+                settle(e, a)
         if owed > 0:
             self.owed[bid] = owed
         else:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from burstgate_client._proto.burstgate.v1 import admission_pb2 as pb
 from burstgate_client.admin import TlsFiles
-from burstgate_client.sdk.aio import AsyncAdmissionClient
+from burstgate_client.sdk.aio import BATCH_WINDOW_S, AsyncAdmissionClient
 from burstgate_client.sdk.counters import Counters
 from burstgate_client.sdk.model import Admission, Completion, FailPolicy, Limits
 
@@ -32,7 +32,7 @@ class AdmissionClient:
     def __init__(
         self, target: str | Sequence[str], *, api_key: str | None = None,
         deadline_s: float = 0.25,
-        batch_window_s: float = 0.0003, batch_max: int = 256,
+        batch_window_s: float = BATCH_WINDOW_S, batch_max: int = 256,
         fail_policy: FailPolicy | Mapping[str, FailPolicy] = FailPolicy.CLOSED,
         spool_path: str | Path | None = None, spool_max: int = 100_000,
         limits_ttl_s: float = 5.0, connect_timeout_s: float = 1.0,
