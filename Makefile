@@ -34,11 +34,14 @@ PYTEST_WORKERS ?= auto
 test: install-test pg-up lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
-## Every benchmark in bench/ at a tiny size (2 min 40 s alone on 2 quiet
-## cores): a benchmark that no longer runs fails here
-## (tests/integration/test_benchmarks_run.py). make test runs these too.
+## Every benchmark in bench/ at a tiny size: a benchmark that no longer runs
+## fails here (tests/integration/test_benchmarks_run.py). make test runs these
+## too. Alone, on four workers whatever the cores, one benchmark each at a
+## time (--dist load): most of a tiny run is waiting (processes starting,
+## fixed-rate load, fault timers), which four overlap on two cores.
+BENCH_SMOKE_WORKERS ?= 4
 bench-smoke: install-test pg-up
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m bench_smoke
+	$(BIN)/python -m pytest -n $(BENCH_SMOKE_WORKERS) --dist load -m bench_smoke
 
 # Installs take exact, hash-checked versions from the locks (pip refuses a
 # file whose hash is not in the lock), then, without dependencies, the client
@@ -116,10 +119,12 @@ lint: install-test
 unit: install-test
 	$(BIN)/python -m pytest tests/unit
 
-## Benchmarks (on demand; figures go to BENCHMARKS.md).
-bench: install-test
-	$(BIN)/python bench/bench_fastpath.py
-	$(BIN)/python bench/bench_grpc.py
+## Benchmarks (on demand): every script in bench/ at its standard size, one
+## after another, regenerating BENCHMARKS.md (tools/benchreport.py; about
+## 50 minutes). BENCH_ONLY=bench_grpc,bench_sdk runs those and keeps the rest.
+BENCH_ONLY ?=
+bench: install-test pg-up
+	$(BIN)/python tools/benchreport.py $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 ## Regenerate controlplane/_proto after editing proto/ (with the generators
 ## pinned in pyproject.toml's test extra, installed from the lock).

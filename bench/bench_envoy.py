@@ -33,7 +33,8 @@ from typing import Any
 
 import aiohttp
 import yaml
-from bench_sidecar import cpu_s, free_port, spawn, wait_port
+from _summary import record
+from bench_sidecar import cpu_s, free_port, pct, spawn, wait_port
 from bench_sidecar import table as side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +152,21 @@ def main() -> None:
     )
     side_by_side(lat, PATHS)
     decided = len(lat[PATHS[1]]) + 100  # (the warm-up's half went through it too)
+    alone_ms, through_ms = (lat[p] for p in PATHS)
+    for q, bound in ((50, 1.0), (99, 2.0)):
+        added = pct(through_ms, q) - pct(alone_ms, q)
+        record(
+            what=f"Envoy RLS, p{q} added per request ({kind}, one at a time)",
+            ours=added, unit="ms", baseline=pct(alone_ms, q), baseline_name="Envoy alone, ms",
+            ratio=pct(through_ms, q) / pct(alone_ms, q),
+            target=f"keep (<= {bound:g} ms added)", met=added <= bound,
+            bench=" ".join(["bench/bench_envoy.py", *sys.argv[1:]]),
+        )  # fmt: skip
+    record(
+        what=f"Envoy RLS, control plane CPU per request ({kind})",
+        ours=cpu / decided * 1000, unit="ms", target="reported", met=None,
+        bench=" ".join(["bench/bench_envoy.py", *sys.argv[1:]]),
+    )
     print(
         f"\ncontrol plane CPU: {cpu:.2f} s, {cpu / decided * 1000:.2f} ms per request "
         f"(two ShouldRateLimit calls each; {decided:,} requests); reservations left "

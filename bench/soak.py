@@ -3,7 +3,7 @@ an hour, with database outages and server restarts, then the ledger
 reconciled against every acknowledged Complete. On demand; CI runs it only
 at tiny size, to check that it still runs (the last command below).
 
-    .venv/bin/python bench/soak.py                      # 1 h (BENCHMARKS.md "Soak")
+    .venv/bin/python bench/soak.py                      # 1 h (docs/benchmarks-history.md "Soak")
     .venv/bin/python bench/soak.py --duration 180 --cut-every 60 --restart-every 90
                                                         # a 3-minute smoke run
     .venv/bin/python bench/soak.py --duration 9 --tail 2 --restart-every 1 --sigkill-at 1 \

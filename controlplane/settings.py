@@ -154,7 +154,7 @@ class Settings(BaseSettings):
         description="`retry_after_ms` hint of `CONCURRENCY` and `OPEN_RESERVATIONS` refusals.",
     )
     # Each open reservation costs a request-table row until Complete or the
-    # TTL (~280 B compiled, BENCHMARKS.md): 1,000,000 is ~280 MB.
+    # TTL (~280 B compiled, docs/benchmarks-history.md): 1,000,000 is ~280 MB.
     max_open_reservations: int = Field(
         default=1_000_000,
         ge=0,

@@ -46,7 +46,7 @@ from controlplane.domain.units import NS_PER_S
 DEFAULT_INTERVAL_S = 15.0
 # The shipped recipes' scale-down stabilisation window (deploy/autoscaling):
 # the HPA's own default. Measured against 600 s on the diurnal trace
-# (BENCHMARKS.md, "Scaling the engines"): a third fewer engine-seconds than the peak's
+# (docs/benchmarks-history.md, "Scaling the engines"): a third fewer engine-seconds than the peak's
 # fixed pool instead of a quarter to a third, premium within 1 point either
 # way (the gate keeps it through a start-up gap).
 DEFAULT_SCALE_DOWN_DELAY_S = 300.0

@@ -21,7 +21,7 @@ beside it (``Deadlines.late_columns`` beside ``late_if_past``).
 
 Why two paths: ~40 numpy calls of about a microsecond each, which a batch
 of a hundred shares and a single request pays alone (21 µs against 109 µs,
-BENCHMARKS.md "The decision written once"). Per tenant one small matrix,
+docs/benchmarks-history.md "The decision written once"). Per tenant one small matrix,
 per (lane, pool) pair template rows of the request table's layout; no
 Python object per request beyond the answer's lists.
 """
