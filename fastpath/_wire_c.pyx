@@ -4,6 +4,9 @@
 # Compiled AdmitStream wire codec: AdmitBatch bytes in, as columns; AdmitBatchResult
 # columns out, as bytes.
 #
+# Long because: the reader and the writer of the two messages share the varint code and
+# are tested as one module against one reference.
+#
 # fastpath/_wire_py.py is the reference and documents the semantics (upb's, to the byte);
 # this file must give the same answers, which tests/unit/fastpath checks against the
 # reference and against the protobuf runtime on random messages and random bytes.  What
