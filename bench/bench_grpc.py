@@ -727,7 +727,7 @@ def record_stream_targets(scenarios: list[Scenario], command: str) -> None:
         return None
 
     def cpu(r: Any) -> float:
-        return (r.server_cpu_s + r.extra_cpu_s) / r.decisions * 1e9
+        return float((r.server_cpu_s + r.extra_cpu_s) / r.decisions * 1e9)
 
     for n, floor in STREAM_VS_EMPTY.items():
         ours = med(n, "ours", lambda r: r.decisions_per_s)

@@ -96,7 +96,9 @@ def write_runtime(c: dict[str, Any]) -> bytes:
         daily_remaining=c["daily_remaining"], duplicate=c["duplicate"],
         pricing_multiplier="1.000000", retryable=c["retryable"],
         shadow_reason=c["shadow_reason"], degraded=c["degraded"], degradation=None,
-        pressure=pb.Pressure(score=0.0, freshness=3, stale_policy=1, shed=False),
+        pressure=pb.Pressure(
+            score=0.0, freshness=pb.POOL_FRESHNESS_UNKNOWN, stale_policy=pb.STALE_POLICY_FAIL_OPEN
+        ),
     )  # fmt: skip
     res.admission_token.extend(c["admission_token"])
     return res.SerializeToString()
