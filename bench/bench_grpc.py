@@ -708,6 +708,58 @@ def _targets(scenarios: list[Scenario]) -> list[str]:
 # --------------------------------------------------------------------- main
 
 
+# AdmitStream rows of the targets table (bench/_summary.py): ours over the
+# empty stream (decisions/s) and over the Redis+Lua service, same run.
+STREAM_VS_EMPTY = {100: 0.8, 1000: 0.6}
+STREAM_P99_MS = 1.5  # per batch of 100
+STREAM_VS_REDIS = {100: 10.0, 1000: 25.0}
+
+
+def record_stream_targets(scenarios: list[Scenario], command: str) -> None:
+    """``record(...)`` the AdmitStream rows (a no-op unless
+    BURSTGATE_BENCH_SUMMARY is set)."""
+    from _summary import record
+
+    def med(size: int, mode: str, fn: Callable[[Any], float]) -> float | None:
+        for sc in scenarios:
+            if sc.kind == "stream" and sc.size == size and sc.samples.get(mode):
+                return _med([fn(s.result) for s in sc.samples[mode] if s.result.decisions])
+        return None
+
+    def cpu(r: Any) -> float:
+        return float((r.server_cpu_s + r.extra_cpu_s) / r.decisions * 1e9)
+
+    for n, floor in STREAM_VS_EMPTY.items():
+        ours = med(n, "ours", lambda r: r.decisions_per_s)
+        empty = med(n, "empty", lambda r: r.decisions_per_s)
+        if ours is None or not empty:
+            continue
+        p99 = med(n, "ours", lambda r: r.p99_ms)
+        ocpu, ecpu = med(n, "ours", cpu), med(n, "empty", cpu)
+        met = ours / empty >= floor
+        target = f"≥ {floor}x empty"
+        if n == 100:
+            met = met and p99 is not None and p99 <= STREAM_P99_MS
+            target += f"; p99 ≤ {STREAM_P99_MS} ms per batch"
+        note = f"p99 {p99:.2f} ms/batch" if p99 is not None else ""
+        if ocpu and ecpu:
+            note += f"; server CPU {ocpu:,.0f} vs {ecpu:,.0f} ns/decision"
+        record(
+            what=f"AdmitStream, batch {n:,}", ours=ours, unit="decisions/s", baseline=empty,
+            baseline_name="empty stream", target=target, met=met, note=note, bench=command,
+        )  # fmt: skip
+    for n, floor in STREAM_VS_REDIS.items():
+        ours = med(n, "ours", lambda r: r.decisions_per_s)
+        redis = med(n, "redis", lambda r: r.decisions_per_s)
+        if ours is None or not redis:
+            continue
+        record(
+            what=f"AdmitStream vs Redis + Lua, batch {n:,}", ours=ours, unit="decisions/s",
+            baseline=redis, baseline_name="Redis + Lua token bucket", target=f"≥ {floor:g}x",
+            met=ours / redis >= floor, bench=command,
+        )  # fmt: skip
+
+
 @contextlib.contextmanager
 def _start_redis(tmp: Path) -> Iterator[Any]:
     """The Redis+Lua server's private redis-server (``_grpc_redis``)."""
@@ -823,6 +875,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loadgen.stop(None)
                 for srv in servers.values():
                     srv.stop(("stop",))
+    record_stream_targets(scenarios, " ".join(h.command_line(__file__, argv)))
     text = report(
         plan,
         scenarios,

@@ -1,10 +1,12 @@
 """burstgate's hot path: token buckets, quotas and concurrency; backpressure and fair queueing;
-the request table.
+the request table; the AdmitStream wire codec.
 
-Three modules, each in two builds with identical behaviour: the token-bucket table
+Four modules, each in two builds with identical behaviour: the token-bucket table
 (compiled ``fastpath._buckets_c``, reference ``fastpath._buckets_py``), the scheduling
-primitives (compiled ``fastpath._sched_c``, reference ``fastpath._sched_py``) and the
-request table (compiled ``fastpath._reqlog_c``, reference ``fastpath._reqlog_py``).  The
+primitives (compiled ``fastpath._sched_c``, reference ``fastpath._sched_py``), the
+request table (compiled ``fastpath._reqlog_c``, reference ``fastpath._reqlog_py``) and
+the AdmitBatch reader / AdmitBatchResult writer (compiled ``fastpath._wire_c``,
+reference ``fastpath._wire_py``).  The
 compiled builds are the default.  ``BURSTGATE_FASTPATH=python`` selects all the references
 on purpose; otherwise every compiled module must import, and there is no silent fallback
 (not even for one of them), so a missing build fails loudly.  ``IMPLEMENTATION`` says
@@ -26,15 +28,19 @@ from fastpath.codes import Reason
 __all__ = [
     "ENV_VAR",
     "IMPLEMENTATION",
+    "AdmitBatchColumns",
     "FairQueue",
     "FairQueueSnapshot",
     "FlowState",
     "Reason",
     "RequestTable",
     "TokenBucketTable",
+    "WireError",
     "backpressure_retry_ns",
     "backpressure_score_ppm",
+    "read_batch",
     "shed_threshold_ppm",
+    "write_result",
 ]
 
 ENV_VAR: Final = "BURSTGATE_FASTPATH"
@@ -57,6 +63,7 @@ if TYPE_CHECKING or _choice == "python":
         backpressure_score_ppm,
         shed_threshold_ppm,
     )
+    from fastpath._wire_py import AdmitBatchColumns, WireError, read_batch, write_result
 
     IMPLEMENTATION = "python"
 else:
@@ -69,8 +76,9 @@ else:
             backpressure_score_ppm,
             shed_threshold_ppm,
         )
+        from fastpath._wire_c import AdmitBatchColumns, WireError, read_batch, write_result
     except ImportError as exc:
-        missing = exc.name or "fastpath._buckets_c/_sched_c/_reqlog_c"
+        missing = exc.name or "fastpath._buckets_c/_sched_c/_reqlog_c/_wire_c"
         raise ImportError(
             f"burstgate's compiled fastpath ({missing}) "
             f"is not built or failed to load: {exc}. Build it with `pip install -e .` (needs "

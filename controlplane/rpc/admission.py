@@ -14,7 +14,7 @@ from controlplane.domain.money import format_multiplier
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_S
 from controlplane.domain.validate import check_exec_times, check_optional_name, check_pool
-from controlplane.rpc.admitstream import admit_stream
+from controlplane.rpc.admitstream import Batch, admit_stream
 from controlplane.rpc.auth import admission_scope
 from controlplane.rpc.convert import MISS_RATE_SOURCE, ceil_ms, degradation_pb, pressure_pb
 from controlplane.rpc.errors import unary_errors
@@ -237,11 +237,15 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
                 return False
         return svc.offline.book(*args, now=svc.clock(), scope=scope)
 
-    async def AdmitStream(
+    # Registered bytes to bytes (rpc/assembly.py): batches come as columns
+    # (fastpath.AdmitBatchColumns), results leave as bytes or messages.
+    wire_admit_stream = True
+
+    async def AdmitStream(  # type: ignore[override]
         self,
-        request_iterator: AsyncIterator[pb.AdmitBatch],
+        request_iterator: AsyncIterator[Batch],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.AdmitBatchResult]:
+    ) -> AsyncIterator[bytes | pb.AdmitBatchResult]:
         # A bad batch ends the stream with INVALID_ARGUMENT naming
         # field[index] after a "batch N: " prefix (docs/api.md, "Errors");
         # batches answered before it stand. So does an entry outside a

@@ -14,14 +14,24 @@ synchronous), and releases that land in one dispatch go out together.
 A stream that ends early (cancelled, failed, a bad batch) takes its
 still-queued entries out of the queues; the half-closed stream of a client
 that sent its last batch stays open until every queued entry is answered.
+
+Bytes to bytes: the method is registered with :data:`deserialize` and
+:func:`serialize` in place of the generated (de)serializers (rpc/assembly.py),
+so a batch arrives as columns (``fastpath.read_batch``: no protobuf message,
+equal tenant ids one str) and the common answer, a batch decided at once,
+leaves as the wire bytes ``fastpath.write_result`` writes from the service's
+columns. The rare answers (waiting entries' first and release results,
+batches with NOT_OWNER entries) are still built as protobuf messages and
+serialized by the runtime: their cost is per entry that waits or is
+redirected, not per decision of the fast path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import cast
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, cast
 
 import grpc
 import structlog
@@ -34,6 +44,7 @@ from controlplane.domain.scope import KeyScope
 from controlplane.ha.serving import Ownership, Redirect
 from controlplane.rpc import owners
 from controlplane.rpc.convert import (
+    STALE_POLICY,
     ceil_ms,
     degradation_msg,
     degradation_pb,
@@ -45,11 +56,31 @@ from controlplane.service import AdmissionService
 from controlplane.service.answers import BatchResult
 from controlplane.service.queueing import Waiter
 from controlplane.service.waiting import WaitingRoom
+from fastpath import AdmitBatchColumns, read_batch, write_result
 
 log = structlog.get_logger("burstgate.rpc")
 
 _READ_DONE = object()  # the client half-closed (or the reader stopped)
 _RELEASES = object()  # releases are ready to be written
+
+
+Batch = AdmitBatchColumns | pb.AdmitBatch  # the latter: a subset (owners.subset)
+# The method's request deserializer: raises on bytes that are no AdmitBatch
+# (the request guard turns that into INVALID_ARGUMENT, rpc/guard.py).
+deserialize = read_batch
+MESSAGE_TYPE = pb.AdmitBatch.DESCRIPTOR.full_name
+
+
+def serialize(res: bytes | pb.AdmitBatchResult) -> bytes:
+    """The method's response serializer: bytes written already, or a message."""
+    return res if res.__class__ is bytes else cast("pb.AdmitBatchResult", res).SerializeToString()
+
+
+def _col(column: Sequence[Any]) -> list[Any]:
+    """A column as a list: the reader's lists as they are (one per batch,
+    owned by it), a protobuf repeated field copied (indexing one costs
+    several times a list index)."""
+    return column if isinstance(column, list) else list(column)
 
 
 class _Fail:
@@ -131,6 +162,27 @@ def batch_result(
             fallback(t) if d else "" for t, d in zip(tenant_ids, r.degraded, strict=True)
         )
     return res
+
+
+def batch_result_bytes(
+    batch_id: int, r: BatchResult, fallback: Callable[[str], str], tenant_ids: list[str]
+) -> bytes:
+    """:func:`batch_result`'s message as wire bytes, written from the columns
+    without building it (the property tests hold the two to the byte)."""
+    g, p = r.degradation, r.pressure
+    degraded = r.degraded
+    fallbacks: Sequence[str] = ()
+    if g is not None and any(degraded):
+        fallbacks = [fallback(t) if d else "" for t, d in zip(tenant_ids, degraded, strict=True)]
+    return write_result(
+        batch_id, r.decision, r.reason, r.retry_after_ms, r.reserved_tokens, r.reservation_id,
+        r.granted_max_tokens, r.bucket_remaining, r.hourly_remaining, r.daily_remaining,
+        r.duplicate, r.shadow_reason, degraded,
+        None if g is None else (True, g.max_tokens_cap, g.page_after_tokens, g.fallback_model),
+        None if p is None else (p.score, p.freshness, STALE_POLICY[p.stale_policy], p.shed),
+        format_multiplier(r.pricing_multiplier), r.retryable or (), (), (), (), fallbacks, (),
+        r.admission_token or (),
+    )  # fmt: skip
 
 
 def _append(res: pb.AdmitBatchResult, decisions: list[AdmitDecision | None]) -> None:
@@ -221,16 +273,17 @@ async def admit_stream(
     svc: AdmissionService,
     waiting: WaitingRoom,
     scope: KeyScope | None,
-    request_iterator: AsyncIterator[pb.AdmitBatch],
+    request_iterator: AsyncIterator[Batch],
     context: grpc.aio.ServicerContext,
     ownership: Ownership | None = None,
-) -> AsyncIterator[pb.AdmitBatchResult]:
+) -> AsyncIterator[bytes | pb.AdmitBatchResult]:
     outbox: Outbox = asyncio.Queue()
     releases = Releases(outbox)
 
     async def read() -> None:
         try:
             async for batch in request_iterator:
+                res: bytes | pb.AdmitBatchResult
                 try:
                     refused = await owners.batch_redirects(ownership, svc, batch, scope)
                     # never waits: a batch held here would hold up the stream
@@ -274,7 +327,7 @@ async def admit_stream(
                 assert item.status is not None
                 await abort(context, item.status)
             else:
-                yield cast("pb.AdmitBatchResult", item)
+                yield cast("bytes | pb.AdmitBatchResult", item)
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -289,36 +342,38 @@ def _decide(
     svc: AdmissionService,
     waiting: WaitingRoom,
     scope: KeyScope | None,
-    batch: pb.AdmitBatch,
+    batch: Batch,
     releases: Releases,
-) -> pb.AdmitBatchResult:
-    # list() once: indexing a protobuf repeated field per element costs
-    # several times a list index.
-    tenant_ids = list(batch.tenant_id)
-    if scope is not None:
-        scope.check_tenants("tenant_id", tenant_ids)
+) -> bytes | pb.AdmitBatchResult:
     if not batch.max_wait_ms:
-        r = svc.batches.admit(
-            tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
-            list(batch.max_tokens), batch.model, batch.pool, scope=scope,
-            retry_keys=list(batch.retry_key), attempts=list(batch.attempt),
-        )  # fmt: skip
-        return batch_result(batch.batch_id, r, svc.views.fallback_model, tenant_ids)
-    outs = svc.batches.admit_waiting(
-        tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
-        list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
-        retry_keys=list(batch.retry_key), attempts=list(batch.attempt),
-    )  # fmt: skip
-    res = waiting_result(batch.batch_id, outs, releases)
+        tenant_ids, r = _decide_now(svc, scope, batch)
+        return batch_result_bytes(batch.batch_id, r, svc.views.fallback_model, tenant_ids)
+    res = waiting_result(batch.batch_id, _waiting_outs(svc, scope, batch), releases)
     waiting.reschedule()
     return res
+
+
+def _decide_now(
+    svc: AdmissionService, scope: KeyScope | None, batch: Batch
+) -> tuple[list[str], BatchResult]:
+    """A batch none of whose entries may wait, decided: its tenant column and
+    the answer's columns."""
+    tenant_ids = _col(batch.tenant_id)
+    if scope is not None:
+        scope.check_tenants("tenant_id", tenant_ids)
+    r = svc.batches.admit(
+        tenant_ids, _col(batch.request_id), _col(batch.lane), _col(batch.prompt_tokens),
+        _col(batch.max_tokens), batch.model, batch.pool, scope=scope,
+        retry_keys=_col(batch.retry_key), attempts=_col(batch.attempt),
+    )  # fmt: skip
+    return tenant_ids, r
 
 
 def _decide_some(
     svc: AdmissionService,
     waiting: WaitingRoom,
     scope: KeyScope | None,
-    batch: pb.AdmitBatch,
+    batch: Batch,
     releases: Releases,
     refused: dict[int, Redirect],
 ) -> pb.AdmitBatchResult:
@@ -337,7 +392,9 @@ def _decide_some(
         res = waiting_result(batch.batch_id, full, releases)
         waiting.reschedule()
     elif keep:
-        res = owners.expand(_decide(svc, waiting, scope, sub, releases), n, keep, refused)
+        tenant_ids, r = _decide_now(svc, scope, sub)
+        decided = batch_result(sub.batch_id, r, svc.views.fallback_model, tenant_ids)
+        res = owners.expand(decided, n, keep, refused)
     else:
         res = pb.AdmitBatchResult(batch_id=batch.batch_id)
         _append(res, [owners.refusal(request_ids[i], refused[i]) for i in range(n)])
@@ -346,13 +403,13 @@ def _decide_some(
 
 
 def _waiting_outs(
-    svc: AdmissionService, scope: KeyScope | None, batch: pb.AdmitBatch
+    svc: AdmissionService, scope: KeyScope | None, batch: Batch
 ) -> list[AdmitDecision | Waiter]:
-    tenant_ids = list(batch.tenant_id)
+    tenant_ids = _col(batch.tenant_id)
     if scope is not None:
         scope.check_tenants("tenant_id", tenant_ids)
     return svc.batches.admit_waiting(
-        tenant_ids, list(batch.request_id), list(batch.lane), list(batch.prompt_tokens),
-        list(batch.max_tokens), list(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
-        retry_keys=list(batch.retry_key), attempts=list(batch.attempt),
+        tenant_ids, _col(batch.request_id), _col(batch.lane), _col(batch.prompt_tokens),
+        _col(batch.max_tokens), _col(batch.max_wait_ms), batch.model, batch.pool, scope=scope,
+        retry_keys=_col(batch.retry_key), attempts=_col(batch.attempt),
     )  # fmt: skip

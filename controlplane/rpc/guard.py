@@ -19,6 +19,11 @@ passes before its servicer sees it.
   (``controlplane/service/edge.py``): a ``len()`` per field, cheaper on the
   hot path than walking a message.
 
+- **Wire codecs.** A method may be registered with its own (de)serializers
+  in place of the generated ones (:class:`WireCodec`: AdmitStream reads
+  its batches as columns and writes its results as bytes, rpc/admitstream.py);
+  its deserializer's failure is refused as the generated one's is.
+
 A deserializer has no call context to end the call with, so it hands on a
 :class:`Refused` in place of the request; the guarded behaviour ends the call
 with its status before the servicer runs. Registration goes through
@@ -34,6 +39,7 @@ import inspect
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -228,8 +234,11 @@ def guard_deserializer(
     malformed: MalformedLog,
     *,
     check: bool,
+    message_type: str = "",
 ) -> Callable[[bytes], Any]:
-    message_type = _message_type(deserializer)
+    """``message_type``: the request's message name, for a deserializer that
+    is not a generated ``FromString``."""
+    message_type = message_type or _message_type(deserializer)
     refusal = Refused(
         rich_status(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -267,7 +276,12 @@ async def _checked(
 
 
 def guard_handler(
-    handler: grpc.RpcMethodHandler, method: str, malformed: MalformedLog, *, check: bool
+    handler: grpc.RpcMethodHandler,
+    method: str,
+    malformed: MalformedLog,
+    *,
+    check: bool,
+    message_type: str = "",
 ) -> grpc.RpcMethodHandler:
     """``handler`` with its request deserializer guarded and its behaviour
     ending the call when handed a :class:`Refused`. Handlers without a
@@ -275,7 +289,9 @@ def guard_handler(
     they are."""
     if handler.request_deserializer is None:
         return handler
-    parse = guard_deserializer(handler.request_deserializer, method, malformed, check=check)
+    parse = guard_deserializer(
+        handler.request_deserializer, method, malformed, check=check, message_type=message_type
+    )
     serialize = handler.response_serializer
     if not handler.request_streaming:
         behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
@@ -362,18 +378,43 @@ class _GuardedGeneric(grpc.GenericRpcHandler):  # type: ignore[misc]
         return guarded
 
 
+@dataclass(frozen=True, slots=True)
+class WireCodec:
+    """A streaming method's own (de)serializers: ``read`` raises on bytes that
+    are not a ``message_type``; ``write`` gives a response's bytes."""
+
+    read: Callable[[bytes], Any]
+    write: Callable[[Any], bytes]
+    message_type: str
+
+
 class GuardedRegistrar:
     """Stands in for the server while the generated ``add_*_to_server``
     functions register a service: each handler is registered guarded.
-    ``check``: also check the requests' string lengths (operator services)."""
+    ``check``: also check the requests' string lengths (operator services);
+    ``codecs``: by full method name, the stream-stream methods registered
+    with a :class:`WireCodec` in place of the generated (de)serializers."""
 
-    def __init__(self, server: grpc.aio.Server, malformed: MalformedLog, *, check: bool) -> None:
+    def __init__(
+        self, server: grpc.aio.Server, malformed: MalformedLog, *, check: bool,
+        codecs: Mapping[str, WireCodec] | None = None,
+    ) -> None:  # fmt: skip
         self._server = server
         self._malformed = malformed
         self._check = check
+        self._codecs = codecs or {}
 
     def guard(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        return guard_handler(handler, method, self._malformed, check=self._check)
+        codec = self._codecs.get(method)
+        if codec is None:
+            return guard_handler(handler, method, self._malformed, check=self._check)
+        assert handler.request_streaming and handler.response_streaming, method
+        raw = grpc.stream_stream_rpc_method_handler(
+            handler.stream_stream, request_deserializer=codec.read, response_serializer=codec.write
+        )
+        return guard_handler(
+            raw, method, self._malformed, check=self._check, message_type=codec.message_type
+        )
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self._server.add_generic_rpc_handlers(tuple(_GuardedGeneric(h, self) for h in handlers))

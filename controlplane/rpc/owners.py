@@ -27,7 +27,7 @@ from controlplane.domain.validate import check_pool
 from controlplane.ha.serving import Ownership, Redirect
 from controlplane.rpc.errors import abort, rich_status
 from controlplane.service import AdmissionService
-from fastpath import Reason
+from fastpath import AdmitBatchColumns, Reason
 
 # The per-entry columns of an AdmitBatchResult (admitstream.py appends them too).
 RESULT_COLUMNS = (
@@ -97,7 +97,7 @@ async def ensure_shares(
 async def batch_redirects(
     ownership: Ownership | None,
     svc: AdmissionService,
-    batch: pb.AdmitBatch,
+    batch: AdmitBatchColumns | pb.AdmitBatch,
     scope: KeyScope | None = None,
 ) -> dict[int, Redirect] | None:
     """The entries of ``batch`` owned elsewhere, by index; None when all
@@ -151,7 +151,7 @@ def refusal(request_id: str, r: Redirect) -> AdmitDecision:
     )  # fmt: skip
 
 
-def subset(batch: pb.AdmitBatch, keep: list[int]) -> pb.AdmitBatch:
+def subset(batch: AdmitBatchColumns | pb.AdmitBatch, keep: list[int]) -> pb.AdmitBatch:
     """The entries ``keep`` of ``batch`` (its batch-wide fields as they are)."""
     out = pb.AdmitBatch(batch_id=batch.batch_id, model=batch.model, pool=batch.pool)
     for name in ("tenant_id", "request_id", "lane", "prompt_tokens", "max_tokens", "max_wait_ms",

@@ -142,6 +142,11 @@ BENCHMARKS = (
         r"^add_batch ns/entry +[\d.]+ +[\d.]+ +[\d.]+x$",
         r"^expire ns/row \(settled\) +[\d.]+ +[\d.]+ +[\d.]+x$",
     ), part=1),
+    Bench("bench_wire", ("--sizes", "10", "--rounds", "1", "--round-ms", "1"), (
+        r"^# AdmitStream wire codec: compiled reader/writer vs\. the protobuf runtime$",
+        *(rf"^\| 10 \| {what} \| [\d,]+ \([\d.,]+\) \| [\d,]+ \([\d.,]+\) \| [\d.]+x \|"
+          for what in ("read", "write")),
+    ), part=1),
     Bench("bench_request_log", ("--rate", "10", "--seconds", "130"), (
         r"^\| 600 s \| 1,300 \| [\d.]+ MiB \|",  # 130 s of ids: all within 600 s
         r"^\| (?!600 s)[\d.]+ s \| [\d,]+ \| [\d.]+ MiB \|",

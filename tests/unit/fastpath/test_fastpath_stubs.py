@@ -1,6 +1,6 @@
 """The hand-written stubs of the compiled modules (fastpath/_buckets_c.pyi,
-fastpath/_sched_c.pyi, fastpath/_reqlog_c.pyi) against the modules themselves, with
-mypy's stubtest: a name, parameter, default or class trait that differs fails here.
+fastpath/_sched_c.pyi, fastpath/_reqlog_c.pyi, fastpath/_wire_c.pyi) against the modules
+themselves, with mypy's stubtest: a name, parameter, default or class trait that differs fails here.
 (Type checkers only ever read the stubs; nothing else compares them with the build.)
 """
 
@@ -13,7 +13,12 @@ from pathlib import Path
 from .conftest import compiled
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-MODULES = ("fastpath._buckets_c", "fastpath._sched_c", "fastpath._reqlog_c")
+MODULES = (
+    "fastpath._buckets_c",
+    "fastpath._sched_c",
+    "fastpath._reqlog_c",
+    "fastpath._wire_c",
+)
 
 
 def test_compiled_stubs_match_the_compiled_modules() -> None:
