@@ -85,6 +85,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark("bench_litellm", ("--seconds", "15"), "The LiteLLM proxy callback", 2),
     Benchmark("bench_service", (), "The admission service in process (no gRPC)", 2),
+    Benchmark("bench_wire", (), "The AdmitStream wire codec vs the protobuf runtime", 1),
     Benchmark("bench_fastpath", (), "The compiled fast path vs its reference", 1),
     Benchmark("bench_reqlog", (), "The request table alone, both builds", 2),
     Benchmark("bench_request_log", ("--seconds", "150"), "Request-id memory and GC, in process", 3),
