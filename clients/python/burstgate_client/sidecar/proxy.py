@@ -44,7 +44,7 @@ from burstgate_client.sidecar.config import SidecarConfig
 from burstgate_client.sidecar.metrics import SidecarMetrics
 from burstgate_client.sidecar.refusal import json_error, ratelimit_headers, refusal
 from burstgate_client.sidecar.rewrite import BadRequest, CompletionRequest, forwarded_body, parse
-from burstgate_client.sidecar.sse import StreamRelay, Usage, usage_of
+from burstgate_client.sidecar.sse import StreamRelay, Usage, loads, usage_of
 from burstgate_client.sidecar.tokens import TokenCounter
 
 log = logging.getLogger("burstgate.sidecar")
@@ -320,11 +320,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 def _json_usage(data: bytes) -> Usage | None:
-    import json
-
     try:
-        return usage_of(json.loads(data))
-    except (ValueError, UnicodeDecodeError):
+        return usage_of(loads(data))
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
         return None
 
 
