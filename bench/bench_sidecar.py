@@ -108,8 +108,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+def spawn(cmd: list[str], client_path: str = "") -> subprocess.Popen[bytes]:
+    """``client_path``: a directory whose burstgate_client the process
+    imports instead of the installed one (another tree's sidecar)."""
+    env = None
+    if client_path:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (client_path, os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            env=env)  # fmt: skip
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -216,6 +223,8 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--sequential", type=int, default=2000, help="closed-loop requests")
     ap.add_argument("--profile", type=Path, help="cProfile the sidecar, stats to this file")
+    ap.add_argument("--client-path", default="", help="run the burstgate_client found here "
+                    "(e.g. another commit's clients/python, from git archive)")  # fmt: skip
     args = ap.parse_args()
     profile = ["-c", PROFILED, str(args.profile.resolve())] if args.profile else []
     procs: list[subprocess.Popen[bytes]] = []
@@ -230,7 +239,7 @@ def main() -> None:
             code = STUB_SIDECAR.format(root=str(ROOT), upstream=upstream, port=sp)
             script = Path(tmp.name) / "stub_sidecar.py"
             script.write_text(code)
-            sidecar = spawn([sys.executable, *profile, str(script)])
+            sidecar = spawn([sys.executable, *profile, str(script)], args.client_path)
         else:
             cp = free_port()
             db = f"sqlite:///{tmp.name}/bench.db"
@@ -242,7 +251,8 @@ def main() -> None:
             cfg.write_text("api_keys: {sk-bench: acme}\n")
             sidecar = spawn([sys.executable, *profile, "-m", "controlplane", "sidecar",
                              "--upstream", upstream, "--control-plane", f"127.0.0.1:{cp}",
-                             "--port", str(sp), "--config", str(cfg)])  # fmt: skip
+                             "--port", str(sp), "--config", str(cfg)],
+                            args.client_path)  # fmt: skip
         procs.append(sidecar)
         wait_port(sp, sidecar, "sidecar")
         import uvloop
@@ -250,8 +260,11 @@ def main() -> None:
         direct, through = (f"{upstream}/v1/chat/completions",
                            f"http://127.0.0.1:{sp}/v1/chat/completions")  # fmt: skip
         one_by_one: dict[str, list[float]] = {"direct": [], "sidecar": []}
+        seq0, seq_engine0 = cpu_s(sidecar.pid), cpu_s(engine.pid)
         if args.sequential:
             one_by_one = uvloop.run(sequential(direct, through, args.sequential, args.stream))
+        seq_cpu = cpu_s(sidecar.pid) - seq0
+        seq_engine = cpu_s(engine.pid) - seq_engine0
         cpu0, engine0 = cpu_s(sidecar.pid), cpu_s(engine.pid)
         lat, errors, open_loop = uvloop.run(send(
             direct, through, rate=args.rate, seconds=args.seconds, warmup=args.warmup,
@@ -269,6 +282,9 @@ def main() -> None:
     if args.sequential:
         print(f"One at a time ({args.sequential:,} requests, alternating):\n")
         table(one_by_one)
+        half = (args.sequential + 200) // 2  # each path's share, its warm-up included
+        print(f"\nsidecar process CPU one at a time: {seq_cpu / half * 1000:.2f} ms per request; "
+              f"fake engine: {seq_engine / (2 * half) * 1000:.2f} ms per request")  # fmt: skip
     print(f"\nOpen loop, {args.rate:g} req/s, paths alternating every {args.slice:g} s, "
           f"{args.seconds:g} s measured (+{args.warmup:g} s warm-up), errors {errors}:\n")
     table(lat)

@@ -116,3 +116,28 @@ def test_an_event_the_cut_cannot_be_sure_of_is_re_encoded() -> None:
         expected = json.loads(event[6:])
         del expected["usage"]
         assert sent == expected
+
+
+def test_whether_a_chunk_carried_output_is_what_its_pieces_say() -> None:
+    from burstgate_client.sidecar.sse import _has_text, _pieces
+
+    chunks: list[Any] = [
+        {"choices": [{"delta": {"content": "a"}}]}, {"choices": [{"delta": {"content": ""}}]},
+        {"choices": [{"delta": {"content": 5}}]}, {"choices": [{"delta": {}}]},
+        {"choices": [{"delta": {"reasoning_content": "r"}}]},
+        {"choices": [{"delta": {"reasoning_content": ["r"]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"id": "t"}]}}]},
+        {"choices": [{"delta": {"tool_calls": []}}]}, {"choices": [{"text": "t"}]},
+        {"choices": [{"text": ""}]}, {"choices": [{"delta": "x", "text": "t"}]},
+        {"choices": [{"delta": None, "text": "t"}]}, {"choices": "ab"}, {"choices": None},
+        {"choices": [1, {"delta": {"content": "late"}}]}, {},
+    ]  # fmt: skip
+    for c in chunks:
+        assert _has_text(c) == bool(_pieces(c)), c
+
+
+def test_a_usage_past_64_bits_is_read_as_the_standard_library_reads_it() -> None:
+    relay = StreamRelay(strip_usage=False)
+    big = 2**64
+    relay.feed(event({"choices": [], "usage": {"prompt_tokens": big, "completion_tokens": 1}}))
+    assert relay.usage == Usage(big, 1, 0)  # an int, as json.loads gives (orjson: a float)

@@ -16,8 +16,9 @@ as UTF-8 rather than ``\\u`` escapes).
 
 The body is read with orjson (C; the standard library with a hook per
 object cost several times more per request). orjson takes the last of a
-repeated key, and its refusals are not the standard library's, so a body it
-refuses, or one where a repeated key cannot be ruled out (see
+repeated key, reads an integer past 64 bits as a float, and its refusals are
+not the standard library's, so a body it refuses, one with a run of 19
+digits, or one where a repeated key cannot be ruled out (see
 ``_unique_and_shallow``), is read again the standard library's way: every
 body is accepted or refused, and with the same message, as before.
 """
@@ -30,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from burstgate_client.sidecar.sse import LONG_DIGITS
 from burstgate_client.sidecar.tokens import prompt_count
 
 
@@ -136,13 +138,14 @@ def _unique_and_shallow(raw: bytes, body: Any) -> bool:
 def _load(raw: bytes) -> tuple[dict[str, Any], bool]:
     """The body as an object, and whether orjson read it (else the standard
     library did, refusing repeated keys). Raises BadRequest."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
-    else:
-        if type(body) is dict and _unique_and_shallow(raw, body):
-            return body, True
+    if LONG_DIGITS.search(raw) is None:  # else orjson could read an int as a float
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if type(body) is dict and _unique_and_shallow(raw, body):
+                return body, True
     try:
         body = json.loads(raw, object_pairs_hook=_object)
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -40,14 +40,21 @@ _NULL_USAGE_AFTER = re.compile(rb',\s*"usage"\s*:\s*null')
 _NULL_USAGE_FIRST = re.compile(rb'"usage"\s*:\s*null\s*,?')
 
 
+# 19 digits in a row: maybe an integer past 64 bits, which orjson would read
+# as a float where the standard library reads an int.
+LONG_DIGITS = re.compile(rb"\d{19}")
+
+
 def loads(data: bytes) -> Any:
-    """A JSON value: orjson, else (NaN, integers past 64 bits, lone
-    surrogates, other encodings) the standard library, which raises
-    ValueError (JSONDecodeError, UnicodeDecodeError) as before."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
+    """A JSON value as the standard library reads it: orjson, else (NaN,
+    long integers, lone surrogates, other encodings) the standard library,
+    which raises ValueError (JSONDecodeError, UnicodeDecodeError) as before."""
+    if LONG_DIGITS.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,27 @@ def _pieces(chunk: dict[str, Any]) -> list[str]:
         elif isinstance(choice.get("text"), str) and choice["text"]:
             out.append(choice["text"])
     return out
+
+
+def _has_text(chunk: dict[str, Any]) -> bool:
+    """``bool(_pieces(chunk))`` without building the pieces (no tokenizer:
+    only whether the chunk carried output counts)."""
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            content = delta.get("content")
+            if content and isinstance(content, str):
+                return True
+            reasoning = delta.get("reasoning_content")
+            if (reasoning and isinstance(reasoning, str)) or delta.get("tool_calls"):
+                return True
+        else:
+            text = choice.get("text")
+            if text and isinstance(text, str):
+                return True
+    return False
 
 
 class StreamRelay:
@@ -139,15 +167,18 @@ class StreamRelay:
             return event
         if not isinstance(chunk, dict):
             return event
-        pieces = _pieces(chunk)
-        if pieces:
+        if self._count is None:
+            if _has_text(chunk):
+                self.text_chunks += 1
+        elif pieces := _pieces(chunk):
             self.text_chunks += 1
-            if self._count is not None:
-                self._text.extend(pieces)
+            self._text.extend(pieces)
+        if "usage" not in chunk:
+            return event
         usage = usage_of(chunk)
         if usage is not None:
             self.usage = usage
-        if not self.strip_usage or "usage" not in chunk:
+        if not self.strip_usage:
             return event
         if usage is not None and not chunk.get("choices"):
             return None  # the usage chunk the client did not ask for
