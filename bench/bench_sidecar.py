@@ -299,7 +299,7 @@ def main() -> None:
     if args.profile:  # over every request the sidecar handled (its warm-ups too)
         warm = (args.sequential + 200) // 2 if args.sequential else 0
         print_profile(args.profile, open_loop + warm)
-    summarise(args, lat, per_request, engine_per_request)
+    summarise(args, lat, per_request, engine_per_request, errors)
 
 
 def print_profile(path: Path, handled: int, top: int = 30) -> None:
@@ -322,22 +322,27 @@ def print_profile(path: Path, handled: int, top: int = 30) -> None:
 
 def summarise(
     args: argparse.Namespace, lat: dict[str, list[float]], per_request: float,
-    engine_per_request: float,
+    engine_per_request: float, errors: int,
 ) -> None:  # fmt: skip
-    """The targets-table rows, each with the engine-alone figure of this run."""
+    """The targets-table rows, each with the engine-alone figure of this run.
+    A run with failed requests meets no target: the machine did not sustain
+    the rate, and a saturated direct path can make the added figures
+    negative."""
     kind = "streamed" if args.stream else "not streamed"
     bench = (f"bench/bench_sidecar.py --admitter {args.admitter} --rate {args.rate:g} "
              f"--seconds {args.seconds:g}" + (" --stream" if args.stream else ""))  # fmt: skip
-    note = f"admitter {args.admitter}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()}"
+    note = (f"admitter {args.admitter}, load average {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} CPUs, {errors} failed requests")  # fmt: skip
+    clean = errors == 0
     record(what="HTTP sidecar, CPU per request", ours=per_request, unit="ms CPU/request",
            baseline=engine_per_request, baseline_name="the fake engine's CPU per request",
-           target="≤ 0.5 ms", met=per_request <= 0.5, note=note, bench=bench)  # fmt: skip
+           target="≤ 0.5 ms", met=clean and per_request <= 0.5, note=note, bench=bench)  # fmt: skip
     direct, through = lat["direct"], lat["sidecar"]
     for p, limit in ((50, 1.0), (99, 2.0)):
         added = pct(through, p) - pct(direct, p)
         record(what=f"HTTP sidecar, added p{p} at {args.rate:,.0f} req/s {kind}", ours=added,
                unit="ms added", baseline=pct(direct, p), baseline_name=f"engine alone p{p} ms",
-               target=f"≤ {limit:g} ms", met=added <= limit, note=note,
+               target=f"≤ {limit:g} ms", met=clean and added <= limit, note=note,
                bench=bench)  # fmt: skip
 
 
