@@ -22,7 +22,16 @@ output tokens, not streamed (``--stream`` streams them). The first
 ``--warmup`` seconds are not counted. Added latency = through the sidecar
 minus straight, per percentile. CPU per request = the sidecar process's
 user + system time over the open-loop run divided by the requests it
-served (its load reports included).
+served (its load reports included); the fake engine's CPU per request over
+the same run is printed beside it as the no-sidecar baseline.
+
+``--profile PATH`` runs the sidecar under cProfile (PATH gets its stats
+when it exits) and prints its costliest functions per request: where the
+sidecar's CPU goes under this load.
+
+The targets-table rows (bench/_summary.py): the sidecar's CPU per request,
+and the p50 and p99 it adds in the open loop, each beside the engine-alone
+figure of the same run.
 """
 
 from __future__ import annotations
@@ -40,10 +49,13 @@ from typing import Any
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _summary import record
+
 ROOT = Path(__file__).resolve().parents[1]
 BG = [sys.executable, "-m", "controlplane"]
 STUB_SIDECAR = """
-import asyncio, sys, uvloop
+import asyncio, signal, sys, uvloop
 sys.path.insert(0, {root!r})
 from burstgate_client.sidecar import Sidecar, load
 from tests.sidecar_support import FakeAdmitter
@@ -53,9 +65,34 @@ async def serve():
                default_tenant="acme")
     sidecar = Sidecar(cfg, FakeAdmitter())
     await sidecar.start()
-    await asyncio.Event().wait()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()  # then exits normally: a profile (--profile) is written
+    await sidecar.stop()
 
 uvloop.run(serve())
+"""
+
+
+# The sidecar under cProfile with a CPU-time clock: wall time would charge a
+# socket write with the time the kernel gave the other processes meanwhile.
+PROFILED = """
+import cProfile, runpy, sys, time
+path, target = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[2:]
+prof = cProfile.Profile(time.process_time)
+prof.enable()
+try:
+    if target == "-m":
+        sys.argv = sys.argv[1:]
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(target, run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    prof.disable()
+    prof.dump_stats(path)
 """
 
 
@@ -71,8 +108,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+def spawn(cmd: list[str], client_path: str = "") -> subprocess.Popen[bytes]:
+    """``client_path``: a directory whose burstgate_client the process
+    imports instead of the installed one (another tree's sidecar)."""
+    env = None
+    if client_path:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (client_path, os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            env=env)  # fmt: skip
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -126,14 +170,16 @@ def table(lat: dict[str, list[float]], paths: tuple[str, str] = ("direct", "side
 async def send(
     direct: str, sidecar: str, *, rate: float, seconds: float, warmup: float, stream: bool,
     slice_s: float,
-) -> tuple[dict[str, list[float]], int]:  # fmt: skip
+) -> tuple[dict[str, list[float]], int, int]:  # fmt: skip
     """Open loop at ``rate``, to one path then the other in slices of
-    ``slice_s``; the latencies of each path (ms) and the errors."""
+    ``slice_s``; the latencies of each path (ms), the errors, and how many
+    requests went to the sidecar (its warm-up's too)."""
     body: dict[str, Any] = {"model": "fake-llama", "max_tokens": 8, "stream": stream,
                             "messages": [{"role": "user", "content": "a short prompt"}]}
     headers = {"authorization": "Bearer sk-bench"}
     lat: dict[str, list[float]] = {"direct": [], "sidecar": []}
     errors = 0
+    handled = {"direct": 0, "sidecar": 0}  # warm-up included
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as http:
 
@@ -159,11 +205,12 @@ async def send(
             if delay > 0:
                 await asyncio.sleep(delay)
             name, url = ("sidecar", sidecar) if int(t / slice_s) % 2 else ("direct", direct)
+            handled[name] += 1
             task = asyncio.create_task(one(name, url, t >= warmup))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         await asyncio.gather(*tasks)
-    return lat, errors
+    return lat, errors, handled["sidecar"]
 
 
 def main() -> None:
@@ -175,7 +222,11 @@ def main() -> None:
     ap.add_argument("--admitter", choices=["sdk", "stub"], default="sdk")
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--sequential", type=int, default=2000, help="closed-loop requests")
+    ap.add_argument("--profile", type=Path, help="cProfile the sidecar, stats to this file")
+    ap.add_argument("--client-path", default="", help="run the burstgate_client found here "
+                    "(e.g. another commit's clients/python, from git archive)")  # fmt: skip
     args = ap.parse_args()
+    profile = ["-c", PROFILED, str(args.profile.resolve())] if args.profile else []
     procs: list[subprocess.Popen[bytes]] = []
     tmp = tempfile.TemporaryDirectory()
     try:
@@ -186,7 +237,9 @@ def main() -> None:
         upstream = f"http://127.0.0.1:{ep}"
         if args.admitter == "stub":
             code = STUB_SIDECAR.format(root=str(ROOT), upstream=upstream, port=sp)
-            sidecar = spawn([sys.executable, "-c", code])
+            script = Path(tmp.name) / "stub_sidecar.py"
+            script.write_text(code)
+            sidecar = spawn([sys.executable, *profile, str(script)], args.client_path)
         else:
             cp = free_port()
             db = f"sqlite:///{tmp.name}/bench.db"
@@ -196,8 +249,10 @@ def main() -> None:
             wait_port(cp, plane, "control plane")
             cfg = Path(tmp.name) / "sidecar.yaml"
             cfg.write_text("api_keys: {sk-bench: acme}\n")
-            sidecar = spawn([*BG, "sidecar", "--upstream", upstream, "--control-plane",
-                             f"127.0.0.1:{cp}", "--port", str(sp), "--config", str(cfg)])
+            sidecar = spawn([sys.executable, *profile, "-m", "controlplane", "sidecar",
+                             "--upstream", upstream, "--control-plane", f"127.0.0.1:{cp}",
+                             "--port", str(sp), "--config", str(cfg)],
+                            args.client_path)  # fmt: skip
         procs.append(sidecar)
         wait_port(sp, sidecar, "sidecar")
         import uvloop
@@ -205,14 +260,17 @@ def main() -> None:
         direct, through = (f"{upstream}/v1/chat/completions",
                            f"http://127.0.0.1:{sp}/v1/chat/completions")  # fmt: skip
         one_by_one: dict[str, list[float]] = {"direct": [], "sidecar": []}
+        seq0, seq_engine0 = cpu_s(sidecar.pid), cpu_s(engine.pid)
         if args.sequential:
             one_by_one = uvloop.run(sequential(direct, through, args.sequential, args.stream))
-        cpu0 = cpu_s(sidecar.pid)
-        lat, errors = uvloop.run(send(
+        seq_cpu = cpu_s(sidecar.pid) - seq0
+        seq_engine = cpu_s(engine.pid) - seq_engine0
+        cpu0, engine0 = cpu_s(sidecar.pid), cpu_s(engine.pid)
+        lat, errors, open_loop = uvloop.run(send(
             direct, through, rate=args.rate, seconds=args.seconds, warmup=args.warmup,
             stream=args.stream, slice_s=args.slice,
         ))  # fmt: skip
-        cpu = cpu_s(sidecar.pid) - cpu0
+        cpu, engine_cpu = cpu_s(sidecar.pid) - cpu0, cpu_s(engine.pid) - engine0
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -224,12 +282,68 @@ def main() -> None:
     if args.sequential:
         print(f"One at a time ({args.sequential:,} requests, alternating):\n")
         table(one_by_one)
+        half = (args.sequential + 200) // 2  # each path's share, its warm-up included
+        print(f"\nsidecar process CPU one at a time: {seq_cpu / half * 1000:.2f} ms per request; "
+              f"fake engine: {seq_engine / (2 * half) * 1000:.2f} ms per request")  # fmt: skip
     print(f"\nOpen loop, {args.rate:g} req/s, paths alternating every {args.slice:g} s, "
           f"{args.seconds:g} s measured (+{args.warmup:g} s warm-up), errors {errors}:\n")
     table(lat)
     served = len(lat["sidecar"]) + errors
-    print(f"\nsidecar process CPU: {cpu:.1f} s, {cpu / max(1, served) * 1000:.2f} ms per request "
+    sent = int((args.seconds + args.warmup) * args.rate)
+    per_request = cpu / max(1, served) * 1000
+    engine_per_request = engine_cpu / max(1, sent) * 1000
+    print(f"\nsidecar process CPU: {cpu:.1f} s, {per_request:.2f} ms per request "
           f"it served ({served:,})")
+    print(f"fake engine CPU: {engine_cpu:.1f} s, {engine_per_request:.2f} ms per request "
+          f"(both paths, {sent:,})")
+    if args.profile:  # over every request the sidecar handled (its warm-ups too)
+        warm = (args.sequential + 200) // 2 if args.sequential else 0
+        print_profile(args.profile, open_loop + warm)
+    summarise(args, lat, per_request, engine_per_request, errors)
+
+
+def print_profile(path: Path, handled: int, top: int = 30) -> None:
+    """The sidecar's costliest functions (own CPU time), per request it handled."""
+    import pstats
+
+    if not path.exists():
+        print(f"\nno profile at {path} (the sidecar did not exit cleanly)")
+        return
+    stats = pstats.Stats(str(path))
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
+    print(f"\nsidecar profile ({path}), CPU per request handled ({handled:,}), top {top}:\n")
+    print("| function | calls per request | own µs per request | cumulative µs per request |")
+    print("|---|---:|---:|---:|")
+    n = max(1, handled)
+    for (file, line, name), (_, calls, own, cum, _) in rows:
+        where = f"{Path(file).name}:{line}({name})" if line else name
+        print(f"| `{where}` | {calls / n:.2f} | {own / n * 1e6:.1f} | {cum / n * 1e6:.1f} |")
+
+
+def summarise(
+    args: argparse.Namespace, lat: dict[str, list[float]], per_request: float,
+    engine_per_request: float, errors: int,
+) -> None:  # fmt: skip
+    """The targets-table rows, each with the engine-alone figure of this run.
+    A run with failed requests meets no target: the machine did not sustain
+    the rate, and a saturated direct path can make the added figures
+    negative."""
+    kind = "streamed" if args.stream else "not streamed"
+    bench = (f"bench/bench_sidecar.py --admitter {args.admitter} --rate {args.rate:g} "
+             f"--seconds {args.seconds:g}" + (" --stream" if args.stream else ""))  # fmt: skip
+    note = (f"admitter {args.admitter}, load average {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} CPUs, {errors} failed requests")  # fmt: skip
+    clean = errors == 0
+    record(what="HTTP sidecar, CPU per request", ours=per_request, unit="ms CPU/request",
+           baseline=engine_per_request, baseline_name="the fake engine's CPU per request",
+           target="≤ 0.5 ms", met=clean and per_request <= 0.5, note=note, bench=bench)  # fmt: skip
+    direct, through = lat["direct"], lat["sidecar"]
+    for p, limit in ((50, 1.0), (99, 2.0)):
+        added = pct(through, p) - pct(direct, p)
+        record(what=f"HTTP sidecar, added p{p} at {args.rate:,.0f} req/s {kind}", ours=added,
+               unit="ms added", baseline=pct(direct, p), baseline_name=f"engine alone p{p} ms",
+               target=f"≤ {limit:g} ms", met=clean and added <= limit, note=note,
+               bench=bench)  # fmt: skip
 
 
 if __name__ == "__main__":

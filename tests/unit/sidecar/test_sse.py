@@ -92,3 +92,52 @@ def test_usage_of_is_strict_about_its_shape() -> None:
                   "prompt_tokens_details": {"cached_tokens": 9}}  # fmt: skip
     assert usage_of({"usage": bad_cached}) == Usage(5, 2, 0)
     assert usage_of([1]) is None
+
+
+def test_the_null_usage_is_cut_out_of_the_engines_bytes_not_re_encoded() -> None:
+    relay = StreamRelay(strip_usage=True)
+    body = b'{"id": "x", "choices": [{"delta": {"content": "\xc3\xa9 1.50"}}]'
+    assert relay.feed(b"data: " + body + b', "usage": null}\n\n') == b"data: " + body + b"}\n\n"
+    first = b'data: {"usage":null,"choices":[{"text":"a"}]}\r\n\r\n'
+    assert relay.feed(first) == b'data: {"choices":[{"text":"a"}]}\r\n\r\n'
+    assert relay.text_chunks == 2
+
+
+def test_an_event_the_cut_cannot_be_sure_of_is_re_encoded() -> None:
+    relay = StreamRelay(strip_usage=True)
+    for event in (
+        b'data: {"choices": [{"delta": {"content": "usage"}}], "usage": null}\n\n',  # twice
+        b'data: {"choices": [{"delta": {"content": "\\u00e9"}}], "usage": null}\n\n',  # \\u
+        b'data: {"choices": [{"delta": {"content": "a"}}], "usage": {"x": 1}}\n\n',  # not null
+    ):
+        out = relay.feed(event)
+        assert out.endswith(b"\n\n") and b'"usage"' not in out.split(b'"content"')[0]
+        sent = json.loads(out[6:])
+        expected = json.loads(event[6:])
+        del expected["usage"]
+        assert sent == expected
+
+
+def test_whether_a_chunk_carried_output_is_what_its_pieces_say() -> None:
+    from burstgate_client.sidecar.sse import _has_text, _pieces
+
+    chunks: list[Any] = [
+        {"choices": [{"delta": {"content": "a"}}]}, {"choices": [{"delta": {"content": ""}}]},
+        {"choices": [{"delta": {"content": 5}}]}, {"choices": [{"delta": {}}]},
+        {"choices": [{"delta": {"reasoning_content": "r"}}]},
+        {"choices": [{"delta": {"reasoning_content": ["r"]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"id": "t"}]}}]},
+        {"choices": [{"delta": {"tool_calls": []}}]}, {"choices": [{"text": "t"}]},
+        {"choices": [{"text": ""}]}, {"choices": [{"delta": "x", "text": "t"}]},
+        {"choices": [{"delta": None, "text": "t"}]}, {"choices": "ab"}, {"choices": None},
+        {"choices": [1, {"delta": {"content": "late"}}]}, {},
+    ]  # fmt: skip
+    for c in chunks:
+        assert _has_text(c) == bool(_pieces(c)), c
+
+
+def test_a_usage_past_64_bits_is_read_as_the_standard_library_reads_it() -> None:
+    relay = StreamRelay(strip_usage=False)
+    big = 2**64
+    relay.feed(event({"choices": [], "usage": {"prompt_tokens": big, "completion_tokens": 1}}))
+    assert relay.usage == Usage(big, 1, 0)  # an int, as json.loads gives (orjson: a float)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from burstgate_client.sidecar import headers as H
 from burstgate_client.sidecar.admitter import AdmissionLike, Admitter, LimitsLike
@@ -44,7 +45,7 @@ from burstgate_client.sidecar.config import SidecarConfig
 from burstgate_client.sidecar.metrics import SidecarMetrics
 from burstgate_client.sidecar.refusal import json_error, ratelimit_headers, refusal
 from burstgate_client.sidecar.rewrite import BadRequest, CompletionRequest, forwarded_body, parse
-from burstgate_client.sidecar.sse import StreamRelay, Usage, usage_of
+from burstgate_client.sidecar.sse import StreamRelay, Usage, loads, usage_of
 from burstgate_client.sidecar.tokens import TokenCounter
 
 log = logging.getLogger("burstgate.sidecar")
@@ -79,11 +80,23 @@ class Proxy:
         self.tasks: set[asyncio.Task[None]] = set()  # settlements under way
         self.draining = False
         self.limits = LimitsCache(admitter)
+        self._urls: dict[str, URL] = {}
         m = metrics
         self._admitted, self._offline = m.requests.labels("admitted"), m.requests.labels("offline")
         self._bad_request = m.requests.labels("bad_request")
         self._delivered = m.settlements.labels("delivered")
         self._status = {n: m.upstream.labels(f"{n}xx") for n in range(1, 6)}
+
+    def _url(self, path_qs: str) -> URL:
+        """The engine's URL for a path, parsed once (the two completions
+        paths, each with what query string clients send): aiohttp parses a
+        string URL on every request."""
+        url = self._urls.get(path_qs)
+        if url is None:
+            if len(self._urls) >= 256:  # query strings are the client's: bounded
+                self._urls.clear()
+            url = self._urls[path_qs] = URL(self.cfg.upstream + path_qs)
+        return url
 
     # --- who, what ---------------------------------------------------------
 
@@ -196,7 +209,7 @@ class Proxy:
         if self.cfg.upstream_api_key is not None:
             set_["authorization"] = f"Bearer {self.cfg.upstream_api_key}"
         up_headers = H.upstream_headers(request.headers, set_=set_)
-        url = self.cfg.upstream + request.rel_url.path_qs
+        url = self._url(request.rel_url.path_qs)
         relay: StreamRelay | None = None
         ticket.exec_start_ns = time.time_ns()
         try:
@@ -320,11 +333,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 def _json_usage(data: bytes) -> Usage | None:
-    import json
-
     try:
-        return usage_of(json.loads(data))
-    except (ValueError, UnicodeDecodeError):
+        return usage_of(loads(data))
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
         return None
 
 

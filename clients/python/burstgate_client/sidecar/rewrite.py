@@ -10,7 +10,17 @@ What the sidecar changes in an admitted request, and nothing else:
 - a streamed request gets ``stream_options.include_usage = true``, so that
   the last chunk carries the usage the settlement needs (sse.py strips that
   chunk again when the client did not ask for it).
-An unchanged request is forwarded byte for byte.
+An unchanged request is forwarded byte for byte; a changed one is encoded
+with orjson when it was read with it (the same JSON value; non-ASCII text
+as UTF-8 rather than ``\\u`` escapes).
+
+The body is read with orjson (C; the standard library with a hook per
+object cost several times more per request). orjson takes the last of a
+repeated key, reads an integer past 64 bits as a float, and its refusals are
+not the standard library's, so a body it refuses, one with a run of 19
+digits, or one where a repeated key cannot be ruled out (see
+``_unique_and_shallow``), is read again the standard library's way: every
+body is accepted or refused, and with the same message, as before.
 """
 
 from __future__ import annotations
@@ -19,6 +29,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from burstgate_client.sidecar.sse import LONG_DIGITS
 from burstgate_client.sidecar.tokens import prompt_count
 
 
@@ -40,6 +53,7 @@ class CompletionRequest:
     client_wants_usage: bool  # stream_options.include_usage was true already
     max_tokens: int | None  # per choice, as the client asked (None: not given)
     choices: int  # n x the prompts (a /v1/completions batch)
+    plain: bool = False  # read by orjson: only what it can write back (no NaN, no big ints)
 
     def admit_max_tokens(self, default: int) -> int:
         """Tokens to ask the admission for: every choice at its max."""
@@ -87,7 +101,51 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def parse(raw: bytes, *, chat: bool) -> CompletionRequest:
+def _unique_and_shallow(raw: bytes, body: Any) -> bool:
+    """Whether ``body`` (orjson's reading of ``raw``) repeats no key and
+    nests at most MAX_DEPTH levels. Keys: every member of the text has one
+    structural colon, so the colons of ``raw`` are its members plus the
+    colons inside its strings; orjson's value has as many keys and string
+    colons exactly when no member was dropped, i.e. no key repeated (a drop
+    loses its key and never adds a colon). A colon can hide in a string as
+    ``\\u003a``, which this count would miss: such a body is not judged here."""
+    if b"\\u003" in raw:
+        return False
+    counted, deepest, stack = 0, 0, [(body, 1)]
+    while stack:
+        v, d = stack.pop()
+        if type(v) is dict:
+            deepest = max(deepest, d)
+            counted += len(v)
+            for k, x in v.items():
+                counted += k.count(":")
+                if type(x) is str:
+                    counted += x.count(":")
+                elif type(x) is dict or type(x) is list:
+                    stack.append((x, d + 1))
+        elif type(v) is list:
+            deepest = max(deepest, d)
+            for x in v:
+                if type(x) is str:
+                    counted += x.count(":")
+                elif type(x) is dict or type(x) is list:
+                    stack.append((x, d + 1))
+        if deepest > MAX_DEPTH:
+            return False
+    return counted == raw.count(b":")
+
+
+def _load(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """The body as an object, and whether orjson read it (else the standard
+    library did, refusing repeated keys). Raises BadRequest."""
+    if LONG_DIGITS.search(raw) is None:  # else orjson could read an int as a float
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if type(body) is dict and _unique_and_shallow(raw, body):
+                return body, True
     try:
         body = json.loads(raw, object_pairs_hook=_object)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -98,6 +156,11 @@ def parse(raw: bytes, *, chat: bool) -> CompletionRequest:
         raise BadRequest("the request body must be a JSON object")
     if _depth(body) > MAX_DEPTH:
         raise BadRequest(f"the request body nests deeper than {MAX_DEPTH} levels")
+    return body, False
+
+
+def parse(raw: bytes, *, chat: bool) -> CompletionRequest:
+    body, plain = _load(raw)
     model = body.get("model", "")
     if not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
@@ -117,7 +180,7 @@ def parse(raw: bytes, *, chat: bool) -> CompletionRequest:
     return CompletionRequest(
         raw=raw, body=body, chat=chat, model=model, stream=stream,
         client_wants_usage=bool(options and options.get("include_usage") is True),
-        max_tokens=given, choices=per_prompt * (1 if chat else prompt_count(body)),
+        max_tokens=given, choices=per_prompt * (1 if chat else prompt_count(body)), plain=plain,
     )  # fmt: skip
 
 
@@ -140,4 +203,6 @@ def forwarded_body(
                                      "include_usage": True}  # fmt: skip
     if not changes:
         return req.raw
+    if req.plain:
+        return orjson.dumps({**req.body, **changes})
     return json.dumps({**req.body, **changes}, separators=(",", ":")).encode()
