@@ -48,7 +48,10 @@ class WaitingRoom:
             deadline_ns=deadline, scope=scope, retry_key=retry_key, attempt=attempt, route=route,
         )  # fmt: skip
         if isinstance(out, AdmitDecision):
-            self.reschedule()
+            # Answered now. With nothing queued and no timer armed there
+            # is no wake-up to move (next_wakeup_ns is None then).
+            if self._timer is not None or svc.waiting:
+                self.reschedule()
             return out
         fut: asyncio.Future[AdmitDecision] = asyncio.get_running_loop().create_future()
 
