@@ -43,9 +43,9 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
     r = _Response()
     r.request_id = d.request_id
     if d.decision:
-        r.decision = d.decision
+        r.decision = d.decision  # type: ignore[assignment]  # (an int enum)
     if d.reason:
-        r.reason = d.reason
+        r.reason = d.reason  # type: ignore[assignment]  # (an int enum)
     if d.retry_after_ns:
         r.retry_after_ms = ceil_ms(d.retry_after_ns)
     if d.reserved_tokens:
@@ -77,14 +77,14 @@ def decision_to_pb(d: AdmitDecision) -> pb.AdmitResponse:
     if g is not None:
         r.degradation.CopyFrom(degradation_msg(g))
     if d.shadow_reason:
-        r.shadow_reason = d.shadow_reason
+        r.shadow_reason = d.shadow_reason  # type: ignore[assignment]  # (an int enum)
     p = d.pressure
     if p is not None:
         pr = r.pressure
         pr.SetInParent()
         pr.score = p.score  # (a -0.0 is sent: no test for zero here)
         if p.freshness:
-            pr.freshness = p.freshness
+            pr.freshness = p.freshness  # type: ignore[assignment]  # (an int enum)
         policy = STALE_POLICY[p.stale_policy]
         if policy:
             pr.stale_policy = policy
