@@ -149,7 +149,8 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             )  # fmt: skip
         # May wait server-side in the lane's queue (bounded by the lane's wait
         # target, the tenant's max wait and this call's deadline).
-        d = await self._waiting.admit(
+        waiting = self._waiting
+        out = waiting.decide(
             request.tenant_id,
             request.request_id,
             request.lane,
@@ -163,6 +164,8 @@ class AdmissionServicer(pb_grpc.AdmissionServiceServicer):
             attempt=request.attempt,
             route=route,
         )
+        # (an immediate answer awaits nothing: no coroutine, no future)
+        d = out if isinstance(out, AdmitDecision) else await waiting.wait(out)
         return decision_to_pb(d)
 
     @unary_errors
