@@ -110,7 +110,9 @@ def create_server(
     codecs = {ADMIT_STREAM: ADMIT_STREAM_CODEC} if getattr(
         admission, "wire_admit_stream", False) else {}  # fmt: skip
     edge = GuardedRegistrar(server, malformed, check=False, codecs=codecs).as_server()
-    operator = GuardedRegistrar(server, malformed, check=True).as_server()
+    # The operator services as generic handlers only (see GuardedRegistrar):
+    # their methods must not tax each admission call.
+    operator = GuardedRegistrar(server, malformed, check=True, registered=False).as_server()
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, edge)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, edge)

@@ -393,16 +393,24 @@ class GuardedRegistrar:
     functions register a service: each handler is registered guarded.
     ``check``: also check the requests' string lengths (operator services);
     ``codecs``: by full method name, the stream-stream methods registered
-    with a :class:`WireCodec` in place of the generated (de)serializers."""
+    with a :class:`WireCodec` in place of the generated (de)serializers.
+    ``registered`` false: the service's methods are served through a
+    generic handler only, not as grpc "registered methods": grpc.aio's
+    server waits for the next call with one pending task per registered
+    method and re-arms them all on every call the server takes (an
+    asyncio.wait over them), so each registered method costs every call
+    of every service a little; the operator services' 28 methods, rarely
+    called, cost the admission calls more than their own lookup would."""
 
     def __init__(
         self, server: grpc.aio.Server, malformed: MalformedLog, *, check: bool,
-        codecs: Mapping[str, WireCodec] | None = None,
+        codecs: Mapping[str, WireCodec] | None = None, registered: bool = True,
     ) -> None:  # fmt: skip
         self._server = server
         self._malformed = malformed
         self._check = check
         self._codecs = codecs or {}
+        self._registered = registered
 
     def guard(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         codec = self._codecs.get(method)
@@ -422,6 +430,12 @@ class GuardedRegistrar:
     def add_registered_method_handlers(
         self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
+        if not self._registered:
+            # (the generated functions add a generic handler too: a second
+            # one for the same methods is never reached, and harmless)
+            generic = grpc.method_handlers_generic_handler(service_name, method_handlers)
+            self.add_generic_rpc_handlers((generic,))
+            return
         self._server.add_registered_method_handlers(
             service_name,
             {

@@ -15,6 +15,7 @@ from controlplane.domain import AdmitDecision
 from controlplane.domain.scope import KeyScope
 from controlplane.domain.units import NS_PER_S
 from controlplane.service.admission import AdmissionService
+from controlplane.service.queueing import Waiter
 from controlplane.service.tenants import Route
 
 
@@ -41,28 +42,60 @@ class WaitingRoom:
         route: Route | None = None,
     ) -> AdmitDecision:
         """``route``: as ``AdmissionService.admit_or_wait``'s."""
+        out = self.decide(
+            tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
+            timeout_s=timeout_s, scope=scope, retry_key=retry_key, attempt=attempt, route=route,
+        )  # fmt: skip
+        if isinstance(out, AdmitDecision):
+            return out
+        return await self.wait(out)
+
+    def decide(
+        self,
+        tenant_id: str,
+        request_id: str,
+        lane: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        model: str,
+        pool: str,
+        *,
+        timeout_s: float | None,
+        scope: KeyScope | None = None,
+        retry_key: str = "",
+        attempt: int = 0,
+        route: Route | None = None,
+    ) -> AdmitDecision | Waiter:
+        """:meth:`admit` up to the wait: the answer when it is immediate,
+        else the queued ``Waiter`` to hand to :meth:`wait` (at once: its
+        timer is armed). A caller that is answered at once never creates
+        a coroutine or a future for it."""
         svc = self.service
         deadline = None if timeout_s is None else svc.clock() + int(timeout_s * NS_PER_S)
         out = svc.admit_or_wait(
             tenant_id, request_id, lane, prompt_tokens, max_tokens, model, pool,
             deadline_ns=deadline, scope=scope, retry_key=retry_key, attempt=attempt, route=route,
         )  # fmt: skip
-        if isinstance(out, AdmitDecision):
+        # With nothing queued and no timer armed an immediate answer has no
+        # wake-up to move (next_wakeup_ns is None then): no reschedule.
+        if self._timer is not None or svc.waiting:
             self.reschedule()
-            return out
+        return out
+
+    async def wait(self, waiter: Waiter) -> AdmitDecision:
+        """The answer of a request :meth:`decide` queued."""
         fut: asyncio.Future[AdmitDecision] = asyncio.get_running_loop().create_future()
 
         def done(decision: AdmitDecision) -> None:
             if not fut.done():  # the caller may have been cancelled meanwhile
                 fut.set_result(decision)
 
-        out.on_done = done
-        self.reschedule()
+        waiter.on_done = done
         try:
             return await fut
         except asyncio.CancelledError:
             # The caller cancelled or its deadline passed: leave the queue now.
-            svc.cancel(out)
+            self.service.cancel(waiter)
             self.reschedule()
             raise
 
