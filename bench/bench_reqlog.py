@@ -3,7 +3,7 @@
 Run on demand (not a test; nothing here asserts anything):
 
     .venv/bin/python bench/bench_reqlog.py [--sizes 100000 1000000] [--batch 100] [--tracemalloc]
-        [--baseline DIR] [--rss N] [--churn 5]
+        [--baseline DIR] [--rounds 1] [--rss N] [--churn 5]
 
 For each size N, each build gets a fresh table and, timed one phase at a time:
 
@@ -14,8 +14,12 @@ For each size N, each build gets a fresh table and, timed one phase at a time:
 * ``expire``, open rows: the TTL passes for all N in 100 ``expire`` calls, each releasing
   N/100 rows (returned as tuples); ns per row;
 * ``add_batch`` (warm table): the N adds again into that table, now empty but grown;
-* ``expire``, settled rows: the same with every row settled first (untimed), so rows
-  leave through the settled-id window and nothing is returned; ns per row.
+* ``settle``: every row settled, one call each; ns per row;
+* ``expire``, settled rows: the same with every row settled first, so rows
+  leave through the settled-id window and nothing is returned; ns per row;
+* steady state: the N adds into a table whose TTL is N/2 rows, each batch followed by an
+  ``expire``, so that from halfway on each batch forgets as many rows as it stores (the
+  shape of a full id memory); ns per entry, for the add and the expire together.
 
 Ids are 32 hex characters (a uuid4's), over 100 tenants taken in turn, so no two
 neighbours in a batch share a tenant (the compiled build hashes a tenant's prefix once
@@ -28,6 +32,9 @@ usual.
 ``_reqlog_c`` extension module compiled elsewhere (e.g. from an earlier commit:
 ``git show REV:fastpath/_reqlog_c.pyx > DIR/_reqlog_c.pyx``, the same for the ``.pxd``,
 then ``cythonize -i -3 DIR/_reqlog_c.pyx``), loaded as a top-level module from DIR.
+
+``--rounds R`` measures every build R times, alternating their order, and prints the
+medians (the machine is shared: compare builds within one run only).
 
 ``--rss N`` (default 200,000; 0: skip) measures the resident memory of a table holding N
 ids in a steady state, in a fresh process per compiled build: rows admitted in time
@@ -186,12 +193,21 @@ def _settled_rows(module: ModuleType, w: Workload, out: dict[str, float]) -> Non
     out["expire ns/row (settled)"] = _timed(lambda: _expire_all(table, w, window)) / w.n
 
 
+def _steady(table: Any, w: Workload) -> None:
+    for s in w.batches():
+        e = s + w.batch
+        table.add_batch(w.tkeys[s:e], w.tenant_ids[s:e], w.request_ids[s:e], w.rows[s:e])
+        table.expire(T0 + min(e, w.n) - 1)
+
+
 def measure(module: ModuleType, w: Workload) -> dict[str, float]:
     out: dict[str, float] = {}
     _open_rows(module, w, out)
     gc.collect()
     _settled_rows(module, w, out)
     gc.collect()
+    steady = module.RequestTable(max(w.n // 2, 1), 10**9, 10**9)
+    out["add_batch+expire ns/entry (steady)"] = _timed(lambda: _steady(steady, w)) / w.n
     return out
 
 
@@ -294,6 +310,7 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="DIR", help="an earlier _reqlog_c build's dir")
     parser.add_argument("--rss", type=int, default=200_000, help="ids for the RSS run; 0: none")
     parser.add_argument("--churn", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     baseline = load_baseline(args.baseline) if args.baseline else None
@@ -310,9 +327,14 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for n in args.sizes:
         w = Workload(n, args.batch)
-        results: dict[str, dict[str, float]] = {}
-        for name, module in builds:
-            results[name] = measure(module, w)
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in builds}
+        for r in range(args.rounds):
+            for name, module in builds[r % len(builds) :] + builds[: r % len(builds)]:
+                runs[name].append(measure(module, w))
+        results = {
+            name: {key: float(np.median([m[key] for m in got])) for key in got[0]}
+            for name, got in runs.items()
+        }
         print(f"\nN = {n:,}")
         extra = f" {'before':>12} {'cython/before':>14}" if baseline is not None else ""
         print(f"{'':34} {'python':>12} {'cython':>12} {'python/cython':>14}{extra}")
