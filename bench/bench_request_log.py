@@ -39,15 +39,16 @@ from fastpath import IMPLEMENTATION
 
 def run(window_s: float, rate: int, seconds: int, table: Any = None) -> tuple[int, int]:
     now = [1_700_000_000 * 10**9]
-    saved = records.RequestTable
-    if table is not None:  # the service's request log makes its table from this name
-        records.RequestTable = table
+    names = vars(records)  # the service's request log makes its table from this name
+    saved = names["RequestTable"]
+    if table is not None:
+        names["RequestTable"] = table
     try:
         svc = AdmissionService(
             ServiceLimits.of(Settings(settled_id_window_s=window_s)), clock=lambda: now[0]
         )
     finally:
-        records.RequestTable = saved
+        names["RequestTable"] = saved
     tenants = [TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**8)
                for i in range(100)]  # fmt: skip
     svc.apply_config(tenants, list(DEFAULT_LANES), Policy(pool_gate=False))
