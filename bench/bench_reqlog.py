@@ -311,6 +311,7 @@ def main() -> None:
     parser.add_argument("--rss", type=int, default=200_000, help="ids for the RSS run; 0: none")
     parser.add_argument("--churn", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--no-python", action="store_true", help="compiled builds only")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     baseline = load_baseline(args.baseline) if args.baseline else None
@@ -320,6 +321,8 @@ def main() -> None:
         print(rss_child(module, args.rss, args.churn, args.batch))
         return
     builds: list[tuple[str, ModuleType]] = [("python", _reqlog_py), ("cython", _reqlog_c)]
+    if args.no_python:
+        builds = builds[1:]
     if baseline is not None:
         builds.append(("before", baseline))
     print(f"# bench_reqlog: {platform.python_implementation()} {platform.python_version()}, "
@@ -338,8 +341,9 @@ def main() -> None:
         print(f"\nN = {n:,}")
         extra = f" {'before':>12} {'cython/before':>14}" if baseline is not None else ""
         print(f"{'':34} {'python':>12} {'cython':>12} {'python/cython':>14}{extra}")
-        for key in results["python"]:
-            py, c = results["python"][key], results["cython"][key]
+        for key in results["cython"]:
+            c = results["cython"][key]
+            py = results["python"][key] if "python" in results else float("nan")
             line = f"{key:34} {py:12.1f} {c:12.1f} {py / c:13.1f}x"
             if baseline is not None:
                 b = results["before"][key]
