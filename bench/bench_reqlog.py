@@ -36,18 +36,18 @@ then ``cythonize -i -3 DIR/_reqlog_c.pyx``), loaded as a top-level module from D
 ``--rounds R`` measures every build R times, alternating their order, and prints the
 medians (the machine is shared: compare builds within one run only).
 
-``--rss N`` (default 200,000; 0: skip) measures the resident memory of a table holding N
-ids in a steady state, in a fresh process per compiled build: rows admitted in time
-order, each batch followed by ``expire`` with a TTL of N rows, so that once full the
-table forgets as many rows as it takes; it then runs ``--churn`` times N more rows and
-reports the RSS per remembered id at full (RSS after filling minus RSS before the table,
-over N) and how much the RSS grew during the churn (it must not: freed slots are
-reused).  This is the row "memory per remembered request id" of the targets table
-(``bench/_summary.py``).
+``--rss N`` (default: the largest size, at most 200,000; 0: skip) measures the resident
+memory of a table holding N ids in a steady state, in a fresh process per compiled
+build: rows admitted in time order, each batch followed by ``expire`` with a TTL of N
+rows, so that once full the table forgets as many rows as it takes; it then runs
+``--churn`` times N more rows and reports the RSS per remembered id at full (RSS after
+filling minus RSS before the table, over N) and how much the RSS grew during the churn
+(it must not: freed slots are reused). This is the row "memory per remembered request
+id" of the targets table (``bench/_summary.py``).
 
 Bytes per row are the table's own ``footprint()["bytes"]`` over N rows, right after the
-N adds: for the compiled build, what it has malloc'd (row block, keys, index, rings, at
-their power-of-two capacities: tracemalloc does not see malloc); for the reference, its
+N adds: for the compiled build, what it has malloc'd (blocks of slots, index, rings, at
+their capacities: tracemalloc does not see malloc); for the reference, its
 ``sys.getsizeof`` estimate (dict, tuples, FIFO entries, request ids, non-small ints).
 ``--tracemalloc`` also builds the reference's table once more under tracemalloc and
 prints what it traced, to check that estimate (slow).
@@ -308,12 +308,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--baseline", metavar="DIR", help="an earlier _reqlog_c build's dir")
-    parser.add_argument("--rss", type=int, default=200_000, help="ids for the RSS run; 0: none")
+    parser.add_argument("--rss", type=int, help="ids for the RSS run; 0: none")
     parser.add_argument("--churn", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--no-python", action="store_true", help="compiled builds only")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rss is None:
+        args.rss = min(max(args.sizes), 200_000)
     baseline = load_baseline(args.baseline) if args.baseline else None
     if args.rss_child:
         module = baseline if args.rss_child == "before" else _reqlog_c
