@@ -1,6 +1,6 @@
 """Memory of the request log under a steady Admit + Complete load (no gRPC).
 
-    .venv/bin/python bench/bench_request_log.py [--rate 500] [--seconds 700]
+    .venv/bin/python bench/bench_request_log.py [--rate 500] [--seconds 700] [--baseline DIR]
 
 Drives ``AdmissionService`` in process with a fake clock: ``--rate`` Admit +
 Complete pairs per simulated second for ``--seconds``, 100 tenants,
@@ -13,6 +13,9 @@ admits N requests (never completed, so all remembered) and reports the
 longest garbage-collector pause, with the server's start-up ``gc.freeze()``
 done without and with ``AdmissionService.prepare_gc_freeze()`` first (each
 in a fresh process).
+``--baseline DIR``: each window is run again with an earlier compiled request table
+(a ``_reqlog_c`` extension module built in DIR, as for ``bench_reqlog.py --baseline``)
+in place of this tree's, in the same run, its rows marked "(before)".
 Nothing here asserts anything.
 """
 
@@ -24,20 +27,28 @@ import subprocess
 import sys
 import tracemalloc
 from decimal import Decimal
+from typing import Any
 
 from controlplane.domain import DEFAULT_LANES, TenantConfig
 from controlplane.domain.policy import Policy
-from controlplane.service import AdmissionService, ServiceLimits
+from controlplane.service import AdmissionService, ServiceLimits, records
 from controlplane.settings import Settings
 from controlplane.telemetry.gcpause import GcPauses
 from fastpath import IMPLEMENTATION
 
 
-def run(window_s: float, rate: int, seconds: int) -> tuple[int, int]:
+def run(window_s: float, rate: int, seconds: int, table: Any = None) -> tuple[int, int]:
     now = [1_700_000_000 * 10**9]
-    svc = AdmissionService(
-        ServiceLimits.of(Settings(settled_id_window_s=window_s)), clock=lambda: now[0]
-    )
+    names = vars(records)  # the service's request log makes its table from this name
+    saved = names["RequestTable"]
+    if table is not None:
+        names["RequestTable"] = table
+    try:
+        svc = AdmissionService(
+            ServiceLimits.of(Settings(settled_id_window_s=window_s)), clock=lambda: now[0]
+        )
+    finally:
+        names["RequestTable"] = saved
     tenants = [TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**8)
                for i in range(100)]  # fmt: skip
     svc.apply_config(tenants, list(DEFAULT_LANES), Policy(pool_gate=False))
@@ -54,7 +65,8 @@ def run(window_s: float, rate: int, seconds: int) -> tuple[int, int]:
     tracemalloc.stop()
     # tracemalloc sees Python's allocators only; the compiled request table
     # allocates its rows, index and expiry rings with malloc and counts them
-    used += svc._log.table.footprint()["bytes"] if IMPLEMENTATION == "cython" else 0
+    compiled = IMPLEMENTATION == "cython" or table is not None
+    used += svc._log.table.footprint()["bytes"] if compiled else 0
     return svc.views.remembered_requests, used
 
 
@@ -86,6 +98,7 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--seconds", type=int, default=700)
     ap.add_argument("--gc", type=int, default=0, help="admissions for the GC pause run")
+    ap.add_argument("--baseline", metavar="DIR", help="an earlier _reqlog_c build's dir")
     ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -106,9 +119,16 @@ def main() -> None:
     print(f"fastpath: {IMPLEMENTATION}")
     print("| settled-id window | ids remembered | memory | per remembered id |")
     print("|---|---:|---:|---:|")
+    before = None
+    if args.baseline:
+        from bench_reqlog import load_baseline  # needs the compiled build: only then
+
+        before = load_baseline(args.baseline).RequestTable
     for window in (600.0, Settings().settled_id_window_s):
-        ids, used = run(window, args.rate, args.seconds)
-        print(f"| {window:g} s | {ids:,} | {used / 2**20:.1f} MiB | {used / max(ids, 1):.0f} B |")
+        for label, table in [("", None)] + ([(" (before)", before)] if before else []):
+            ids, used = run(window, args.rate, args.seconds, table)
+            print(f"| {window:g} s{label} | {ids:,} | {used / 2**20:.1f} MiB "
+                  f"| {used / max(ids, 1):.0f} B |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,44 +7,67 @@
 # the same answers (tests/unit/fastpath drives both with the same random operation
 # sequences, expiry and duplicates included).  Nothing per request is a Python object:
 #
-# * rows: one malloc'd int64 block of _cap x NF (row-major) with a Meta per slot (tkey,
-#   the two id hashes, the version of the row stored there, 0 when free); freed slots go
-#   on a free list threaded through Meta.tkey.  Every store takes a new version from the
-#   table's counter, exactly as the reference does.
+# * slots: one fixed-size record per remembered request (Slot, 121 bytes: the key, a
+#   generation and the row in narrow columns, below), in blocks of 2,048 slots that are
+#   allocated once and never moved (no doubling realloc, no 2x slack); freed slots go on
+#   a free list (threaded through Slot.rid) and are reused first, so once as many rows
+#   are live as the busiest moment needed, the table allocates nothing more.
 # * the index: open addressing with linear probing over a power-of-two array, load
-#   factor <= 0.5, backward-shift deletion (no tombstones), doubling with a rehash.  An
-#   entry is 64 bits: the slot number + 1 (0 = empty) in the low half and, in the high
-#   half, a tag: the top 32 bits of h1, which modulo the index size are also the entry's
-#   home position.  A probe
-#   compares that tag before it reads the slot's key, so a lookup that finds nothing (a
-#   new request, the common case) touches only the index; deletion and rehashing never
-#   read a key.  The batch calls hash a run of entries first, prefetching their index
-#   lines, then act on them in order, so the cache misses overlap.
+#   factor <= 3/4, backward-shift deletion (no tombstones); it doubles when fuller and
+#   halves (at the end of a call that forgot rows) when under 1/8 full, so it follows the
+#   live count.  An entry is 64 bits: the slot number + 1 (0 = empty) in the low half
+#   and, in the high half, a tag: the top 32 bits of h1, which modulo the index size are
+#   also the entry's home position.  A probe compares that tag before it reads the
+#   slot's key, so a lookup that finds nothing (a new request, the common case) touches
+#   only the index; deletion and rehashing never read a key.  The batch calls hash a run
+#   of entries first, prefetching their index lines, then act on them in order, so the
+#   cache misses overlap.
 # * the admitted, rejected and settled FIFOs: growable ring buffers of (time, slot,
-#   version); an entry acts only while its slot still holds that version, and the
-#   admitted ring is compacted (dead entries dropped) on the reference's trigger.
+#   generation), 16 bytes an entry; an entry acts only while its slot still has that
+#   generation, and the admitted ring is compacted (dead entries dropped) on the
+#   reference's trigger.  A slot's generation goes up by one whenever its row is
+#   replaced or forgotten, so an entry made for an earlier row of the slot is dead.  A
+#   slot whose 32-bit generation is used up is retired (never reused; its entries are
+#   dead by the RETIRED flag), so no (slot, generation) pair ever names two rows.
 #
-# Keys.  A row is keyed by (tkey, h1, h2): tkey, the tenant's slot in the bucket table,
-# compared exactly, and two independent 64-bit SipHash-1-3 values of the ids under two
-# 128-bit keys drawn from os.urandom when the table is made.  The hashed message is
-# unambiguous: the 4-byte little-endian length of the tenant id's UTF-8, that UTF-8, then
-# the request id's UTF-8 (a str with lone surrogates, which has no UTF-8, is hashed as its
-# "surrogatepass" encoding: each surrogate's own 3-byte code, which no valid UTF-8
+# Narrow columns.  A row is NF int64 values; a slot keeps each in the width its domain
+# needs (_NARROW below lists the ranges): state, reason, shadow reason, freshness and
+# shed in a byte each; lane, pool and model (interned name numbers) in 16 bits; token
+# counts of one request (reserved, granted, actual, refunded, the degraded cap), the
+# tenant's slot, the pricing window and the backpressure score in 32 bits; the wait
+# (DECIDED_NS - ARRIVED_NS) in 32 unsigned bits of ns; the multiplier's float bits as a
+# 16-bit number in a dictionary of the table (a few distinct values: one per pool and
+# pricing window); times, the reservation id, retry_after and the remaining sums
+# (bucket, hourly, daily: totals of many requests) in full 64 bits.  Nothing is rounded.
+# A row with any value outside its column's range (or a 65,536th distinct multiplier) is
+# kept whole instead, as NF int64 in an overflow block (its slot marked WIDE), so every
+# row reads back exactly as it was stored; settling a narrow row with usage that does
+# not fit moves it there.  The property tests store values at each range's edges and
+# one past them in both builds.
+#
+# Keys.  A row is keyed by (tkey, h1, h2): tkey, the tenant's key (RequestLog's small
+# number per tenant id, kept in 32 bits; a wider one, which the service never makes, is
+# kept whole in the overflow row, flag WIDE_KEY), compared exactly, and two independent 64-bit SipHash-1-3 values of the ids under two 128-bit
+# keys drawn from os.urandom when the table is made.  The hashed message is
+# unambiguous: the 4-byte little-endian length of the tenant id's UTF-8, that UTF-8,
+# then the request id's UTF-8 (a str with lone surrogates, which has no UTF-8, is hashed
+# as its "surrogatepass" encoding: each surrogate's own 3-byte code, which no valid UTF-8
 # contains, so distinct strs still give distinct messages).  Equal (tkey, h1, h2) is
 # treated as the same request.  Two different requests are merged only if the tkeys are
-# equal and both keyed hashes collide.  tkey is compared exactly and a tenant's slot is
-# never reused, so two configured tenants' requests can never be merged.  Within one
-# tenant (and among the unconfigured tenants, which all have tkey -1 and are told apart
-# by the tenant id inside the message), with n rows live, some two colliding has
-# probability about n^2 / 2^129: the keys are secret and random, so ids cannot be chosen
-# to collide, and a 128-bit match of two independent PRFs is needed.  SipHash-1-3 is
-# implemented below from Aumasson and Bernstein's description (test_reqlog.py checks it
-# against CPython's own bytes hash, which is SipHash-1-3).
+# equal and both keyed hashes collide.  tkey is compared exactly and a tenant's key is
+# never reused, so two configured tenants' requests can never be merged, whatever the
+# hashes.  Within one tenant (and among the unconfigured tenants, which all have tkey -1
+# and are told apart by the tenant id inside the message), with n rows live, some two
+# colliding has probability about n^2 / 2^129 (10^-26 for a billion rows): the keys are
+# secret and random, so ids cannot be chosen to collide, and a 128-bit match of two
+# independent PRFs is needed.  SipHash-1-3 is implemented below from Aumasson and
+# Bernstein's description (test_reqlog.py checks it against CPython's own bytes hash,
+# which is SipHash-1-3).
 #
 # Arithmetic the reference does on unbounded ints (decided + retry_after, now - window)
 # is done here without overflow: the same comparisons over int64 inputs.  boundscheck
 # and wraparound are off because every index is checked by hand (slots come from the
-# index or from FIFO entries whose version matched; batch indexes from range(n)).
+# index or from FIFO entries whose generation matched; batch indexes from range(n)).
 
 cimport cython
 from cpython.buffer cimport (
@@ -58,7 +81,18 @@ from cpython.long cimport PyLong_AsLongLong, PyLong_AsUnsignedLongLong, PyLong_C
 from cpython.ref cimport Py_INCREF, PyObject
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from libc.stdint cimport INT64_MIN, int64_t, uint64_t
+from libc.stdint cimport (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MIN,
+    int8_t,
+    int32_t,
+    int64_t,
+    uint8_t,
+    uint16_t,
+    uint32_t,
+    uint64_t,
+)
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset, strcmp
 
@@ -190,19 +224,48 @@ cdef extern from *:
     void bg_sip2_final(const bg_sip2_t* h, uint64_t* o1, uint64_t* o2) noexcept nogil
 
 
-# Row layout and states, as in the reference (test_reqlog.py checks they agree).
+# Row layout and states, as in the reference (test_reqlog.py checks they agree; the
+# columns the table only carries are named as in controlplane.service.records).
 cdef enum:
     C_STATE = 0
+    C_REASON = 1
     C_RETRY_NS = 2
+    C_RESERVED = 3
+    C_RID = 4
+    C_GRANTED = 5
+    C_BUCKET = 6
+    C_HOUR = 7
+    C_DAY = 8
+    C_LANE = 9
+    C_SLOT = 10
     C_DECIDED_NS = 11
+    C_POOL = 12
+    C_MODEL = 13
+    C_MULTIPLIER = 14
+    C_WINDOW = 15
     C_ACTUAL = 16
     C_REFUNDED = 17
+    C_ARRIVED_NS = 18
+    C_SHADOW = 19
+    C_DEGRADED = 20
+    C_SCORE = 21
+    C_FRESH = 22
+    C_SHED = 23
     C_NF = 24
     C_OPEN = 0
     C_SETTLED = 1
     C_REJECTED = 2
     C_COMPACT_SLACK = 4096
     CHUNK = 16  # batch entries hashed (and their index lines prefetched) ahead
+    # Slot.state: the row's state in the low bits, and two flags.
+    STATE_BITS = 0x03
+    WIDE = 0x80  # the row is in the overflow block, at row Slot.rid
+    RETIRED = 0x40  # generations used up: never reused, its FIFO entries are dead
+    WIDE_KEY = 0x20  # (with WIDE) the tkey does not fit Slot.tkey: it is in the overflow row
+    WIDE_NF = C_NF + 1  # an overflow row: the NF columns, then the full tkey
+    BLOCK_SHIFT = 11  # 2,048 slots a block
+    BLOCK_SLOTS = 1 << BLOCK_SHIFT
+    MULT_MAX = 65535  # distinct multipliers the dictionary holds (numbers 0..65534)
 
 __all__ = ["NF", "OPEN", "REJECTED", "SETTLED", "RequestTable"]
 
@@ -217,10 +280,27 @@ SETTLED = C_SETTLED
 REJECTED = C_REJECTED
 COMPACT_SLACK = C_COMPACT_SLACK
 
-# Slot numbers (+ 1) take 32 bits of an index entry, and the index, at most half full,
-# has at most 2**32 entries.
+# The narrow columns: column -> the (lowest, highest) value a slot holds in place (any
+# other value makes the row wide).  ARRIVED_NS: the range of DECIDED_NS - ARRIVED_NS.
+# STATE is checked before (OPEN or REJECTED); DECIDED_NS, RID, RETRY_NS, BUCKET, HOUR and
+# DAY are full int64; MULTIPLIER is any int64 while the dictionary has room.  For the
+# tests (bounds and one past them) and the docs.
+_NARROW = {
+    **dict.fromkeys((C_REASON, C_SHADOW, C_FRESH, C_SHED), (-(2**7), 2**7 - 1)),
+    **dict.fromkeys((C_LANE, C_POOL, C_MODEL), (0, 2**16 - 1)),
+    **dict.fromkeys(
+        (C_RESERVED, C_GRANTED, C_SLOT, C_WINDOW, C_ACTUAL, C_REFUNDED, C_DEGRADED, C_SCORE),
+        (-(2**31), 2**31 - 1),
+    ),
+    C_ARRIVED_NS: (0, 2**32 - 1),
+}
+SLOT_BYTES = sizeof(Slot)
+
+# Slot numbers (+ 1) take 32 bits of an index entry (and FIFO entries hold them as
+# uint32), and the index, at most 3/4 full, has at most 2**32 entries.
 cdef Py_ssize_t MAX_SLOTS = 2**31 - 1
 cdef size_t ROW_BYTES = C_NF * sizeof(int64_t)
+cdef uint32_t GEN_MAX = 0xFFFFFFFF
 
 
 # --- SipHash-1-3 test helpers -----------------------------------------------------------
@@ -429,12 +509,12 @@ cdef int _ring_reserve(Ring* r) except -1:
     return 0
 
 
-cdef inline void _ring_push(Ring* r, int64_t t, Py_ssize_t slot, int64_t version) noexcept:
+cdef inline void _ring_push(Ring* r, int64_t t, Py_ssize_t slot, uint32_t gen) noexcept:
     # After _ring_reserve.
     cdef Entry* e = &r.buf[(r.head + r.len) & (r.cap - 1)]
     e.t = t
-    e.version = version
-    e.slot = slot
+    e.slot = <uint32_t>slot
+    e.gen = gen
     r.len += 1
 
 
@@ -444,6 +524,10 @@ cdef inline void _ring_pop(Ring* r) noexcept:
 
 
 # --- the table ---------------------------------------------------------------------------
+
+
+cdef inline bint _within(int64_t v, int64_t lo, int64_t hi) noexcept:
+    return lo <= v <= hi
 
 
 @cython.final
@@ -460,9 +544,11 @@ cdef class RequestTable:
         cdef int64_t c_ttl = _i64(ttl_ns)
         cdef int64_t c_replay = _i64(replay_ns)
         cdef int64_t c_settled = _i64(settled_ns)
-        self._rows = NULL
-        self._meta = NULL
+        self._blocks = NULL
         self._index = NULL
+        self._wide = NULL
+        self._mvals = NULL
+        self._mindex = NULL
         memset(&self._admitted, 0, sizeof(Ring))
         memset(&self._rejected, 0, sizeof(Ring))
         memset(&self._settled, 0, sizeof(Ring))
@@ -473,12 +559,20 @@ cdef class RequestTable:
         self._ttl_ns = c_ttl
         self._replay_ns = c_replay
         self._settled_ns = c_settled if c_settled < c_ttl else c_ttl
-        self._version = 0
         self._open = 0
-        self._cap = 0
+        self._nblocks = 0
+        self._blocks_cap = 0
         self._used = 0
         self._free = -1
         self._count = 0
+        self._retired = 0
+        self._wcap = 0
+        self._wused = 0
+        self._wfree = -1
+        self._wcount = 0
+        self._mcount = 0
+        self._mcap = 0
+        self._mmask = 0
         self._mask = 15
         self._index = <uint64_t*>calloc(16, sizeof(uint64_t))  # all empty
         if self._index == NULL:
@@ -490,15 +584,24 @@ cdef class RequestTable:
         self._k2b = int.from_bytes(keys[24:32], "little")
 
     def __dealloc__(self):
-        free(self._rows)
-        free(self._meta)
+        cdef Py_ssize_t b
+        if self._blocks != NULL:
+            for b in range(self._nblocks):
+                free(self._blocks[b])
+        free(self._blocks)
         free(self._index)
+        free(self._wide)
+        free(self._mvals)
+        free(self._mindex)
         free(self._admitted.buf)
         free(self._rejected.buf)
         free(self._settled.buf)
-        self._rows = NULL
-        self._meta = NULL
+        self._blocks = NULL
+        self._nblocks = 0
         self._index = NULL
+        self._wide = NULL
+        self._mvals = NULL
+        self._mindex = NULL
         self._admitted.buf = NULL
         self._rejected.buf = NULL
         self._settled.buf = NULL
@@ -515,39 +618,234 @@ cdef class RequestTable:
     def remembers_rejections(self):
         return self._replay_ns > 0
 
-    # --- storage ---------------------------------------------------------------------
+    @property
+    def wide_rows(self):
+        """Rows kept whole in the overflow block (a value outside its narrow column)."""
+        return self._wcount
+
+    # --- slots -----------------------------------------------------------------------
+
+    cdef inline Slot* _at(self, Py_ssize_t slot) noexcept:
+        return &self._blocks[slot >> BLOCK_SHIFT][slot & (BLOCK_SLOTS - 1)]
+
+    cdef inline bint _live(self, const Entry* e) noexcept:
+        # The FIFO entry still names the row it was made for.
+        cdef const Slot* s = self._at(e.slot)
+        return s.gen == e.gen and not (s.state & RETIRED)
 
     cdef int _reserve_slot(self) except -1:
-        # A free slot for one more row (the free list, or an untouched one, or a doubling).
+        # A free slot for one more row: the free list, an untouched one, or a new block.
         cdef Py_ssize_t new_cap
-        cdef int64_t* rows
-        cdef Meta* meta
-        if self._free >= 0 or self._used < self._cap:
+        cdef Slot** blocks
+        cdef Slot* block
+        if self._free >= 0 or self._used < self._nblocks * BLOCK_SLOTS:
             return 0
-        if self._cap >= MAX_SLOTS:
+        if self._used >= MAX_SLOTS:
             raise MemoryError(f"the request table holds at most {MAX_SLOTS} rows")
-        new_cap = 2 * self._cap if self._cap else 8
-        if new_cap > MAX_SLOTS:
-            new_cap = MAX_SLOTS
-        rows = <int64_t*>realloc(self._rows, <size_t>new_cap * ROW_BYTES)
-        if rows == NULL:
-            raise MemoryError()  # the old block is still valid and still ours
-        self._rows = rows
-        meta = <Meta*>realloc(self._meta, <size_t>new_cap * sizeof(Meta))
-        if meta == NULL:
-            raise MemoryError()  # _rows is bigger, harmlessly; _cap is unchanged
-        self._meta = meta
-        self._cap = new_cap
+        if self._nblocks == self._blocks_cap:
+            new_cap = 2 * self._blocks_cap if self._blocks_cap else 8
+            blocks = <Slot**>realloc(self._blocks, <size_t>new_cap * sizeof(Slot*))
+            if blocks == NULL:
+                raise MemoryError()
+            self._blocks = blocks
+            self._blocks_cap = new_cap
+        block = <Slot*>malloc(BLOCK_SLOTS * sizeof(Slot))
+        if block == NULL:
+            raise MemoryError()
+        self._blocks[self._nblocks] = block
+        self._nblocks += 1
         return 0
 
-    cdef int _grow_index(self) except -1:
-        # Double the index and re-insert every entry at its home (read from its tag).
+    cdef Py_ssize_t _take_slot(self) noexcept:
+        # After _reserve_slot.  A reused slot keeps its generation (raised when freed).
+        cdef Py_ssize_t slot
+        if self._free >= 0:
+            slot = self._free
+            self._free = self._at(slot).rid
+            return slot
+        slot = self._used
+        self._used += 1
+        self._at(slot).gen = 0
+        return slot
+
+    cdef int64_t _wide_alloc(self) except -1:
+        # An overflow row for a row that does not fit its slot.
+        cdef int64_t w
+        cdef Py_ssize_t new_cap
+        cdef int64_t* buf
+        if self._wfree >= 0:
+            w = self._wfree
+            self._wfree = self._wide[w * WIDE_NF]
+        else:
+            if self._wused == self._wcap:
+                new_cap = 2 * self._wcap if self._wcap else 16
+                buf = <int64_t*>realloc(self._wide, <size_t>new_cap * WIDE_NF * sizeof(int64_t))
+                if buf == NULL:
+                    raise MemoryError()
+                self._wide = buf
+                self._wcap = new_cap
+            w = self._wused
+            self._wused += 1
+        self._wcount += 1
+        return w
+
+    cdef void _wide_free(self, int64_t w) noexcept:
+        self._wide[w * WIDE_NF] = self._wfree
+        self._wfree = w
+        self._wcount -= 1
+
+    cdef int _mult_id(self, int64_t value) except -2:
+        # The number of ``value`` in the multiplier dictionary (added if new), or -1 when
+        # the dictionary is full.
+        cdef uint64_t h = <uint64_t>value * 0x9E3779B97F4A7C15ULL
+        cdef uint32_t i, e, size, j
+        cdef uint32_t* index
+        cdef int64_t* vals
+        cdef Py_ssize_t n
+        if self._mindex != NULL:
+            i = <uint32_t>(h >> 40) & self._mmask
+            while True:
+                e = self._mindex[i]
+                if e == 0:
+                    break
+                if self._mvals[e - 1] == value:
+                    return <int>(e - 1)
+                i = (i + 1) & self._mmask
+        if self._mcount >= MULT_MAX:
+            return -1
+        if self._mcount == self._mcap:
+            n = 2 * self._mcap if self._mcap else 8
+            vals = <int64_t*>realloc(self._mvals, <size_t>n * sizeof(int64_t))
+            if vals == NULL:
+                raise MemoryError()
+            self._mvals = vals
+            self._mcap = n
+        if self._mindex == NULL or (self._mcount + 1) * 2 > self._mmask + 1:
+            # Twice the values' room, at most half full: rebuilt from the values.
+            size = <uint32_t>(4 * self._mcap)
+            index = <uint32_t*>calloc(size, sizeof(uint32_t))
+            if index == NULL:
+                raise MemoryError()
+            for j in range(<uint32_t>self._mcount):
+                i = <uint32_t>((<uint64_t>self._mvals[j] * 0x9E3779B97F4A7C15ULL) >> 40) & (size - 1)
+                while index[i] != 0:
+                    i = (i + 1) & (size - 1)
+                index[i] = j + 1
+            free(self._mindex)
+            self._mindex = index
+            self._mmask = size - 1
+        i = <uint32_t>(h >> 40) & self._mmask
+        while self._mindex[i] != 0:
+            i = (i + 1) & self._mmask
+        self._mvals[self._mcount] = value
+        self._mcount += 1
+        self._mindex[i] = <uint32_t>self._mcount
+        return <int>(self._mcount - 1)
+
+    cdef int _encode(self, const int64_t* row, Slot* s) except -1:
+        # The row's columns into ``s`` (not its key nor generation): 1, or 0 when some
+        # value is outside its column's range (``s`` is then partly written).  May add
+        # the multiplier to the dictionary, which changes no answer.
+        cdef int m
+        cdef uint64_t waited
+        if not (
+            _within(row[C_REASON], -128, 127)
+            and _within(row[C_SHADOW], -128, 127)
+            and _within(row[C_FRESH], -128, 127)
+            and _within(row[C_SHED], -128, 127)
+            and _within(row[C_LANE], 0, 65535)
+            and _within(row[C_POOL], 0, 65535)
+            and _within(row[C_MODEL], 0, 65535)
+            and _within(row[C_RESERVED], INT32_MIN, INT32_MAX)
+            and _within(row[C_GRANTED], INT32_MIN, INT32_MAX)
+            and _within(row[C_SLOT], INT32_MIN, INT32_MAX)
+            and _within(row[C_WINDOW], INT32_MIN, INT32_MAX)
+            and _within(row[C_ACTUAL], INT32_MIN, INT32_MAX)
+            and _within(row[C_REFUNDED], INT32_MIN, INT32_MAX)
+            and _within(row[C_DEGRADED], INT32_MIN, INT32_MAX)
+            and _within(row[C_SCORE], INT32_MIN, INT32_MAX)
+            and row[C_ARRIVED_NS] <= row[C_DECIDED_NS]
+        ):
+            return 0
+        # decided - arrived >= 0 fits in 64 unsigned bits whatever the two int64 are
+        waited = <uint64_t>row[C_DECIDED_NS] - <uint64_t>row[C_ARRIVED_NS]
+        if waited > 0xFFFFFFFFULL:
+            return 0
+        m = self._mult_id(row[C_MULTIPLIER])
+        if m < 0:
+            return 0
+        s.decided = row[C_DECIDED_NS]
+        s.rid = row[C_RID]
+        s.retry = row[C_RETRY_NS]
+        s.bucket = row[C_BUCKET]
+        s.hour = row[C_HOUR]
+        s.day = row[C_DAY]
+        s.reserved = <int32_t>row[C_RESERVED]
+        s.granted = <int32_t>row[C_GRANTED]
+        s.tslot = <int32_t>row[C_SLOT]
+        s.window = <int32_t>row[C_WINDOW]
+        s.actual = <int32_t>row[C_ACTUAL]
+        s.refunded = <int32_t>row[C_REFUNDED]
+        s.waited = <uint32_t>waited
+        s.degraded = <int32_t>row[C_DEGRADED]
+        s.score = <int32_t>row[C_SCORE]
+        s.lane = <uint16_t>row[C_LANE]
+        s.pool = <uint16_t>row[C_POOL]
+        s.model = <uint16_t>row[C_MODEL]
+        s.mult = <uint16_t>m
+        s.state = <uint8_t>row[C_STATE]
+        s.reason = <int8_t>row[C_REASON]
+        s.shadow = <int8_t>row[C_SHADOW]
+        s.fresh = <int8_t>row[C_FRESH]
+        s.shed = <int8_t>row[C_SHED]
+        return 1
+
+    cdef void _decode(self, const Slot* s, int64_t* out) noexcept:
+        # The row of a live slot, as it was stored.
+        if s.state & WIDE:
+            memcpy(out, &self._wide[s.rid * WIDE_NF], ROW_BYTES)
+            return
+        out[C_STATE] = s.state & STATE_BITS
+        out[C_REASON] = s.reason
+        out[C_RETRY_NS] = s.retry
+        out[C_RESERVED] = s.reserved
+        out[C_RID] = s.rid
+        out[C_GRANTED] = s.granted
+        out[C_BUCKET] = s.bucket
+        out[C_HOUR] = s.hour
+        out[C_DAY] = s.day
+        out[C_LANE] = s.lane
+        out[C_SLOT] = s.tslot
+        out[C_DECIDED_NS] = s.decided
+        out[C_POOL] = s.pool
+        out[C_MODEL] = s.model
+        out[C_MULTIPLIER] = self._mvals[s.mult]
+        out[C_WINDOW] = s.window
+        out[C_ACTUAL] = s.actual
+        out[C_REFUNDED] = s.refunded
+        # stored only when arrived <= decided and the difference fits: no overflow
+        out[C_ARRIVED_NS] = <int64_t>(<uint64_t>s.decided - <uint64_t>s.waited)
+        out[C_SHADOW] = s.shadow
+        out[C_DEGRADED] = s.degraded
+        out[C_SCORE] = s.score
+        out[C_FRESH] = s.fresh
+        out[C_SHED] = s.shed
+
+    cdef tuple _slot_tuple(self, Py_ssize_t slot):
+        cdef int64_t row[C_NF]
+        self._decode(self._at(slot), row)
+        return _row_tuple(row)
+
+    # --- the index -------------------------------------------------------------------
+
+    cdef int _resize_index(self, uint64_t size) except -1:
+        # Re-insert every entry, at its home (read from its tag), into ``size`` entries.
         cdef uint64_t old_size = self._mask + 1
-        cdef uint64_t new_mask = 2 * old_size - 1
+        cdef uint64_t new_mask = size - 1
         cdef uint64_t i, j, e
         if new_mask > 0xFFFFFFFFULL:  # homes come from 32 bits of the hash
             raise MemoryError("the request table's index is full")
-        cdef uint64_t* index = <uint64_t*>calloc(<size_t>(new_mask + 1), sizeof(uint64_t))
+        cdef uint64_t* index = <uint64_t*>calloc(<size_t>size, sizeof(uint64_t))
         if index == NULL:
             raise MemoryError()
         for i in range(old_size):
@@ -562,6 +860,20 @@ cdef class RequestTable:
         self._mask = new_mask
         return 0
 
+    cdef void _maybe_shrink(self) noexcept:
+        # Under 1/8 full: halve (to between 1/4 and 1/2 full), so the index follows the
+        # live count.  At the end of a call that forgot rows (no position is held then);
+        # on a failed allocation the bigger index is simply kept.
+        cdef uint64_t size = self._mask + 1
+        if size <= 16 or <uint64_t>self._count * 8 >= size:
+            return
+        while size > 16 and <uint64_t>self._count * 4 < size:
+            size >>= 1
+        try:
+            self._resize_index(size)
+        except MemoryError:
+            pass
+
     cdef Py_ssize_t _find(self, int64_t tkey, uint64_t h1, uint64_t h2,
                           uint64_t* pos) noexcept:
         # The slot of the key, or -1; ``pos`` gets its index position, or the empty one
@@ -570,15 +882,19 @@ cdef class RequestTable:
         cdef uint64_t tag = h1 >> 32
         cdef uint64_t i = tag & mask
         cdef uint64_t e
-        cdef Meta* m
+        cdef Slot* s
         while True:
             e = self._index[i]
             if e == 0:
                 pos[0] = i
                 return -1
             if (e >> 32) == tag:
-                m = &self._meta[(e & 0xFFFFFFFFULL) - 1]
-                if m.h1 == h1 and m.h2 == h2 and m.tkey == tkey:
+                s = self._at(<Py_ssize_t>(e & 0xFFFFFFFFULL) - 1)
+                if s.h1 == h1 and s.h2 == h2 and s.tkey == <int32_t>tkey and (
+                    self._wide[s.rid * WIDE_NF + C_NF] == tkey
+                    if s.state & WIDE_KEY
+                    else _within(tkey, INT32_MIN, INT32_MAX)
+                ):
                     pos[0] = i
                     return <Py_ssize_t>(e & 0xFFFFFFFFULL) - 1
             i = (i + 1) & mask
@@ -602,30 +918,45 @@ cdef class RequestTable:
         self._index[hole] = 0
 
     cdef void _release(self, Py_ssize_t slot, uint64_t pos) noexcept:
-        # Forget the row in ``slot``, found at index position ``pos``.
+        # Forget the row in ``slot``, found at index position ``pos``: a new generation
+        # kills its FIFO entries; a slot with none left is retired instead of reused.
+        cdef Slot* s = self._at(slot)
         self._unlink(pos)
-        self._meta[slot].version = 0
-        self._meta[slot].tkey = self._free
-        self._free = slot
+        if s.state & WIDE:
+            self._wide_free(s.rid)
+        if s.gen == GEN_MAX:
+            s.state = RETIRED
+            self._retired += 1
+        else:
+            s.gen += 1
+            s.state = 0
+            s.rid = self._free
+            self._free = slot
         self._count -= 1
 
     cdef void _delete(self, Py_ssize_t slot) noexcept:
         # Forget the (live) row in ``slot``: find its index position by its hash first.
         cdef uint64_t mask = self._mask
-        cdef uint64_t i = (self._meta[slot].h1 >> 32) & mask
+        cdef uint64_t i = (self._at(slot).h1 >> 32) & mask
         while (self._index[i] & 0xFFFFFFFFULL) != <uint64_t>slot + 1:
             i = (i + 1) & mask
         self._release(slot, i)
 
     cdef int _store(self, int64_t tkey, uint64_t h1, uint64_t h2,
                     const int64_t* row) except -1:
-        # The reference's _store: ``row`` is checked (state OPEN or REJECTED).  Everything
-        # that may fail (allocations) happens before anything changes.
+        # The reference's _store: ``row`` is checked (state OPEN or REJECTED), ``tkey`` is
+        # an int32.  Everything that may fail (allocations) happens before anything
+        # changes (a new multiplier in the dictionary, a grown index or a new block of
+        # slots change no answer).
         cdef Ring* fifo
         cdef uint64_t pos
         cdef Py_ssize_t slot
         cdef bint is_open = row[C_STATE] == C_OPEN
-        cdef Meta* m
+        cdef bint fits, retire, was_open
+        cdef int64_t w = -1
+        cdef uint32_t gen
+        cdef Slot narrow
+        cdef Slot* s
         if is_open:
             fifo = &self._admitted
         else:
@@ -633,32 +964,55 @@ cdef class RequestTable:
                 return 0
             fifo = &self._rejected
         _ring_reserve(fifo)
+        fits = _within(tkey, INT32_MIN, INT32_MAX) and self._encode(row, &narrow)
         slot = self._find(tkey, h1, h2, &pos)
-        if slot < 0:
-            if <uint64_t>(self._count + 1) * 2 > self._mask + 1:
-                self._grow_index()
-                self._find(tkey, h1, h2, &pos)
+        retire = slot >= 0 and self._at(slot).gen == GEN_MAX
+        if slot < 0 or retire:
+            if <uint64_t>(self._count + 1) * 4 > (self._mask + 1) * 3:
+                self._resize_index(2 * (self._mask + 1))
+                slot = self._find(tkey, h1, h2, &pos)
             self._reserve_slot()
-            if self._free >= 0:
-                slot = self._free
-                self._free = self._meta[slot].tkey
-            else:
-                slot = self._used
-                self._used += 1
+        if not fits:
+            w = self._wide_alloc()
+        # Nothing fails from here on.
+        if retire:
+            # The slot's generations are used up: forget the row there (retiring the
+            # slot), then store the key anew, as a replacement.
+            was_open = (self._at(slot).state & STATE_BITS) == C_OPEN
+            self._release(slot, pos)
+            if was_open:
+                self._open -= 1
+            slot = self._find(tkey, h1, h2, &pos)
+        if slot < 0:
+            slot = self._take_slot()
             self._index[pos] = (h1 & 0xFFFFFFFF00000000ULL) | (<uint64_t>slot + 1)
-            m = &self._meta[slot]
-            m.tkey = tkey
-            m.h1 = h1
-            m.h2 = h2
+            s = self._at(slot)
+            gen = s.gen
             self._count += 1
-        elif self._rows[slot * C_NF + C_STATE] == C_OPEN:
-            self._open -= 1  # replaced while open: it is no longer open
+        else:
+            s = self._at(slot)
+            if (s.state & STATE_BITS) == C_OPEN:
+                self._open -= 1  # replaced while open: it is no longer open
+            if s.state & WIDE:
+                self._wide_free(s.rid)
+            gen = s.gen + 1
+        if fits:
+            s[0] = narrow
+        else:
+            memcpy(&self._wide[w * WIDE_NF], row, ROW_BYTES)
+            self._wide[w * WIDE_NF + C_NF] = tkey
+            s.state = <uint8_t>row[C_STATE] | WIDE
+            if not _within(tkey, INT32_MIN, INT32_MAX):
+                s.state |= WIDE_KEY
+            s.decided = row[C_DECIDED_NS]
+            s.rid = w
+        s.h1 = h1
+        s.h2 = h2
+        s.tkey = <int32_t>tkey
+        s.gen = gen
         if is_open:
             self._open += 1
-        self._version += 1
-        self._meta[slot].version = self._version
-        memcpy(&self._rows[slot * C_NF], row, ROW_BYTES)
-        _ring_push(fifo, row[C_DECIDED_NS], slot, self._version)
+        _ring_push(fifo, row[C_DECIDED_NS], slot, gen)
         return 0
 
     cdef int _key(self, object tkey, object tenant_id, object request_id, int64_t* tk,
@@ -676,6 +1030,24 @@ cdef class RequestTable:
         bg_sip2_final(&h, h1, h2)
         return 0
 
+    def _set_generation(self, tkey, tenant_id, request_id, gen):
+        """Set the generation of the key's slot (tests: a slot's last generation)."""
+        cdef int64_t tk
+        cdef uint64_t h1, h2, pos
+        self._key(tkey, tenant_id, request_id, &tk, &h1, &h2)
+        cdef Py_ssize_t slot = self._find(tk, h1, h2, &pos)
+        if slot < 0:
+            raise KeyError((tk, tenant_id, request_id))
+        self._at(slot).gen = <uint32_t>PyLong_AsUnsignedLongLong(gen)
+
+    def _generation(self, tkey, tenant_id, request_id):
+        """The generation of the key's slot, or None (tests)."""
+        cdef int64_t tk
+        cdef uint64_t h1, h2, pos
+        self._key(tkey, tenant_id, request_id, &tk, &h1, &h2)
+        cdef Py_ssize_t slot = self._find(tk, h1, h2, &pos)
+        return None if slot < 0 else self._at(slot).gen
+
     # --- lookups ---------------------------------------------------------------------
 
     def get(self, tkey, tenant_id, request_id):
@@ -685,19 +1057,22 @@ cdef class RequestTable:
         cdef Py_ssize_t slot = self._find(tk, h1, h2, &pos)
         if slot < 0:
             return None
-        return _row_tuple(&self._rows[slot * C_NF])
+        return self._slot_tuple(slot)
 
     cdef object _replay_one(self, int64_t tkey, uint64_t h1, uint64_t h2, int64_t now):
         cdef uint64_t pos
         cdef Py_ssize_t slot = self._find(tkey, h1, h2, &pos)
-        cdef const int64_t* row
+        cdef const Slot* s
+        cdef int64_t retry
         if slot < 0:
             return None
-        row = &self._rows[slot * C_NF]
-        if row[C_STATE] == C_REJECTED and _passed(now, row[C_DECIDED_NS], row[C_RETRY_NS]):
-            self._release(slot, pos)
-            return None
-        return _row_tuple(row)
+        s = self._at(slot)
+        if (s.state & STATE_BITS) == C_REJECTED:
+            retry = self._wide[s.rid * WIDE_NF + C_RETRY_NS] if s.state & WIDE else s.retry
+            if _passed(now, s.decided, retry):
+                self._release(slot, pos)
+                return None
+        return self._slot_tuple(slot)
 
     def replay(self, tkey, tenant_id, request_id, now):
         """The earlier decision if it still stands. A refusal stands until its
@@ -705,7 +1080,9 @@ cdef class RequestTable:
         cdef int64_t tk
         cdef uint64_t h1, h2
         self._key(tkey, tenant_id, request_id, &tk, &h1, &h2)
-        return self._replay_one(tk, h1, h2, _i64(now))
+        got = self._replay_one(tk, h1, h2, _i64(now))
+        self._maybe_shrink()
+        return got
 
     def replay_many(self, tkeys, tenant_ids, request_ids, now):
         """``replay`` for a batch: index -> earlier decision, for the entries
@@ -764,9 +1141,11 @@ cdef class RequestTable:
                         _bad_item("tenant_ids", bad, t)
                     _bad_item("request_ids", bad, PySequence_Fast_GET_ITEM(request_ids, bad))
                 i = stop
+            self._maybe_shrink()
             return out
         finally:
             PyBuffer_Release(&tview)
+
 
     # --- stores ----------------------------------------------------------------------
 
@@ -884,20 +1263,37 @@ cdef class RequestTable:
         cdef int64_t c_refunded = _i64(refunded)
         cdef int64_t c_now = _i64(now)
         cdef Py_ssize_t slot = self._find(tk, h1, h2, &pos)
-        cdef int64_t* row
+        cdef Slot* s
+        cdef int64_t w
+        cdef int64_t* wrow
         cdef bint remember = self._settled_ns < self._ttl_ns
-        if slot < 0 or self._rows[slot * C_NF + C_STATE] != C_OPEN:
+        if slot < 0 or (self._at(slot).state & STATE_BITS) != C_OPEN:
             raise KeyError(f"no open reservation for {(tk, tenant_id, request_id)!r}")
         if remember:  # else the TTL's FIFO forgets it
             _ring_reserve(&self._settled)
-        row = &self._rows[slot * C_NF]
-        row[C_STATE] = C_SETTLED
-        row[C_ACTUAL] = c_actual
-        row[C_REFUNDED] = c_refunded
+        s = self._at(slot)
+        if not (s.state & WIDE) and not (
+            _within(c_actual, INT32_MIN, INT32_MAX) and _within(c_refunded, INT32_MIN, INT32_MAX)
+        ):
+            # Usage wider than its columns: the row moves whole to the overflow block.
+            w = self._wide_alloc()
+            self._decode(s, &self._wide[w * WIDE_NF])
+            self._wide[w * WIDE_NF + C_NF] = s.tkey
+            s.rid = w
+            s.state |= WIDE
+        if s.state & WIDE:
+            wrow = &self._wide[s.rid * WIDE_NF]
+            wrow[C_STATE] = C_SETTLED
+            wrow[C_ACTUAL] = c_actual
+            wrow[C_REFUNDED] = c_refunded
+        else:
+            s.actual = <int32_t>c_actual
+            s.refunded = <int32_t>c_refunded
+        s.state = (s.state & ~STATE_BITS) | C_SETTLED
         self._open -= 1
         if remember:
-            _ring_push(&self._settled, c_now, slot, self._meta[slot].version)
-        return _row_tuple(row)
+            _ring_push(&self._settled, c_now, slot, s.gen)
+        return self._slot_tuple(slot)
 
     def drop_open(self, tkey, tenant_id, request_id):
         """Forget an open row (its caller never learned of it); None if the
@@ -906,11 +1302,12 @@ cdef class RequestTable:
         cdef uint64_t h1, h2, pos
         self._key(tkey, tenant_id, request_id, &tk, &h1, &h2)
         cdef Py_ssize_t slot = self._find(tk, h1, h2, &pos)
-        if slot < 0 or self._rows[slot * C_NF + C_STATE] != C_OPEN:
+        if slot < 0 or (self._at(slot).state & STATE_BITS) != C_OPEN:
             return None
-        got = _row_tuple(&self._rows[slot * C_NF])
+        got = self._slot_tuple(slot)
         self._release(slot, pos)
         self._open -= 1
+        self._maybe_shrink()
         return got
 
     def drop_open_where(self, column, values):
@@ -920,8 +1317,8 @@ cdef class RequestTable:
         cdef Py_ssize_t col = _i64(column)
         cdef Ring* r = &self._admitted
         cdef Py_ssize_t i, n = r.len
-        cdef Entry e
-        cdef int64_t* row
+        cdef Entry* e
+        cdef int64_t row[C_NF]
         cdef list out = []
         if not 0 <= col < C_NF:
             raise ValueError(f"column must be in [0, {C_NF}), got {col}")
@@ -929,14 +1326,15 @@ cdef class RequestTable:
         if not wanted:
             return out
         for i in range(n):
-            e = r.buf[(r.head + i) & (r.cap - 1)]
-            if self._meta[e.slot].version != e.version:
+            e = &r.buf[(r.head + i) & (r.cap - 1)]
+            if not self._live(e):
                 continue
-            row = &self._rows[e.slot * C_NF]
+            self._decode(self._at(e.slot), row)
             if row[C_STATE] == C_OPEN and row[col] in wanted:
                 out.append(_row_tuple(row))  # allocate before changing anything
                 self._open -= 1
                 self._delete(e.slot)
+        self._maybe_shrink()
         return out
 
     # --- expiry ----------------------------------------------------------------------
@@ -947,18 +1345,18 @@ cdef class RequestTable:
         cdef int64_t c_now = _i64(now)
         cdef int64_t horizon
         cdef Ring* r
-        cdef Entry e
+        cdef Entry* e
         cdef list released = []
         # A horizon below INT64_MIN (now - window, over unbounded ints) expires nothing.
         if c_now >= INT64_MIN + self._ttl_ns:
             horizon = c_now - self._ttl_ns
             r = &self._admitted
             while r.len > 0 and r.buf[r.head].t <= horizon:
-                e = r.buf[r.head]
-                if self._meta[e.slot].version == e.version:
-                    if self._rows[e.slot * C_NF + C_STATE] == C_OPEN:
+                e = &r.buf[r.head]
+                if self._live(e):
+                    if (self._at(e.slot).state & STATE_BITS) == C_OPEN:
                         # allocate before changing anything
-                        released.append(_row_tuple(&self._rows[e.slot * C_NF]))
+                        released.append(self._slot_tuple(e.slot))
                         self._open -= 1
                     self._delete(e.slot)
                 _ring_pop(r)
@@ -966,11 +1364,8 @@ cdef class RequestTable:
             horizon = c_now - self._settled_ns
             r = &self._settled
             while r.len > 0 and r.buf[r.head].t <= horizon:
-                e = r.buf[r.head]
-                if (
-                    self._meta[e.slot].version == e.version
-                    and self._rows[e.slot * C_NF + C_STATE] == C_SETTLED
-                ):
+                e = &r.buf[r.head]
+                if self._live(e) and (self._at(e.slot).state & STATE_BITS) == C_SETTLED:
                     self._delete(e.slot)
                 _ring_pop(r)
         if self._admitted.len > 2 * self._count + C_COMPACT_SLACK:
@@ -979,22 +1374,23 @@ cdef class RequestTable:
             horizon = c_now - self._replay_ns
             r = &self._rejected
             while r.len > 0 and r.buf[r.head].t <= horizon:
-                e = r.buf[r.head]
-                if self._meta[e.slot].version == e.version:
+                e = &r.buf[r.head]
+                if self._live(e):
                     self._delete(e.slot)
                 _ring_pop(r)
+        self._maybe_shrink()
         return released
 
     cdef void _compact_admitted(self) noexcept:
         # The reference's _compact_admitted, in place: keep, in order, the entries whose
-        # slot still holds their version.  Runs when at least half the ring is dead.
+        # slot still holds their row.  Runs when at least half the ring is dead.
         cdef Ring* r = &self._admitted
         cdef Py_ssize_t mask = r.cap - 1
         cdef Py_ssize_t k, w = 0
         cdef Entry* e
         for k in range(r.len):
             e = &r.buf[(r.head + k) & mask]
-            if self._meta[e.slot].version == e.version:
+            if self._live(e):
                 r.buf[(r.head + w) & mask] = e[0]
                 w += 1
         r.len = w
@@ -1002,14 +1398,18 @@ cdef class RequestTable:
     def footprint(self):
         """Sizes of the internal indexes (tests and benchmarks check for leaks).
 
-        ``bytes`` is what the table has malloc'd: the row block, the slot metadata, the
-        index and the three rings, at their allocated capacities (not the object
-        header, nor the allocator's own overhead)."""
+        ``bytes`` is what the table has malloc'd: the blocks of slots, the index, the
+        three rings, the overflow rows and the multiplier dictionary, at their allocated
+        capacities (not the object header, nor the allocator's own overhead)."""
         cdef size_t total = (
-            <size_t>self._cap * (ROW_BYTES + sizeof(Meta))
+            <size_t>self._nblocks * BLOCK_SLOTS * sizeof(Slot)
+            + <size_t>self._blocks_cap * sizeof(Slot*)
             + <size_t>(self._mask + 1) * sizeof(uint64_t)
             + <size_t>(self._admitted.cap + self._settled.cap + self._rejected.cap)
             * sizeof(Entry)
+            + <size_t>self._wcap * WIDE_NF * sizeof(int64_t)
+            + <size_t>self._mcap * sizeof(int64_t)
+            + (<size_t>self._mmask + 1 if self._mindex != NULL else 0) * sizeof(uint32_t)
         )
         return {
             "rows": self._count,

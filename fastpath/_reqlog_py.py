@@ -15,6 +15,10 @@ the bucket table (never reused, -1 for a tenant that is not configured). This
 reference keys by the exact strings; the compiled build by ``tkey`` compared exactly
 plus a 128-bit keyed hash of the two ids (see ``_reqlog_c.pyx``).
 
+This reference keeps rows as tuples of Python ints; the compiled build keeps each row
+in narrow columns of a fixed-size slot (and a row with a value that does not fit whole,
+in an overflow block), so every row reads back exactly as stored in both builds.
+
 Expiry is exact and O(1) per record: the reservation TTL, the settled-id window and
 the replay window are constants, so records expire in the order they were made (or
 settled), and a FIFO per kind is an exact expiry queue. Each stored row gets a

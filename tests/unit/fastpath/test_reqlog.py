@@ -630,6 +630,7 @@ def test_the_compiled_table_holds_no_python_object_per_request() -> None:
     before = len(gc.get_objects())
     n = 20_000
     rows = rows_array([mkrow(c, decided=T0)] * n, c.NF)
+    rows[:, records.ARRIVED_NS] = T0  # no wait: every column fits its slot
     tenants = ["t"] * n
     requests = [f"r{i}" for i in range(n)]
     table.add_batch(np.zeros(n, dtype=np.int64), tenants, requests, rows)
@@ -637,6 +638,11 @@ def test_the_compiled_table_holds_no_python_object_per_request() -> None:
     gc.collect()
     assert len(table) == n
     assert len(gc.get_objects()) - before < 100
-    # Capacities are powers of two: 32768 slots of a row (192 B) and its key (32 B), a
-    # ring of 32768 entries (24 B) and an index of 65536 entries (8 B): 433 B per row here.
-    assert table.footprint()["bytes"] == 32768 * (192 + 32 + 24) + 65536 * 8
+    assert table.wide_rows == 0
+    # 10 blocks of 2,048 slots (121 B: the key, the generation and the narrow row) and
+    # their 16 pointers, an index of 32,768 entries (8 B; at most 3/4 full), a ring of
+    # 32,768 entries (16 B), the multiplier dictionary (room for 8 values, an index of
+    # 32 entries of 4 B): 163 B per row here.
+    assert c.SLOT_BYTES == 121
+    expected = 10 * 2048 * 121 + 16 * 8 + 32768 * 8 + 32768 * 16 + 8 * 8 + 32 * 4
+    assert table.footprint()["bytes"] == expected

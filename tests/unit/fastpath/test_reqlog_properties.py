@@ -8,6 +8,12 @@ and replay windows of 0 included; now and then an invalid argument), asserting i
 results or identical exception types, and identical len, open_count and FIFO sizes after
 every step.  ``test_compaction_changes_no_answer`` drives enough churn through both to
 compact the admitted FIFO many times.
+
+Rows mix values that fit the compiled build's narrow columns and values at and one past
+each column's range (``EDGES``), keys with a tkey wider than 32 bits whose low bits equal
+another's, and settlements whose usage does not fit 32 bits, so that rows kept narrow,
+rows kept whole in the overflow block and rows moved there by a settlement all meet the
+same operations as in the reference.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from controlplane.service import records as R
 from fastpath import _reqlog_py
 from fastpath._reqlog_py import DECIDED_NS, NF, OPEN, REJECTED, RETRY_NS, SETTLED, STATE
 
@@ -46,7 +53,8 @@ def _call(fn: Callable[[], Any]) -> tuple[str, Any]:
 
 # Few keys, so that the same key comes back often; ids that hash alike under a naive
 # concatenation ("ab"+"c", "a"+"bc"), non-ASCII and a lone surrogate.
-tkeys_st = st.sampled_from([-1, 0, 1])
+# 2**32 + 1 has the low 32 bits of 1: the compiled build keeps it whole, apart from 1.
+tkeys_st = st.sampled_from([-1, 0, 1, 2**32 + 1])
 tenants_st = st.sampled_from(["a", "ab", "é", ""])
 requests_st = st.sampled_from(["c", "bc", "1", "2", "3", "", "é\ud800", "x" * 40])
 keys_st = st.tuples(tkeys_st, tenants_st, requests_st)
@@ -57,23 +65,46 @@ odd_keys_st = st.one_of(
 )
 
 
-# A row as (state, decided - now, retry_after, filler), made into NF ints by ``mkrow``.
-RowSpec = tuple[int, int, int, int]
+I8, U16, I32 = (-(2**7), 2**7 - 1), (0, 2**16 - 1), (-(2**31), 2**31 - 1)
+# The compiled build's narrow columns and their ranges (test_reqlog.py checks this is its
+# _NARROW); ARRIVED_NS: the range of DECIDED_NS - ARRIVED_NS.
+NARROW = {
+    R.REASON: I8, R.SHADOW_REASON: I8, R.FRESHNESS: I8, R.SHED: I8,
+    R.LANE: U16, R.POOL: U16, R.MODEL: U16,
+    R.RESERVED: I32, R.GRANTED: I32, R.SLOT: I32, R.WINDOW: I32, R.ACTUAL: I32,
+    R.REFUNDED: I32, R.DEGRADED_CAP: I32, R.SCORE_PPM: I32,
+    R.ARRIVED_NS: (0, 2**32 - 1),
+}  # fmt: skip
+# (column, value): each range's two ends and one past each; the 64-bit columns' ends.
+EDGES = [(col, v) for col, (lo, hi) in NARROW.items() for v in (lo - 1, lo, hi, hi + 1)]
+EDGES += [(col, v) for col in (R.RID, R.BUCKET, R.HOUR, R.DAY, R.MULTIPLIER)
+          for v in (-(2**63), 2**63 - 1)]  # fmt: skip
+
+# A row as (state, decided - now, retry_after, filler, wait, edge), made into NF ints by
+# ``mkrow``: every other column holds the filler, ARRIVED_NS is decided - wait, and the
+# edge (column, value) if any is written last.
+RowSpec = tuple[int, int, int, int, int, tuple[int, int] | None]
 row_specs = st.tuples(
     st.sampled_from([OPEN, OPEN, REJECTED, REJECTED]),
     st.integers(-3, 3),
     st.one_of(st.integers(0, 12), st.just(I64_MAX)),
     st.sampled_from([0, 1, -1, 12345]),
+    st.sampled_from([0, 0, 5, 2**32 - 1, 2**32, -1]),
+    st.one_of(*[st.none()] * 3, st.sampled_from(EDGES)),
 )
 bad_states = st.sampled_from([OPEN, OPEN, OPEN, REJECTED, REJECTED, REJECTED, SETTLED, 7])
 
 
 def mkrow(spec: RowSpec, now: int) -> tuple[int, ...]:
-    state, offset, retry, fill = spec
+    state, offset, retry, fill, wait, edge = spec
     row = [fill] * NF
     row[STATE] = state
     row[DECIDED_NS] = now + offset
     row[RETRY_NS] = retry
+    row[R.ARRIVED_NS] = now + offset - wait
+    if edge is not None:
+        col, value = edge
+        row[col] = row[DECIDED_NS] - value if col == R.ARRIVED_NS else value
     return tuple(row)
 
 
@@ -157,8 +188,8 @@ class RequestTableMachine(RuleBasedStateMachine):
 
     @rule(
         key=odd_keys_st,
-        actual=st.one_of(st.integers(0, 100), st.just(2**63)),
-        refunded=st.integers(0, 100),
+        actual=st.one_of(st.integers(0, 100), st.sampled_from([2**63, 2**31 - 1, 2**31])),
+        refunded=st.one_of(st.integers(0, 100), st.sampled_from([-(2**31), -(2**31) - 1])),
         ahead=st.integers(-2, 3),
     )
     def settle(self, key: tuple[Any, ...], actual: int, refunded: int, ahead: int) -> None:
@@ -170,7 +201,8 @@ class RequestTableMachine(RuleBasedStateMachine):
         """Settle a row that is open (random keys mostly miss them)."""
         open_keys = sorted(k for k, (_, row) in self.py._rows.items() if row[STATE] == OPEN)
         key = data.draw(st.sampled_from(open_keys))
-        self.both("settle", *key, 5, 1, self.now + ahead)
+        actual = data.draw(st.sampled_from([5, 5, 2**31, -(2**31) - 1]))
+        self.both("settle", *key, actual, 1, self.now + ahead)
 
     @rule(key=odd_keys_st)
     def drop_open(self, key: tuple[Any, ...]) -> None:
