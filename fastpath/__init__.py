@@ -1,10 +1,11 @@
 """burstgate's hot path: token buckets, quotas and concurrency; backpressure and fair queueing;
-the request table.
+the request table; admission-token MACs.
 
-Three modules, each in two builds with identical behaviour: the token-bucket table
+Four modules, each in two builds with identical behaviour: the token-bucket table
 (compiled ``fastpath._buckets_c``, reference ``fastpath._buckets_py``), the scheduling
 primitives (compiled ``fastpath._sched_c``, reference ``fastpath._sched_py``) and the
-request table (compiled ``fastpath._reqlog_c``, reference ``fastpath._reqlog_py``).  The
+request table (compiled ``fastpath._reqlog_c``, reference ``fastpath._reqlog_py``) and the
+token MACs (compiled ``fastpath._sign_c``, reference ``fastpath._sign_py``).  The
 compiled builds are the default.  ``BURSTGATE_FASTPATH=python`` selects all the references
 on purpose; otherwise every compiled module must import, and there is no silent fallback
 (not even for one of them), so a missing build fails loudly.  ``IMPLEMENTATION`` says
@@ -29,6 +30,7 @@ __all__ = [
     "FairQueue",
     "FairQueueSnapshot",
     "FlowState",
+    "MacKey",
     "Reason",
     "RequestTable",
     "TokenBucketTable",
@@ -57,6 +59,7 @@ if TYPE_CHECKING or _choice == "python":
         backpressure_score_ppm,
         shed_threshold_ppm,
     )
+    from fastpath._sign_py import MacKey
 
     IMPLEMENTATION = "python"
 else:
@@ -69,8 +72,9 @@ else:
             backpressure_score_ppm,
             shed_threshold_ppm,
         )
+        from fastpath._sign_c import MacKey
     except ImportError as exc:
-        missing = exc.name or "fastpath._buckets_c/_sched_c/_reqlog_c"
+        missing = exc.name or "fastpath._buckets_c/_sched_c/_reqlog_c/_sign_c"
         raise ImportError(
             f"burstgate's compiled fastpath ({missing}) "
             f"is not built or failed to load: {exc}. Build it with `pip install -e .` (needs "
