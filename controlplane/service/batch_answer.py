@@ -18,14 +18,17 @@ def count_demand(b: BatchDecision, stats: AdmissionStats) -> None:
     refused for capacity; a recognised retry was counted at its first
     attempt: service/demand.py), added per pool in one go."""
     reason = b.rows[:, R.REASON]
-    asked = b.is_fresh & ((reason == _OK) | np.isin(reason, _CAPACITY))
+    asked = b.is_fresh & ((reason == _OK) | _CAPACITY[reason])
     if b.retries is not None:
         again = [*b.retries.late, *b.retries.first]
         asked[again] = False
     if not asked.any():
         return
-    pool_ix = b.pv[asked, _P_POOL]
     prompts = b.prompt[asked]
+    if len(b.pools) == 1:  # the common batch: every entry on one pool
+        stats.demand.add(b.pools[0], b.now, int(prompts.sum()), len(prompts))
+        return
+    pool_ix = b.pv[asked, _P_POOL]
     for k in dict.fromkeys(pool_ix.tolist()):
         mine = pool_ix == k
         stats.demand.add(b.pools[k], b.now, int(prompts[mine].sum()), int(mine.sum()))
@@ -39,7 +42,8 @@ def store(b: BatchDecision, stats: AdmissionStats) -> BatchResult:
         pv, pools = b.pv, b.pools
         adm = np.flatnonzero(admitted)
         pool_ix = pv[:, _P_POOL]
-        for k in dict.fromkeys(pool_ix[adm].tolist()):
+        ks = [0] if len(pools) == 1 else dict.fromkeys(pool_ix[adm].tolist())
+        for k in ks:
             if k in b.released_pools:
                 continue  # released in order before its refusals (conclude)
             mine = adm if len(pools) == 1 else adm[pool_ix[adm] == k]
