@@ -89,6 +89,7 @@ class BatchDecision:
     t_lane: list[str]
     tmat: npt.NDArray[np.int64]
     tix: list[int]
+    tix_a: npt.NDArray[np.intp]  # the same, an array (to index arrays with)
     per: npt.NDArray[np.int64]
     tkeys: npt.NDArray[np.int64]
     replayed: dict[int, tuple[int, ...]]
@@ -114,6 +115,7 @@ class BatchDecision:
     ok_tenant: npt.NDArray[np.bool_]
     pressed: npt.NDArray[np.bool_]
     any_pressed: bool
+    any_capped: bool  # some pair's verdict caps the output (degradation)
     to_fast: npt.NDArray[np.bool_]
     # gate
     gate_refused: npt.NDArray[np.bool_] | None
@@ -123,6 +125,7 @@ class BatchDecision:
     # conclude
     rows: npt.NDArray[np.int64]
     admitted: npt.NDArray[np.bool_]
+    all_admitted: bool
     released_pools: set[int]  # pools whose admissions conclude released
 
     def __init__(
@@ -168,10 +171,12 @@ class BatchDecision:
         )  # fmt: skip
         if len(order) == 1:
             self.tix = [0] * n
+            self.tix_a = np.zeros(n, dtype=np.intp)
         else:
             index = {t: j for j, t in enumerate(order)}
-            self.tix = [index[t] for t in self.tenant_ids]
-        self.per = per = tmat[self.tix]  # (n, _T_FIELDS)
+            self.tix = list(map(index.__getitem__, self.tenant_ids))
+            self.tix_a = np.array(self.tix, dtype=np.intp)
+        self.per = per = tmat[self.tix_a]  # (n, _T_FIELDS)
         self.tkeys = np.ascontiguousarray(per[:, _T_TKEY])
         self.replayed = log.replay_rows(self.tkeys, self.tenant_ids, self.request_ids, self.now)
         self.slots = per[:, _T_SLOT]
@@ -202,7 +207,7 @@ class BatchDecision:
         if len(lanes) <= 1:  # a lane per tenant: pairs per tenant
             given = lanes[0] if lanes else ""
             t_pair = [pair_of(e, given or ln) for e, ln in zip(t_entry, self.t_lane, strict=True)]
-            pair = np.array(t_pair, dtype=np.intp)[tix]
+            pair = np.array(t_pair, dtype=np.intp)[self.tix_a]
         else:
             combos: dict[tuple[int, str], int] = {}
             pair_l: list[int] = []
@@ -300,7 +305,8 @@ class BatchDecision:
         self.pv = pv = np.array(pmat_rows, dtype=np.int64)[self.pair]  # (n, _P_FIELDS)
         self.ok_tenant = ok_tenant = self.is_fresh & (self.early == _OK)
         v_cap = pv[:, _P_CAP]
-        if v_cap.any():
+        self.any_capped = bool(v_cap.any())
+        if self.any_capped:
             self.maxt = np.where(ok_tenant & (v_cap > 0) & (self.maxt > v_cap), v_cap, self.maxt)
         pressed = ok_tenant & (pv[:, _P_REASON] != _OK)
         if self.any_shadow:
@@ -387,7 +393,7 @@ class BatchDecision:
             offsets = np.array(
                 [(0, 0) if e is None else d.tenant_wide(e, 0, 0) for e in t_entry],
                 dtype=np.int64,
-            )[self.tix]
+            )[self.tix_a]
             for col, off in ((hour, offsets[:, 0]), (day, offsets[:, 1])):
                 col[:] = np.where(decided & (col >= 0), np.maximum(0, col + off), col)
         for i in np.flatnonzero(decided & _SHARED[reason]).tolist():
@@ -421,6 +427,7 @@ class BatchDecision:
         self.admitted = admitted = to_fast & (reason == _OK)
         self.release_before_refusals()
         na = int(np.count_nonzero(admitted))
+        self.all_admitted = na == n  # (so no replay either: a replay is never admitted anew)
         rid0 = self.d.take_reservation_ids(na)
         templates, pair, prompt = self.templates, self.pair, self.prompt
         if na == n:

@@ -58,14 +58,16 @@ def store(b: BatchDecision, stats: AdmissionStats) -> BatchResult:
     count_demand(b, stats)
     # Degradation instructions go with an admission (as a unary answer's):
     # a refusal says the pool's state in its pressure, not in instructions.
-    degraded = rows[:, R.DEGRADED_CAP] > 0
+    # (none when no verdict caps and no replay brings a cap of its own)
+    plain = b.all_admitted
+    degraded = None if plain and not b.any_capped else rows[:, R.DEGRADED_CAP] > 0
     # Entries of one batch may resolve to different pools: the batch-level
     # multiplier is the first fresh entry's (each admission's record, which
     # the ledger bills, locks its own pool's).
     first = b.prices.get(b.batch_pools[0]) if b.batch_pools else None
     result = d.columns(
         rows, b.is_fresh, degraded, b.verdicts,
-        first.multiplier if first is not None else 1.0,
+        first.multiplier if first is not None else 1.0, plain=plain,
     )  # fmt: skip
     # each admission's token, replays included (Outcomes.answer's rule)
     result.admission_token = d.signer.sign_rows(
