@@ -9,7 +9,8 @@ a fake clock: unary ``admit`` + ``complete`` (and the same requests as
 batches of one), ``admit_or_wait`` against a backlog, and ``admit_batch``
 at batch sizes 100 and 1,000, each with the pool gate on (the default:
 requests name a pool whose one engine reports, every 100 decisions, free
-room for all of them) and off. Prints the median
+room for all of them) and off, and shaped as bench_grpc's AdmitStream load
+("stream mix": a tight tenant refused on a row in ten). Prints the median
 nanoseconds per decision over interleaved rounds (JSON with ``--json``).
 
 It measures only the Python around the fast path, so two checkouts can be

@@ -6,6 +6,9 @@ unary Admit and a batch of one through random histories;
 tests/unit/service/test_batch_twin.py: random batches against their
 entries decided one by one).
 
+Long because: the steps of one decision are one object's methods, in the
+order they run, each beside the scalar rule it mirrors.
+
 A batch is one :class:`BatchDecision`, its methods the steps in order:
 ``screen`` (the tenant screen, replays, late retries), ``place`` (lanes,
 length-aware placement, pools), ``judge`` (the pool's verdict: the
