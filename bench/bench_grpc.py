@@ -121,6 +121,7 @@ async def _serve(
     if mode == "ours":
         plane = ControlPlane(settings)
         port = await plane.start()
+        plane.freeze_gc()  # as `burstgate serve` does (controlplane/server/process.py)
         implementation: str = plane.service.implementation
     elif mode == "redis":
         import _grpc_redis as gr

@@ -9,7 +9,8 @@ a fake clock: unary ``admit`` + ``complete`` (and the same requests as
 batches of one), ``admit_or_wait`` against a backlog, and ``admit_batch``
 at batch sizes 100 and 1,000, each with the pool gate on (the default:
 requests name a pool whose one engine reports, every 100 decisions, free
-room for all of them) and off. Prints the median
+room for all of them) and off, and shaped as bench_grpc's AdmitStream load
+("stream mix": a tight tenant refused on a row in ten). Prints the median
 nanoseconds per decision over interleaved rounds (JSON with ``--json``).
 
 It measures only the Python around the fast path, so two checkouts can be
@@ -110,6 +111,32 @@ def batch(
     return (time.perf_counter_ns() - start) / (n // size * size)
 
 
+# bench_grpc's AdmitStream load (bench/_loadgen.py): three generous tenants
+# and, on one row in ten, a tight one refused almost always; gate off, a model.
+STREAM_CYCLE = ("t0", "t1", "t2") * 3 + ("tight",)
+
+
+def stream_mix(n: int, size: int) -> float:
+    """Batches shaped as bench_grpc's: refusals in every batch, so the paths
+    an all-admitted batch skips (retry hints, refusals remembered) are paid."""
+    svc, clock = make_service(gate=False)
+    tight = TenantConfig("tight", token_rate=Decimal(1000), burst_tokens=2000)
+    svc.apply_config(
+        [*(TenantConfig(f"t{i}", token_rate=Decimal(10**6), burst_tokens=10**12)
+           for i in range(3)), tight],
+        LANES, Policy(pool_gate=False, known_pools=[POOL]),
+    )  # fmt: skip
+    tenants = [STREAM_CYCLE[i % len(STREAM_CYCLE)] for i in range(size)]
+    prompts = [100] * size
+    maxt = [50] * size
+    start = time.perf_counter_ns()
+    for b in range(n // size):
+        ids = [f"b{b:08x}-{i:04d}" for i in range(size)]
+        svc.batches.admit(tenants, ids, [], prompts, maxt, model="llama-3.1-70b", pool=POOL)
+        clock.now += 1000
+    return (time.perf_counter_ns() - start) / (n // size * size)
+
+
 def waiting(n: int) -> float:
     """A tenant whose requests queue behind its own backlog, released by completes."""
     clock = Clock()
@@ -153,6 +180,8 @@ def main() -> None:
         "admit_batch 1000, gate off": lambda: batch(args.n, 1000, False),
         "admit_batch 100, 4 tenants": lambda: batch(args.n, 100, True, 4),
         "admit_batch 1000, 4 tenants": lambda: batch(args.n, 1000, True, 4),
+        "admit_batch 100, stream mix": lambda: stream_mix(args.n, 100),
+        "admit_batch 1000, stream mix": lambda: stream_mix(args.n, 1000),
     }
     if args.only:
         scenarios = {args.only: scenarios[args.only]}

@@ -1,12 +1,13 @@
 """burstgate's hot path: token buckets, quotas and concurrency; backpressure and fair queueing;
-the request table; the AdmitStream wire codec.
+the request table; the AdmitStream wire codec; admission-token MACs.
 
-Four modules, each in two builds with identical behaviour: the token-bucket table
+Five modules, each in two builds with identical behaviour: the token-bucket table
 (compiled ``fastpath._buckets_c``, reference ``fastpath._buckets_py``), the scheduling
 primitives (compiled ``fastpath._sched_c``, reference ``fastpath._sched_py``), the
-request table (compiled ``fastpath._reqlog_c``, reference ``fastpath._reqlog_py``) and
-the AdmitBatch reader / AdmitBatchResult writer (compiled ``fastpath._wire_c``,
-reference ``fastpath._wire_py``).  The
+request table (compiled ``fastpath._reqlog_c``, reference ``fastpath._reqlog_py``), the
+AdmitBatch reader / AdmitBatchResult writer (compiled ``fastpath._wire_c``, reference
+``fastpath._wire_py``) and the token MACs (compiled ``fastpath._sign_c``, reference
+``fastpath._sign_py``).  The
 compiled builds are the default.  ``BURSTGATE_FASTPATH=python`` selects all the references
 on purpose; otherwise every compiled module must import, and there is no silent fallback
 (not even for one of them), so a missing build fails loudly.  ``IMPLEMENTATION`` says
@@ -32,6 +33,7 @@ __all__ = [
     "FairQueue",
     "FairQueueSnapshot",
     "FlowState",
+    "MacKey",
     "Reason",
     "RequestTable",
     "TokenBucketTable",
@@ -63,6 +65,7 @@ if TYPE_CHECKING or _choice == "python":
         backpressure_score_ppm,
         shed_threshold_ppm,
     )
+    from fastpath._sign_py import MacKey
     from fastpath._wire_py import AdmitBatchColumns, WireError, read_batch, write_result
 
     IMPLEMENTATION = "python"
@@ -76,9 +79,10 @@ else:
             backpressure_score_ppm,
             shed_threshold_ppm,
         )
+        from fastpath._sign_c import MacKey
         from fastpath._wire_c import AdmitBatchColumns, WireError, read_batch, write_result
     except ImportError as exc:
-        missing = exc.name or "fastpath._buckets_c/_sched_c/_reqlog_c/_wire_c"
+        missing = exc.name or "fastpath._buckets_c/_sched_c/_reqlog_c/_wire_c/_sign_c"
         raise ImportError(
             f"burstgate's compiled fastpath ({missing}) "
             f"is not built or failed to load: {exc}. Build it with `pip install -e .` (needs "

@@ -4,7 +4,6 @@ of the garbage collector's sight, served until SIGTERM or SIGINT, stopped."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 import sys
 from collections.abc import Callable
@@ -22,13 +21,7 @@ ReadyCallback = Callable[[ControlPlane], None]
 async def serve_forever(settings: Settings, *, on_ready: ReadyCallback | None = None) -> None:
     plane = ControlPlane(settings)
     await plane.start()
-    # Everything built at start (modules, config, servicers) lives as long as
-    # the process: move it out of the collector's sight, so full collections
-    # walk only what serving creates. The request log's dict is made tracked
-    # first, or it would escape the freeze while empty and be walked, entry
-    # by entry, by every full collection once it fills.
-    plane.service.prepare_gc_freeze()
-    gc.freeze()
+    plane.freeze_gc()  # the start-up heap out of the collector's sight
     if on_ready is not None:
         on_ready(plane)
     stop = asyncio.Event()

@@ -6,6 +6,9 @@ unary Admit and a batch of one through random histories;
 tests/unit/service/test_batch_twin.py: random batches against their
 entries decided one by one).
 
+Long because: the steps of one decision are one object's methods, in the
+order they run, each beside the scalar rule it mirrors.
+
 A batch is one :class:`BatchDecision`, its methods the steps in order:
 ``screen`` (the tenant screen, replays, late retries), ``place`` (lanes,
 length-aware placement, pools), ``judge`` (the pool's verdict: the
@@ -28,7 +31,7 @@ Python object per request beyond the answer's lists.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -48,14 +51,24 @@ from fastpath import Reason
 
 _OK = int(Reason.OK)
 _BACKPRESSURE = int(Reason.BACKPRESSURE)
-_CAPACITY = np.array(sorted(CAPACITY_REASONS), dtype=np.int64)
+
+
+def _reason_table(reasons: Iterable[int]) -> npt.NDArray[np.bool_]:
+    """A set of reasons as a table indexed by reason: ``table[reason]`` is one
+    gather, where np.isin costs ~15 µs of set-up per call on a small batch."""
+    table = np.zeros(max(Reason) + 1, dtype=bool)
+    table[sorted(int(r) for r in reasons)] = True
+    return table
+
+
+_CAPACITY = _reason_table(CAPACITY_REASONS)
 _CONCURRENCY = int(Reason.CONCURRENCY)
 _OPEN_RESERVATIONS = int(Reason.OPEN_RESERVATIONS)
 # reason -> whether retrying may cure it (answers' ``retryable`` column)
 RETRYABLE = np.array([r != _OK and r not in NOT_RETRYABLE for r in range(max(Reason) + 1)])
 # What a fail-open lane's request may borrow past (Decider.borrows).
-_BORROWABLE = np.array(sorted((int(Reason.TOKEN_RATE), int(Reason.MAX_TOKENS))), dtype=np.int64)
-_SHARED = np.array(sorted(SHARED_REASONS), dtype=np.int64)
+_BORROWABLE = _reason_table((Reason.TOKEN_RATE, Reason.MAX_TOKENS))
+_SHARED = _reason_table(SHARED_REASONS)
 # Per-tenant matrix columns.
 _T_TKEY, _T_SLOT, _T_EARLY, _T_SHADOW, _T_LONG = range(5)
 # Per-pair matrix columns: the verdict and the lane's facts.
@@ -79,6 +92,7 @@ class BatchDecision:
     t_lane: list[str]
     tmat: npt.NDArray[np.int64]
     tix: list[int]
+    tix_a: npt.NDArray[np.intp]  # the same, an array (to index arrays with)
     per: npt.NDArray[np.int64]
     tkeys: npt.NDArray[np.int64]
     replayed: dict[int, tuple[int, ...]]
@@ -104,6 +118,7 @@ class BatchDecision:
     ok_tenant: npt.NDArray[np.bool_]
     pressed: npt.NDArray[np.bool_]
     any_pressed: bool
+    any_capped: bool  # some pair's verdict caps the output (degradation)
     to_fast: npt.NDArray[np.bool_]
     # gate
     gate_refused: npt.NDArray[np.bool_] | None
@@ -113,6 +128,7 @@ class BatchDecision:
     # conclude
     rows: npt.NDArray[np.int64]
     admitted: npt.NDArray[np.bool_]
+    all_admitted: bool
     released_pools: set[int]  # pools whose admissions conclude released
 
     def __init__(
@@ -158,10 +174,12 @@ class BatchDecision:
         )  # fmt: skip
         if len(order) == 1:
             self.tix = [0] * n
+            self.tix_a = np.zeros(n, dtype=np.intp)
         else:
             index = {t: j for j, t in enumerate(order)}
-            self.tix = [index[t] for t in self.tenant_ids]
-        self.per = per = tmat[self.tix]  # (n, _T_FIELDS)
+            self.tix = list(map(index.__getitem__, self.tenant_ids))
+            self.tix_a = np.array(self.tix, dtype=np.intp)
+        self.per = per = tmat[self.tix_a]  # (n, _T_FIELDS)
         self.tkeys = np.ascontiguousarray(per[:, _T_TKEY])
         self.replayed = log.replay_rows(self.tkeys, self.tenant_ids, self.request_ids, self.now)
         self.slots = per[:, _T_SLOT]
@@ -192,7 +210,7 @@ class BatchDecision:
         if len(lanes) <= 1:  # a lane per tenant: pairs per tenant
             given = lanes[0] if lanes else ""
             t_pair = [pair_of(e, given or ln) for e, ln in zip(t_entry, self.t_lane, strict=True)]
-            pair = np.array(t_pair, dtype=np.intp)[tix]
+            pair = np.array(t_pair, dtype=np.intp)[self.tix_a]
         else:
             combos: dict[tuple[int, str], int] = {}
             pair_l: list[int] = []
@@ -235,7 +253,10 @@ class BatchDecision:
         (shadow entries are only marked)."""
         d, now, pair_keys, names = self.d, self.now, self.pair_keys, self.log.names
         seen = self.pair[self.is_fresh] if self.replayed else self.pair
-        fresh_pairs = [pair_keys[k] for k in dict.fromkeys(seen.tolist())]
+        if len(pair_keys) == 1:  # the common batch: one lane, one pool
+            fresh_pairs = pair_keys if seen.size else []
+        else:
+            fresh_pairs = [pair_keys[k] for k in dict.fromkeys(seen.tolist())]
         if not fresh_pairs:
             # only replays: the batch still reports its pool's pressure now,
             # from the first replay's recorded lane and pool
@@ -253,8 +274,10 @@ class BatchDecision:
         lane_cfg = self.tenants.lanes
         model_id = names.id(self.model)
         pmat_rows = []
-        self.templates = templates = np.zeros((3 * len(pair_keys), R.FIELDS), dtype=np.int64)
-        for k, (ln, p) in enumerate(pair_keys):
+        # three template rows per pair, built as lists and made one array
+        # (a dozen slice assignments per pair cost more than the batch's rows)
+        trows: list[list[int]] = []
+        for ln, p in pair_keys:
             v = verdict_of[ln, p]
             price = prices[p]
             pmat_rows.append(
@@ -263,26 +286,30 @@ class BatchDecision:
                     ln in lane_cfg and lane_cfg[ln].fail_open,
                 )
             )  # fmt: skip
-            t = templates[3 * k : 3 * k + 3]
-            t[:, R.STATE] = R.REJECTED
-            t[:, R.LANE] = names.id(ln)
-            t[:, R.DECIDED_NS] = now
-            t[:, R.ARRIVED_NS] = now
-            t[:, R.MULTIPLIER] = _ONE_BITS
-            t[:, R.ACTUAL] = -1
-            t[:2, R.SCORE_PPM] = v.score_ppm
-            t[:2, R.FRESHNESS] = v.freshness
-            t[2, R.FRESHNESS] = UNKNOWN
-            t[0, R.STATE] = R.OPEN
-            t[0, R.POOL] = names.id(p)
-            t[0, R.MODEL] = model_id
-            t[0, R.MULTIPLIER] = float_bits(price.multiplier)
-            t[0, R.WINDOW] = price.window_id
-            t[0, R.DEGRADED_CAP] = v.degraded_cap
+            refused = [0] * R.FIELDS
+            refused[R.STATE] = R.REJECTED
+            refused[R.LANE] = names.id(ln)
+            refused[R.DECIDED_NS] = refused[R.ARRIVED_NS] = now
+            refused[R.MULTIPLIER] = _ONE_BITS
+            refused[R.ACTUAL] = -1
+            unasked = refused.copy()  # refused before any pool was asked
+            unasked[R.FRESHNESS] = UNKNOWN
+            refused[R.SCORE_PPM] = v.score_ppm
+            refused[R.FRESHNESS] = v.freshness
+            admitted = refused.copy()
+            admitted[R.STATE] = R.OPEN
+            admitted[R.POOL] = names.id(p)
+            admitted[R.MODEL] = model_id
+            admitted[R.MULTIPLIER] = float_bits(price.multiplier)
+            admitted[R.WINDOW] = price.window_id
+            admitted[R.DEGRADED_CAP] = v.degraded_cap
+            trows += (admitted, refused, unasked)
+        self.templates = np.array(trows, dtype=np.int64)
         self.pv = pv = np.array(pmat_rows, dtype=np.int64)[self.pair]  # (n, _P_FIELDS)
         self.ok_tenant = ok_tenant = self.is_fresh & (self.early == _OK)
         v_cap = pv[:, _P_CAP]
-        if v_cap.any():
+        self.any_capped = bool(v_cap.any())
+        if self.any_capped:
             self.maxt = np.where(ok_tenant & (v_cap > 0) & (self.maxt > v_cap), v_cap, self.maxt)
         pressed = ok_tenant & (pv[:, _P_REASON] != _OK)
         if self.any_shadow:
@@ -311,7 +338,8 @@ class BatchDecision:
         if fail_open.any() and not fail_open.all():  # a mix: those first
             gated = gated[np.argsort(1 - fail_open, kind="stable")]
         pool_ix = pv[:, _P_POOL]
-        for k in dict.fromkeys(pool_ix[gated].tolist()):
+        ks = [0] if len(pools) == 1 else dict.fromkeys(pool_ix[gated].tolist())
+        for k in ks:
             mine = gated if len(pools) == 1 else gated[pool_ix[gated] == k]
             first = pv[mine, _P_FAIL_OPEN].astype(bool).tolist()
             fits = gate.plan(pools[k], self.now, self.prompt[mine].tolist(), first)
@@ -345,7 +373,7 @@ class BatchDecision:
         # (Decider.borrows): the entries the gate let through, one by one;
         # nothing to look at when the fast path admitted all it was given.
         if fast_ok < np.count_nonzero(to_fast):
-            borrowers = to_fast & np.isin(reason, _BORROWABLE) & (self.pv[:, _P_FAIL_OPEN] != 0)
+            borrowers = to_fast & _BORROWABLE[reason] & (self.pv[:, _P_FAIL_OPEN] != 0)
             if self.any_shadow:
                 borrowers &= ~self.shadow
             for i in np.flatnonzero(borrowers).tolist():
@@ -368,10 +396,10 @@ class BatchDecision:
             offsets = np.array(
                 [(0, 0) if e is None else d.tenant_wide(e, 0, 0) for e in t_entry],
                 dtype=np.int64,
-            )[self.tix]
+            )[self.tix_a]
             for col, off in ((hour, offsets[:, 0]), (day, offsets[:, 1])):
                 col[:] = np.where(decided & (col >= 0), np.maximum(0, col + off), col)
-        for i in np.flatnonzero(decided & np.isin(reason, _SHARED)).tolist():
+        for i in np.flatnonzero(decided & _SHARED[reason]).tolist():
             entry = t_entry[self.tix[i]]
             assert entry is not None  # decided by the fast path: a known tenant
             reason[i], retry[i] = d.explain(
@@ -402,6 +430,7 @@ class BatchDecision:
         self.admitted = admitted = to_fast & (reason == _OK)
         self.release_before_refusals()
         na = int(np.count_nonzero(admitted))
+        self.all_admitted = na == n  # (so no replay either: a replay is never admitted anew)
         rid0 = self.d.take_reservation_ids(na)
         templates, pair, prompt = self.templates, self.pair, self.prompt
         if na == n:

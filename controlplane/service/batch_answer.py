@@ -18,14 +18,17 @@ def count_demand(b: BatchDecision, stats: AdmissionStats) -> None:
     refused for capacity; a recognised retry was counted at its first
     attempt: service/demand.py), added per pool in one go."""
     reason = b.rows[:, R.REASON]
-    asked = b.is_fresh & ((reason == _OK) | np.isin(reason, _CAPACITY))
+    asked = b.is_fresh & ((reason == _OK) | _CAPACITY[reason])
     if b.retries is not None:
         again = [*b.retries.late, *b.retries.first]
         asked[again] = False
     if not asked.any():
         return
-    pool_ix = b.pv[asked, _P_POOL]
     prompts = b.prompt[asked]
+    if len(b.pools) == 1:  # the common batch: every entry on one pool
+        stats.demand.add(b.pools[0], b.now, int(prompts.sum()), len(prompts))
+        return
+    pool_ix = b.pv[asked, _P_POOL]
     for k in dict.fromkeys(pool_ix.tolist()):
         mine = pool_ix == k
         stats.demand.add(b.pools[k], b.now, int(prompts[mine].sum()), int(mine.sum()))
@@ -39,7 +42,8 @@ def store(b: BatchDecision, stats: AdmissionStats) -> BatchResult:
         pv, pools = b.pv, b.pools
         adm = np.flatnonzero(admitted)
         pool_ix = pv[:, _P_POOL]
-        for k in dict.fromkeys(pool_ix[adm].tolist()):
+        ks = [0] if len(pools) == 1 else dict.fromkeys(pool_ix[adm].tolist())
+        for k in ks:
             if k in b.released_pools:
                 continue  # released in order before its refusals (conclude)
             mine = adm if len(pools) == 1 else adm[pool_ix[adm] == k]
@@ -54,14 +58,16 @@ def store(b: BatchDecision, stats: AdmissionStats) -> BatchResult:
     count_demand(b, stats)
     # Degradation instructions go with an admission (as a unary answer's):
     # a refusal says the pool's state in its pressure, not in instructions.
-    degraded = rows[:, R.DEGRADED_CAP] > 0
+    # (none when no verdict caps and no replay brings a cap of its own)
+    plain = b.all_admitted
+    degraded = None if plain and not b.any_capped else rows[:, R.DEGRADED_CAP] > 0
     # Entries of one batch may resolve to different pools: the batch-level
     # multiplier is the first fresh entry's (each admission's record, which
     # the ledger bills, locks its own pool's).
     first = b.prices.get(b.batch_pools[0]) if b.batch_pools else None
     result = d.columns(
         rows, b.is_fresh, degraded, b.verdicts,
-        first.multiplier if first is not None else 1.0,
+        first.multiplier if first is not None else 1.0, plain=plain,
     )  # fmt: skip
     # each admission's token, replays included (Outcomes.answer's rule)
     result.admission_token = d.signer.sign_rows(

@@ -49,6 +49,6 @@ class Rules(Protocol):
 
     def columns(
         self, rows: npt.NDArray[np.int64], is_fresh: npt.NDArray[np.bool_],
-        degraded: npt.NDArray[np.bool_], verdicts: dict[tuple[str, str], Verdict],
-        multiplier: float,
+        degraded: npt.NDArray[np.bool_] | None, verdicts: dict[tuple[str, str], Verdict],
+        multiplier: float, *, plain: bool = False,
     ) -> BatchResult: ...  # fmt: skip

@@ -278,8 +278,9 @@ class Deadlines:
         from their first attempt for a refused retry (keys and attempts as
         in :meth:`batch_retries`); a replayed answer changes nothing."""
         tenants = self._tenants
-        for i, reason in enumerate(reasons):
-            if not reason or duplicate[i]:
+        # the refused entries found in one pass over the column, not in Python
+        for i in np.flatnonzero(np.asarray(reasons)).tolist():
+            if duplicate[i]:
                 continue
             entry = tenants.resolve(tenant_ids[i])
             if entry is None or not entry.config.enabled:

@@ -414,11 +414,17 @@ class Decider:
         self,
         rows: npt.NDArray[np.int64],
         is_fresh: npt.NDArray[np.bool_],
-        degraded: npt.NDArray[np.bool_],
+        degraded: npt.NDArray[np.bool_] | None,
         verdicts: dict[tuple[str, str], Verdict],
         multiplier: float,
+        *,
+        plain: bool = False,
     ) -> BatchResult:
+        """The answer's columns from the batch's rows. ``degraded`` None: no
+        entry is; ``plain``: every entry is a fresh admission (the columns
+        that then hold one value are made without numpy)."""
         policy = self.tenants.policy
+        n = len(rows)
         cols = rows[:, _ANSWER_COLS].T  # one copy, one row per answer column
         reason = cols[0]
         cols[1] = -(-cols[1] // NS_PER_MS)  # retry_after in whole ms, rounded up
@@ -428,7 +434,7 @@ class Decider:
         caps = [v.degraded_cap for v in verdicts.values() if v.degraded_cap]
         some = next(iter(verdicts.values()), None)
         return BatchResult(
-            decision=_DECISION[reason].tolist(),
+            decision=[_ADMIT] * n if plain else _DECISION[reason].tolist(),
             reason=reason_l,
             retry_after_ms=retry_ms,
             reserved_tokens=reserved,
@@ -437,10 +443,13 @@ class Decider:
             bucket_remaining=bucket,
             hourly_remaining=hour,
             daily_remaining=day,
-            duplicate=(~is_fresh).tolist(),
+            duplicate=[False] * n if plain else (~is_fresh).tolist(),
             shadow_reason=shadow_l,
-            degraded=degraded.tolist(),
-            retryable=(RETRYABLE[reason] & ((rows[:, R.SHED] & R.LATE_BIT) == 0)).tolist(),
+            degraded=[False] * n if degraded is None else degraded.tolist(),
+            # an admission is not retryable
+            retryable=[False] * n
+            if plain
+            else (RETRYABLE[reason] & ((rows[:, R.SHED] & R.LATE_BIT) == 0)).tolist(),
             pricing_multiplier=multiplier,
             # Per-tenant fallback models are only in unary answers: one batch
             # mixes tenants, and the instructions here are the pool's.
