@@ -78,7 +78,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         5,
     ),
     Benchmark("bench_sdk", (), "The Python SDK: micro-batched vs unary", 2),
-    Benchmark("bench_sidecar", ("--seconds", "20"), "The HTTP sidecar in front of an engine", 3),
+    Benchmark(
+        "bench_sidecar",
+        ("--rate", "1000", "--stream", "--seconds", "20"),
+        "The HTTP sidecar in front of an engine",
+        3,
+    ),
     Benchmark("bench_envoy", (), "Envoy's rate-limit service (RLS) door", 1),
     Benchmark(
         "bench_envoy_forward", (), "Envoy RLS through a replica that does not own the pool", 1
