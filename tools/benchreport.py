@@ -48,6 +48,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 OUT = ROOT / "BENCHMARKS.md"
+# Where the time goes for the targets missed: written by hand from the
+# profiles (a profile is not a table a script can print), pasted in as it is.
+ANALYSIS = ROOT / "bench" / "where-the-time-goes.md"
 SUMMARY_ENV = "BURSTGATE_BENCH_SUMMARY"
 TIMEOUT_S = 3600.0
 BEGIN = "<!-- bench:{name} -->"
@@ -296,6 +299,15 @@ def render(sections: list[Section], when: str) -> str:
         *targets_table(sections),
         "",
     ]
+    if ANALYSIS.exists():
+        parts += [
+            "## Where the time goes",
+            "",
+            f"(`{ANALYSIS.relative_to(ROOT)}`)",
+            "",
+            ANALYSIS.read_text(encoding="utf-8").rstrip("\n"),
+            "",
+        ]
     for s in sections:
         parts += [
             BEGIN.format(name=s.name),

@@ -102,6 +102,7 @@ def test_regenerates_sections_and_targets(fake_bench: Path) -> None:
     ]
     assert "| broken row |" in text
     assert re.search(r"load average before [\d.]+ \(1 min\)", text)
+    assert "## Where the time goes" in text  # the profiles' page, pasted in
 
 
 def test_only_keeps_the_other_sections(fake_bench: Path) -> None:
