@@ -112,7 +112,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         3,
     ),
     Benchmark(
-        "bench_autoscale", ("--duration", "10800"), "Autoscaling signals in the simulator's loop", 4
+        "bench_autoscale",
+        ("--duration", "3600", "--seeds", "0"),
+        "Autoscaling signals in the simulator's loop (one seed, one hour)",
+        3,
     ),
     Benchmark("bench_db_outage", (), "Admission through a database outage", 1),
     Benchmark(
@@ -160,6 +163,23 @@ def machine_lines() -> list[str]:
         f"{platform.system()} {platform.release()}",
         f"- Python {platform.python_version()} ({platform.python_implementation()})",
     ]
+
+
+def revision() -> str:
+    """The commit measured, with a mark when the tree differs from it (the
+    regenerated file itself aside)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+            check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", ":!BENCHMARKS.md"], cwd=ROOT,
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "an unknown revision"
+    return f"`{head}`" + (" with uncommitted changes" if dirty else "")
 
 
 def demote(text: str, levels: int = 2) -> str:
@@ -210,7 +230,8 @@ def run_one(b: Benchmark, python: str) -> Section:
     head = [
         f"## {b.title} (`{b.script}`)",
         "",
-        f"`{shown}` — {stamp}, {took / 60:.1f} min; load average before {load_before}, "
+        f"`{shown}` — {stamp}, at {revision()}, {took / 60:.1f} min; load average before "
+        f"{load_before}, "
         f"after {load_average()}.",
         "",
     ]
