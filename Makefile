@@ -36,12 +36,11 @@ test: install-test pg-up lint
 
 ## Every benchmark in bench/ at a tiny size: a benchmark that no longer runs
 ## fails here (tests/integration/test_benchmarks_run.py). make test runs these
-## too. Alone, on four workers whatever the cores, one benchmark each at a
-## time (--dist load): most of a tiny run is waiting (processes starting,
-## fixed-rate load, fault timers), which four overlap on two cores.
-BENCH_SMOKE_WORKERS ?= 4
+## too. About 4.4 CPU-minutes in all (ha_acceptance, litellm and the soak the
+## most), so on 2 cores it takes 2.5-3.5 minutes alone; four workers were
+## measured slower than two (3 min 32 s), so it runs on one per core.
 bench-smoke: install-test pg-up
-	$(BIN)/python -m pytest -n $(BENCH_SMOKE_WORKERS) --dist load -m bench_smoke
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m bench_smoke
 
 # Installs take exact, hash-checked versions from the locks (pip refuses a
 # file whose hash is not in the lock), then, without dependencies, the client
