@@ -112,7 +112,9 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
     held: dict[str, Admission] = {}
 
     async def run() -> tuple[int, list[str], float]:
-        async with AsyncAdmissionClient(f"{a.direct},{b.direct}", deadline_s=SLOW_OK) as sdk:
+        async with AsyncAdmissionClient(
+            f"{a.direct},{b.direct}", deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as sdk:
             # a 0.9 cache-miss rate in one pricing window: 1.2 in the next
             warm = await sdk.admit("acme", "warm", prompt_tokens=1, max_tokens=1, pool=pool)
             assert warm.admitted and warm.pricing_multiplier == "1.000000"
@@ -127,8 +129,12 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
                 return bool(quote.multiplier == 1.2)
 
             await asyncio.to_thread(wait_until, next_window, message="the next pricing window")
-            opened = [await sdk.admit("acme", f"open-{i}", prompt_tokens=PROMPT,
-                                      max_tokens=MAX_TOKENS, pool=pool) for i in range(OPEN)]
+            opened = [
+                await sdk.admit(
+                    "acme", f"open-{i}", prompt_tokens=PROMPT, max_tokens=MAX_TOKENS, pool=pool
+                )
+                for i in range(OPEN)
+            ]
             assert all(o.admitted and not o.offline for o in opened)
             locked = {o.pricing_multiplier for o in opened}
             assert locked == {"1.200000"}, locked
@@ -138,7 +144,9 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
             # The pool's traffic goes on: this sidecar's and another one's
             # (which holds nothing open: only the gate's hold protects its
             # Admits from being released before the re-announce is counted).
-            async with AsyncAdmissionClient(b.direct, deadline_s=SLOW_OK) as other:
+            async with AsyncAdmissionClient(
+                b.direct, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+            ) as other:
                 mine = keep_admitting(sdk, pool, "mine", 5)
                 theirs = keep_admitting(other, pool, "theirs", NEW)
                 news = [*await mine, *await theirs]
@@ -194,3 +202,56 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (err.value.details() or "").startswith("reservations[1].reserved_tokens: ")
     assert bsrv.on_loop(lambda: svc.views.record("acme", "bad-0")) is None
+
+
+def test_a_complete_that_overtakes_the_hand_over_is_refunded_at_the_locked_multiplier(
+    pair: tuple[Plane, Plane, str],
+) -> None:
+    """No Admit for the pool after the crash, so nothing re-announced the
+    open reservation before its Complete reached the new owner, which
+    answers NOT_FOUND: the SDK hands that reservation over and sends the
+    Complete again, refunded at A's 1.2, not booked as offline at B's 1.0."""
+    a, b, pool = pair
+    assert a.srv is not None and b.srv is not None
+    asrv, bsrv = a.srv, b.srv
+
+    async def run() -> None:
+        async with AsyncAdmissionClient(
+            f"{a.direct},{b.direct}", deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as sdk:
+            warm = await sdk.admit("acme", "warm", prompt_tokens=1, max_tokens=1, pool=pool)
+            assert warm.admitted
+            await sdk.complete("acme", "warm", prompt_tokens=1, generated_tokens=1,
+                               kv_cache_miss_rate=0.9)  # fmt: skip
+            asvc = asrv.plane.service
+
+            def next_window() -> bool:
+                quote = asrv.on_loop(lambda: asvc.pricing.quote(pool, "", asvc.clock()))
+                return bool(quote.multiplier == 1.2)
+
+            await asyncio.to_thread(wait_until, next_window, message="the next pricing window")
+            held = await sdk.admit("acme", "held", prompt_tokens=PROMPT, max_tokens=MAX_TOKENS,
+                                   pool=pool)  # fmt: skip
+            assert held.admitted and held.pricing_multiplier == "1.200000"
+            asrv._run(asrv.plane.ownership.crash())
+            await asyncio.to_thread(a.stop)
+            # B claims the cell once A's lease has run out (as an Admit would)
+            await asyncio.to_thread(
+                wait_until, lambda: bsrv._run(bsrv.plane.ownership.route(pool)) is None,
+                message="B to take the pool's cell over",
+            )  # fmt: skip
+            assert sdk.counters.reannounced == 0
+            done = await sdk.complete("acme", "held", prompt_tokens=PROMPT, generated_tokens=USED)
+            assert done.delivered and not done.duplicate, done
+            assert done.pricing_multiplier == "1.200000", done
+            assert sdk.counters.reannounce_restored == 1
+            assert sdk.open_admissions == 0
+
+    asyncio.run(run())
+    svc = bsrv.plane.service
+    assert bsrv.on_loop(lambda: svc.stats.restored_total) == 1
+    assert bsrv.on_loop(lambda: svc.views.gate_inflight(pool)) == 0
+    [row] = ledger_rows(b.url, "request_id = 'held'")
+    assert row.pricing_multiplier == Decimal("1.200000")
+    assert row.reserved_tokens == PROMPT + MAX_TOKENS  # its reservation, not an offline booking
+    assert row.output_tokens == USED

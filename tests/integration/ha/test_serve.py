@@ -63,8 +63,10 @@ def trio(ha_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[
         )
 
     wait_until(settled, message="the cells to spread over the three replicas")
-    wait_until(lambda: no_takeover_holds(planes),
-               message="the takeover holds of the handed-off cells to end")
+    wait_until(
+        lambda: no_takeover_holds(planes),
+        message="the takeover holds of the handed-off cells to end",
+    )
 
     def has_share(p: Plane, tenant_id: str) -> bool:
         assert p.srv is not None
@@ -169,7 +171,9 @@ def test_the_unary_client_follows_a_redirect_and_bills_once(trio: list[Plane]) -
 def test_the_sdk_follows_redirects_on_its_stream_and_bills_once(trio: list[Plane]) -> None:
     async def run() -> None:
         seeds = ",".join(p.direct for p in trio)
-        async with AsyncAdmissionClient(seeds, deadline_s=SLOW_OK) as sdk:
+        async with AsyncAdmissionClient(
+            seeds, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as sdk:
             for i, pool in enumerate(POOLS):
                 a = await sdk.admit("acme", f"sdk-{i}", prompt_tokens=10, max_tokens=10,
                                     pool=pool)  # fmt: skip
@@ -236,7 +240,9 @@ def handoff(trio: list[Plane], gone: Plane, how: str) -> tuple[float, dict[str, 
 def test_a_drain_hands_off_at_once_and_the_sdk_keeps_admitting(trio: list[Plane]) -> None:
     async def run() -> tuple[float, int]:
         seeds = ",".join(p.direct for p in trio)
-        async with AsyncAdmissionClient(seeds, deadline_s=SLOW_OK) as sdk:
+        async with AsyncAdmissionClient(
+            seeds, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as sdk:
             for pool in POOLS:  # learn every owner first
                 assert (await sdk.admit("acme", f"pre-{pool}", prompt_tokens=1, max_tokens=1,
                                         pool=pool)).admitted  # fmt: skip
@@ -264,7 +270,9 @@ def test_a_crash_is_taken_over_after_the_ttl_and_a_late_complete_is_billed_once(
 
     async def run() -> float:
         seeds = ",".join(p.direct for p in live)
-        async with AsyncAdmissionClient(seeds, deadline_s=SLOW_OK) as sdk:
+        async with AsyncAdmissionClient(
+            seeds, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as sdk:
             a = await sdk.admit("acme", "late-1", prompt_tokens=10, max_tokens=10, pool=pool)
             assert a.admitted and not a.offline
             took, new = await asyncio.to_thread(handoff, live, victim, "crash")
@@ -290,5 +298,3 @@ def test_a_crash_is_taken_over_after_the_ttl_and_a_late_complete_is_billed_once(
             lambda: cp.metering.windows.rebuilt_under(pool)) == lease  # fmt: skip
 
     wait_until(rebuilt, message="the new owner's takeover rebuild")
-
-

@@ -18,7 +18,9 @@ from tests.integration.sdk.conftest import SLOW_OK, Plane, tenant
 
 def test_admit_complete_round_trip(plane: Plane) -> None:
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             a = await c.admit("acme", "r1", prompt_tokens=100, max_tokens=50, lane="premium")
             assert a.admitted and not a.offline and a.reason == ""
             assert a.reservation_id > 0 and a.granted_max_tokens == 50
@@ -37,7 +39,9 @@ def test_concurrent_admits_coalesce_into_few_batches(plane: Plane) -> None:
     n = 2000
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, batch_max=256) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, batch_max=256
+        ) as c:
             got = await asyncio.gather(
                 *(c.admit("acme", f"r{i}", prompt_tokens=10, max_tokens=10) for i in range(n))
             )
@@ -54,7 +58,9 @@ def test_concurrent_admits_coalesce_into_few_batches(plane: Plane) -> None:
 
 def test_the_same_request_in_flight_twice_is_asked_once(plane: Plane) -> None:
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             a, b = await asyncio.gather(
                 c.admit("acme", "same", prompt_tokens=10, max_tokens=10),
                 c.admit("acme", "same", prompt_tokens=10, max_tokens=10),
@@ -67,7 +73,9 @@ def test_the_same_request_in_flight_twice_is_asked_once(plane: Plane) -> None:
 
 def test_refusals_are_answers(plane: Plane) -> None:
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             unknown = await c.admit("nobody", "r", prompt_tokens=1, max_tokens=1)
             assert not unknown.admitted and unknown.reason == "unknown_tenant"
             assert not unknown.retryable and not unknown.offline
@@ -79,7 +87,9 @@ def test_quota_exhausted_is_flagged(plane_factory: Any) -> None:
     p: Plane = plane_factory(tenant("q", hourly_quota=100))
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             assert (await c.admit("q", "a", prompt_tokens=60, max_tokens=0)).admitted
             b = await c.admit("q", "b", prompt_tokens=60, max_tokens=0)
             assert b.reason == "hourly_quota" and b.quota_exhausted and b.retry_after_ms > 0
@@ -91,7 +101,7 @@ def test_sync_client_from_many_threads(plane: Plane) -> None:
     threads, per_thread = 16, 50
     results: list[Any] = []
     lock = threading.Lock()
-    with AdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
+    with AdmissionClient(plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK) as c:
 
         def work(t: int) -> None:
             for i in range(per_thread):
@@ -112,7 +122,7 @@ def test_sync_client_from_many_threads(plane: Plane) -> None:
 
 
 def test_bad_arguments_raise_value_error_naming_them(plane: Plane) -> None:
-    with AdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
+    with AdmissionClient(plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK) as c:
         with pytest.raises(ValueError, match=r"^prompt_tokens: must be >= 0"):
             c.admit("acme", "r", prompt_tokens=-1, max_tokens=1)
         with pytest.raises(ValueError, match=r"^deadline_s: must be > 0"):
@@ -131,7 +141,9 @@ def test_an_unknown_lane_fails_its_caller_alone(plane: Plane) -> None:
     the lane goes unary for a while so it does not break the next stream."""
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, batch_window_s=0.01) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, batch_window_s=0.01
+        ) as c:
             got = await asyncio.gather(
                 *(
                     c.admit("acme", f"r{i}", prompt_tokens=1, max_tokens=1,
@@ -155,7 +167,9 @@ def test_an_unknown_lane_fails_its_caller_alone(plane: Plane) -> None:
 
 def test_report_load(plane: Plane) -> None:
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             report = pb.LoadReport(pool="p", engine_id="e1", max_batch_tokens=8192, queue_depth=3)
             ack = await c.report_load(report)
             assert ack is not None and ack.pool == "p" and ack.engines_reporting == 1
@@ -169,7 +183,9 @@ def test_auth_errors_reach_the_caller(plane_factory: Any) -> None:
     p: Plane = plane_factory(admission_auth=True)
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK, api_key="bg_wrong") as c:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, api_key="bg_wrong"
+        ) as c:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.admit("acme", "r", prompt_tokens=1, max_tokens=1)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -195,7 +211,9 @@ def test_the_api_key_comes_from_the_environment(
     monkeypatch.setenv("BURSTGATE_API_KEY", key)
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             assert (await c.admit("acme", "r", prompt_tokens=1, max_tokens=1)).admitted
             # a tenant outside the key's scope: the server's answer, raised
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -209,7 +227,9 @@ def test_limits_cached_for_their_ttl(plane_factory: Any) -> None:
     p: Plane = plane_factory(tenant("acme", burst_tokens=10_000, hourly_quota=50_000))
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK, limits_ttl_s=600) as c:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, limits_ttl_s=600
+        ) as c:
             first = await c.limits("acme")
             assert first is not None and first.tenant_id == "acme"
             assert (first.burst_tokens, first.hourly_quota, first.daily_quota) == (
@@ -221,7 +241,9 @@ def test_limits_cached_for_their_ttl(plane_factory: Any) -> None:
             assert (await c.admit("acme", "r", prompt_tokens=1000, max_tokens=0)).admitted
             assert await c.limits("acme") == first  # from the cache: the admission not seen
             assert await c.limits("nobody") is None
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK, limits_ttl_s=0) as fresh:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, limits_ttl_s=0
+        ) as fresh:
             now = await fresh.limits("acme")
             assert now is not None and now.hourly_remaining == 49_000 and now.inflight_requests == 1
 
@@ -238,7 +260,9 @@ def test_backoff_retries_a_retryable_refusal_until_admitted(plane_factory: Any) 
     )
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             assert (await c.admit("slow", "a", prompt_tokens=1000, max_tokens=0)).admitted
             refused = await c.admit("slow", "b", prompt_tokens=500, max_tokens=0)
             assert refused.reason == "token_rate" and refused.retryable

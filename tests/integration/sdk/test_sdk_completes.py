@@ -44,7 +44,9 @@ def test_buffered_while_down_delivered_exactly_once(plane: Plane) -> None:
     proxy = plane.proxy
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             await admit_all(c)
             proxy.cut()
             assert await complete_all(c) == [False] * N
@@ -75,14 +77,18 @@ def test_spool_file_survives_a_restart_and_redelivery_bills_nothing(
     spool = tmp_path / "sdk" / "completes.jsonl"
 
     async def first() -> None:
-        c = AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, spool_path=spool)
+        c = AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, spool_path=spool
+        )
         await admit_all(c)
         proxy.cut()
         await complete_all(c)
         await c.aclose(flush_timeout_s=0.1)  # still down: they stay in the file
 
     async def deliver(path: Path) -> int:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, spool_path=path) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, spool_path=path
+        ) as c:
             assert c.pending_completions == N  # reloaded
             await c.flush(20)
             assert c.pending_completions == 0
@@ -102,7 +108,9 @@ def test_a_full_spool_refuses_loudly(plane: Plane, caplog: pytest.LogCaptureFixt
     proxy = plane.proxy
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, spool_max=3) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, spool_max=3
+        ) as c:
             await admit_all(c, 4)
             proxy.cut()
             assert await complete_all(c, 3) == [False] * 3

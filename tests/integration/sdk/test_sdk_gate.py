@@ -45,7 +45,9 @@ def test_the_server_answers_queue_timeout_within_the_deadline(plane_factory: Any
     p = gated(plane_factory)
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             await hold_slot(c)
             a = await c.admit("g", "next", prompt_tokens=10, max_tokens=10, deadline_s=1.0)
             assert not a.admitted and a.reason == "queue_timeout" and not a.offline
@@ -89,7 +91,9 @@ def test_a_late_release_is_settled_not_leaked(plane_factory: Any) -> None:
     proxy, srv = p.proxy, p.srv
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             await hold_slot(c)
             waiting = asyncio.create_task(
                 c.admit("g", "next", prompt_tokens=1, max_tokens=1, deadline_s=1.0)
@@ -114,7 +118,9 @@ def test_without_waiting_in_the_gate_the_refusal_comes_at_once(plane_factory: An
     p = gated(plane_factory)
 
     async def run() -> None:
-        async with AsyncAdmissionClient(p.target, deadline_s=SLOW_OK, wait_in_gate=False) as c:
+        async with AsyncAdmissionClient(
+            p.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, wait_in_gate=False
+        ) as c:
             await hold_slot(c)
             a = await c.admit("g", "next", prompt_tokens=1, max_tokens=1, lane="batch")
             assert not a.admitted and a.reason == "concurrency" and a.retryable

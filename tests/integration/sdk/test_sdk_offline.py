@@ -20,7 +20,7 @@ def test_fail_open_admissions_are_booked_when_delivered(plane: Plane) -> None:
 
     async def run() -> None:
         async with AsyncAdmissionClient(
-            plane.target, deadline_s=SLOW_OK, fail_policy=FailPolicy.OPEN
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, fail_policy=FailPolicy.OPEN
         ) as c:
             proxy.cut()
             for i in range(3):
@@ -51,7 +51,9 @@ def test_reservations_lost_to_a_restart_are_still_billed(plane: Plane) -> None:
     a direct one (answered NOT_FOUND, then sent with ``offline``) are booked."""
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             got = await asyncio.gather(
                 *(c.admit("acme", f"r{i}", prompt_tokens=50, max_tokens=50) for i in range(4))
             )

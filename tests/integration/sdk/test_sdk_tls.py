@@ -34,7 +34,9 @@ def test_admit_and_complete_over_mtls(sqlite_url: str, pki: Path) -> None:  # no
     tls = TlsFiles(pki / "ca.pem", pki / "client.pem", pki / "client.key")
 
     async def run() -> None:
-        async with AsyncAdmissionClient(srv.target, api_key=key, tls=tls, deadline_s=SLOW_OK) as c:
+        async with AsyncAdmissionClient(
+            srv.target, api_key=key, tls=tls, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK
+        ) as c:
             a = await c.admit("acme", "r", prompt_tokens=1, max_tokens=1)
             assert a.admitted and not a.offline
             assert (await c.complete("acme", "r", prompt_tokens=1, generated_tokens=1)).delivered

@@ -24,7 +24,9 @@ def test_cut_per_lane_policy_fail_fast_and_back(plane: Plane) -> None:
     proxy = plane.proxy
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, fail_policy=POLICY) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, fail_policy=POLICY
+        ) as c:
             assert (await c.admit("acme", "warm", prompt_tokens=1, max_tokens=1)).admitted
             proxy.cut()
             closed = await c.admit("acme", "s1", prompt_tokens=10, max_tokens=64)
@@ -59,7 +61,9 @@ def test_silence_costs_a_deadline_then_fails_fast(plane: Plane) -> None:
     proxy = plane.proxy
 
     async def run() -> None:
-        async with AsyncAdmissionClient(plane.target, deadline_s=SLOW_OK, fail_policy=POLICY) as c:
+        async with AsyncAdmissionClient(
+            plane.target, deadline_s=SLOW_OK, connect_timeout_s=SLOW_OK, fail_policy=POLICY
+        ) as c:
             assert (await c.admit("acme", "warm", prompt_tokens=1, max_tokens=1)).admitted
             proxy.hang()
             got = await asyncio.gather(

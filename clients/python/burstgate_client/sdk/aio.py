@@ -29,7 +29,9 @@ most ``MAX_HOPS`` resends; a replica that is unreachable is skipped for
 another one that is up. A Complete goes to the replica that admitted the
 request (with its pool, when the caller named one, so a replica that is not
 the owner redirects it); one that never saw the reservation answers
-NOT_FOUND, and the resend with ``offline`` books it once (replica.py).
+NOT_FOUND: the reservation is re-announced to it first (a Complete can
+overtake the hand-over), and only if it does not take it does the resend
+with ``offline`` book it once (replicas.py).
 Before a call for a pool goes to a replica other than the one holding the
 pool's open admissions (its owner changed), they are re-announced to it
 (reannounce.py), so the new owner counts them and refunds their Completes.
@@ -363,9 +365,11 @@ class AsyncAdmissionClient:
         if adm is not None and adm.pool:  # the owner of its pool settles it (docs/ha.md)
             req.pool = adm.pool
         prefer = adm.address if adm is not None else ""
+        restoring = adm is not None and bool(adm.admission_token)
         while self._replicas.any_up.up:
+            via: list[str] = []  # the replicas it was sent to, in order
             try:
-                return completion_of_response(await self._send_complete(req, prefer))
+                return completion_of_response(await self._send_complete(req, prefer, via))
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -375,6 +379,16 @@ class AsyncAdmissionClient:
                     and adm is not None
                     and not req.HasField("offline")
                 ):
+                    # A new owner that has not been handed the reservation yet
+                    # (its Complete overtook the re-announce): hand it over,
+                    # once, and send the Complete again there: refunded at
+                    # the multiplier locked at admission.
+                    if restoring and via:
+                        restoring = False
+                        key = (req.tenant_id, req.request_id)
+                        if await self._reannouncer.restore(key, adm, via[-1]):
+                            prefer = via[-1]
+                            continue
                     _attach_offline(req, adm)  # the server forgot it: book what ran
                     continue
                 if not (code in TRANSPORT_CODES or offline_refused(exc, req)):
@@ -392,9 +406,13 @@ class AsyncAdmissionClient:
         return buffered_completion(req.request_id, duplicate=not added)
 
     async def _send_complete(
-        self, req: pb.CompleteRequest, prefer: str = ""
+        self, req: pb.CompleteRequest, prefer: str = "", via: list[str] | None = None
     ) -> pb.CompleteResponse:
+        """``via`` (when given) gets the address of each replica tried."""
+
         async def send(r: Replica) -> pb.CompleteResponse:
+            if via is not None:
+                via.append(r.address)
             resp: pb.CompleteResponse = await r.stub.Complete(
                 req, timeout=self.complete_deadline_s, metadata=self._meta
             )

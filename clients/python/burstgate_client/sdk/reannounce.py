@@ -189,6 +189,19 @@ class Reannouncer:
             async with asyncio.timeout(max(0.0, budget_s)):
                 await asyncio.shield(task)
 
+    async def restore(self, key: Key, a: Admitted, address: str) -> bool:
+        """Re-announce one admission to ``address``, which has just answered
+        its Complete NOT_FOUND: the Complete overtook the hand-over (a
+        background chase, or no Admit for the pool since the owner changed).
+        True when ``address`` took it (RESTORED, or KNOWN): the Complete sent
+        again is then refunded at the multiplier locked at admission, not
+        booked as offline at the new owner's current one."""
+        if not a.admission_token or address in self._unsupported or key not in self._open.items:
+            return False
+        taken: set[Key] = set()
+        await self._call(address, [(key, a)], taken)  # NOT_OWNER: not followed here,
+        return key in taken  # the Complete's own routing follows the owner named
+
     async def _run(self, route: str, address: str) -> None:
         await self._pass(route, address)
         if route not in self._chasing and self._stuck(route, address):
@@ -227,9 +240,10 @@ class Reannouncer:
                     await self._call(owner, part[at : at + CHUNK])
 
     async def _call(
-        self, address: str, part: list[tuple[Key, Admitted]]
+        self, address: str, part: list[tuple[Key, Admitted]], taken: set[Key] | None = None
     ) -> dict[str, list[tuple[Key, Admitted]]]:
-        """One Reannounce; the entries answered NOT_OWNER, by the owner named."""
+        """One Reannounce; the entries answered NOT_OWNER, by the owner named
+        (and into ``taken``, the keys ``address`` took)."""
         req = pb.ReannounceRequest(reservations=[entry_of(k, a) for k, a in part])
         try:
             res = await self._send(address, req)
@@ -254,5 +268,7 @@ class Reannouncer:
                 continue
             if outcome in _TAKEN:
                 self._counters.reannounce_restored += outcome == pb.REANNOUNCE_OUTCOME_RESTORED
+                if taken is not None:
+                    taken.add(key)
             self._open.move(key, address)  # its Complete goes there now
         return onward

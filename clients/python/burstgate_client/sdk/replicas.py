@@ -49,7 +49,11 @@ class AnyUp:
 
     @property
     def up(self) -> bool:
-        return any(r.breaker.up for r in self._replicas.all())
+        # A seed not met yet counts as up, as a new breaker starts: with the
+        # first replica down, a Complete must try the next seed, not go
+        # straight to the spool.
+        replicas = self._replicas
+        return any(r.breaker.up for r in replicas.all()) or not replicas.seeds_met()
 
     def on_up(self, fn: Callable[[], None]) -> None:
         self.listeners.append(fn)
@@ -84,6 +88,10 @@ class Replicas:
 
     def all(self) -> list[Replica]:
         return list(self._by_address.values())
+
+    def seeds_met(self) -> bool:
+        """Every seed address has its replica (channel, breaker) made."""
+        return all(a in self._by_address for a in self.seeds)
 
     def get(self, address: str) -> Replica:
         r = self._by_address.get(address)
