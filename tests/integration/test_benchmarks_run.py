@@ -177,14 +177,17 @@ BENCHMARKS = (
         r"^\| admit_batch 1000, 4 tenants \| [\d,]+ \| [\d,]+ \| [\d.]+x \|$",
     ), part=1),
     # ---------------------------------------------------------------- part 2
+    # One kill only: the SIGSTOP, link cut and SIGTERM go through the same
+    # Faults code in tests/integration/ha/test_acceptance.py, which asserts
+    # on them; each costs this tiny run ~10 s of CI.
     Bench("ha_acceptance", (
         "--ttl", "1", "--margin", "0.25", "--rate", "300", "--single", "1", "--steady", "1",
-        "--warmup", "1", "--config-changes", "1", "--kills", "1", "--stops", "1", "--cuts", "1",
-        "--terms", "1", "--out", "{tmp}/ha",
+        "--warmup", "1", "--config-changes", "1", "--kills", "1", "--stops", "0", "--cuts", "0",
+        "--terms", "0", "--out", "{tmp}/ha",
     ), (
         # (it exits 1 when a figure that must be zero is not)
-        r"^\| cells decided by two owners at once \(1x kill -9, 1x SIGSTOP, 1x link cut, "
-        r"1x SIGTERM\) \| 0 \| 0 overlapping intervals of [1-9]",
+        r"^\| cells decided by two owners at once \(1x kill -9, 0x SIGSTOP, 0x link cut, "
+        r"0x SIGTERM\) \| 0 \| 0 overlapping intervals of [1-9]",
         r"^\| acknowledged Completes lost / duplicated \| 0 / 0 \| 0 / 0 of [1-9]",
         r"^\| config change visible on all replicas \| .* \(1 changes\) \|$",
         r"^load: [1-9]\d* Admits sent",
