@@ -336,3 +336,38 @@ def test_the_healthcheck_names_a_bad_flag(built: Built) -> None:
     )  # fmt: skip
     assert bad.returncode == 2 and "--timeout" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_the_plane_wheel_carries_the_migrations_and_serves_the_demo(
+    built: Built, tmp_path: Path
+) -> None:
+    """What `pip install .` installs serves without the repository beside it:
+    the package, its compiled extensions, the demo config and the Alembic
+    migrations all come from the wheel (the plane venv has nothing else)."""
+    import signal
+    import zipfile
+
+    from burstgate_client.protoclient import ProtoClient, pb
+
+    (wheel,) = built.wheels.glob("burstgate-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "controlplane/_migrations/env.py" in names
+    assert any(n.startswith("controlplane/_migrations/versions/") for n in names)
+    assert any(n.startswith("fastpath/_buckets_c.") and n.endswith(".so") for n in names)
+    port = free_port()
+    demo = _Started(
+        [str(built.plane / "bin" / "burstgate"), "demo", "--port", str(port)],
+        {"BURSTGATE_DATABASE_URL": f"sqlite:///{tmp_path}/demo.db",
+         "BURSTGATE_METRICS_PORT": "-1", "BURSTGATE_LOG_FORMAT": "json"},
+        "burstgate listening",
+    )  # fmt: skip
+    try:
+        with ProtoClient(f"127.0.0.1:{port}") as c:
+            d = c.admit("acme", "r1", prompt_tokens=1200, max_tokens=400)
+            assert d.decision == pb.DECISION_ADMIT
+            s = c.complete("acme", "r1", prompt_tokens=1200, generated_tokens=100)
+            assert s.user_charge == "0.000750000"  # the demo's prices, from the wheel
+        demo.proc.send_signal(signal.SIGTERM)
+        assert demo.proc.wait(timeout=60) == 0, "".join(demo.lines)
+    finally:
+        demo.stop()
