@@ -25,6 +25,11 @@ The rule (docs/analysis.md, "The burst rule"), with ``t = min_seconds``:
    ``t`` seconds apart are one burst. It is *detected* at the second the run
    reaches ``t`` hot seconds: that is when a reactive system could know.
 
+In bins wider than a second (a coarse timestamp grid, grid.py) the rule's
+seconds become whole bins, rounded up; "second" above reads "bin". A burst
+whose edges lie closer than ``t`` is widened to ``t`` inside its hot windows:
+no burst is ever listed shorter than the rule's minimum.
+
 The same rule serves request rate and token rate (the two axes of load);
 ``unit`` is the size of one event on the series (1 for requests, mean tokens
 per request for tokens) and only enters the Poisson floor.
@@ -69,6 +74,15 @@ class BurstRule:
     def warmup_seconds(self) -> int:
         return min(self.baseline_seconds, MIN_WARMUP_SECONDS)
 
+    def in_bins(self, bin_seconds: int) -> tuple[int, int, int]:
+        """(min, baseline, warm-up) in bins of ``bin_seconds``, rounded up:
+        a burst is never shorter than ``min_seconds``."""
+
+        def up(seconds: int) -> int:
+            return -(-seconds // bin_seconds)
+
+        return up(self.min_seconds), max(2, up(self.baseline_seconds)), up(self.warmup_seconds)
+
 
 @dataclass(frozen=True, slots=True)
 class Baseline:
@@ -101,9 +115,13 @@ class BurstInterval:
         return self.end - self.start
 
 
-def compute_baseline(series: FloatArray, rule: BurstRule, unit: float = 1.0) -> Baseline:
+def compute_baseline(
+    series: FloatArray, rule: BurstRule, unit: float = 1.0, bin_seconds: int = 1
+) -> Baseline:
+    """The detector's state on a per-second rate counted in ``bin_seconds``
+    bins: the rule's seconds become whole bins (``BurstRule.in_bins``)."""
     n = series.size
-    m = rule.min_seconds
+    m, baseline_bins, warmup_bins = rule.in_bins(bin_seconds)
     smoothed = rolling_mean(series, m)
     # Rolling mean/std of s over the baseline window, centred on the global
     # mean first so the sum-of-squares trick does not cancel catastrophically.
@@ -114,17 +132,20 @@ def compute_baseline(series: FloatArray, rule: BurstRule, unit: float = 1.0) -> 
     # Baseline for second t ends at j = t - m: the windows before t's own.
     j = np.arange(n) - m
     hi = j + 1
-    lo = np.maximum(0, hi - rule.baseline_seconds)
+    lo = np.maximum(0, hi - baseline_bins)
     count = np.maximum(hi - lo, 0)
-    ready = (j >= 0) & (count >= rule.warmup_seconds)
+    ready = (j >= 0) & (count >= warmup_bins)
     safe_hi = np.where(ready, hi, 1)
     safe_lo = np.where(ready, lo, 0)
     safe_count = np.where(ready, count, 1).astype(np.float64)
     b_mean_c = (csum[safe_hi] - csum[safe_lo]) / safe_count
     b_var = np.maximum((csq[safe_hi] - csq[safe_lo]) / safe_count - b_mean_c * b_mean_c, 0.0)
     b_mean = b_mean_c + centre
-    poisson_rate = np.maximum(b_mean, unit / m)  # at least one event per window
-    floor = np.sqrt(unit * poisson_rate / m)
+    # A rate averaged over m bins is averaged over `window` seconds: its
+    # Poisson variance is unit * rate / window.
+    window = m * bin_seconds
+    poisson_rate = np.maximum(b_mean, unit / window)  # at least one event per window
+    floor = np.sqrt(unit * poisson_rate / window)
     sigma = np.maximum(np.sqrt(b_var), floor)
     threshold = b_mean + rule.k * sigma
     nan = np.full(n, np.nan)
@@ -168,27 +189,43 @@ def _extent(series: FloatArray, lo: int, first_hot: int, hi: int, cut: float) ->
     return first_hot - int(np.argmax(leftward)), first_hot + int(np.argmax(rightward)) + 1
 
 
+def _at_least(start: int, end: int, m: int, lo: int, hi: int) -> tuple[int, int]:
+    """``[start, end)`` widened to ``m`` bins if shorter, evenly on both sides,
+    within ``[lo, hi)`` (the hot windows' stretch, always at least ``m``
+    long): a burst the rule saw for ``m`` bins is never listed shorter, and
+    the widened part is where its ``m``-bin averages were hot."""
+    short = m - (end - start)
+    if short <= 0:
+        return start, end
+    start = max(lo, start - short // 2)
+    end = start + m
+    if end > hi:
+        end, start = hi, hi - m
+    return start, end
+
+
 def detect_bursts(
-    series: FloatArray, rule: BurstRule | None = None, unit: float = 1.0
+    series: FloatArray, rule: BurstRule | None = None, unit: float = 1.0, bin_seconds: int = 1
 ) -> list[BurstInterval]:
-    """Bursts on one per-second series under ``rule`` (see module docstring)."""
+    """Bursts on one per-second rate series (counted in bins of
+    ``bin_seconds``) under ``rule`` (see module docstring); every one at
+    least ``rule.min_seconds`` long."""
     rule = rule or BurstRule()
     if series.size == 0:
         return []
-    baseline = compute_baseline(series, rule, unit)
+    baseline = compute_baseline(series, rule, unit, bin_seconds)
     hot = hot_seconds(baseline)
     if not hot.any():
         return []
-    m = rule.min_seconds
+    m = rule.in_bins(bin_seconds)[0]
     # (start, end, first hot second, detected) per qualifying run.
     found: list[tuple[int, int, int, int]] = []
     for first_hot, end in runs(hot):
         if end - first_hot < m:
             continue
-        extent = _extent(
-            series, max(0, first_hot - m + 1), first_hot, end, float(baseline.threshold[first_hot])
-        )
-        item = (*extent, first_hot, first_hot + m - 1)
+        lo = max(0, first_hot - m + 1)
+        extent = _extent(series, lo, first_hot, end, float(baseline.threshold[first_hot]))
+        item = (*_at_least(*extent, m, lo, end), first_hot, first_hot + m - 1)
         if found and item[0] - found[-1][1] <= m:
             prev = found[-1]
             found[-1] = (prev[0], max(prev[1], item[1]), prev[2], prev[3])

@@ -13,10 +13,19 @@ and into the JSON ``input.findings``. Thresholds (docs/analysis.md):
   numbers as offsets.
 * **span_too_long** (refused even with ``--force``): more than
   ``MAX_SPAN_DAYS`` of one-second bins.
-* **zero_gaps** (fatal): at least ``MIN_GAPS`` gaps and more than
+* **zero_gaps** (warning): at least ``MIN_GAPS`` gaps and more than
   ``MAX_ZERO_GAP_SHARE`` of them exactly zero: the timestamps are too coarse
-  for the traffic, so inter-arrival figures would be wrong.
+  for the traffic, so inter-arrival figures describe the rounding. Rates are
+  still right: ``analyze`` counts them in bins of whole grid steps (grid.py).
+  Not fatal: a log in a recognised shape is analysed, its flaws reported.
+* **timestamp_grid** (warning): the timestamps sit on a grid that one-second
+  bins would cut unevenly (3 s, 1.5 s, 0.3 s): ``analyze`` bins at whole
+  steps of it.
 * **early_dates** (warning): dates before 2000, e.g. offsets exported as dates.
+
+A recognised preset (``--format`` or auto) whose time unit did not come from
+``--time-unit`` is never refused for its data: ``implausible_span`` is then
+a warning too (the preset says what the numbers are).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from controlplane.analysis.grid import describe_step, timestamp_grid_us
 from controlplane.analysis.logdata import Finding, RequestLog
 from controlplane.analysis.presets import COLUMN_ALIASES
 from controlplane.analysis.timeunits import (
@@ -95,19 +105,20 @@ def _span_findings(log: RequestLog, sorted_ts: np.ndarray) -> list[Finding]:
         fix = "per-second burst figures of traffic this sparse would measure noise"
     else:
         fix = "check the timestamps"
-    findings.append(Finding("implausible_span", f"{what}, implausible; {fix}", fatal=True))
+    findings.append(
+        Finding("implausible_span", f"{what}, implausible; {fix}", fatal=not _recognised(log))
+    )
     return findings
 
 
-def _resolution(sorted_ts: np.ndarray) -> str:
-    if not (sorted_ts % _US).any():
-        return "1-second"
-    if not (sorted_ts % 1_000).any():
-        return "1-millisecond"
-    return "sub-millisecond"
+def _recognised(log: RequestLog) -> bool:
+    """A preset recognised the shape, and the time unit is not the user's
+    (a --time-unit that makes the span implausible is a mistake to stop)."""
+    recognised = log.resolution is not None and log.resolution.preset is not None
+    return recognised and not (log.time is not None and log.time.explicit_unit)
 
 
-def _gap_findings(sorted_ts: np.ndarray) -> list[Finding]:
+def _gap_findings(sorted_ts: np.ndarray, grid_us: int) -> list[Finding]:
     if sorted_ts.size <= MIN_GAPS:
         return []
     share = float(np.count_nonzero(np.diff(sorted_ts) == 0)) / (sorted_ts.size - 1)
@@ -116,10 +127,25 @@ def _gap_findings(sorted_ts: np.ndarray) -> list[Finding]:
     return [
         Finding(
             "zero_gaps",
-            f"{share:.0%} of inter-arrival gaps are zero: the timestamps "
-            f"({_resolution(sorted_ts)} resolution) are too coarse for this traffic, so "
-            "inter-arrival figures would be wrong (per-second rates are still right)",
-            fatal=True,
+            f"{share:.0%} of inter-arrival gaps are zero: the timestamps ({describe_step(grid_us)} "
+            "steps) are too coarse for this traffic, so the inter-arrival figures (gap "
+            "percentiles, CV, KS distance) describe the rounding, not the traffic; rates are "
+            "counted in bins of whole steps and stay right",
+            fatal=False,
+        )
+    ]
+
+
+def _grid_findings(grid_us: int) -> list[Finding]:
+    if _US % grid_us == 0:  # one-second bins hold whole steps
+        return []
+    return [
+        Finding(
+            "timestamp_grid",
+            f"the timestamps sit on a {describe_step(grid_us)} grid, which one-second bins "
+            "would cut unevenly: analyze counts rates in bins of whole grid steps "
+            "(see --bin-seconds); plan and forecast count per second",
+            fatal=False,
         )
     ]
 
@@ -163,8 +189,10 @@ def check_log(log: RequestLog, *, needs_tokens: bool = True) -> list[Finding]:
     if len(log) >= 2:
         ts = log.ts_us
         sorted_ts = ts if bool((np.diff(ts) >= 0).all()) else np.sort(ts)
+        log.grid_us = timestamp_grid_us(sorted_ts)
         findings.extend(_span_findings(log, sorted_ts))
-        findings.extend(_gap_findings(sorted_ts))
+        findings.extend(_gap_findings(sorted_ts, log.grid_us))
+        findings.extend(_grid_findings(log.grid_us))
         if sorted_ts[0] < EARLY_US and log.time is not None and log.time.kind == "dates":
             findings.append(
                 Finding(

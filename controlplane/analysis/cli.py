@@ -118,8 +118,8 @@ ForceOpt = Annotated[
     bool,
     typer.Option(
         "--force",
-        help="Analyse even when the input checks fail (missing tokens, implausible span, "
-        "zero gaps); they are still reported.",
+        help="Analyse even when the input checks fail (missing tokens, implausible span); "
+        "they are still reported.",
         rich_help_panel=_INPUT,
     ),
 ]
@@ -212,6 +212,15 @@ def analyze_command(
     burst_k: KOpt = DEFAULT_K,
     burst_min_seconds: MinSecondsOpt = DEFAULT_MIN_SECONDS,
     baseline_seconds: BaselineOpt = DEFAULT_BASELINE_SECONDS,
+    bin_seconds: Annotated[
+        int,
+        typer.Option(
+            "--bin-seconds",
+            metavar="N",
+            help="Count rates in N-second bins (widened to whole steps of the timestamps' "
+            "grid when they sit on a coarser one, e.g. 3 s).",
+        ),
+    ] = 1,
     max_tenants: Annotated[
         int, typer.Option("--max-tenants", help="Tenants analysed one by one, largest first.")
     ] = DEFAULT_MAX_TENANTS,
@@ -228,6 +237,8 @@ def analyze_command(
 ) -> None:
     """Burst statistics of a request log: rates, inter-arrivals, lengths, incidents."""
     rule = _rule(burst_k, burst_min_seconds, baseline_seconds)
+    if bin_seconds < 1:
+        _fail(f"--bin-seconds must be a whole number of seconds, at least 1 (got {bin_seconds})")
     if max_tenants < 1:
         _fail("--max-tenants must be at least 1")
     if html is not None and (why := plotting_missing("--html")):
@@ -239,11 +250,15 @@ def analyze_command(
     options = input_options(
         log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
     )
-    params = AnalysisParams(rule=rule, per_tenant=per_tenant, max_tenants=max_tenants)
+    params = AnalysisParams(
+        rule=rule, per_tenant=per_tenant, max_tenants=max_tenants, bin_seconds=bin_seconds
+    )
     with Phases(_show_progress(log, no_progress)) as phases:
         request_log = load_log(log, on_bad_row, options, force, phases)
         with phases.steps("analysing") as step:
             analysis = analyze(request_log, params, progress=step)
+    if json_out and analysis.binning.widened:  # the text report says it on stdout
+        typer.echo(f"bins: {analysis.binning.note()}", err=True)
     if json_out:
         _emit_json(analysis_to_dict(analysis))
     else:

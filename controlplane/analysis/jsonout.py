@@ -41,8 +41,8 @@ def _burst(timeline: Timeline, burst: MergedBurst) -> dict[str, Any]:
     return {
         "start": _iso(timeline, burst.start),
         "end": _iso(timeline, burst.end),
-        "duration_s": burst.end - burst.start,
-        "detected_at": _iso(timeline, burst.detected_at + 1),  # end of the first hot second
+        "duration_s": (burst.end - burst.start) * timeline.bin_seconds,
+        "detected_at": _iso(timeline, burst.detected_at + 1),  # end of the hot run's last bin
         "axes": list(burst.axes),
     }
 
@@ -124,9 +124,11 @@ def analysis_to_dict(analysis: Analysis) -> dict[str, Any]:
         "span": {
             "start": None if timeline is None else _iso(timeline, 0),
             "end": None if timeline is None else format_timestamp_us(int(log.ts_us.max())),
-            "seconds": 0 if timeline is None else timeline.n_bins,
+            "seconds": 0 if timeline is None else timeline.seconds,
         },
+        "binning": analysis.binning.as_dict(),
         "parameters": {
+            "bin_seconds": analysis.binning.bin_seconds,
             "burst_k": rule.k,
             "burst_min_seconds": rule.min_seconds,
             "baseline_seconds": rule.baseline_seconds,

@@ -63,6 +63,7 @@ class RequestLog:
     time: TimeDecision | None = None
     column_names: list[str] = field(default_factory=list)  # all columns seen
     findings: list[Finding] = field(default_factory=list)  # set by checks.check_log
+    grid_us: int | None = None  # the timestamps' step (grid.py); set by checks.check_log
     forced: bool = False  # fatal findings were overridden with --force
 
     def __len__(self) -> int:
@@ -93,6 +94,7 @@ class RequestLog:
             "preset_source": None if preset is None else self.resolution.how,  # type: ignore[union-attr]
             "description": "" if self.resolution is None else self.resolution.describe(),
             "time": None if self.time is None else self.time.as_dict(),
+            "grid_s": None if self.grid_us is None else self.grid_us / 1_000_000,
             "findings": [f.as_dict() for f in self.findings],
             "forced": self.forced,
         }

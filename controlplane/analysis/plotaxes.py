@@ -52,22 +52,24 @@ def si_y(ax: Axes) -> None:
 
 @dataclass(frozen=True, slots=True)
 class TimeAxis:
-    """Maps seconds since the timeline's first bin to x values and labels the axis."""
+    """Maps bin indices of the timeline (fractional ones too) to x values and
+    labels the axis."""
 
     scale: TimeScale
     origin: float  # x of second 0
-    per_second: float  # x units per second
+    per_bin: float  # x units per bin
     label: str
 
     @classmethod
     def of(cls, scale: TimeScale) -> TimeAxis:
         t0_s = scale.timeline.t0_us / US_PER_S
+        width = scale.timeline.bin_seconds
         if not scale.relative:
             start = datetime.fromtimestamp(t0_s, tz=UTC)
             # matplotlib.dates is not annotated (hence the ignores in this module).
             origin = float(mdates.date2num(start))  # type: ignore[no-untyped-call]
-            return cls(scale, origin, 1.0 / SECONDS_PER_DAY, "time (UTC)")
-        span = scale.timeline.n_bins
+            return cls(scale, origin, width / SECONDS_PER_DAY, "time (UTC)")
+        span = scale.timeline.seconds
         seconds, unit = next(
             ((size, name) for limit, size, name in RELATIVE_UNITS if span <= limit),
             (SECONDS_PER_DAY, "days"),
@@ -75,16 +77,16 @@ class TimeAxis:
         return cls(
             scale,
             t0_s / seconds,
-            1.0 / seconds,
+            width / seconds,
             f"time since the log's zero ({unit}; the timestamps are relative)",
         )
 
-    def x(self, seconds: FloatArray) -> FloatArray:
-        result: FloatArray = self.origin + seconds * self.per_second
+    def x(self, bins: FloatArray) -> FloatArray:
+        result: FloatArray = self.origin + bins * self.per_bin
         return result
 
-    def at(self, second: float) -> float:
-        return self.origin + second * self.per_second
+    def at(self, index: float) -> float:
+        return self.origin + index * self.per_bin
 
     def apply(self, ax: Axes, label: bool = True) -> None:
         if self.scale.relative:

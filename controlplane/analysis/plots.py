@@ -340,7 +340,9 @@ def tenants_figure(analysis: Analysis) -> bytes | None:
     labels: list[str] = []
     other = np.zeros(buckets)
     for i, (name, rows) in enumerate(groups):
-        counts = np.bincount(timeline.bins(log.ts_us[rows]) // step, minlength=buckets) / step
+        counts = np.bincount(timeline.bins(log.ts_us[rows]) // step, minlength=buckets) / (
+            step * timeline.bin_seconds
+        )
         if i < TENANTS_PLOTTED:
             stacks.append(counts.astype(np.float64))
             labels.append(name or "(blank)")
@@ -356,7 +358,7 @@ def tenants_figure(analysis: Analysis) -> bytes | None:
     draw_bands(left, band_spans(analysis.incidents, axis, timeline.n_bins), numbers=False)
     axis.apply(left, label=False)
     left.set_xlabel(axis.label if axis.scale.relative else "time (UTC); red: bursts")
-    left.set_ylabel(f"requests/s ({step}-s mean)")
+    left.set_ylabel(f"requests/s ({step * timeline.bin_seconds}-s mean)")
     si_y(left)
     left.set_title("Request rate by tenant")
     left.legend(fontsize=7, loc="upper left")
@@ -377,9 +379,11 @@ def incident_figure(analysis: Analysis, incident: Incident) -> bytes:
     assert analysis.timeline is not None
     series: RateSeries = analysis.series
     scale = TimeScale.of(analysis.timeline)
-    lo = max(0, incident.start - INCIDENT_CONTEXT_S)
-    hi = min(series.requests.size, incident.end + INCIDENT_CONTEXT_S)
-    x = np.arange(lo, hi) - incident.start
+    width = analysis.timeline.bin_seconds
+    context = -(-INCIDENT_CONTEXT_S // width)  # in bins
+    lo = max(0, incident.start - context)
+    hi = min(series.requests.size, incident.end + context)
+    x = (np.arange(lo, hi) - incident.start) * width  # seconds from the burst's start
     panels = [("requests/s", series.requests, analysis.request_baseline, "#9ecae1")]
     if analysis.token_baseline is not None:
         panels.append(("tokens/s", series.tokens, analysis.token_baseline, "#fdd0a2"))
@@ -390,7 +394,11 @@ def incident_figure(analysis: Analysis, incident: Incident) -> bytes:
     for ax, (label, values, base, colour) in zip(axes, panels, strict=True):
         # stairs() is one artist; bar() would be one per second, 20x slower.
         ax.stairs(
-            values[lo:hi], np.append(x, x[-1] + 1) - 0.5, fill=True, color=colour, label=label
+            values[lo:hi],
+            np.append(x, x[-1] + width) - width / 2,
+            fill=True,
+            color=colour,
+            label=label,
         )
         ax.plot(x, base.smoothed[lo:hi], color="#08519c", lw=1.2, label=f"{window}-s average")
         ax.plot(x, base.mean[lo:hi], color="#252525", lw=1, label="baseline")
@@ -399,7 +407,7 @@ def incident_figure(analysis: Analysis, incident: Incident) -> bytes:
         )
         ax.axvspan(0, incident.duration_s, color=BURST_COLOUR, alpha=BAND_ALPHA, lw=0)
         ax.axvline(
-            incident.detected_at + 1 - incident.start,
+            (incident.detected_at + 1 - incident.start) * width,
             color=BURST_COLOUR,
             lw=1,
             ls=":",

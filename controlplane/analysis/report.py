@@ -17,11 +17,12 @@ from html import escape
 from pathlib import Path
 
 from controlplane.analysis import plots
+from controlplane.analysis.grid import describe_step
 from controlplane.analysis.jsonout import analysis_to_dict
 from controlplane.analysis.report_bursts import burst_table, incident_story, timeline_html
 from controlplane.analysis.stats import Distribution, SeriesStats
 from controlplane.analysis.summary import Analysis, EntitySummary, Incident
-from controlplane.analysis.terminal import CV_BURSTY, PEAK_TO_MEAN_LIMIT, num
+from controlplane.analysis.terminal import CV_BURSTY, PEAK_TO_MEAN_LIMIT, bin_words, num
 from controlplane.analysis.timescale import TimeScale
 
 # The most severe incidents (by excess requests) get a zoom plot each; the
@@ -237,7 +238,7 @@ def render_html(analysis: Analysis) -> str:
         "no requests"
         if scale is None or analysis.timeline is None
         else f"{scale.at(0)} to {scale.moment(int(log.ts_us.max()))} ({scale.zone}), "
-        f"{analysis.timeline.n_bins:,} one-second bins"
+        f"{analysis.timeline.n_bins:,} {bin_words(analysis.timeline.bin_seconds)}"
     )
     note = f'<p class="warn">{escape(scale.note())}</p>' if scale and scale.relative else ""
     header = (
@@ -273,7 +274,8 @@ def render_html(analysis: Analysis) -> str:
             _verdicts(overall)
             + _series_table(overall, "overall.")
             + f'<p>Burst incidents: <a href="#rates">{len(analysis.incidents)}</a>; '
-            f"{'tenant column present' if log.has_tenants else 'no tenant column'}.</p>",
+            f"{'tenant column present' if log.has_tenants else 'no tenant column'}.</p>"
+            + _findings_html(analysis, "summary"),
         )
     )
     parts.append(_rates_section(analysis, scale))
@@ -286,7 +288,8 @@ def render_html(analysis: Analysis) -> str:
         f"{ia.exponential_p99_s:.3f} s for Poisson arrivals at the same rate; "
         f'gap CV <span data-metric="overall.interarrival.cv">{num(ia.cv)}</span> (Poisson: 1); '
         f"Kolmogorov-Smirnov distance to the exponential {num(ia.ks_distance, 3)}; "
-        f"per-second count dispersion (variance/mean) {num(ia.count_dispersion)} (Poisson: 1).</p>"
+        f"count dispersion per {bin_words(analysis.binning.bin_seconds)[:-1]} (variance/mean) "
+        f"{num(ia.count_dispersion)} (Poisson: 1).</p>"
     )
     parts.append(
         _section(
@@ -396,6 +399,37 @@ def _rates_section(analysis: Analysis, scale: TimeScale) -> str:
     )
 
 
+def _notes(analysis: Analysis) -> list[tuple[str, str, str]]:
+    """(code, kind, message) of every input finding, and the binning note."""
+    log = analysis.log
+    notes = [
+        (f.code, "refused without --force; forced" if f.fatal else "warning", f.message)
+        for f in log.findings
+    ]
+    if analysis.binning.widened:
+        notes.append(("bins", "note", analysis.binning.note()))
+    return notes
+
+
+def _findings_html(analysis: Analysis, where: str) -> str:
+    """Every finding about the input, in the summary and in "Data quality"
+    (each ``data-finding``: a reader of the summary alone sees them all)."""
+    notes = _notes(analysis)
+    if not notes:
+        return '<p class="meta">Input checks: no findings.</p>' if where == "summary" else ""
+    items = "".join(
+        f'<li data-finding="{escape(code)}"><span class="warn">{escape(code)}</span> '
+        f"({escape(kind)}): {escape(message)}</li>"
+        for code, kind, message in notes
+    )
+    title = (
+        f'<p>Input findings ({len(notes)}; <a href="#data-quality">data quality</a>):</p>'
+        if where == "summary"
+        else f"<p>Input findings ({len(notes)}):</p>"
+    )
+    return f"{title}<ul>{items}</ul>"
+
+
 def _quality_html(analysis: Analysis) -> str:
     log = analysis.log
     items = [
@@ -409,15 +443,27 @@ def _quality_html(analysis: Analysis) -> str:
         )
         + ".</li>",
     ]
+    binning = analysis.binning
+    grid = (
+        f"the timestamps' grid: {describe_step(binning.grid_us)}"
+        if binning.grid_us > 1
+        else "no timestamp grid coarser than a microsecond"
+    )
+    items.append(
+        f"<li>Bins: {bin_words(binning.bin_seconds)} ({grid}; "
+        f"asked: {binning.requested_seconds:,} s).</li>"
+    )
     items += [f"<li>line {b.line}: {escape(b.reason)}</li>" for b in log.bad_rows]
-    return f"<ul>{''.join(items)}</ul>"
+    return f"<ul>{''.join(items)}</ul>" + _findings_html(analysis, "data-quality")
 
 
 def _method_html(analysis: Analysis) -> str:
     rule = analysis.params.rule
     return (
-        "<p>Per-second bins start at the first arrival. Standard deviations are population "
-        "figures; percentiles interpolate linearly. CV = std/mean of the per-second series; "
+        f"<p>{bin_words(analysis.binning.bin_seconds).capitalize()} start at the first "
+        "arrival (wider than a second only when the timestamps sit on a coarser grid, or "
+        "--bin-seconds asks; rates are per second either way). Standard deviations are "
+        "population figures; percentiles interpolate linearly. CV = std/mean of the series; "
         "peak-to-mean = max/mean. Windows are 10 minutes from the first arrival (the last may "
         "be shorter).</p>"
         f"<p>Bursts: s(t) is the mean rate over the {rule.min_seconds} seconds ending at t. "

@@ -70,7 +70,8 @@ def _axis_cells(peak: AxisPeak | None, key: str, triggered: bool) -> str:
     if peak is None:
         return "<td>-</td>" * 3
     return (
-        _cell(round(peak.peak), f"{key}.peak")  # whole requests or tokens in one second
+        # whole requests or tokens in one-second bins; a rate in wider ones
+        _cell(round(peak.peak) if peak.peak.is_integer() else peak.peak, f"{key}.peak")
         + _cell(peak.smoothed, f"{key}.smoothed", "trigger" if triggered else "")
         + _cell(peak.threshold, f"{key}.threshold")
     )
@@ -97,7 +98,11 @@ def burst_table(analysis: Analysis, scale: TimeScale) -> str:
         + '<th rowspan="2">excess requests</th>'
         + ('<th rowspan="2">excess tokens</th>' if tokens else "")
         + "</tr><tr>"
-        + f"<th>1-s peak</th><th>{window}-s mean</th><th>threshold</th>" * (2 if tokens else 1)
+        + (
+            f"<th>{analysis.binning.bin_seconds}-s peak</th><th>{window}-s mean</th>"
+            "<th>threshold</th>"
+        )
+        * (2 if tokens else 1)
         + "</tr>"
     )
     rows = []

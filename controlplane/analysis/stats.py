@@ -2,11 +2,14 @@
 
 Conventions (documented in docs/analysis.md):
 
-* Per-second bins are anchored at the first arrival: bin ``i`` covers
-  ``[t0 + i s, t0 + (i+1) s)``. Anchoring at the first request rather than at
-  wall-clock second boundaries makes the first bin a full second and the
-  figures independent of where the log happens to start within a second.
-  The log's span is ``n_bins = floor((t_last - t0) / 1 s) + 1`` seconds.
+* Bins are anchored at the first arrival: bin ``i`` covers
+  ``[t0 + i w, t0 + (i+1) w)`` with ``w`` one second, or a whole multiple of
+  the timestamps' grid when that is coarser (grid.py). Anchoring at the
+  first request rather than at wall-clock boundaries makes the first bin a
+  full one and the figures independent of where the log happens to start
+  within a second (and keeps bins on the grid). The log's span is
+  ``n_bins = floor((t_last - t0) / w) + 1`` bins. Every series is a rate
+  per second: the bin's count divided by its seconds.
 * Standard deviations are population (ddof=0) figures; percentiles use
   NumPy's default linear interpolation (Hyndman & Fan type 7).
 * Ratios whose denominator is zero are reported as ``None``, never inf/NaN.
@@ -33,41 +36,62 @@ LN_100 = math.log(100.0)
 
 @dataclass(frozen=True, slots=True)
 class Timeline:
-    """Per-second binning shared by every series of one log."""
+    """The bins shared by every series of one log: ``bin_us`` wide (one second
+    unless the timestamps' grid asks for more: grid.py), from the first arrival."""
 
     t0_us: int
     n_bins: int
+    bin_us: int = US_PER_S
+
+    @property
+    def bin_seconds(self) -> int:
+        return self.bin_us // US_PER_S
+
+    @property
+    def seconds(self) -> int:
+        """The span the bins cover."""
+        return self.n_bins * self.bin_seconds
 
     def bins(self, ts_us: IntArray) -> IntArray:
-        return (ts_us - self.t0_us) // US_PER_S
+        return (ts_us - self.t0_us) // self.bin_us
 
     def bin_start_us(self, index: int) -> int:
-        return self.t0_us + index * US_PER_S
+        return self.t0_us + index * self.bin_us
 
 
-def make_timeline(ts_us: IntArray) -> Timeline | None:
+def make_timeline(ts_us: IntArray, bin_us: int = US_PER_S) -> Timeline | None:
     if ts_us.size == 0:
         return None
     t0 = int(ts_us.min())
-    return Timeline(t0_us=t0, n_bins=int((int(ts_us.max()) - t0) // US_PER_S) + 1)
+    return Timeline(t0_us=t0, n_bins=int((int(ts_us.max()) - t0) // bin_us) + 1, bin_us=bin_us)
 
 
 def per_second(
     bins: IntArray, n_bins: int, weights: npt.NDArray[np.int64] | None = None
 ) -> FloatArray:
-    """Sum of ``weights`` (or count) per bin, as float64 of length ``n_bins``."""
+    """Sum of ``weights`` (or count) per bin, as float64 of length ``n_bins``
+    (a rate per second when the bins are one second wide; see ``rate``)."""
     if weights is None:
         return np.bincount(bins, minlength=n_bins).astype(np.float64)
     summed = np.bincount(bins, weights=weights.astype(np.float64), minlength=n_bins)
     return summed.astype(np.float64, copy=False)  # already float64; the stubs say intp
 
 
+def rate(
+    timeline: Timeline, ts_us: IntArray, weights: npt.NDArray[np.int64] | None = None
+) -> FloatArray:
+    """Per bin of ``timeline``: count (or sum of ``weights``) divided by the
+    bin's seconds, so every series is per second whatever the bin width."""
+    sums = per_second(timeline.bins(ts_us), timeline.n_bins, weights)
+    return sums if timeline.bin_us == US_PER_S else sums / timeline.bin_seconds
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesStats:
     """Statistics of a per-second rate series (requests/s or tokens/s)."""
 
-    seconds: int
-    total: float
+    seconds: int  # the span of the series (bins x bin width)
+    total: float  # the rate's integral: requests or tokens in all
     mean: float
     std: float
     p50: float
@@ -78,7 +102,8 @@ class SeriesStats:
     peak_to_mean: float | None  # max / mean; > 3 means do not plan from the mean
 
 
-def series_stats(values: FloatArray) -> SeriesStats | None:
+def series_stats(values: FloatArray, bin_seconds: int = 1) -> SeriesStats | None:
+    """Of a per-second rate counted in bins of ``bin_seconds``."""
     if values.size == 0:
         return None
     mean = float(values.mean())
@@ -86,8 +111,8 @@ def series_stats(values: FloatArray) -> SeriesStats | None:
     p50, p95, p99 = (float(q) for q in np.percentile(values, [50, 95, 99]))
     peak = float(values.max())
     return SeriesStats(
-        seconds=int(values.size),
-        total=float(values.sum()),
+        seconds=int(values.size) * bin_seconds,
+        total=float(values.sum()) * bin_seconds,
         mean=mean,
         std=std,
         p50=p50,
@@ -149,11 +174,11 @@ class InterArrivalStats:
     exponential_p99_s: float
     p99_vs_exponential: float | None
     ks_distance: float | None
-    count_dispersion: float | None  # var/mean of per-second counts
+    count_dispersion: float | None  # var/mean of the counts per bin
 
 
 def interarrival_stats(
-    sorted_ts_us: IntArray, counts_per_second: FloatArray
+    sorted_ts_us: IntArray, counts_per_bin: FloatArray
 ) -> InterArrivalStats | None:
     if sorted_ts_us.size < 2:
         return None
@@ -162,7 +187,7 @@ def interarrival_stats(
     std = float(gaps.std())
     p50, p99 = (float(q) for q in np.percentile(gaps, [50, 99]))
     exp_p99 = mean * LN_100
-    count_mean = float(counts_per_second.mean())
+    count_mean = float(counts_per_bin.mean())
     return InterArrivalStats(
         count=int(gaps.size),
         mean_s=mean,
@@ -174,7 +199,7 @@ def interarrival_stats(
         exponential_p99_s=exp_p99,
         p99_vs_exponential=p99 / exp_p99 if exp_p99 > 0 else None,
         ks_distance=ks_distance_exponential(gaps),
-        count_dispersion=(float(counts_per_second.var()) / count_mean if count_mean > 0 else None),
+        count_dispersion=(float(counts_per_bin.var()) / count_mean if count_mean > 0 else None),
     )
 
 
@@ -209,26 +234,29 @@ def window_stats(
     tokens: FloatArray | None,
     window_seconds: int = WINDOW_SECONDS,
 ) -> list[WindowStats]:
+    """Windows of ``window_seconds`` (rounded down to whole bins, at least one)."""
+    width = timeline.bin_seconds
+    step = max(1, window_seconds // width)
     out: list[WindowStats] = []
-    for index, start in enumerate(range(0, requests.size, window_seconds)):
-        stop = min(start + window_seconds, requests.size)
-        req = series_stats(requests[start:stop])
+    for index, start in enumerate(range(0, requests.size, step)):
+        stop = min(start + step, requests.size)
+        req = series_stats(requests[start:stop], width)
         assert req is not None  # start < size, so the slice is non-empty
         out.append(
             WindowStats(
                 index=index,
                 start_us=timeline.bin_start_us(start),
-                seconds=stop - start,
+                seconds=(stop - start) * width,
                 requests=round(req.total),
                 requests_per_s=req,
-                tokens_per_s=None if tokens is None else series_stats(tokens[start:stop]),
+                tokens_per_s=None if tokens is None else series_stats(tokens[start:stop], width),
             )
         )
     return out
 
 
 def rolling_mean(values: FloatArray, width: int) -> FloatArray:
-    """Trailing mean over ``width`` seconds (shorter at the start)."""
+    """Trailing mean over ``width`` bins (shorter at the start)."""
     csum = np.concatenate(([0.0], np.cumsum(values)))
     hi = np.arange(1, values.size + 1)
     lo = np.maximum(0, hi - width)

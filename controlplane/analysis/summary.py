@@ -15,6 +15,7 @@ from controlplane.analysis.bursts import (
     detect_bursts,
     merge_axes,
 )
+from controlplane.analysis.grid import Binning, choose_binning, timestamp_grid_us
 from controlplane.analysis.progress import StepCallback
 from controlplane.analysis.reader import RequestLog
 from controlplane.analysis.stats import (
@@ -29,7 +30,7 @@ from controlplane.analysis.stats import (
     distribution,
     interarrival_stats,
     make_timeline,
-    per_second,
+    rate,
     series_stats,
     window_stats,
 )
@@ -105,10 +106,11 @@ class Incident:
     queue_wait_ms: Distribution | None
     latency_ms: Distribution | None
     decisions: dict[str, int]
+    bin_seconds: int = 1  # the timeline's bins: start, end, detected_at count these
 
     @property
     def duration_s(self) -> int:
-        return self.end - self.start
+        return (self.end - self.start) * self.bin_seconds
 
     @property
     def excess_requests(self) -> float:
@@ -122,6 +124,7 @@ class AnalysisParams:
     per_tenant: bool = True
     max_tenants: int = DEFAULT_MAX_TENANTS
     window_seconds: int = WINDOW_SECONDS
+    bin_seconds: int = 1  # asked for; widened to whole steps of the timestamps' grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,7 @@ class Analysis:
     log: RequestLog
     params: AnalysisParams
     timeline: Timeline | None
+    binning: Binning
     series: RateSeries | None
     request_baseline: Baseline | None
     token_baseline: Baseline | None
@@ -145,12 +149,16 @@ def _label_counts(codes: npt.NDArray[np.int32], names: list[str]) -> dict[str, i
 
 
 def _detect_both_axes(
-    series: RateSeries, rule: BurstRule, tokens_per_request: float, with_tokens: bool
+    series: RateSeries,
+    rule: BurstRule,
+    tokens_per_request: float,
+    with_tokens: bool,
+    bin_seconds: int,
 ) -> list[MergedBurst]:
-    by_axis = {"requests": detect_bursts(series.requests, rule, unit=1.0)}
+    by_axis = {"requests": detect_bursts(series.requests, rule, 1.0, bin_seconds)}
     if with_tokens and tokens_per_request > 0:
-        by_axis["tokens"] = detect_bursts(series.tokens, rule, unit=tokens_per_request)
-    return merge_axes(by_axis, gap=rule.min_seconds)
+        by_axis["tokens"] = detect_bursts(series.tokens, rule, tokens_per_request, bin_seconds)
+    return merge_axes(by_axis, gap=rule.in_bins(bin_seconds)[0])
 
 
 def summarise_entity(
@@ -163,25 +171,25 @@ def summarise_entity(
     """Figures for ``rows`` (indices into the log's columns, or a slice: a
     slice selects views, so the whole log is summarised without copies)."""
     ts = log.ts_us[rows]
-    bins = timeline.bins(ts)
     prompt = log.prompt_tokens[rows]
     output = log.output_tokens[rows]
     series = RateSeries(
-        requests=per_second(bins, timeline.n_bins),
-        prompt_tokens=per_second(bins, timeline.n_bins, prompt),
-        output_tokens=per_second(bins, timeline.n_bins, output),
+        requests=rate(timeline, ts),
+        prompt_tokens=rate(timeline, ts, prompt),
+        output_tokens=rate(timeline, ts, output),
     )
+    width = timeline.bin_seconds
     has_tokens = log.has_tokens
     count = int(ts.size)
     tokens_per_request = float((prompt + output).mean()) if count else 0.0
     summary = EntitySummary(
         tenant=tenant,
         requests=count,
-        requests_per_s=series_stats(series.requests),
-        prompt_tokens_per_s=series_stats(series.prompt_tokens) if has_tokens else None,
-        output_tokens_per_s=series_stats(series.output_tokens) if has_tokens else None,
-        tokens_per_s=series_stats(series.tokens) if has_tokens else None,
-        interarrival=interarrival_stats(np.sort(ts), series.requests),
+        requests_per_s=series_stats(series.requests, width),
+        prompt_tokens_per_s=series_stats(series.prompt_tokens, width) if has_tokens else None,
+        output_tokens_per_s=series_stats(series.output_tokens, width) if has_tokens else None,
+        tokens_per_s=series_stats(series.tokens, width) if has_tokens else None,
+        interarrival=interarrival_stats(np.sort(ts), series.requests * width),
         prompt_tokens=distribution(prompt) if has_tokens else None,
         output_tokens=distribution(output) if has_tokens else None,
         queue_wait_ms=distribution(log.queue_wait_ms[rows]),
@@ -193,7 +201,7 @@ def summarise_entity(
         windows=window_stats(
             timeline, series.requests, series.tokens if has_tokens else None, params.window_seconds
         ),
-        bursts=_detect_both_axes(series, params.rule, tokens_per_request, has_tokens),
+        bursts=_detect_both_axes(series, params.rule, tokens_per_request, has_tokens, width),
     )
     return summary, series
 
@@ -230,12 +238,14 @@ def analyze(
     """``progress(label, done, total)`` is called as each entity is summarised."""
     params = params or AnalysisParams()
     step = progress or _no_progress
-    timeline = make_timeline(log.ts_us)
+    binning = binning_of(log, params.bin_seconds)
+    timeline = make_timeline(log.ts_us, binning.bin_us)
     if timeline is None:
         return Analysis(
             log=log,
             params=params,
             timeline=None,
+            binning=binning,
             series=None,
             request_baseline=None,
             token_baseline=None,
@@ -249,10 +259,11 @@ def analyze(
     total_steps = 2 + (tenant_count if log.has_tenants else 0)
     step("overall", 0, total_steps)
     overall, series = summarise_entity(log, slice(None), timeline, params, None)
-    tokens_per_request = float(series.tokens.sum()) / len(log)
-    request_baseline = compute_baseline(series.requests, params.rule, 1.0)
+    width = timeline.bin_seconds
+    tokens_per_request = float(series.tokens.sum()) * width / len(log)
+    request_baseline = compute_baseline(series.requests, params.rule, 1.0, width)
     token_baseline = (
-        compute_baseline(series.tokens, params.rule, tokens_per_request)
+        compute_baseline(series.tokens, params.rule, tokens_per_request, width)
         if log.has_tokens and tokens_per_request > 0
         else None
     )
@@ -264,6 +275,7 @@ def analyze(
         log=log,
         params=params,
         timeline=timeline,
+        binning=binning,
         series=series,
         request_baseline=request_baseline,
         token_baseline=token_baseline,
@@ -273,6 +285,16 @@ def analyze(
         incidents=incidents,
         out_of_order_rows=int(np.count_nonzero(np.diff(log.ts_us) < 0)),
     )
+
+
+def binning_of(log: RequestLog, requested_seconds: int = 1) -> Binning:
+    """The bins for ``log``: ``requested_seconds`` widened to whole steps of
+    its timestamps' grid (checks.py finds the grid; found here when unset)."""
+    grid = log.grid_us
+    if grid is None:
+        ts = log.ts_us
+        grid = timestamp_grid_us(ts if bool((np.diff(ts) >= 0).all()) else np.sort(ts))
+    return choose_binning(grid, requested_seconds)
 
 
 def tenant_rows(log: RequestLog) -> list[tuple[str, IntArray]]:
@@ -329,6 +351,7 @@ def _incidents(
         rows = order[lo:hi]
         req = series.requests[burst.start : burst.end]
         tok = series.tokens[burst.start : burst.end]
+        width = timeline.bin_seconds
         out.append(
             Incident(
                 number=number,
@@ -351,6 +374,7 @@ def _incidents(
                 decisions=_label_counts(log.decision_codes[rows], log.decision_names)
                 if log.has_decisions
                 else {},
+                bin_seconds=width,
             )
         )
     return out

@@ -50,6 +50,11 @@ def when(ts_us: int) -> str:
     return format_timestamp_us(ts_us)[:19] + "Z"
 
 
+def bin_words(bin_seconds: int) -> str:
+    """``one-second bins``, ``3-second bins``."""
+    return "one-second bins" if bin_seconds == 1 else f"{bin_seconds:,}-second bins"
+
+
 def _series_row(label: str, s: SeriesStats | None) -> str:
     if s is None:
         return f"  {label:<18}{DASH:>9}"
@@ -177,8 +182,10 @@ def analysis_text(analysis: Analysis) -> str:
     out.append(
         f"span: {when(timeline.t0_us)} to {when(int(log.ts_us.max()))}"
         + (" since the log's zero" if is_relative(timeline.t0_us) else "")
-        + f" ({timeline.n_bins:,} one-second bins from the first arrival)"
+        + f" ({timeline.n_bins:,} {bin_words(timeline.bin_seconds)} from the first arrival)"
     )
+    if analysis.binning.widened:
+        out.append(f"bins: {analysis.binning.note()}")
     out.append("")
     out.extend(entity_lines(analysis.overall, "Overall"))
     out.append("")

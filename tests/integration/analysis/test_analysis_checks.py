@@ -108,17 +108,19 @@ def test_early_dates_warn(app: typer.Typer, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- gaps
 
 
-def test_mostly_zero_gaps_refused(app: typer.Typer, tmp_path: Path) -> None:
-    """Timestamps in whole milliseconds for 3,000 requests in the same 2 s."""
+def test_mostly_zero_gaps_warn_and_are_analysed(app: typer.Typer, tmp_path: Path) -> None:
+    """Timestamps on a 2-ms grid, 3,000 requests in 2 s: the gaps are mostly
+    zero, which the report says, but the log is analysed (never refused)."""
     rows = [(1_700_000_000_000 + (i // 3) * 2, 1, 1) for i in range(3000)]
     path = write_csv(tmp_path / "ms.csv", ("ts", "prompt_tokens", "output_tokens"), rows)
-    code, _, err = run(app, "analyze", str(path))
-    (line,) = errors(err)
-    assert code == 2
-    assert line.startswith("error: 67% of inter-arrival gaps are zero: the timestamps (1-milli")
-    code, out, err = run(app, "analyze", str(path), "--force", "--json")
-    assert code == 0 and "warning (--force): 67% of inter-arrival gaps are zero" in err
-    assert json.loads(out)["input"]["findings"][0]["code"] == "zero_gaps"
+    code, out, err = run(app, "analyze", str(path), "--json")
+    assert code == 0 and not errors(err)
+    assert "warning: 67% of inter-arrival gaps are zero: the timestamps (2 ms steps)" in err
+    doc = json.loads(out)
+    (finding,) = doc["input"]["findings"]
+    assert (finding["code"], finding["fatal"]) == ("zero_gaps", False)
+    assert doc["input"]["forced"] is False
+    assert doc["input"]["grid_s"] == 0.002 and doc["binning"]["bin_seconds"] == 1
 
 
 def test_clean_log_has_no_findings_and_no_progress_noise(app: typer.Typer, tmp_path: Path) -> None:

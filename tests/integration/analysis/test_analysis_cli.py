@@ -63,6 +63,7 @@ def test_analyze_json_schema(app: typer.Typer, tenant_log: Path) -> None:
         "columns",
         "rows",
         "span",
+        "binning",
         "parameters",
         "overall",
         "tenants",
@@ -70,6 +71,7 @@ def test_analyze_json_schema(app: typer.Typer, tenant_log: Path) -> None:
         "incidents",
     }
     assert doc["parameters"] == {
+        "bin_seconds": 1,
         "burst_k": 3.0,
         "burst_min_seconds": 5,
         "baseline_seconds": 300,

@@ -151,14 +151,15 @@ def test_burstgpt_preset_reads_integer_seconds(tmp_path: Path) -> None:
 
 
 def test_openai_responses_one_second_resolution(app: typer.Typer, tmp_path: Path) -> None:
-    """``created`` is whole seconds: at 5 req/s most gaps are 0 -> refused unless forced."""
+    """``created`` is whole seconds: at 5 req/s most gaps are 0, which is
+    reported; a recognised format is analysed all the same (1-s bins hold
+    whole seconds)."""
     created = 1_733_000_000
     rows = [openai_response(created + i // 5, 100 + i, 7, user=f"u{i % 2}") for i in range(600)]
     path = write_jsonl(tmp_path / "responses.jsonl", rows)
-    code, _, err = run(app, "analyze", str(path))
-    assert code == 2
-    assert "80% of inter-arrival gaps are zero" in err and "1-second resolution" in err
-    doc, err = analyze_json(app, str(path), "--force")
+    doc, err = analyze_json(app, str(path))
+    assert "warning: 80% of inter-arrival gaps are zero" in err and "(1 s steps)" in err
+    assert doc["input"]["findings"][0]["fatal"] is False and doc["binning"]["bin_seconds"] == 1
     assert doc["input"]["preset"] == "openai" and doc["input"]["time"]["unit"] == "s"
     assert doc["input"]["time"]["kind"] == "epoch" and doc["span"]["seconds"] == 120
     assert doc["overall"]["rates"]["requests_per_s"]["mean"] == 5.0

@@ -111,16 +111,19 @@ class EngineThread:
 
 
 class LiteLLMProxy:
-    """``litellm --config config.yaml`` in ``workdir``, until ``stop``."""
+    """``litellm --config config.yaml`` in ``workdir``, until ``stop``;
+    ``config`` is the file's text, or the path of a file used as it is."""
 
-    def __init__(self, workdir: Path, config: str, env: dict[str, str]) -> None:
-        (workdir / "config.yaml").write_text(config)
+    def __init__(self, workdir: Path, config: str | Path, env: dict[str, str]) -> None:
+        if isinstance(config, str):
+            (workdir / "config.yaml").write_text(config)
+            config = Path("config.yaml")
         self.port = free_port()
         self.log_path = workdir / "litellm.log"
         litellm = Path(sys.executable).with_name("litellm")
         with self.log_path.open("wb") as out:  # the child has its own copy of the fd
             self.p = subprocess.Popen(
-                [str(litellm), "--config", "config.yaml", "--host", "127.0.0.1",
+                [str(litellm), "--config", str(config), "--host", "127.0.0.1",
                  "--port", str(self.port)],
                 cwd=workdir, env={**os.environ, **OFFLINE_ENV, **env}, stdout=out,
                 stderr=subprocess.STDOUT,
