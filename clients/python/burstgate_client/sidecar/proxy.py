@@ -158,9 +158,7 @@ class Proxy:
         finally:
             self._log(request, ticket, status or ticket.upstream_status)
 
-    async def _serve(
-        self, request: web.Request, ticket: Ticket, chat: bool
-    ) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, ticket: Ticket, chat: bool) -> web.StreamResponse:
         rid = ticket.request_id
         ours = {H.REQUEST_ID: rid, H.LEDGER_ID: rid}
         try:
@@ -213,8 +211,12 @@ class Proxy:
             return await self._refuse(a, ticket, ours[H.REQUEST_ID], ours)  # the id it knows
         ticket.outcome = "offline" if a.offline else "admitted"
         (self._offline if a.offline else self._admitted).inc()
-        if limits is None and not self.limits.answered(tenant):
-            limits = await self.limits.fetch(tenant, self.cfg.limits_timeout_s)
+        if limits is None:  # the tenant's first request: answered meanwhile, or soon
+            limits = (
+                self.limits.get(tenant)
+                if self.limits.answered(tenant)
+                else await self.limits.fetch(tenant, self.cfg.limits_timeout_s)
+            )
         body = forwarded_body(req, granted_max_tokens=a.granted_max_tokens,
                               fallback_model=a.fallback_model,
                               default_max=self.cfg.default_max_tokens)  # fmt: skip
@@ -279,7 +281,8 @@ class Proxy:
         relay: StreamRelay | None = None
         # the sidecar's own time so far: since the arrival, less the gate's hold
         self.metrics.overhead_seconds.observe(
-            max(0.0, time.perf_counter() - ticket.arrived - a.queue_wait_ms / 1000))
+            max(0.0, time.perf_counter() - ticket.arrived - a.queue_wait_ms / 1000)
+        )
         ticket.exec_start_ns = time.time_ns()
         try:
             async with self.session.post(url, data=body, headers=up_headers) as resp:
