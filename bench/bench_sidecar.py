@@ -251,7 +251,8 @@ def main() -> None:
             cfg.write_text("api_keys: {sk-bench: acme}\n")
             sidecar = spawn([sys.executable, *profile, "-m", "controlplane", "sidecar",
                              "--upstream", upstream, "--control-plane", f"127.0.0.1:{cp}",
-                             "--port", str(sp), "--config", str(cfg)],
+                             "--port", str(sp), "--config", str(cfg),
+                             "--spool", str(Path(tmp.name) / "spool.jsonl")],
                             args.client_path)  # fmt: skip
         procs.append(sidecar)
         wait_port(sp, sidecar, "sidecar")

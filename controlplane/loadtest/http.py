@@ -150,8 +150,9 @@ async def through_local_sidecar(
     engine = FakeEngine(port=0, speed=speed)
     await engine.start()
     p = engine.live.params
+    # spool=False: a sidecar for one run leaves no spool file in the working directory
     cfg = load(upstream=f"http://127.0.0.1:{engine.port}", control_plane=target, port=0,
-               control_plane_api_key=api_key, tenant_header=TENANT_HEADER,
+               control_plane_api_key=api_key, tenant_header=TENANT_HEADER, spool=False,
                metrics={"interval_s": 0.1, "max_num_seqs": p.max_num_seqs,
                         "max_batch_tokens": p.max_num_batched_tokens})  # fmt: skip
     admitter = sdk_client(cfg)

@@ -53,7 +53,19 @@ def sidecar(
         Path | None, typer.Option(help="A tokenizer.json for prompt counts (the tokenizer extra).")
     ] = None,
     spool: Annotated[
-        Path | None, typer.Option(help="Keep Completes on disk while the control plane is down.")
+        Path | None,
+        typer.Option(help="The completion spool's file (default: under $STATE_DIRECTORY or "
+                     "the working directory)."),
+    ] = None,
+    no_spool: Annotated[
+        bool,
+        typer.Option("--no-spool", help="No completion spool: Completes not delivered at "
+                     "shutdown are lost."),
+    ] = False,
+    access_log: Annotated[
+        str | None,
+        typer.Option(envvar="BURSTGATE_SIDECAR_ACCESS_LOG",
+                     help="One JSON line per request, to this file ('-': stdout)."),
     ] = None,
 ) -> None:
     """Serve the OpenAI API in front of an engine: every completion is
@@ -66,18 +78,23 @@ def sidecar(
 
     from burstgate_client.errors import InvalidArgument
     from burstgate_client.sidecar import Sidecar, load
+    from burstgate_client.sidecar.config import spool_line
 
     try:
         cfg = load(config, upstream=upstream, control_plane=control_plane, host=host, port=port,
                    pool=pool, control_plane_api_key=api_key, default_tenant=default_tenant,
-                   tokenizer=tokenizer, spool_path=spool)  # fmt: skip
+                   tokenizer=tokenizer, spool_path=spool, spool=False if no_spool else None,
+                   access_log=access_log)  # fmt: skip
     except InvalidArgument as exc:
         fail(str(exc))
 
     async def main() -> None:
         from burstgate_client.sidecar.sdkclient import sdk_client
 
-        admitter = sdk_client(cfg)
+        try:
+            admitter = sdk_client(cfg)
+        except InvalidArgument as exc:
+            fail(str(exc))
         try:
             server = Sidecar(cfg, admitter)
         except InvalidArgument as exc:
@@ -93,6 +110,7 @@ def sidecar(
             f"{cfg.upstream}, control plane {cfg.control_plane}, pool {cfg.pool})",
             err=True,
         )
+        typer.echo(spool_line(admitter.spool_file), err=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

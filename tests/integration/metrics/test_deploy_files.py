@@ -31,6 +31,7 @@ from controlplane.store.db import upgrade
 from tests.conftest import ServerThread
 from tests.integration.ledger.conftest import ACME_PRICE, setup_db
 from tests.integration.metrics.promql import label_values_metric, metric_names
+from tests.integration.sidecar.fresh import fresh_metrics_page
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,6 +59,7 @@ AUTOSCALING_METRICS = frozenset(
 GRAFANA_VARS = {
     "$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h",
     "$job": ".*", "$instance": ".*", "$tenant": ".*", "$lane": ".*", "$pool": ".*",
+    "$sidecar": ".*",
 }  # fmt: skip
 # The sample names a family declares, by type (our collectors set no
 # _created timestamps, so none are counted as served).
@@ -160,7 +162,8 @@ def exposed(text: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[set[str], str]]:
-    """A server driven through every kind of call, scraped: (names, text)."""
+    """A server driven through every kind of call, scraped: (names, text);
+    the names include a fresh sidecar's."""
     url = f"sqlite:///{tmp_path_factory.mktemp('deploy') / 'bg.db'}"
     upgrade(url)
     setup_db(url, "acme", prices=(ACME_PRICE,))
@@ -194,7 +197,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[set[str],
             return text if 'pool="a100"' in text and "AdmitStream" in text else None
 
         text = wait_until(scraped, message="the load report and the stream in /metrics")
-        yield exposed(text), text
+        # and a sidecar's own page: the Sidecars row and alerts read it
+        yield exposed(text) | exposed(fresh_metrics_page()), text
     finally:
         srv.stop()
 

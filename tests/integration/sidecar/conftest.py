@@ -46,6 +46,8 @@ class Stack:
         self.engine = FakeEngine(cfg=EngineConfig(model=model), speed=speed, port=0)
         await self.engine.start()
         cfg.setdefault("metrics", {"interval_s": 0.1})
+        if "spool_path" not in cfg:  # the command's default (a file in the working directory): off
+            cfg.setdefault("spool", False)
         self.cfg = load(upstream=f"http://127.0.0.1:{self.engine.port}",
                         control_plane=control_plane, port=0, api_keys=KEYS, **cfg)  # fmt: skip
         self.admitter = sdk_client(self.cfg)
@@ -89,6 +91,8 @@ class Stack:
         return self.metrics(self.engine.port)
 
     def stop(self) -> None:
+        if self.loop.is_closed():
+            return
         for c in self._clients.values():
             c.close()
 

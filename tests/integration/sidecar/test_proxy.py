@@ -93,10 +93,14 @@ def test_an_admitted_request_is_forwarded_and_settled_with_the_engines_usage() -
             assert resp.status == 200 and body["usage"]["completion_tokens"] == 7
             assert resp.headers["x-request-id"] == "req-1"
             assert resp.headers["x-burstgate-pricing-multiplier"] == "1.000000"
-            # the tenant's first answer: the admission's figure only (GetLimits is
-            # asked in the background, never waited for by an admitted request)
-            assert resp.headers["x-ratelimit-remaining-tokens"] == "1000"
-            assert "x-ratelimit-limit-tokens" not in resp.headers
+            # the tenant's first answer waits (briefly) for the GetLimits started
+            # beside its Admit: the full set, remaining-tokens the admission's own
+            assert {k: v for k, v in resp.headers.items() if k.startswith("x-ratelimit-")} == {
+                "x-ratelimit-limit-requests": "8", "x-ratelimit-remaining-requests": "5",
+                "x-ratelimit-reset-requests": "0ms", "x-ratelimit-limit-tokens": "1000",
+                "x-ratelimit-remaining-tokens": "1000", "x-ratelimit-reset-tokens": "0ms",
+            }  # fmt: skip
+            assert "x-burstgate-granted-max-tokens" not in resp.headers  # granted what it asked
             (admit,) = r.admitter.admits
             # burstgate's request id is minted per request, never the client's
             # (issue 30 item 3); the client's is its correlation id
@@ -170,6 +174,12 @@ def test_degradation_caps_max_tokens_and_a_fallback_the_engine_lacks_passes_its_
                                                     "max_tokens": 50})  # fmt: skip
             assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 4
             assert resp.headers["x-burstgate-degraded"] == "max_tokens=4"
+            assert resp.headers["x-burstgate-granted-max-tokens"] == "4"
+            # two choices share the grant: each is sent (and told) half of it (the
+            # fake engine serves n=1 only: its 400 comes back, with the header)
+            two = await r.post("/v1/completions", {"model": MODEL, "prompt": "p", "n": 2,
+                                                   "max_tokens": 50})  # fmt: skip
+            assert two.status == 400 and two.headers["x-burstgate-granted-max-tokens"] == "2"
         fallback = FakeAdmission(degraded=True, fallback_model="tiny", granted_max_tokens=9)
         async with rig(FakeAdmitter(decide=lambda c: fallback)) as r:
             direct = await r.http.post(f"http://127.0.0.1:{r.engine.port}/v1/completions",
@@ -181,6 +191,28 @@ def test_degradation_caps_max_tokens_and_a_fallback_the_engine_lacks_passes_its_
             assert resp.headers["x-burstgate-degraded"] == "model=tiny"
             (done,) = await r.settled()
             assert done.kw["generated_tokens"] == 0 and done.kw["prompt_tokens"] == 1  # estimate
+
+    run(main)
+
+
+class SlowLimits(FakeAdmitter):
+    """GetLimits that never answers in time."""
+
+    async def limits(self, tenant_id: str) -> Any:
+        await asyncio.sleep(30)
+
+
+def test_a_first_answer_waits_for_getlimits_at_most_limits_timeout_s() -> None:
+    async def main() -> None:
+        async with rig(SlowLimits(), limits_timeout_s=0.2) as r:
+            began = time.monotonic()
+            resp = await r.post("/v1/chat/completions", {**CHAT, "max_tokens": 3})
+            took = time.monotonic() - began
+            assert resp.status == 200 and 0.2 <= took < 5
+            # what is known without GetLimits: the admission's bucket level only
+            assert [k for k in resp.headers if k.startswith("x-ratelimit-")] == [
+                "x-ratelimit-remaining-tokens"
+            ]
 
     run(main)
 

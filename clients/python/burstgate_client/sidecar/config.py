@@ -7,6 +7,8 @@ Every error names its field the way the file spells it
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from burstgate_client.errors import InvalidArgument, excerpt
 # forwarded request then carries max_tokens = what was granted, so that the
 # engine cannot generate more than the reservation (docs/sidecar.md).
 DEFAULT_MAX_TOKENS = 1024
+# The completion spool's file name when no spool_path is given.
+DEFAULT_SPOOL = "burstgate-sidecar-spool.jsonl"
 
 
 class FailPolicyName(StrEnum):
@@ -115,7 +119,16 @@ class SidecarConfig(_Strict):
     # ("cp-0:50051,cp-1:50051"; the SDK follows owner redirects, docs/ha.md).
     control_plane: str
     control_plane_api_key: str | None = None  # None: $BURSTGATE_API_KEY
-    spool_path: Path | None = None  # buffered Completes on disk while it is unreachable
+    # Completes the control plane has not acknowledged, on disk (a restarted
+    # sidecar delivers them): on by default at DEFAULT_SPOOL under
+    # $STATE_DIRECTORY (systemd's StateDirectory=) or the working directory;
+    # spool_path chooses the file; spool: false keeps them in memory only,
+    # and what is pending at shutdown is lost (spool_file() says which).
+    spool: bool = True
+    spool_path: Path | None = None
+    # One JSON line per completions request (accesslog.py): "-" = stdout,
+    # else a file appended to; None = off.
+    access_log: str | None = Field(default=None, min_length=1)
 
     # Who and where. The API key map wins over the tenant header, which is
     # off by default: whoever can send it picks the tenant that is billed,
@@ -174,13 +187,35 @@ class SidecarConfig(_Strict):
     def lane(self, name: str) -> LaneSettings:
         return self.lanes.get(name, self.default_lane)
 
+    def spool_file(self, env: Mapping[str, str] | None = None) -> Path | None:
+        """The completion spool's file: ``spool_path`` when given, else
+        DEFAULT_SPOOL under ``$STATE_DIRECTORY`` (its first entry: systemd
+        passes a colon-separated list) or the working directory; None when
+        ``spool`` is false."""
+        if not self.spool:
+            return None
+        if self.spool_path is not None:
+            return self.spool_path
+        state = (os.environ if env is None else env).get("STATE_DIRECTORY", "")
+        base = Path(state.split(":")[0]) if state else Path.cwd()
+        return (base / DEFAULT_SPOOL).absolute()
+
+
+def spool_line(spool: Path | None) -> str:
+    """The start-up line that says where the completion spool is."""
+    if spool is None:
+        return ("completion spool: off (spool: false / --no-spool): Completes not delivered "
+                "at shutdown are lost")  # fmt: skip
+    return (f"completion spool: {spool} (Completes the control plane has not acknowledged "
+            "are kept there and delivered after a restart)")  # fmt: skip
+
 
 # Command-line flags -> the config field they set.
 FLAG_FIELDS = {
     "upstream": "--upstream", "control_plane": "--control-plane", "host": "--host",
     "port": "--port", "pool": "--pool", "tokenizer": "--tokenizer",
     "control_plane_api_key": "--api-key", "default_tenant": "--default-tenant",
-    "spool_path": "--spool",
+    "spool_path": "--spool", "spool": "--no-spool", "access_log": "--access-log",
 }  # fmt: skip
 
 
@@ -201,15 +236,25 @@ def load(path: Path | None = None, **flags: Any) -> SidecarConfig:
             raise InvalidArgument("--config", f"{path}: expected a mapping at the top level")
         raw = dict(loaded or {})
     from_flag = {k for k, v in flags.items() if v is not None}
+    if flags.get("spool") is False and flags.get("spool_path") is not None:
+        raise InvalidArgument("--no-spool", "cannot be given with --spool PATH")
     raw.update({k: v for k, v in flags.items() if v is not None})
+    # The flags override the file's spool settings as a pair.
+    if "spool_path" in from_flag:
+        raw["spool"] = True
+    elif "spool" in from_flag:
+        raw.pop("spool_path", None)
     for name in ("upstream", "control_plane"):
         if name not in raw:
             raise InvalidArgument(FLAG_FIELDS[name], f"required (or `{name}:` in --config)")
     try:
-        return SidecarConfig.model_validate(raw)
+        cfg = SidecarConfig.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         field = FLAG_FIELDS.get(loc, loc) if loc in from_flag else f"{where}: {loc}"
         message = first["msg"].removeprefix("Value error, ")
         raise InvalidArgument(field, message) from None
+    if not cfg.spool and cfg.spool_path is not None:
+        raise InvalidArgument(f"{where}: spool", "false, but spool_path is set: drop one")
+    return cfg

@@ -25,6 +25,10 @@ PRICING = "x-burstgate-pricing-multiplier"
 QUEUE_WAIT = "x-burstgate-queue-wait-ms"
 DEGRADED = "x-burstgate-degraded"
 OFFLINE = "x-burstgate-offline"
+# An admitted request's max_tokens (per choice) when the grant is below what
+# it asked (a degradation's cap, the tenant's per-request maximum): the
+# engine was sent this, so the answer may stop at it (finish_reason length).
+GRANTED_MAX_TOKENS = "x-burstgate-granted-max-tokens"
 MAX_REQUEST_ID = 128
 
 

@@ -21,8 +21,11 @@ the minted id), ``x-burstgate-request-id`` (the minted id: the ledger's key),
 ``x-burstgate-pricing-multiplier`` (when the control plane gave one),
 ``x-burstgate-queue-wait-ms`` (held in the gate), ``x-burstgate-degraded``,
 ``x-burstgate-offline`` (admitted locally while the control plane was
-unreachable) and the ``x-ratelimit-*`` headers when the tenant's limits are
-at hand.
+unreachable), ``x-burstgate-granted-max-tokens`` (when the grant is below
+what was asked) and the ``x-ratelimit-*`` headers when the tenant's limits
+are at hand (a tenant's first request waits up to ``limits_timeout_s`` for
+its GetLimits, started beside its Admit; later ones take the cached limits).
+With an access log, each request's line is written when its answer ends.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from burstgate_client.sidecar import headers as H
+from burstgate_client.sidecar.accesslog import AccessLog
 from burstgate_client.sidecar.admitter import AdmissionLike, Admitter, LimitsLike
 from burstgate_client.sidecar.config import SidecarConfig
 from burstgate_client.sidecar.metrics import SidecarMetrics
@@ -57,14 +61,27 @@ _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 
 @dataclass(slots=True)
 class Ticket:
-    """One admitted request, until it is settled."""
+    """One request, from its arrival until it is settled; what the access
+    log writes of it (accesslog.py) is filled in as it becomes known."""
 
-    tenant: str
     request_id: str
-    prompt_estimate: int
+    arrived: float  # perf_counter
+    tenant: str = ""
+    prompt_estimate: int = 0
     correlation_id: str = ""  # the client's x-request-id ("" = none)
+    lane: str = ""
+    model: str = ""
+    stream: bool = False
+    outcome: str = ""
+    reason: str = ""
+    queue_wait_ms: int = 0
     exec_start_ns: int = 0
     first_token_ns: int = 0  # streamed: when the first generated text came (0 = unknown)
+    exec_end_ns: int = 0
+    prompt_tokens: int = 0  # as settled
+    generated_tokens: int = 0
+    upstream_status: int = 0  # the engine's answer's (0 = none)
+    disconnected: bool = False
     settled: bool = False
 
 
@@ -72,10 +89,11 @@ class Proxy:
     def __init__(
         self, cfg: SidecarConfig, admitter: Admitter, session: aiohttp.ClientSession,
         counter: TokenCounter, metrics: SidecarMetrics, *,
-        stream_count: Callable[[str], int] | None,
+        stream_count: Callable[[str], int] | None, access: AccessLog | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.admitter, self.session = cfg, admitter, session
         self.counter, self.metrics = counter, metrics
+        self.access = access  # None: no access log (the hot path then writes nothing)
         self.stream_count = stream_count  # the tokenizer, when configured
         self.tasks: set[asyncio.Task[None]] = set()  # settlements under way
         self.draining = False
@@ -126,70 +144,120 @@ class Proxy:
         return await self._handle(request, chat=False)
 
     async def _handle(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        arrived = time.perf_counter()
-        rid = H.new_request_id()
+        ticket = Ticket(H.new_request_id(), time.perf_counter())
+        if self.access is None:
+            return await self._serve(request, ticket, chat)
+        status = 0
+        try:
+            resp = await self._serve(request, ticket, chat)
+            status = resp.status
+            return resp
+        except asyncio.CancelledError:  # the client went away
+            ticket.disconnected = True
+            raise
+        finally:
+            self._log(request, ticket, status or ticket.upstream_status)
+
+    async def _serve(self, request: web.Request, ticket: Ticket, chat: bool) -> web.StreamResponse:
+        rid = ticket.request_id
         ours = {H.REQUEST_ID: rid, H.LEDGER_ID: rid}
         try:
-            correlation = H.correlation_id(request.headers)
+            correlation = ticket.correlation_id = H.correlation_id(request.headers)
             ours[H.REQUEST_ID] = correlation or rid
             tenant = self._tenant(request)
         except H.BadHeader as exc:
-            return self._bad(str(exc), None, ours)
+            return self._bad(str(exc), None, ours, ticket)
         if tenant is None:
             self._bad_request.inc()
+            ticket.outcome = "bad_request"
             return json_error(401, "No tenant: send an API key the sidecar knows (Authorization: "
                               "Bearer ...) or a tenant header.", "invalid_request_error",
                               "invalid_api_key", headers=ours)  # fmt: skip
+        ticket.tenant = tenant
         try:
             raw = await read_body(request, self.cfg.max_body_bytes)
         except BodyTooLarge as exc:
             self._bad_request.inc()
+            ticket.outcome = "bad_request"
             return exc.response(ours)
         try:
             req = parse(raw, chat=chat)
-            lane = self._lane(request, tenant)
+            lane = ticket.lane = self._lane(request, tenant)
             retry_key, attempt = H.retry_of(request.headers, tenant, raw)
         except BadRequest as exc:
-            return self._bad(str(exc), exc.param, ours)
+            return self._bad(str(exc), exc.param, ours, ticket)
         except H.BadHeader as exc:
-            return self._bad(str(exc), None, ours)
-        prompt = self.counter.prompt_tokens(req.body, chat)
+            return self._bad(str(exc), None, ours, ticket)
+        ticket.model, ticket.stream = req.model, req.stream
+        prompt = ticket.prompt_estimate = self.counter.prompt_tokens(req.body, chat)
+        # The tenant's limits (x-ratelimit-*): the cached ones, or a GetLimits
+        # started now, beside the Admit, for a tenant not asked about yet.
+        limits = self.limits.get(tenant)
+        asked = req.admit_max_tokens(self.cfg.default_max_tokens)
         try:
             a = await self.admitter.admit(
-                tenant, rid, prompt_tokens=prompt,
-                max_tokens=req.admit_max_tokens(self.cfg.default_max_tokens), lane=lane,
+                tenant, rid, prompt_tokens=prompt, max_tokens=asked, lane=lane,
                 model=req.model, pool=self.cfg.pool,
                 deadline_s=self.cfg.lane(lane).max_wait_ms / 1000 + ADMIT_CALL_S,
                 retry_key=retry_key, attempt=attempt,
             )  # fmt: skip
         except ValueError as exc:  # the SDK's check of an argument (names it)
-            return self._bad(str(exc), None, ours)
-        self.metrics.admit_seconds.observe(time.perf_counter() - arrived)
+            return self._bad(str(exc), None, ours, ticket)
+        admitted_at = time.perf_counter()
+        self.metrics.admit_seconds.observe(admitted_at - ticket.arrived)
+        ticket.queue_wait_ms = a.queue_wait_ms
         ours.update(H.admission_headers(a))
         if not a.admitted:
-            return await self._refuse(a, tenant, ours[H.REQUEST_ID], ours)  # the id it knows
+            return await self._refuse(a, ticket, ours[H.REQUEST_ID], ours)  # the id it knows
+        ticket.outcome = "offline" if a.offline else "admitted"
         (self._offline if a.offline else self._admitted).inc()
-        limits = self.limits.get(tenant)
+        if limits is None:  # the tenant's first request: answered meanwhile, or soon
+            limits = (
+                self.limits.get(tenant)
+                if self.limits.answered(tenant)
+                else await self.limits.fetch(tenant, self.cfg.limits_timeout_s)
+            )
         body = forwarded_body(req, granted_max_tokens=a.granted_max_tokens,
                               fallback_model=a.fallback_model,
                               default_max=self.cfg.default_max_tokens)  # fmt: skip
-        ticket = Ticket(tenant, rid, prompt, correlation)
+        if 0 < a.granted_max_tokens < asked:  # capped: the engine's max_tokens, per choice
+            ours[H.GRANTED_MAX_TOKENS] = str(max(1, a.granted_max_tokens // req.choices))
         self.metrics.inflight.inc()
         try:
             return await self._forward(request, req, body, ticket, a, ours, limits)
         finally:
             self.metrics.inflight.dec()
 
-    def _bad(self, message: str, param: str | None, ours: dict[str, str]) -> web.Response:
+    def _bad(
+        self, message: str, param: str | None, ours: dict[str, str], ticket: Ticket
+    ) -> web.Response:
         self._bad_request.inc()
+        ticket.outcome = "bad_request"
         return json_error(400, message, "invalid_request_error", None, param=param, headers=ours)
 
+    def _log(self, request: web.Request, t: Ticket, status: int) -> None:
+        assert self.access is not None
+        end_ns = t.exec_end_ns or time.time_ns()
+        self.access.write(
+            request_id=t.request_id, correlation_id=t.correlation_id or None,
+            path=request.path, tenant=t.tenant or None, lane=t.lane or None,
+            model=t.model or None, stream=t.stream, status=status or None,
+            outcome=t.outcome or None, reason=t.reason or None, queue_wait_ms=t.queue_wait_ms,
+            prompt_tokens=t.prompt_tokens if t.settled else (t.prompt_estimate or None),
+            generated_tokens=t.generated_tokens if t.settled else None,
+            upstream_ms=round((end_ns - t.exec_start_ns) / 1e6, 3) if t.exec_start_ns else None,
+            total_ms=round((time.perf_counter() - t.arrived) * 1000, 3),
+            client_disconnected=t.disconnected,
+        )  # fmt: skip
+
     async def _refuse(
-        self, a: AdmissionLike, tenant: str, rid: str, ours: dict[str, str]
+        self, a: AdmissionLike, ticket: Ticket, rid: str, ours: dict[str, str]
     ) -> web.Response:
-        outcome = "unavailable" if a.reason == "unavailable" else "refused"
+        tenant = ticket.tenant
+        outcome = ticket.outcome = "unavailable" if a.reason == "unavailable" else "refused"
+        ticket.reason = a.reason or "unknown"
         self.metrics.requests.labels(outcome).inc()
-        self.metrics.refusals.labels(a.reason or "unknown").inc()
+        self.metrics.refusals.labels(ticket.reason).inc()
         limits: LimitsLike | None = None
         if outcome == "refused":
             limits = await self.limits.fetch(tenant, self.cfg.limits_timeout_s)
@@ -211,10 +279,15 @@ class Proxy:
         up_headers = H.upstream_headers(request.headers, set_=set_)
         url = self._url(request.rel_url.path_qs)
         relay: StreamRelay | None = None
+        # the sidecar's own time so far: since the arrival, less the gate's hold
+        self.metrics.overhead_seconds.observe(
+            max(0.0, time.perf_counter() - ticket.arrived - a.queue_wait_ms / 1000)
+        )
         ticket.exec_start_ns = time.time_ns()
         try:
             async with self.session.post(url, data=body, headers=up_headers) as resp:
                 self._status.get(resp.status // 100, self._status[5]).inc()
+                ticket.upstream_status = resp.status
                 headers = H.response_headers(resp.headers)
                 headers.update(ours)
                 headers.update(ratelimit_headers(a, limits))
@@ -231,6 +304,7 @@ class Proxy:
                 return web.Response(status=resp.status, body=data, headers=headers)
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
             self.metrics.disconnects.inc()
+            ticket.disconnected = True
             self._settle(ticket, relay.usage if relay else None,
                          relay.generated_estimate if relay else 0)  # fmt: skip
             raise
@@ -262,6 +336,7 @@ class Proxy:
             await out.write_eof()
         except _CLIENT_GONE:
             self.metrics.disconnects.inc()
+            ticket.disconnected = True
             resp.close()  # drops the engine's connection: vLLM aborts the request
         self._settle(ticket, relay.usage, relay.generated_estimate)
         return out
@@ -273,12 +348,13 @@ class Proxy:
         if ticket.settled:
             return
         ticket.settled = True
-        end = time.time_ns()
+        end = ticket.exec_end_ns = time.time_ns()
         if usage is not None:
             prompt, generated = usage.prompt_tokens, usage.completion_tokens
             cached = usage.cached_tokens
         else:
             prompt, generated, cached = ticket.prompt_estimate, generated_estimate, 0
+        ticket.prompt_tokens, ticket.generated_tokens = prompt, generated
         task = asyncio.get_running_loop().create_task(self._complete(
             ticket, prompt=prompt, generated=generated, cached=cached, end=end,
         ))  # fmt: skip
@@ -351,6 +427,11 @@ class LimitsCache:
         self.admitter, self.ttl_s = admitter, ttl_s
         self._known: dict[str, tuple[float, LimitsLike | None]] = {}
         self._refreshing: dict[str, asyncio.Task[LimitsLike | None]] = {}
+
+    def answered(self, tenant: str) -> bool:
+        """Whether GetLimits has answered for ``tenant`` (its limits, or that
+        there are none to show)."""
+        return tenant in self._known
 
     def get(self, tenant: str) -> LimitsLike | None:
         known = self._known.get(tenant)

@@ -28,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from burstgate_client.sidecar import headers as H
+from burstgate_client.sidecar.accesslog import AccessLog
 from burstgate_client.sidecar.admitter import Admitter
 from burstgate_client.sidecar.config import SidecarConfig
 from burstgate_client.sidecar.metrics import SidecarMetrics
@@ -55,6 +56,9 @@ class Sidecar:
         self.reader = LoadReader(cfg.metrics, pool=cfg.pool,
                                  engine_id=cfg.metrics.engine_id or urlsplit(cfg.upstream).netloc)
         self.metrics = SidecarMetrics(lambda: float(self.admitter.pending_completions))
+        self._exposition = self.metrics.exposition()
+        # Opened last: nothing after it can fail and leave the file open.
+        self.access = AccessLog(cfg.access_log) if cfg.access_log is not None else None
         self.port = cfg.port
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -75,7 +79,7 @@ class Sidecar:
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies (and saves ~10 %)
         )  # fmt: skip
         self.proxy = Proxy(self.cfg, self.admitter, self._session, self.counter, self.metrics,
-                           stream_count=self._stream_count)  # fmt: skip
+                           stream_count=self._stream_count, access=self.access)  # fmt: skip
         app = web.Application(client_max_size=self.cfg.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.proxy.chat)
         app.router.add_post("/v1/completions", self.proxy.completions)
@@ -90,6 +94,7 @@ class Sidecar:
             await site.start()
         except OSError:
             await self._close_session()
+            self._close_access_log()
             raise
         server = site._server  # the bound socket: port 0 resolves here
         assert server is not None and server.sockets  # type: ignore[attr-defined]
@@ -110,6 +115,12 @@ class Sidecar:
         if self.proxy is not None and self.proxy.tasks:
             await asyncio.wait(set(self.proxy.tasks), timeout=max(1.0, self.cfg.drain_timeout_s))
         await self._close_session()
+        self._close_access_log()  # after the handlers: they write the last lines
+
+    def _close_access_log(self) -> None:
+        if self.access is not None:
+            self.access.close()
+            self.access = None
 
     async def _close_session(self) -> None:
         if self._session is not None:
@@ -119,7 +130,7 @@ class Sidecar:
     # --- its own endpoints ---------------------------------------------------
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry),
+        return web.Response(body=generate_latest(self._exposition),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})  # fmt: skip
 
     async def _health(self, _: web.Request) -> web.Response:
