@@ -17,6 +17,7 @@ keys not in it keep their current override or default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import sys
 from dataclasses import dataclass
 from decimal import Decimal
@@ -79,22 +80,93 @@ class ConfigFile(BaseModel):
 
 
 def load(path: Path) -> ConfigFile:
-    """Read a config file; ``-`` reads standard input."""
+    """Read a config file; ``-`` reads standard input. Errors name the file
+    and line: ``demo.yaml:12: tenants[1].token_rte: unknown field; did you
+    mean token_rate?``."""
+    where = "<stdin>" if str(path) == "-" else str(path)
     try:
         text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(where, f"cannot read config: {exc}") from exc
+    try:
         raw = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InvalidArgument(str(path), f"cannot read config: {exc}") from exc
-    return parse(raw, str(path))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else where
+        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise InvalidArgument(at, f"not valid YAML: {problem}") from exc
+    except yaml.YAMLError as exc:
+        raise InvalidArgument(where, f"not valid YAML: {exc}") from exc
+    return parse(raw, where, text)
 
 
-def parse(raw: Any, where: str = "config") -> ConfigFile:
+def parse(raw: Any, where: str = "config", text: str | None = None) -> ConfigFile:
+    """Validate a loaded document; ``text`` (the YAML it came from) lets an
+    error name its line."""
+    if raw is not None and not isinstance(raw, dict):
+        raise InvalidArgument(where, f"expected a mapping with lanes/tenants/policy, "
+                              f"got a YAML {type(raw).__name__}")  # fmt: skip
     try:
         return ConfigFile.model_validate(raw or {})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise InvalidArgument(f"{where}:{loc}", first["msg"]) from exc
+        errors = exc.errors()
+        # A misspelt key first: it is also why a required field is "missing".
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+        loc = tuple(first["loc"])
+        line = _line_of(text, loc) if text is not None else None
+        at = f"{where}:{line}" if line is not None else where
+        message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            message = "unknown field" + _did_you_mean(str(loc[-1]), _fields_at(loc[:-1]))
+        raise InvalidArgument(f"{at}: {_path(loc)}", message) from exc
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    """("tenants", 1, "token_rte") -> tenants[1].token_rte"""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the model at ``loc`` (the file, a lane or a tenant)."""
+    model: type[BaseModel] = ConfigFile
+    if loc and loc[0] in ("lanes", "tenants"):
+        model = LaneSpec if loc[0] == "lanes" else TenantSpec
+    return list(model.model_fields)
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    """``; did you mean X?`` for the closest of ``choices`` (difflib's
+    ratio >= 0.6), else the list of them."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else f"; expected one of {', '.join(choices)}"
+
+
+def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of ``loc`` in the YAML ``text`` (the key's line for
+    a mapping entry), as far down as the document goes; None if unknown."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == str(part)]
+            if not match:
+                break
+            key, node = match[0]
+            line = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if not 0 <= part < len(node.value):
+                break
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
 
 
 def apply(
@@ -232,7 +304,8 @@ def _policy_changes(
     effective values that change."""
     for key in cfg.policy:
         if key not in POLICY_KEYS:
-            raise InvalidArgument(f"policy.{key}", "unknown policy key")
+            raise InvalidArgument(f"policy.{key}", "unknown policy key"
+                                  + _did_you_mean(key, sorted(POLICY_KEYS)))  # fmt: skip
     typed = {k: typed_value(k, v, f"policy.{k}") for k, v in cfg.policy.items()}
     current = repo.policy_overrides()
     old = effective_policy(base, current).model_dump()

@@ -298,19 +298,41 @@ def policy_reset(
 # ------------------------------------------------------------------ audit
 
 
+def _object_not_target(ctx: typer.Context) -> None:
+    """`audit list --target tenant:acme` was the filter before --target
+    could follow the command: say so rather than dial host "tenant"."""
+    target = str((ctx.obj or {}).get("target", ""))
+    kind = target.partition(":")[0]
+    if kind in ("tenant", "lane", "policy", "key", "price", "pool") and not target.rpartition(
+        ":"
+    )[2].isdigit():
+        fail(f"--target: {target!r} is not HOST:PORT; to filter the audit log by what "
+             f"changed, use --object {target}")  # fmt: skip
+
+
 @audit_app.command("list")
 def audit_list(
     ctx: typer.Context,
-    target: Annotated[
-        str, typer.Option(help="e.g. tenant:acme, lane:batch, policy, key:<id>")
+    about: Annotated[
+        str,
+        typer.Option(
+            "--object",
+            help="What was changed: e.g. tenant:acme, lane:batch, policy, key:<id>.",
+            show_default=False,
+        ),
     ] = "",
     actor: Annotated[str, typer.Option(help="Substring of the actor (e.g. a key id).")] = "",
     action: Annotated[str, typer.Option(help="e.g. tenant.update")] = "",
     limit: Annotated[int, typer.Option(help="Most events to show (newest first).")] = 20,
     as_json: JsonOpt = False,
 ) -> None:
-    """Changes made through the admin API and the key CLI, newest first."""
+    """Changes made through the admin API and the key CLI, newest first.
+
+    --object filters by what was changed (the `target` column); --target is
+    the server, as for every admin command."""
     from burstgate_client.admin import apb
+
+    _object_not_target(ctx)
 
     events: list[Any] = []
     token = ""
@@ -318,7 +340,7 @@ def audit_list(
         while len(events) < limit:
             resp = c.call("ListAuditEvents", apb.ListAuditEventsRequest(
                 page_size=min(limit - len(events), 1000), page_token=token,
-                target=target, actor=actor, action=action,
+                target=about, actor=actor, action=action,
             ))  # fmt: skip
             events.extend(resp.events)
             token = resp.next_page_token

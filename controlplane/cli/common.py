@@ -23,6 +23,9 @@ DbOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 UNLIMITED = ("unlimited", "none", "-")
 DEFAULT_ADMIN_TARGET = "127.0.0.1:50051"
+# No server answered at the target: sysexits.h's EX_UNAVAILABLE, so that a
+# script can tell "not running" from "refused my input" (2).
+EXIT_UNREACHABLE = 69
 
 # The admin API connection (``burstgate admin`` and ``burstgate tenant --target``).
 ApiKeyOpt = Annotated[
@@ -54,11 +57,12 @@ def connection(
     tls_server_name: str | None,
     timeout: float,
 ) -> dict[str, Any]:
-    """The admin API connection options, as kept in ``ctx.obj``."""
-    from burstgate_client.admin import TlsFiles
-
-    tls = TlsFiles(tls_ca, tls_cert, tls_key, tls_server_name) if (tls_ca or tls_cert) else None
-    return {"target": target, "api_key": api_key, "tls": tls, "timeout": timeout}
+    """The admin API connection options, as kept in ``ctx.obj``: each under
+    its parameter's name, so that the same option given after the command
+    (cli/lateopts.py) replaces it by name."""
+    return {"target": target, "api_key": api_key, "tls_ca": tls_ca, "tls_cert": tls_cert,
+            "tls_key": tls_key, "tls_server_name": tls_server_name,
+            "timeout": timeout}  # fmt: skip
 
 
 def connect_options(
@@ -84,36 +88,117 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def to_dict(msg: Any) -> dict[str, Any]:
+    """A message as ``--json`` prints it: proto3 JSON, except that 64-bit
+    integers are JSON numbers.
+
+    Proto3 JSON writes int64/uint64 as strings (for JavaScript, whose
+    numbers are exact only to 2**53), so ``--json`` had ``"burst_tokens":
+    "400"`` beside ``"max_concurrency": 50``. Every value burstgate keeps
+    in an int64 (tokens, nano-dollars, Unix ns) is below 2**63 and Python,
+    jq and most JSON readers keep such integers exactly; one number type for
+    every integer field is what a script expects."""
     from google.protobuf.json_format import MessageToDict
 
     d: dict[str, Any] = MessageToDict(msg, preserving_proto_field_name=True)
+    _int64_as_numbers(msg.DESCRIPTOR, d)
     return d
+
+
+_INT64_TYPES = frozenset((3, 4, 6, 16, 18))  # INT64 UINT64 FIXED64 SFIXED64 SINT64
+_MESSAGE = 11  # FieldDescriptor.TYPE_MESSAGE
+
+
+def _int64_as_numbers(descriptor: Any, d: dict[str, Any]) -> None:
+    """In place: the int64 fields of ``d`` (MessageToDict of a message of
+    ``descriptor``), in nested and repeated messages and map values too."""
+    for field in descriptor.fields:
+        if field.name not in d:
+            continue
+        value = d[field.name]
+        if field.type in _INT64_TYPES:
+            d[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+        elif field.type == _MESSAGE and isinstance(value, dict | list):
+            sub = field.message_type
+            if sub.GetOptions().map_entry and isinstance(value, dict):
+                value_field = sub.fields_by_name["value"]
+                if value_field.type in _INT64_TYPES:
+                    d[field.name] = {k: int(v) for k, v in value.items()}
+                elif value_field.type == _MESSAGE:
+                    for v in value.values():
+                        _nested(value_field.message_type, v)
+            else:
+                for v in value if isinstance(value, list) else [value]:
+                    _nested(sub, v)
+
+
+def _nested(descriptor: Any, value: Any) -> None:
+    # Well-known types (Timestamp, Duration, FieldMask ...) have their own
+    # JSON form (a string); only plain messages are walked.
+    if isinstance(value, dict) and not descriptor.full_name.startswith("google.protobuf."):
+        _int64_as_numbers(descriptor, value)
 
 
 def echo_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=False))
 
 
+def unreachable(target: str, what: str = "--target") -> str:
+    """The one message for a server that does not answer at all (gRPC
+    UNAVAILABLE before any answer): what to check, not a status code."""
+    return (f"no burstgate server answered at {target} ({what}): is `burstgate serve` "
+            "running at that HOST:PORT, and reachable from here?")  # fmt: skip
+
+
+def check_target(target: str, option: str = "--target") -> None:
+    """``target`` is HOST:PORT with a numeric port (an IPv6 host in [ ])."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        fail(f"{option}: expected HOST:PORT (e.g. 127.0.0.1:50051), got {excerpt(target)}")
+
+
 @contextmanager
 def admin_client(ctx: typer.Context) -> Iterator[Any]:
-    """The AdminClient for the connection options; RPC errors -> exit 2."""
+    """The AdminClient for the connection options; RPC errors -> exit 2,
+    a server that does not answer -> :func:`unreachable`, exit 69
+    (EX_UNAVAILABLE of sysexits.h; 2 stays "bad input"). Every
+    command that talks to the admin API goes through here."""
     import grpc
-    from burstgate_client.admin import AdminClient
+    from burstgate_client.admin import AdminClient, TlsFiles
 
     opts: dict[str, Any] = ctx.obj or {}
     key = opts.get("api_key")
     if not key:
         fail("no API key: pass --api-key or set BURSTGATE_API_KEY "
               "(create one with `burstgate keys create --role admin`)")  # fmt: skip
-    client = AdminClient(opts["target"], key, tls=opts.get("tls"), timeout=opts["timeout"])
+    target = opts["target"]
+    check_target(target)
+    ca, cert = opts.get("tls_ca"), opts.get("tls_cert")
+    tls = (TlsFiles(ca, cert, opts.get("tls_key"), opts.get("tls_server_name"))
+           if (ca or cert) else None)  # fmt: skip
+    client = AdminClient(target, key, tls=tls, timeout=opts["timeout"])
     try:
         yield client
     except grpc.RpcError as exc:
         code = exc.code()
+        if code == grpc.StatusCode.UNAVAILABLE and _never_answered(exc):
+            fail(unreachable(target), EXIT_UNREACHABLE)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            fail(f"DEADLINE_EXCEEDED: no answer from {target} within --timeout "
+                 f"{opts['timeout']:g} s")  # fmt: skip
         name = code.name if code is not None else "UNKNOWN"
         fail(f"{name}: {exc.details()}")
     finally:
         client.close()
+
+
+def _never_answered(exc: Any) -> bool:
+    """UNAVAILABLE from the transport (nothing listening, refused, DNS,
+    TLS handshake), not a server that answered UNAVAILABLE itself (e.g. its
+    database is down: that message is the server's and is shown as is)."""
+    details = (exc.details() or "").lower()
+    return any(w in details for w in ("failed to connect", "connection refused", "dns",
+                                      "connect failed", "handshake", "unreachable",
+                                      "no address", "socket closed"))  # fmt: skip
 
 
 def parse_limit(value: str | None, name: str) -> tuple[bool, int | None]:

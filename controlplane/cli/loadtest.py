@@ -16,11 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.analysis.extras import plotting_missing
-from controlplane.cli.common import fail
+from controlplane.cli.common import EXIT_UNREACHABLE, fail, unreachable
 from controlplane.cli.render import table
-
-DEFAULT_TENANTS = ("acme:premium", "agentco:standard", "free-tier:batch")  # the demo's
-
 
 # Options `loadtest` and `replay` share.
 TargetOpt = Annotated[
@@ -38,7 +35,7 @@ LocalOpt = Annotated[
 ]
 ReportJsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON.")]
 HtmlOpt = Annotated[Path | None, typer.Option(help="Also write an HTML report to this file.")]
-NoProgressOpt = Annotated[bool, typer.Option(help="No progress bar.")]
+NoProgressOpt = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
 
 
 class ProfileName(StrEnum):
@@ -74,11 +71,11 @@ def loadtest(
     base: Annotated[float, typer.Option(help="Base rate, requests/s.")] = 20.0,
     peak: Annotated[float, typer.Option(help="Rate in a pulse or burst, requests/s.")] = 80.0,
     pulse_s: Annotated[
-        float | None, typer.Option(help="pulse: length of a pulse, s [default: 30; --local 10].")
+        float | None, typer.Option(help="pulse: length of a pulse, s (default: 30; --local 10).")
     ] = None,
     cycle_s: Annotated[
         float | None,
-        typer.Option(help="pulse: a pulse every this many s [default: 90; --local 30]."),
+        typer.Option(help="pulse: a pulse every this many s (default: 90; --local 30)."),
     ] = None,
     recovery_s: Annotated[
         float | None,
@@ -88,12 +85,13 @@ def loadtest(
     burst_s: Annotated[float, typer.Option(help="step: the burst at the peak rate, s.")] = 30.0,
     total_s: Annotated[
         float | None,
-        typer.Option(help="pulse, constant: length of the run, s [default: 300; --local 60]."),
+        typer.Option(help="pulse, constant: length of the run, s (default: 300; --local 60)."),
     ] = None,
     tenant: Annotated[
         list[str] | None,
         typer.Option(
-            help="TENANT[:LANE[:WEIGHT]], repeat; default: the demo's three, one per lane."
+            help="TENANT[:LANE[:WEIGHT]], repeat; default: the demo's three, one per "
+            "lane, weighted by their token rates and within their per-request caps."
         ),
     ] = None,
     long_prompt_share: Annotated[float, typer.Option(min=0, max=1)] = 0.2,
@@ -150,6 +148,7 @@ def loadtest(
     --via-sidecar sends HTTP through a burstgate sidecar instead (latency =
     time to the answer's headers; docs/sidecar.md)."""
     from controlplane.loadtest import profile as prof
+    from controlplane.loadtest.demofit import demo_tenants, describe
     from controlplane.loadtest.run import RetryPolicy
     from controlplane.sim.harness import DEFAULT_SLO_S
 
@@ -168,8 +167,8 @@ def loadtest(
         else:
             phases = prof.constant(base, total_s)
         mix = prof.Mix(long_prompt_share, long_output_share)
-        plan = prof.arrivals(phases, parse_tenants(tenant or list(DEFAULT_TENANTS)), mix, seed=seed,
-                             uniform=uniform)  # fmt: skip
+        tenants = parse_tenants(tenant) if tenant else demo_tenants()
+        plan = prof.arrivals(phases, tenants, mix, seed=seed, uniform=uniform)
     except ValueError as exc:
         fail(str(exc))
     if via_sidecar and (stream or retries):
@@ -184,7 +183,7 @@ def loadtest(
     execute(
         target, phases, plan, options, local=local, as_json=as_json, html=html,
         no_progress=no_progress, headline=f"loadtest: {len(plan):,} requests over "
-        f"{phases[-1].end_s:g} s ({profile.value})",
+        f"{phases[-1].end_s:g} s ({profile.value}; tenants {describe(tenants)})",
         api_key=api_key, service_scale=service_scale, max_in_flight=max_in_flight,
         batch_window_s=batch_window_ms / 1000 if stream else None, batch_max=batch_max,
         retry=RetryPolicy(dict(DEFAULT_SLO_S), seed=seed) if retries else None,
@@ -229,6 +228,8 @@ def execute(
                 check_loopback(target)
         except ValueError as exc:
             fail(str(exc))
+        if not remote_sidecar:
+            check_reachable(target)
         typer.echo(f"{headline} against {target}", err=True)
         end = phases[-1].end_s
         with progress_bar(end, len(plan), not no_progress and sys.stderr.isatty()) as tick:
@@ -237,6 +238,8 @@ def execute(
         if server is not None:
             stop_local(server[0])
     doc = to_json(target, options, phases, result)
+    if run_kw.get("sidecar") is not None and (hint := sidecar_401_hint(doc)):
+        typer.echo(hint, err=True)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
@@ -246,6 +249,44 @@ def execute(
 
         html.write_text(render(doc), encoding="utf-8")
         typer.echo(f"report written to {html}", err=True)
+
+
+# How long a load run waits for the control plane to accept a connection
+# before it says none is running (a loopback server accepts at once; nothing
+# listening is refused at once).
+CONNECT_TIMEOUT_S = 3.0
+
+
+def check_reachable(target: str) -> None:
+    """Something accepts TCP connections at ``target`` (a loopback address:
+    check_loopback): otherwise every Admit of the run would be an
+    UNAVAILABLE error; say so once, as the admin commands do
+    (common.unreachable), and exit before the run."""
+    import socket
+
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, ValueError):
+        fail(unreachable(target), EXIT_UNREACHABLE)
+
+
+def sidecar_401_hint(doc: dict[str, Any]) -> str | None:
+    """A sidecar answers 401 with no refusal reason when it found no tenant
+    (no key it knows, no tenant header it reads, no default tenant): the
+    load generator names each request's tenant in a header, which a sidecar
+    reads only with ``tenant_header`` in its config."""
+    from controlplane.loadtest.http import TENANT_HEADER
+
+    total = next((p for p in doc["phases"] if p["phase"] == "all"), None)
+    n = (total or {}).get("errors", {}).get("http_401", 0)
+    if not n:
+        return None
+    return (f"hint: the sidecar answered 401 (no tenant) to {n:,} of {doc['requests']:,} "
+            f"requests: the load names each request's tenant in the {TENANT_HEADER} header, "
+            f"which a sidecar reads only with `tenant_header: {TENANT_HEADER}` in its config "
+            "(--config, docs/sidecar.md), or use --local --via-sidecar")  # fmt: skip
 
 
 def check_sidecar_url(url: str) -> None:

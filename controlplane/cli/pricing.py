@@ -60,7 +60,7 @@ POOL_COLUMNS = ("pool", "model", "multiplier", "next_multiplier", "miss_rate",
 WINDOW_COLUMNS = ("window_start", "window_end", "pool", "model", "completions", "load_reports",
                   "miss_rate", "multiplier", "next_multiplier", "closed")  # fmt: skip
 WARNING_COLUMNS = ("window_start", "tenant_id", "currency", "requests", "user_charge",
-                   "actual_cost", "ratio")  # fmt: skip
+                   "actual_cost", "cost_ratio", "threshold")  # fmt: skip
 
 
 pricing_app.callback()(connect_options)
@@ -112,7 +112,25 @@ def window_json(w: Any) -> dict[str, Any]:
     }
 
 
+def cost_ratio(actual_cost: str, user_charge: str) -> str | None:
+    """actual cost / user charge of a warning's window, to 3 decimals (the
+    warning fired because it is above the threshold); None when nothing was
+    charged (any cost is then above every threshold)."""
+    from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+    try:
+        cost, charge = Decimal(actual_cost), Decimal(user_charge)
+    except InvalidOperation:
+        return None
+    if charge <= 0:
+        return None
+    return str((cost / charge).quantize(Decimal("0.001"), rounding=ROUND_HALF_UP))
+
+
 def warning_json(w: Any) -> dict[str, Any]:
+    """A MarginWarning: ``threshold`` is the ratio the server applied (the
+    API's ``ratio``: a warning is recorded when actual_cost > threshold x
+    user_charge), ``cost_ratio`` the window's actual cost / user charge."""
     return {
         "tenant_id": w.tenant_id,
         "window_start": w.window_start,
@@ -122,7 +140,8 @@ def warning_json(w: Any) -> dict[str, Any]:
         "requests": w.requests,
         "user_charge": w.user_charge,
         "actual_cost": w.actual_cost,
-        "ratio": w.ratio,
+        "cost_ratio": cost_ratio(w.actual_cost, w.user_charge),
+        "threshold": w.ratio,
     }
 
 
@@ -221,7 +240,10 @@ def pricing_show(
     Per pool and model: the multiplier in force, the next one (what the
     current window's KV-cache miss rate so far sets), the current and the
     previous window's measured miss rate; when the next window starts; the
-    margin warnings recorded since --warnings-from."""
+    margin warnings recorded since --warnings-from, each with its window's
+    cost_ratio (actual GPU cost / what the tenant was charged: above 1, the
+    window lost money) and the threshold it crossed (BURSTGATE_MARGIN_WARNING_RATIO:
+    a warning is recorded when cost_ratio > threshold)."""
     from burstgate_client._proto.burstgate.v1 import ledger_pb2 as lpb
 
     now = time.time_ns()

@@ -12,12 +12,19 @@ same vocabulary, :func:`cell`:
 The layout stays plain (no box, a header line, then one line per row, no
 trailing spaces) so that ``| awk``/``| grep`` keep working; ``--json`` is the
 machine interface. Numeric columns are right-aligned. On a terminal the header
-is bold and wide tables fold to the terminal's width; into a pipe nothing is
-wrapped or cut.
+is bold; into a pipe nothing is wrapped or cut.
+
+**Width.** A table wider than the terminal (its width, or ``$COLUMNS``
+when set) is not folded
+cell by cell, which made wide tables unreadable at 80 columns: it is printed
+as plain text instead, one ``column  value`` block per row, blocks separated
+by a blank line (as ``psql``'s expanded display). Into a pipe there is no
+width and a row stays one line for ``awk``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -27,6 +34,7 @@ from typing import Any
 
 import typer
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
@@ -50,9 +58,10 @@ def cell(value: Any) -> str:
 
 
 def _console() -> Console:
+    # Laid out with no width limit (rich would fold at its width): a table
+    # that does not fit is shown as records instead (render_table).
     if sys.stdout.isatty():
-        return Console(highlight=False)
-    # A pipe or a file: no colour and no width limit (rich would wrap at 80).
+        return Console(highlight=False, width=1_000_000)
     return Console(highlight=False, no_color=True, width=1_000_000, force_terminal=False)
 
 
@@ -88,14 +97,49 @@ def render_table(
             name,
             footer=foot[i] if foot is not None else "",
             justify="right" if _numeric(column) else "left",
-            overflow="fold",
-            no_wrap=not console.is_terminal,
+            no_wrap=True,  # fits: checked above
         )
     for r in cells:
         grid.add_row(*r)
     with console.capture() as captured:
         console.print(grid)
-    return "\n".join(line.rstrip() for line in captured.get().splitlines() if line.strip())
+    lines = [line.rstrip() for line in captured.get().splitlines() if line.strip()]
+    limit = screen_width()
+    if limit is not None and max((cell_len(line) for line in lines), default=0) > limit:
+        return _records(cols, cells, foot)
+    return "\n".join(lines)
+
+
+def screen_width() -> int | None:
+    """Columns a line may take on a terminal (``$COLUMNS`` when set, as
+    every terminal program reads it, else the terminal's); None into a pipe
+    or a file, whatever ``$COLUMNS`` says: test runners and CI export
+    ``COLUMNS=80`` while piping, and a pipe's rows stay one line for awk."""
+    if not _is_terminal():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return Console().width
+
+
+def _is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _records(
+    cols: Sequence[str], cells: Sequence[Sequence[str]], foot: Sequence[str] | None
+) -> str:
+    """The plain-text form of a table too wide for the screen: a ``column
+    value`` block per row (the footer last, its label ``total``)."""
+    width = max(len(c) for c in cols)
+    blocks = ["\n".join(f"{c.ljust(width)}  {v}".rstrip() for c, v in zip(cols, r, strict=True))
+              for r in cells]  # fmt: skip
+    if foot is not None:
+        shown = [(c, v) for c, v in zip(cols, foot, strict=True) if v != "-"]
+        blocks.append("\n".join(f"{'total' if i == 0 else ''}".ljust(width) + f"  {c} {v}"
+                                for i, (c, v) in enumerate(shown)).rstrip())  # fmt: skip
+    return "\n\n".join(blocks)
 
 
 def table(

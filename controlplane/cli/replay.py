@@ -37,9 +37,6 @@ from controlplane.cli.loadtest import (
     parse_tenants,
 )
 
-# simulate's default tenants: premium 20 %, standard 50 %, batch 30 %
-DEFAULT_TENANTS = ("acme:premium:2", "agentco:standard:5", "free-tier:batch:3")
-
 
 class Assign(StrEnum):
     HASH = "hash"
@@ -58,7 +55,8 @@ def replay(
     ] = Assign.HASH,
     tenant: Annotated[
         list[str] | None,
-        typer.Option(help="TENANT[:LANE[:WEIGHT]], repeat (default: the demo's, 20/50/30 %)."),
+        typer.Option(help="TENANT[:LANE[:WEIGHT]], repeat (default: the demo's three, one "
+                     "per lane, weighted by token rate, each row to a tenant whose cap it fits)."),
     ] = None,
     retries: Annotated[
         bool, typer.Option(help="Retry retryable refusals (backoff, full jitter, within the SLO).")
@@ -83,6 +81,7 @@ def replay(
     real lengths; refused clients retry after max(retry_after, backoff with full
     jitter) while their lane's TTFT SLO can still be met. Reports like
     `loadtest`, plus how many were served after a refusal."""
+    from controlplane.loadtest.demofit import demo_tenants
     from controlplane.loadtest.replay import plan
     from controlplane.loadtest.run import RetryPolicy
     from controlplane.sim.harness import DEFAULT_SLO_S
@@ -94,7 +93,7 @@ def replay(
         log = load_log(trace, OnBadRow.skip, options, False, phases)
     try:
         phase_list, arrivals = plan(
-            log, speed=speed, tenants=parse_tenants(tenant or list(DEFAULT_TENANTS)),
+            log, speed=speed, tenants=parse_tenants(tenant) if tenant else demo_tenants(),
             assign=assign.value, limit=limit, seed=seed,
         )  # fmt: skip
     except ValueError as exc:

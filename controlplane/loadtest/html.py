@@ -1,6 +1,6 @@
 """Self-contained HTML page of a load test: the per-phase table, and plots of
-offered and admitted rate, decision latency p99 and the calls the server
-held over time, with the phases shaded. PNGs embedded as data URIs, the
+offered and admitted rate, decision latency p99 per lane and the calls the
+server held over time, with the phases shaded. PNGs embedded as data URIs, the
 ``--json`` document embedded for tools; no network, no scripts.
 
 Figures as in controlplane/analysis/plots.py: a ``Figure`` on an explicit
@@ -31,6 +31,8 @@ img{max-width:100%}.meta{color:#666}
 """
 COLUMNS = (("phase", "phase"), ("requests", "requests"), ("offered/s", "offered_per_s"),
            ("admitted", "admitted"), ("refused", "refused"), ("held", "held"))  # fmt: skip
+RETRY_COLUMNS = (("retries", "retries"), ("served after refusal", "served_after_refusal"),
+                 ("gave up", "gave_up"))  # fmt: skip
 
 
 def _figure(doc: dict[str, Any]) -> Figure:
@@ -42,8 +44,7 @@ def _figure(doc: dict[str, Any]) -> Figure:
     axes[0].step(t, s["offered"], where="post", label="offered", color="#1f77b4")
     axes[0].step(t, s["admitted"], where="post", label="admitted", color="#ff7f0e")
     axes[0].set_ylabel("requests/s")
-    axes[1].plot(t, s["latency_p99_ms"], color="#9467bd", label="decision latency p99")
-    axes[1].set_ylabel("ms")
+    _lane_latency(axes[1], t, s)
     axes[2].step(t, s["held"], where="post", color="#8c564b",
                  label="calls held by the server (queue depth)")  # fmt: skip
     axes[2].set_ylabel("calls")
@@ -54,10 +55,33 @@ def _figure(doc: dict[str, Any]) -> Figure:
             if colour:
                 ax.axvspan(p["start_s"], p["end_s"], color=colour, alpha=0.08, lw=0)
         ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
+        if ax.get_yscale() == "linear":
+            ax.set_ylim(bottom=0)
         ax.legend(loc="upper right", fontsize=9)
     axes[0].set_title("shaded: red = pulse/burst, green = recovery", fontsize=10, loc="left")
     return fig
+
+
+LANE_COLOURS = {"premium": "#d62728", "standard": "#1f77b4", "batch": "#7f7f7f"}
+
+
+def _lane_latency(ax: Any, t: list[float], s: dict[str, Any]) -> None:
+    """Decision latency p99 per lane (log scale: premium's milliseconds
+    and batch's held seconds on one axis); a second with none of a lane's
+    calls is a gap. A document without the per-lane series (written before
+    it existed) shows the p99 of all."""
+    lanes = s.get("latency_p99_ms_by_lane") or {"all": s["latency_p99_ms"]}
+    shown = False
+    for i, (lane, values) in enumerate(lanes.items()):
+        ys = [float("nan") if v is None or v <= 0 else v for v in values]
+        if all(y != y for y in ys):  # NaN everywhere: nothing answered
+            continue
+        colour = LANE_COLOURS.get(lane, f"C{i + 4}")
+        ax.plot(t, ys, color=colour, marker=".", markersize=3, label=f"{lane} p99")
+        shown = True
+    if shown:
+        ax.set_yscale("log")
+    ax.set_ylabel("decision latency, ms")
 
 
 def _cell(v: Any) -> str:
@@ -83,15 +107,22 @@ def _shape(p: dict[str, Any]) -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
+    # As the text report: the retry columns when any client retried (replay
+    # retries by default, loadtest with --retries).
+    retried = any(ph.get("retries") for ph in doc["phases"])
     rows: list[list[Any]] = []
     for ph in doc["phases"]:
         lat, wait = ph["latency_ms"], ph["queue_wait_ms"]
         cells = [ph[key] for _, key in COLUMNS]
         cells += [lat[k] for k in ("p50", "p95", "p99", "max")] + [wait["p99"]]
         cells.append(sum(ph["errors"].values()))
+        if retried:
+            cells += [ph[key] for _, key in RETRY_COLUMNS]
         rows.append(cells)
     head = [h for h, _ in COLUMNS] + ["p50 ms", "p95 ms", "p99 ms", "max ms",
                                       "queue wait p99 ms", "errors"]  # fmt: skip
+    if retried:
+        head += [h for h, _ in RETRY_COLUMNS]
     lanes = [[ln["lane"], ln["requests"], ln["admitted"], ln["refused"], ln["held"],
               ln["latency_ms"]["p50"], ln["latency_ms"]["p99"], ln["queue_wait_ms"]["p99"]]
              for ln in doc.get("lanes", [])]  # fmt: skip
@@ -127,7 +158,7 @@ Latency: the Admit call as the client saw it (including any time the server held
 <h2>Refusals and errors by phase</h2>
 {_table(["phase", "outcome", "reason or status", "requests"], why, "why")}
 <h2>Over time</h2>
-<img alt="offered and admitted rate, latency p99 and calls held over time"
+<img alt="offered and admitted rate, latency p99 per lane and calls held over time"
  src="data:image/png;base64,{base64.b64encode(to_png(_figure(doc))).decode()}">
 <script type="application/json" id="burstgate-data">{data}</script>
 </body></html>

@@ -35,11 +35,14 @@ class Phase:
 
 @dataclass(frozen=True, slots=True)
 class Tenant:
-    """A tenant of the load, its lane ("" = the tenant's default) and weight."""
+    """A tenant of the load, its lane ("" = the tenant's default) and weight;
+    ``max_request_tokens``: no request of it is larger (prompt + output),
+    the tenant's ``max_tokens_per_request`` when it is known (demofit.py)."""
 
     tenant_id: str
     lane: str = ""
     weight: float = 1.0
+    max_request_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +143,20 @@ def arrivals(
             if t >= p.end_s - 1e-9:
                 break
             tenant = rng.choices(tenants, weights)[0]
+            cap = tenant.max_request_tokens
             lo, hi = mix.long_prompt if rng.random() < mix.long_prompt_share else mix.prompt
+            if cap:  # leave room for the shortest output
+                lo, hi = _within(lo, hi, cap - mix.output[0])
             prompt = rng.randint(lo, hi)
             lo, hi = mix.long_output if rng.random() < mix.long_output_share else mix.output
+            if cap:
+                lo, hi = _within(lo, hi, cap - prompt)
             out.append(Arrival(t, p.name, tenant, prompt, rng.randint(lo, hi)))
     return out
+
+
+def _within(lo: int, hi: int, most: int) -> tuple[int, int]:
+    """The range lo..hi cut to at most ``most`` (and at least 1): a capped
+    tenant's long request is as long as its cap allows."""
+    hi = max(1, min(hi, most))
+    return min(lo, hi), hi

@@ -1,7 +1,8 @@
 """The load test's report: per phase (base, pulse, recovery, ...) and in
 all, the decision latency the client saw (p50/p95/p99/max), decisions by
 outcome and reason, the server-side queue waits, refusals and errors; and a
-per-second series (offered, admitted, latency p99, calls held) for plots.
+per-second series (offered, admitted, latency p99 in all and per lane, calls
+held) for plots.
 
 Latency percentiles are over the calls that got an answer (nearest rank).
 """
@@ -122,7 +123,7 @@ def _lane_json(s: PhaseStats) -> dict[str, Any]:
     return {"lane": d.pop("phase"), **d}
 
 
-def series(result: RunResult) -> dict[str, list[float]]:
+def series(result: RunResult) -> dict[str, Any]:
     """Per second of the run: offered and admitted requests, latency p99 of
     the calls sent in that second, and the most calls held at once."""
     n = max(1, math.ceil(result.duration_s))
@@ -146,7 +147,24 @@ def series(result: RunResult) -> dict[str, list[float]]:
         "admitted": [float(x) for x in admitted],
         "latency_p99_ms": [percentile(v, 99) or 0.0 for v in lat],
         "held": [float(x) for x in held],
+        "latency_p99_ms_by_lane": _lane_latency(result, n),
     }
+
+
+def _lane_latency(result: RunResult, n: int) -> dict[str, list[float | None]]:
+    """Per lane asked for (as ``by_lane``), the latency p99 of the calls
+    sent in each second; None in a second with none of that lane's. The
+    lanes' latencies differ by orders of magnitude (premium is answered at
+    once, batch may be held for seconds): one p99 for all is the slowest
+    lane's."""
+    lat: dict[str, list[list[float]]] = {}
+    for o in result.outcomes:
+        if o.decision:
+            lane = o.arrival.tenant.lane or "default"
+            lat.setdefault(lane, [[] for _ in range(n)])[min(n - 1, int(o.arrival.at_s))].append(
+                o.latency_ms
+            )
+    return {lane: [percentile(v, 99) for v in seconds] for lane, seconds in sorted(lat.items())}
 
 
 def to_json(

@@ -45,7 +45,7 @@ def test_migrate_tenants_and_config_apply(db_url: str, tmp_path: Path) -> None:
     assert "acme" in listing and "1500.5" in listing and "premium" in listing
     shown = json.loads(run(*tenant, "show", "acme", "--json"))
     assert shown["state"] is None  # live state needs a server
-    assert shown["tenant"]["hourly_quota"] == "900000"  # int64 as JSON string (proto3 JSON)
+    assert shown["tenant"]["hourly_quota"] == 900000  # int64 as a JSON number (issue 35)
     assert shown["tenant"]["token_rate"] == "1500.5"
     assert "max_concurrency=7" in run(*tenant, "limits", "acme", "--max-concurrency", "7")
     run(*tenant, "update", "acme", "--display-name", "Acme Corp")
@@ -66,7 +66,7 @@ def test_migrate_tenants_and_config_apply(db_url: str, tmp_path: Path) -> None:
     )
     assert "1 tenants created, 1 updated" in run("config", "apply", str(cfg), *db)
     rows = {t["tenant_id"]: t for t in json.loads(run(*tenant, "list", "--json"))}
-    assert rows["acme"]["burst_tokens"] == "100" and rows["beta"]["default_lane"] == "batch"
+    assert rows["acme"]["burst_tokens"] == 100 and rows["beta"]["default_lane"] == "batch"
 
 
 def test_database_route_writes_the_audit_row(sqlite_url: str, tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_bad_input_exits_2_with_a_message_naming_the_field(sqlite_url: str, tmp_
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("tenants:\n  - {tenant_id: a, token_rate: 1, burst_tokens: -4}\n")
     bad_file = _cli("config", "apply", str(cfg), *db)
-    assert bad_file.returncode == 2 and "tenants.0.burst_tokens" in bad_file.stderr
+    assert bad_file.returncode == 2 and "tenants[0].burst_tokens" in bad_file.stderr
     ghost = _cli("tenant", *db, "show", "ghost")
     assert ghost.returncode == 2 and "NOT_FOUND" in ghost.stderr
     listing = _cli("tenant", *db, "list", "--json")

@@ -76,9 +76,9 @@ def test_operator_session(env: Env) -> None:
     # The level is kept (100 of the old burst); it refills towards the new one.
     assert env.admit("gamma", "r1", prompt=60).decision == pb.DECISION_ADMIT
     shown = cli.json("tenant", "show", "gamma")
-    assert shown["tenant"]["burst_tokens"] == "400"  # int64 as JSON string (proto3 JSON)
+    assert shown["tenant"]["burst_tokens"] == 400  # int64 as a JSON number, as every integer
     assert "hourly_quota" not in shown["tenant"]
-    assert shown["state"]["in_flight_tokens"] == "60"
+    assert shown["state"]["in_flight_tokens"] == 60
     human = cli("tenant", "show", "gamma").stdout
     assert "hourly_quota" in human and "unlimited" in human and "bucket_tokens" in human
 
@@ -94,7 +94,7 @@ def test_operator_session(env: Env) -> None:
     assert "not an integer" in cli("tenant", "limits", "gamma", "--daily-quota", "lots",
                                    code=2).stderr  # fmt: skip
 
-    audit = cli("admin", "audit", "list", "--target", "tenant:gamma").stdout.splitlines()
+    audit = cli("admin", "audit", "list", "--object", "tenant:gamma").stdout.splitlines()
     assert audit[0].split() == ["id", "time", "actor", "action", "target", "change"]
     assert "tenant.enable" in audit[1] and "tenant.create" in audit[-1]
     assert any("token_rate: 10 -> 20" in line for line in audit)

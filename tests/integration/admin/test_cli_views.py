@@ -36,7 +36,7 @@ def test_state_watch_refreshes_and_stops_after_count(env: Env) -> None:
 def test_audit_lists_only_changed_fields(env: Env) -> None:
     cli = Cli(env, env.keys.admin)
     cli("tenant", "limits", "acme", "--rate", "250")
-    audit = cli("admin", "audit", "list", "--target", "tenant:acme").stdout.splitlines()
+    audit = cli("admin", "audit", "list", "--object", "tenant:acme").stdout.splitlines()
     [line] = [row for row in audit if "tenant.update" in row]
     assert "token_rate: 1000 -> 250" in line
     # burst_tokens, quotas ... did not change: not listed

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -135,6 +136,14 @@ def test_pricing_show_equals_the_servers_answers(served: Served, clock: Any) -> 
     assert any(line.startswith("next_window") and nxt in line for line in text), text
     assert "margin warnings: 1" in text
     assert any(line.split()[2:4] == ["acme", "USD"] for line in text), text
+    # the warning's own cost ratio, and the threshold it crossed (was "ratio")
+    [w] = shown["margin_warnings"]
+    ratio = Decimal(w["actual_cost"]) / Decimal(w["user_charge"])
+    assert Decimal(w["cost_ratio"]) == ratio.quantize(Decimal("0.001"))
+    assert w["threshold"] == warnings[0].ratio and "ratio" not in w
+    assert Decimal(w["cost_ratio"]) > Decimal(w["threshold"])  # why it was recorded
+    header = next(line for line in text if line.split()[:2] == ["window_start", "tenant_id"])
+    assert header.split()[-2:] == ["cost_ratio", "threshold"]
 
     # --pool: one pool's series only.
     only_q = json.loads(cli(served, "show", "--pool", "q", "--json").stdout)
@@ -209,7 +218,8 @@ def test_pricing_in_a_real_process(served: Served, clock: Any) -> None:
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "BURSTGATE_API_KEY": served.key},
     )  # fmt: skip
-    assert down.returncode == 2 and "UNAVAILABLE" in down.stderr, down.stderr
+    assert down.returncode == 69, down.stderr  # EX_UNAVAILABLE: no server there
+    assert "no burstgate server answered at 127.0.0.1:1" in down.stderr, down.stderr
     assert "Traceback" not in down.stderr
 
 
