@@ -67,6 +67,24 @@ def sidecar(
         typer.Option(envvar="BURSTGATE_SIDECAR_ACCESS_LOG",
                      help="One JSON line per request, to this file ('-': stdout)."),
     ] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(envvar="BURSTGATE_SIDECAR_TLS_CA",
+                     help="TLS to the control plane: the CA that signed its certificate."),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(envvar="BURSTGATE_SIDECAR_TLS_CERT",
+                     help="mTLS: this sidecar's certificate (with --tls-key)."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(envvar="BURSTGATE_SIDECAR_TLS_KEY", help="mTLS: this sidecar's key."),
+    ] = None,
+    tls_server_name: Annotated[
+        str | None,
+        typer.Option(help="The name to check the control plane's certificate against."),
+    ] = None,
 ) -> None:
     """Serve the OpenAI API in front of an engine: every completion is
     admitted by burstgate first (refused: 429 with retry-after and
@@ -84,7 +102,9 @@ def sidecar(
         cfg = load(config, upstream=upstream, control_plane=control_plane, host=host, port=port,
                    pool=pool, control_plane_api_key=api_key, default_tenant=default_tenant,
                    tokenizer=tokenizer, spool_path=spool, spool=False if no_spool else None,
-                   access_log=access_log)  # fmt: skip
+                   access_log=access_log, control_plane_tls_ca=tls_ca,
+                   control_plane_tls_cert=tls_cert, control_plane_tls_key=tls_key,
+                   control_plane_tls_server_name=tls_server_name)  # fmt: skip
     except InvalidArgument as exc:
         fail(str(exc))
 
@@ -107,7 +127,8 @@ def sidecar(
             fail(f"--port: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", 7)
         typer.echo(
             f"burstgate sidecar listening on http://{cfg.host}:{bound}/v1 (engine "
-            f"{cfg.upstream}, control plane {cfg.control_plane}, pool {cfg.pool})",
+            f"{cfg.upstream}, control plane {cfg.control_plane}"
+            f"{' over TLS' if cfg.tls_files() else ''}, pool {cfg.pool})",
             err=True,
         )
         typer.echo(spool_line(admitter.spool_file), err=True)

@@ -15,8 +15,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from burstgate_client.admin import TlsFiles
 from burstgate_client.errors import InvalidArgument, excerpt
 
 # How many tokens a request that names no max_tokens is admitted for: the
@@ -119,6 +127,15 @@ class SidecarConfig(_Strict):
     # ("cp-0:50051,cp-1:50051"; the SDK follows owner redirects, docs/ha.md).
     control_plane: str
     control_plane_api_key: str | None = None  # None: $BURSTGATE_API_KEY
+    # TLS to the control plane (its BURSTGATE_TLS_CERT_FILE): the CA that
+    # signed its certificate, and for mTLS (BURSTGATE_TLS_CLIENT_CA_FILE)
+    # this sidecar's certificate and key; server_name: the name checked
+    # against its certificate when the address is not that name. No CA and
+    # no certificate: plaintext.
+    control_plane_tls_ca: Path | None = None
+    control_plane_tls_cert: Path | None = None
+    control_plane_tls_key: Path | None = None
+    control_plane_tls_server_name: str | None = Field(default=None, min_length=1)
     # Completes the control plane has not acknowledged, on disk (a restarted
     # sidecar delivers them): on by default at DEFAULT_SPOOL under
     # $STATE_DIRECTORY (systemd's StateDirectory=) or the working directory;
@@ -184,6 +201,35 @@ class SidecarConfig(_Strict):
                 raise ValueError(f"empty key or value: {excerpt(key)}: {excerpt(value)}")
         return v
 
+    @field_validator("control_plane_tls_ca", "control_plane_tls_cert", "control_plane_tls_key")
+    @classmethod
+    def _readable(cls, v: Path | None) -> Path | None:
+        # read at start-up, so that a wrong path is this error, not a failed
+        # handshake on the first request
+        if v is not None:
+            try:
+                v.read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> SidecarConfig:
+        if (self.control_plane_tls_cert is None) != (self.control_plane_tls_key is None):
+            raise ValueError(
+                "control_plane_tls_cert and control_plane_tls_key go together (mTLS)"
+            )
+        return self
+
+    def tls_files(self) -> TlsFiles | None:
+        """The SDK's TLS files for the control plane; None: plaintext."""
+        if self.control_plane_tls_ca is None and self.control_plane_tls_cert is None:
+            return None
+        return TlsFiles(
+            ca=self.control_plane_tls_ca, cert=self.control_plane_tls_cert,
+            key=self.control_plane_tls_key, server_name=self.control_plane_tls_server_name,
+        )  # fmt: skip
+
     def lane(self, name: str) -> LaneSettings:
         return self.lanes.get(name, self.default_lane)
 
@@ -216,6 +262,8 @@ FLAG_FIELDS = {
     "port": "--port", "pool": "--pool", "tokenizer": "--tokenizer",
     "control_plane_api_key": "--api-key", "default_tenant": "--default-tenant",
     "spool_path": "--spool", "spool": "--no-spool", "access_log": "--access-log",
+    "control_plane_tls_ca": "--tls-ca", "control_plane_tls_cert": "--tls-cert",
+    "control_plane_tls_key": "--tls-key", "control_plane_tls_server_name": "--tls-server-name",
 }  # fmt: skip
 
 
@@ -247,6 +295,12 @@ def load(path: Path | None = None, **flags: Any) -> SidecarConfig:
     for name in ("upstream", "control_plane"):
         if name not in raw:
             raise InvalidArgument(FLAG_FIELDS[name], f"required (or `{name}:` in --config)")
+    cert, key = raw.get("control_plane_tls_cert"), raw.get("control_plane_tls_key")
+    if (cert is None) != (key is None):  # (the model says so too, without naming a field)
+        missing = "control_plane_tls_key" if key is None else "control_plane_tls_cert"
+        given = "control_plane_tls_cert" if key is None else "control_plane_tls_key"
+        field = FLAG_FIELDS[missing] if given in from_flag else f"{where}: {missing}"
+        raise InvalidArgument(field, f"required with {FLAG_FIELDS[given]} (mTLS takes both)")
     try:
         cfg = SidecarConfig.model_validate(raw)
     except ValidationError as exc:

@@ -42,7 +42,7 @@ def sdk_client(cfg: SidecarConfig) -> SidecarAdmissionClient:
     try:
         client = SidecarAdmissionClient(
             cfg.control_plane, api_key=cfg.control_plane_api_key, fail_policy=policies,
-            spool_path=spool,
+            spool_path=spool, tls=cfg.tls_files(),
         )  # fmt: skip
     except BaseException as exc:
         if lock is not None:
