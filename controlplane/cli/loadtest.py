@@ -68,8 +68,16 @@ def loadtest(
     profile: Annotated[ProfileName, typer.Option(help="The shape of the load.")] = (
         ProfileName.PULSE
     ),
-    base: Annotated[float, typer.Option(help="Base rate, requests/s.")] = 20.0,
-    peak: Annotated[float, typer.Option(help="Rate in a pulse or burst, requests/s.")] = 80.0,
+    base: Annotated[
+        float | None,
+        typer.Option(help="Base rate, requests/s (default: 20; --local: half of what its "
+                     "engine sustains on the run's lengths)."),
+    ] = None,
+    peak: Annotated[
+        float | None,
+        typer.Option(help="Rate in a pulse or burst, requests/s (default: 80; --local: twice "
+                     "what its engine sustains)."),
+    ] = None,
     pulse_s: Annotated[
         float | None, typer.Option(help="pulse: length of a pulse, s (default: 30; --local 10).")
     ] = None,
@@ -148,7 +156,12 @@ def loadtest(
     --via-sidecar sends HTTP through a burstgate sidecar instead (latency =
     time to the answer's headers; docs/sidecar.md)."""
     from controlplane.loadtest import profile as prof
-    from controlplane.loadtest.demofit import demo_tenants, describe
+    from controlplane.loadtest.demofit import (
+        default_rates,
+        demo_tenants,
+        describe,
+        local_capacity_rps,
+    )
     from controlplane.loadtest.run import RetryPolicy
     from controlplane.sim.harness import DEFAULT_SLO_S
 
@@ -159,6 +172,16 @@ def loadtest(
     cycle_s = cycle_s if cycle_s is not None else (30.0 if short else 90.0)
     total_s = total_s if total_s is not None else (60.0 if short else 300.0)
     try:
+        mix = prof.Mix(long_prompt_share, long_output_share)
+        tenants = parse_tenants(tenant) if tenant else demo_tenants()
+        capacity = None
+        if local and (base is None or peak is None):
+            capacity = local_capacity_rps(tenants, mix, engine_speed, seed)
+        base, peak = default_rates(base, peak, local, capacity)
+        if capacity is not None:
+            typer.echo(f"the local fake engine sustains about {capacity:.1f} requests/s of "
+                       f"these lengths: base {base:g}/s, peak {peak:g}/s (--base, --peak "
+                       "choose)", err=True)  # fmt: skip
         if profile is ProfileName.PULSE:
             phases = prof.pulse(base, peak, pulse_s, cycle_s, total_s, recovery_s)
         elif profile is ProfileName.STEP:
@@ -166,8 +189,6 @@ def loadtest(
             phases = prof.step(base, peak, warmup_s, burst_s, rec)
         else:
             phases = prof.constant(base, total_s)
-        mix = prof.Mix(long_prompt_share, long_output_share)
-        tenants = parse_tenants(tenant) if tenant else demo_tenants()
         plan = prof.arrivals(phases, tenants, mix, seed=seed, uniform=uniform)
     except ValueError as exc:
         fail(str(exc))

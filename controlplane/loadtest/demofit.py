@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controlplane.loadtest.profile import Tenant
+from controlplane.loadtest.profile import Mix, Tenant
 
 # The demo's tenants, one per lane (the tenants' own default lanes would
 # leave premium without traffic).
@@ -58,4 +58,49 @@ def describe(tenants: list[Tenant]) -> str:
         f"{t.tenant_id}:{t.lane} {100 * t.weight / total:.0f}%"
         + (f" (<= {t.max_request_tokens:,} tokens)" if t.max_request_tokens else "")
         for t in tenants
+    )
+
+
+# With --local the engine is the fake one, whose capacity is known: the base
+# rate is half of what it sustains on the run's length mix (no request is
+# refused for the engine's sake before the first pulse), a pulse twice it
+# (the overload the pulse is there to show). Against another server its
+# engines are unknown and SPEC section 6's 20 -> 80 requests/s apply.
+BASE_OF_CAPACITY = 0.5
+PEAK_OF_CAPACITY = 2.0
+SPEC_BASE_RPS, SPEC_PEAK_RPS = 20.0, 80.0
+
+
+def local_capacity_rps(
+    tenants: list[Tenant], mix: Mix, engine_speed: float, seed: int = 0
+) -> float:
+    """Requests per second the fake engine of ``--local`` (the simulator's
+    default engine, at ``engine_speed`` model seconds per wall second)
+    sustains on the lengths this run draws: the simulator's own estimate
+    (sim.harness.estimate_capacity_rps), on a sample of the run's requests
+    with every request taking its full ``max_tokens`` (the engine's worst
+    case: the estimate errs low)."""
+    from controlplane.loadtest.profile import arrivals, constant
+    from controlplane.sim.engine import EngineParams
+    from controlplane.sim.harness import estimate_capacity_rps
+    from controlplane.sim.trace import TraceRequest
+
+    sample = arrivals(constant(100.0, 20.0), tenants, mix, seed=seed)
+    trace = [TraceRequest(int(a.at_s * 1e9), a.prompt_tokens, a.max_tokens, a.tenant.tenant_id, i)
+             for i, a in enumerate(sample)]  # fmt: skip
+    return estimate_capacity_rps(trace, EngineParams(), seed=seed) * engine_speed
+
+
+def default_rates(
+    base: float | None, peak: float | None, local: bool, capacity: float | None
+) -> tuple[float, float]:
+    """--base and --peak as given, else fitted to the local engine's
+    ``capacity`` (with --local) or SPEC section 6's."""
+    if local and capacity is not None:
+        fit_base, fit_peak = BASE_OF_CAPACITY * capacity, PEAK_OF_CAPACITY * capacity
+    else:
+        fit_base, fit_peak = SPEC_BASE_RPS, SPEC_PEAK_RPS
+    return (
+        base if base is not None else round(fit_base, 1),
+        peak if peak is not None else round(max(fit_peak, base or 0.0), 1),
     )

@@ -78,3 +78,36 @@ def test_replay_html_keeps_the_retry_columns(
     total = doc["phases"][-1]
     assert total["retries"] > 0
     assert f"<td>{total['retries']:,}</td>" in by_phase.rsplit("<tr>", 1)[1]
+
+
+def test_local_rates_fit_the_fake_engine(tmp_path: Path) -> None:
+    """`loadtest --local`: the engine is the fake one, whose capacity the
+    simulator estimates; the base rate is half of it, so the base load is
+    not refused for the engine's sake (at SPEC's 20/s the fake engine,
+    ~8 requests/s on these lengths, was 2.5x overloaded: 137 of 397
+    refused in 20 s, backpressure and queue timeouts)."""
+    from controlplane.loadtest.demofit import (
+        BASE_OF_CAPACITY,
+        PEAK_OF_CAPACITY,
+        default_rates,
+        demo_tenants,
+        local_capacity_rps,
+    )
+    from controlplane.loadtest.profile import Mix
+
+    # (an engine 4x faster than the default: its requests, up to 1,500
+    # tokens out, end within the test's seconds)
+    capacity = local_capacity_rps(demo_tenants(), Mix(), 4.0)
+    r = CliRunner().invoke(app, ["loadtest", "--local", "--engine-speed", "4", "--total-s", "4",
+                                 "--json", "--no-progress"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["profile"]["base"] == round(BASE_OF_CAPACITY * capacity, 1)
+    assert doc["profile"]["peak"] == round(PEAK_OF_CAPACITY * capacity, 1)
+    [base, _all] = doc["phases"]
+    assert base["phase"] == "base" and base["requests"] >= 10
+    assert base["refused"] == 0 and base["errors"] == {}, base["reasons"]
+    assert f"sustains about {capacity:.1f} requests/s" in r.stderr
+    # given rates are used as given
+    assert default_rates(7.0, None, True, capacity) == (7.0, round(PEAK_OF_CAPACITY * capacity, 1))
+    assert default_rates(None, None, False, None) == (20.0, 80.0)
