@@ -63,3 +63,23 @@ def test_options_that_do_not_apply_through_a_sidecar_are_refused() -> None:
     r = CliRunner().invoke(app, ["loadtest", "--via-sidecar", "--sidecar-url",
                                  "http://192.0.2.1:8080", "--no-progress"])  # fmt: skip
     assert r.exit_code == 2 and "--sidecar-url" in r.output and "loopback" in r.output
+
+
+def test_a_sidecar_without_tenant_header_answers_401_and_the_run_says_why(
+    pg_plane: Any, make_stack: Any
+) -> None:
+    """The load names each request's tenant in a header; a sidecar set up
+    without ``tenant_header`` (and no key or default tenant for them)
+    answers 401 to all of it, and the run ends with the hint."""
+    plane = pg_plane(tenant("gold"))
+    stack = make_stack(plane, speed=50.0)  # no tenant_header
+    r = CliRunner().invoke(app, [
+        "loadtest", "--via-sidecar", "--sidecar-url", stack.url, "--profile", "constant",
+        "--base", "5", "--total-s", "1", "--uniform", "--tenant", "gold:premium", "--json",
+        "--no-progress",
+    ])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["phases"][-1]["errors"] == {"http_401": doc["requests"]} and doc["requests"] > 0
+    assert "hint: the sidecar answered 401 (no tenant)" in r.stderr
+    assert "`tenant_header: x-burstgate-tenant`" in r.stderr
