@@ -23,7 +23,8 @@ from tests.support import add_tenants, wait_until
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 
 
-def test_admit_and_complete_over_mtls(sqlite_url: str, pki: Path) -> None:  # noqa: F811
+def mtls_plane(sqlite_url: str, pki: Path) -> tuple[Any, str]:  # noqa: F811
+    """A plane serving mTLS only, admission auth on, tenant acme; a sidecar key."""
     upgrade(sqlite_url)
     add_tenants(sqlite_url, tenant("acme"))
     engine = make_engine(sqlite_url)
@@ -33,6 +34,11 @@ def test_admit_and_complete_over_mtls(sqlite_url: str, pki: Path) -> None:  # no
         sqlite_url, admission_auth=True, tls_cert_file=pki / "server.pem",
         tls_key_file=pki / "server.key", tls_client_ca_file=pki / "ca.pem",
     )  # fmt: skip
+    return srv, key
+
+
+def test_admit_and_complete_over_mtls(sqlite_url: str, pki: Path) -> None:  # noqa: F811
+    srv, key = mtls_plane(sqlite_url, pki)
     tls = TlsFiles(pki / "ca.pem", pki / "client.pem", pki / "client.key")
 
     async def run() -> None:
@@ -65,15 +71,7 @@ def test_the_sidecar_reaches_a_control_plane_over_mtls(sqlite_url: str, pki: Pat
 
     from tests.integration.sidecar.conftest import MODEL, Stack
 
-    upgrade(sqlite_url)
-    add_tenants(sqlite_url, tenant("acme"))
-    engine = make_engine(sqlite_url)
-    key, _ = KeyStore(engine).create_key("sc", Role.SIDECAR, tenants=["*"], pools=["*"])
-    engine.dispose()
-    srv = start_server(
-        sqlite_url, admission_auth=True, tls_cert_file=pki / "server.pem",
-        tls_key_file=pki / "server.key", tls_client_ca_file=pki / "ca.pem",
-    )  # fmt: skip
+    srv, key = mtls_plane(sqlite_url, pki)
     mtls = {"control_plane_tls_ca": pki / "ca.pem", "control_plane_tls_cert": pki / "client.pem",
             "control_plane_tls_key": pki / "client.key"}  # fmt: skip
     stacks: list[Stack] = []
