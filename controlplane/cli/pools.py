@@ -22,7 +22,9 @@ POOLS_HELP = """Engine pools of a running server: demand, backlog, desired engin
 
 Per pool: the engines reporting, what users ask of it (prompt tokens and
 requests per second over the last 10 s: admitted, held, refused for
-capacity), the engines it needs now and an engine start-up from now; per
+capacity), the engines it needs now and an engine start-up from now, the
+prefix-cache miss rate its engines report and the KV-cache eviction advice
+its load reports are answered with (docs/sidecar.md, "Eviction advice"); per
 lane, the requests and prompt tokens burstgate holds for it and how long a
 new one would wait. The same numbers as /metrics (docs/autoscaling.md).
 
@@ -33,7 +35,7 @@ pools_app = typer.Typer(help=POOLS_HELP, no_args_is_help=True)
 pools_app.callback()(connect_options)
 
 POOL_COLUMNS = ("pool", "engines", "demand_tok_s", "demand_req_s", "desired", "predicted",
-                "tok_s_per_engine")  # fmt: skip
+                "tok_s_per_engine", "miss_rate", "evict_below_reuse_s")  # fmt: skip
 LANE_COLUMNS = ("pool", "lane", "held", "held_tokens", "wait_s")
 
 
@@ -53,6 +55,10 @@ def pool_rows(pools: Any) -> list[dict[str, Any]]:
             "tok_s_per_engine": _num(p.work_rate_tokens_per_second_per_engine)
             if p.HasField("work_rate_tokens_per_second_per_engine")
             else "not learned",
+            "miss_rate": _num(p.kv_cache_miss_rate, 3)
+            if p.HasField("kv_cache_miss_rate")
+            else "not measured",
+            "evict_below_reuse_s": _num(p.evict_below_reuse_per_s, 2),
         }
         for p in pools
     ]
@@ -88,7 +94,10 @@ def pools_status(
     (BURSTGATE_AUTOSCALE_ENGINE_STARTUP_S) from the demand forecast;
     "tok_s_per_engine" the work rate per engine the pool gate learned
     ("not learned" before it paced a backlog: desired is then the engines
-    reporting); "wait_s" how long a new request of the lane would wait
+    reporting); "miss_rate" the prefix-cache miss rate of the engines' fresh
+    reports ("not measured" when none sends it); "evict_below_reuse_s" the
+    eviction advice: evict cached blocks reused less often than this many
+    times a second; "wait_s" how long a new request of the lane would wait
     before release ("unknown" while work is held and the pace is not known)."""
     from burstgate_client.admin import apb
 

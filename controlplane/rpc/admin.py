@@ -376,6 +376,10 @@ def pool_states(svc: AdmissionService) -> list[apb.PoolState]:
             desired_engines=d.desired_engines,
             desired_engines_predicted=d.desired_engines_predicted,
             work_rate_tokens_per_second_per_engine=d.work_rate_per_engine,
+            kv_cache_miss_rate=p.kv_cache_miss_rate if p else None,
+            evict_below_reuse_per_s=(
+                p.evict_below_reuse_per_s if p else svc.views.eviction_advice(pool)[1]
+            ),
             lanes=[
                 apb.PoolLaneBacklog(
                     lane=b.lane, requests=b.requests, tokens=b.tokens,

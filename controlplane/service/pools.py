@@ -49,6 +49,16 @@ class Pool:
         return [s for s in self.engines.values() if now_ns - s.received_ns <= stale_ns]
 
 
+def pool_miss_rate(fresh: list[LoadSample]) -> float | None:
+    """The pool's prefix-cache miss rate: the engines' reported rates weighted
+    by batch capacity over those that measure it; None when none does."""
+    measured = [s for s in fresh if s.kv_cache_miss_rate is not None]
+    if not measured:
+        return None
+    weight = sum(s.max_batch_tokens for s in measured)
+    return sum((s.kv_cache_miss_rate or 0.0) * s.max_batch_tokens for s in measured) / weight
+
+
 def pool_score_ppm(fresh: list[LoadSample], policy: Policy) -> int:
     """The backpressure score of a pool's fresh reports: the weighted mean of
     the signals present (docs/burst-shaping.md, "The backpressure score"). Sums over the
@@ -62,13 +72,8 @@ def pool_score_ppm(fresh: list[LoadSample], policy: Policy) -> int:
     max_batch = min(sum(s.max_batch_tokens for s in fresh), cap)
     depth = min(sum(s.queue_depth for s in fresh), cap)
     capacity = min(sum(s.queue_capacity or policy.gate_waiting_per_engine for s in fresh), cap)
-    measured = [s for s in fresh if s.kv_cache_miss_rate is not None]
-    miss = -1
-    if measured:
-        weight = sum(s.max_batch_tokens for s in measured)
-        miss = ppm(
-            sum((s.kv_cache_miss_rate or 0.0) * s.max_batch_tokens for s in measured) / weight
-        )
+    rate = pool_miss_rate(fresh)
+    miss = -1 if rate is None else ppm(rate)
     usage = [s.kv_cache_usage for s in fresh if s.kv_cache_usage is not None]
     kv = ppm(sum(usage) / len(usage)) if usage else -1
     return backpressure_score_ppm(

@@ -19,6 +19,7 @@ from controlplane.service.demand import DESIRED_WINDOW_S, LaneBacklog, PoolDeman
 from controlplane.service.gate import PoolGate
 from controlplane.service.limits import TenantLimits
 from controlplane.service.limits import describe as describe_limits
+from controlplane.service.pools import pool_miss_rate
 from controlplane.service.pressure import PressureGate, eviction_advice
 from controlplane.service.queueing import WaitQueues
 from controlplane.service.records import RequestLog
@@ -165,6 +166,13 @@ class ServiceViews:
         engines should evict), answered with each load report."""
         load = self._pressure.score(pool, self._clock())
         return load, eviction_advice(load)
+
+    def pool_miss_rate(self, pool: str) -> float | None:
+        """The prefix-cache miss rate ``pool``'s fresh load reports give (as
+        the backpressure score weighs it); None when none measures it."""
+        book = self._pressure.book
+        p = book.pools.get(pool)
+        return None if p is None else pool_miss_rate(p.fresh(self._clock(), book.stale_ns))
 
     def pool_views(self) -> dict[str, tuple[float, int, bool]]:
         """pool -> (backpressure score, freshness, degraded), for operators."""

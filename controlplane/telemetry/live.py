@@ -46,6 +46,10 @@ class PoolLive:
     engines: int
     backpressure: float
     pricing_multiplier: float
+    # The prefix-cache miss rate of its fresh reports (None: none measures
+    # it), and the eviction advice its ReportLoad answers carry now.
+    kv_cache_miss_rate: float | None = None
+    evict_below_reuse_per_s: float = 0.0
 
 
 def tenant_live(service: AdmissionService, tenant_id: str) -> TenantLive:
@@ -72,7 +76,8 @@ def tenant_live(service: AdmissionService, tenant_id: str) -> TenantLive:
 
 def pools_live(service: AdmissionService) -> list[PoolLive]:
     """Every pool that reported: fresh engines, the service's own backpressure
-    score (``pool_views()``), pricing multiplier. Loop thread only."""
+    score (``pool_views()``), pricing multiplier, prefix-cache miss rate and
+    eviction advice. Loop thread only."""
     now = service.clock()
     stale_ns = int(service.limits.load_report_stale_s * 1_000_000_000)
     scored = service.views.pool_views()
@@ -83,7 +88,9 @@ def pools_live(service: AdmissionService) -> list[PoolLive]:
         fresh = sum(1 for s in engines if now - s.received_ns <= stale_ns)
         score = float(scored[pool][0]) if pool in scored else 0.0
         multiplier = service.pricing.quote(pool, "", now).multiplier
-        out.append(PoolLive(pool, fresh, score, multiplier))
+        _, evict_below = service.views.eviction_advice(pool)
+        out.append(PoolLive(pool, fresh, score, multiplier,
+                            service.views.pool_miss_rate(pool), evict_below))  # fmt: skip
     return out
 
 
@@ -188,13 +195,26 @@ class _LiveCollector(Collector):
             "Pricing multiplier in force for the pool",
             labels=["pool"],
         )
+        miss = GaugeMetricFamily(
+            "burstgate_pool_kv_cache_miss_rate",
+            "Prefix-cache miss rate of the pool's fresh load reports (0..1, weighted by batch "
+            "capacity; absent while no engine measures it)",
+            labels=["pool"],
+        )
+        evict = GaugeMetricFamily(
+            "burstgate_pool_evict_below_reuse_per_second",
+            "KV-cache eviction advice answered to the pool's load reports: evict cached "
+            "blocks reused less often than this per second (lower when the pool is busier)",
+            labels=["pool"],
+        )
         for p in snap.pools:
             engines.add_metric([p.pool], p.engines)
             score.add_metric([p.pool], p.backpressure)
             price.add_metric([p.pool], p.pricing_multiplier)
-        yield engines
-        yield score
-        yield price
+            if p.kv_cache_miss_rate is not None:
+                miss.add_metric([p.pool], p.kv_cache_miss_rate)
+            evict.add_metric([p.pool], p.evict_below_reuse_per_s)
+        yield from (engines, score, price, miss, evict)
         yield from _demand(snap.demand)
         yield from self._tenants(snap.per_tenant)
 

@@ -48,3 +48,30 @@ def test_pool_demand_over_the_admin_api_and_the_cli(env: Env) -> None:
         assert column in out
     missing = cli("pools", "status", "--pool", "nope", code=2)
     assert "no pool 'nope'" in missing.stderr and "default" in missing.stderr
+
+
+def test_pools_status_shows_the_miss_rate_and_the_eviction_advice(env: Env) -> None:
+    """Issue 37: what the engines report of their prefix caches, and the
+    advice their load reports are answered with, in GetServerState and the CLI."""
+    cli = Cli(env, env.keys.viewer)
+    (before,) = cli.json("pools", "status", "--pool", "default")
+    assert "kv_cache_miss_rate" not in before  # nothing reported: unset, not 0
+    assert "not measured" in cli("pools", "status", "--pool", "default").stdout
+    stub = env.admission()
+    ack = stub.ReportLoad(pb.LoadReport(
+        pool="default", engine_id="e0", max_batch_tokens=4096, batch_tokens=4096,
+        queue_depth=512, queue_capacity=256, kv_cache_miss_rate=0.375,
+    ), timeout=10)  # fmt: skip
+    # load 0.81 (a full batch, its queue over capacity, a few misses): the
+    # advice's middle step (docs/sidecar.md, "Eviction advice")
+    assert 0.5 < ack.load <= 0.85 and ack.evict_below_reuse_per_s == 0.15
+    state = env.viewer.call("GetServerState", apb.GetServerStateRequest())
+    (p,) = [p for p in state.pools if p.pool == "default"]
+    assert p.kv_cache_miss_rate == 0.375
+    assert p.evict_below_reuse_per_s == ack.evict_below_reuse_per_s
+    (shown,) = cli.json("pools", "status", "--pool", "default")
+    assert shown["kv_cache_miss_rate"] == 0.375 and shown["evict_below_reuse_per_s"] == 0.15
+    header, row = cli("pools", "status", "--pool", "default").stdout.splitlines()[:2]
+    # the last two columns ("tok_s_per_engine" before them says "not learned")
+    assert header.split()[-2:] == ["miss_rate", "evict_below_reuse_s"]
+    assert row.split()[-2:] == ["0.375", "0.15"]

@@ -140,9 +140,67 @@ def test_counters_typed_without_their_suffix_are_read_too() -> None:
     r.report(page + counters.format("hits", 1) + counters.format("queries", 2))
     got = r.report(page + counters.format("hits", 3) + counters.format("queries", 10))
     assert got is not None and got.kv_cache_miss_rate == pytest.approx(0.75)
+    # with labels, the parser gives each series a family of its own: summed
+    two = ("# TYPE vllm:prefix_cache_{0} counter\n"
+           "vllm:prefix_cache_{0}_total{{engine=\"0\"}} {1}\n"
+           "vllm:prefix_cache_{0}_total{{engine=\"1\"}} 7\n")  # fmt: skip
+    r.report(page + two.format("hits", 3) + two.format("queries", 10))
+    got = r.report(page + two.format("hits", 4) + two.format("queries", 14))
+    assert got is not None and got.kv_cache_miss_rate == pytest.approx(0.75)  # 1 - 1 / 4
 
 
 def test_parse_keeps_only_the_wanted_lines() -> None:
     page = vllm_page(waiting=1, running=2, kv=0, iter_sum=0, iter_count=0, hits=0, queries=0)
     got = parse(page, {"vllm:num_requests_waiting"}, {"vllm:num_requests_waiting"})
     assert set(got) == {"vllm:num_requests_waiting"} and got["vllm:num_requests_waiting"].value == 1
+
+
+def sglang_page(*, prompt: dict[str, float], cached: dict[str, float], hit_rate: float) -> str:
+    """SGLang's page as prometheus_client writes it (the classic text format
+    types a counter with its ``_total``): prompt tokens by ``is_streaming``,
+    cached ones by ``cache_source``."""
+    lines = ["# TYPE sglang:num_queue_reqs gauge", 'sglang:num_queue_reqs{model_name="m"} 0',
+             "# TYPE sglang:cache_hit_rate gauge",
+             f'sglang:cache_hit_rate{{model_name="m"}} {hit_rate}',
+             "# TYPE sglang:prompt_tokens_total counter"]  # fmt: skip
+    lines += [f'sglang:prompt_tokens_total{{is_streaming="{k}",model_name="m"}} {v}'
+              for k, v in prompt.items()]  # fmt: skip
+    lines.append("# TYPE sglang:cached_tokens_total counter")
+    lines += [f'sglang:cached_tokens_total{{cache_source="{k}",model_name="m"}} {v}'
+              for k, v in cached.items()]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def test_sglang_counters_give_the_interval_rate_and_its_gauge_is_not_read_beside_them() -> None:
+    r = reader(engine=EngineKind.SGLANG)
+    r.report(sglang_page(prompt={"false": 1000, "true": 0}, cached={"device": 500}, hit_rate=0.9))
+    got = r.report(sglang_page(prompt={"false": 1600, "true": 400}, cached={"device": 700,
+                               "host": 100}, hit_rate=0.9))  # fmt: skip
+    # 1000 prompt tokens in the interval, 300 of them cached (device + host)
+    assert got is not None and got.kv_cache_miss_rate == pytest.approx(0.7)
+    idle = r.report(sglang_page(prompt={"false": 1600, "true": 400}, cached={"device": 700,
+                                "host": 100}, hit_rate=0.9))  # fmt: skip
+    # no prompt in the interval: unset, not the last batch's 0.9 hit rate
+    assert idle is not None and not idle.HasField("kv_cache_miss_rate")
+
+
+def test_a_restart_resets_both_prefix_counters_together() -> None:
+    r = reader()
+    r.report(vllm_page(waiting=0, running=0, kv=0, iter_sum=0, iter_count=0, hits=10,
+                       queries=100))  # fmt: skip
+    # restarted: queries went down (100 -> 40) while hits went up (10 -> 30);
+    # both count from zero, so 30 of 40, not (30 - 10) of 40
+    got = r.report(vllm_page(waiting=0, running=0, kv=0, iter_sum=0, iter_count=0, hits=30,
+                             queries=40))  # fmt: skip
+    assert got is not None and got.kv_cache_miss_rate == pytest.approx(0.25)
+
+
+def test_untyped_total_lines_and_the_v0_hit_rate_gauge() -> None:
+    r = reader()
+    page = "vllm:num_requests_waiting 0\nvllm:prefix_cache_hits_total {}\n" \
+           "vllm:prefix_cache_queries_total {}\n"  # fmt: skip
+    r.report(page.format(0, 0))
+    got = r.report(page.format(60, 80))
+    assert got is not None and got.kv_cache_miss_rate == pytest.approx(0.25)
+    v0 = reader().report("vllm:num_requests_waiting 1\nvllm:gpu_prefix_cache_hit_rate 0.4\n")
+    assert v0 is not None and v0.kv_cache_miss_rate == pytest.approx(0.6)

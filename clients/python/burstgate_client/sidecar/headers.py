@@ -29,6 +29,11 @@ OFFLINE = "x-burstgate-offline"
 # it asked (a degradation's cap, the tenant's per-request maximum): the
 # engine was sent this, so the answer may stop at it (finish_reason length).
 GRANTED_MAX_TOKENS = "x-burstgate-granted-max-tokens"
+# The KV-cache eviction advice of the control plane's latest answer to this
+# sidecar's load report (LoadReportAck.evict_below_reuse_per_s), on admitted
+# answers: whatever sits in front of the engine (a router, an operator's
+# script) can read it where it reads the answer (docs/sidecar.md).
+EVICT_BELOW = "x-burstgate-evict-below-reuse-per-s"
 MAX_REQUEST_ID = 128
 
 

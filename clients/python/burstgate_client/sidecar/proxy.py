@@ -22,9 +22,12 @@ the minted id), ``x-burstgate-request-id`` (the minted id: the ledger's key),
 ``x-burstgate-queue-wait-ms`` (held in the gate), ``x-burstgate-degraded``,
 ``x-burstgate-offline`` (admitted locally while the control plane was
 unreachable), ``x-burstgate-granted-max-tokens`` (when the grant is below
-what was asked) and the ``x-ratelimit-*`` headers when the tenant's limits
-are at hand (a tenant's first request waits up to ``limits_timeout_s`` for
-its GetLimits, started beside its Admit; later ones take the cached limits).
+what was asked), ``x-burstgate-evict-below-reuse-per-s`` on admitted answers
+(the KV-cache eviction advice of the plane's latest answer to this sidecar's
+load report; absent while the last report got none) and the
+``x-ratelimit-*`` headers when the tenant's limits are at hand (a tenant's
+first request waits up to ``limits_timeout_s`` for its GetLimits, started
+beside its Admit; later ones take the cached limits).
 With an access log, each request's line is written when its answer ends.
 """
 
@@ -97,6 +100,9 @@ class Proxy:
         self.stream_count = stream_count  # the tokenizer, when configured
         self.tasks: set[asyncio.Task[None]] = set()  # settlements under way
         self.draining = False
+        # The latest ReportLoad answer's eviction advice, as the header
+        # writes it (server.py sets it; None: no answer to the last report).
+        self.eviction_advice: str | None = None
         self.limits = LimitsCache(admitter)
         self._urls: dict[str, URL] = {}
         m = metrics
@@ -210,6 +216,8 @@ class Proxy:
         if not a.admitted:
             return await self._refuse(a, ticket, ours[H.REQUEST_ID], ours)  # the id it knows
         ticket.outcome = "offline" if a.offline else "admitted"
+        if self.eviction_advice is not None:
+            ours[H.EVICT_BELOW] = self.eviction_advice
         (self._offline if a.offline else self._admitted).inc()
         if limits is None:  # the tenant's first request: answered meanwhile, or soon
             limits = (

@@ -12,16 +12,24 @@ engine has one per rank), except ``kv_cache_usage`` which is their mean:
   ``vllm:gpu_cache_usage_perc``;
 - ``batch_tokens``: a histogram's mean over the interval (delta sum / delta
   count; a gauge: its value): ``vllm:iteration_tokens_total``;
-- ``prefix_cache_hits``, ``prefix_cache_queries``, counters: the miss rate
-  is 1 - delta hits / delta queries: ``vllm:prefix_cache_hits``,
-  ``vllm:prefix_cache_queries`` (older: ``vllm:gpu_prefix_cache_*``);
-- ``prefix_cache_hit_rate``, a gauge: the miss rate is 1 - it, when there
-  are no counters (SGLang's ``sglang:cache_hit_rate``);
+- ``prefix_cache_hits``, ``prefix_cache_queries``, counters of prompt
+  tokens: the miss rate is 1 - delta hits / delta queries over the interval:
+  ``vllm:prefix_cache_hits``, ``vllm:prefix_cache_queries`` (v1 engine; on
+  the wire ``..._total``; older: ``vllm:gpu_prefix_cache_*``);
+- ``prefix_cache_hit_rate``, a gauge: the miss rate is 1 - it, only when the
+  page has no such counters (vLLM's v0 ``vllm:gpu_prefix_cache_hit_rate``);
 - ``gpu_utilization``, a gauge in percent: DCGM's ``DCGM_FI_DEV_GPU_UTIL``.
 
-SGLang and TGI presets map what they have; the config's ``metrics.names``
-overrides any field. Counters and histograms are read as deltas between two
-scrapes (a counter that went down, an engine restart, counts from zero); a
+SGLang and TGI presets map what they have. SGLang's counters are
+``sglang:cached_tokens_total`` (its series by ``cache_source``: device, host,
+storage, summed) over ``sglang:prompt_tokens_total``; both count a request
+when it finishes, so its rate trails vLLM's by a request's duration. Its
+``sglang:cache_hit_rate`` gauge is the last prefill batch's rate, not the
+interval's: read only from a page without the counters (older SGLang). The
+config's ``metrics.names`` overrides any field. Counters and histograms are
+read as deltas between two scrapes (a counter that went down, an engine
+restart, counts from zero; the two prefix-cache counters restart together,
+so that a restart's fresh hits are never divided by the old queries); a
 term with nothing in the interval is left out (the miss rate unset), never
 guessed. A page without the queue depth gives no report: it is the gate's
 main signal, and a report without it would read as an empty queue.
@@ -50,12 +58,15 @@ PRESETS: dict[EngineKind, dict[str, tuple[str, ...]]] = {
         "batch_tokens": ("vllm:iteration_tokens_total",),
         "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
         "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+        "prefix_cache_hit_rate": ("vllm:gpu_prefix_cache_hit_rate",),
         "gpu_utilization": ("DCGM_FI_DEV_GPU_UTIL",),
     },
     EngineKind.SGLANG: {
         "queue_depth": ("sglang:num_queue_reqs",),
         "requests_running": ("sglang:num_running_reqs",),
         "kv_cache_usage": ("sglang:token_usage",),
+        "prefix_cache_hits": ("sglang:cached_tokens",),
+        "prefix_cache_queries": ("sglang:prompt_tokens",),
         "prefix_cache_hit_rate": ("sglang:cache_hit_rate",),
         "gpu_utilization": ("DCGM_FI_DEV_GPU_UTIL",),
     },
@@ -124,6 +135,10 @@ def parse(text: str, families: set[str], samples: set[str]) -> dict[str, Series]
             elif s.name in (family.name, family.name + "_total"):
                 total += s.value
                 series += 1
+        # The parser splits the series of a counter typed without its
+        # ``_total`` into one untyped family each: they add up here.
+        if (seen := out.get(family.name)) is not None:
+            total, count, series = seen.value + total, seen.count + count, seen.series + series
         out[family.name] = Series(family.type, total, count, series)
     return out
 
@@ -137,6 +152,7 @@ class LoadReader:
         self.names = names_for(settings)
         self._families, self._samples = _wanted(self.names)
         self._prev: dict[str, Series] = {}
+        self._prev_cache: tuple[float, float] | None = None  # (hits, queries) totals
 
     def _find(self, page: Mapping[str, Series], field: str) -> Series | None:
         for name in self.names.get(field, ()):
@@ -157,6 +173,21 @@ class LoadReader:
             dv, dc = now.value, now.count
         return dv, dc
 
+    def _cache_delta(
+        self, hits: Series | None, queries: Series | None
+    ) -> tuple[float, float] | None:
+        """(delta hits, delta queries) since the last page with both counters;
+        if either went down (the engine restarted), both count from zero."""
+        if hits is None or queries is None:
+            self._prev_cache = None
+            return None
+        before, now = self._prev_cache, (hits.value, queries.value)
+        self._prev_cache = now
+        if before is None:
+            return None
+        dh, dq = now[0] - before[0], now[1] - before[1]
+        return now if dh < 0 or dq < 0 else (dh, dq)
+
     def report(self, text: str) -> pb.LoadReport | None:
         """The report for this page; None without a queue depth."""
         page = parse(text, self._families, self._samples)
@@ -170,8 +201,7 @@ class LoadReader:
             batch_tokens = d[0] / d[1] if d and d[1] > 0 else 0.0
         elif batch is not None:
             batch_tokens = batch.value
-        hits = self._delta("hits", found["prefix_cache_hits"])
-        queries = self._delta("queries", found["prefix_cache_queries"])
+        cache = self._cache_delta(found["prefix_cache_hits"], found["prefix_cache_queries"])
         if queue is None:
             return None
         r = pb.LoadReport(
@@ -185,8 +215,9 @@ class LoadReader:
             r.requests_running = _count(running.value)
         if (kv := found["kv_cache_usage"]) is not None and kv.series:
             r.kv_cache_usage = _fraction(kv.value / kv.series)
-        if hits is not None and queries is not None and queries[0] > 0:
-            r.kv_cache_miss_rate = _fraction(1 - hits[0] / queries[0])
+        if self._prev_cache is not None:  # the counters are on the page
+            if cache is not None and cache[1] > 0:
+                r.kv_cache_miss_rate = _fraction(1 - cache[0] / cache[1])
         elif (rate := found["prefix_cache_hit_rate"]) is not None and rate.series:
             r.kv_cache_miss_rate = _fraction(1 - rate.value / rate.series)
         if (gpu := found["gpu_utilization"]) is not None and gpu.series:

@@ -199,10 +199,15 @@ class Sidecar:
                 await self._scrape_once(url, timeout)
             except Exception as exc:  # a bad report: say so, at most once a minute
                 self.metrics.load_reports.labels("rejected").inc()
+                self._no_advice()
                 if time.monotonic() - warned > 60:
                     warned = time.monotonic()
                     log.warning("load report not sent: %r", exc)
             await asyncio.sleep(max(0.0, m.interval_s - (loop.time() - began)))
+
+    def _no_advice(self) -> None:
+        if self.proxy is not None:
+            self.proxy.eviction_advice = None
 
     async def _scrape_once(self, url: str, timeout: aiohttp.ClientTimeout) -> None:
         assert self._session is not None
@@ -213,10 +218,16 @@ class Sidecar:
                 text = await r.text()
         except (aiohttp.ClientError, TimeoutError):
             self.metrics.load_reports.labels("scrape_failed").inc()
+            self._no_advice()
             return
         report = self.reader.report(text)
         if report is None:
             self.metrics.load_reports.labels("no_queue_depth").inc()
+            self._no_advice()
             return
         ack = await self.admitter.report_load(report)
         self.metrics.load_reports.labels("sent" if ack is not None else "unreachable").inc()
+        if self.proxy is not None:  # advice the plane did not renew is not passed on
+            self.proxy.eviction_advice = (
+                None if ack is None else format(ack.evict_below_reuse_per_s, "g")
+            )

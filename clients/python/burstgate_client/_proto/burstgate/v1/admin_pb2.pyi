@@ -816,6 +816,8 @@ class PoolState(_message.Message):
     DESIRED_ENGINES_PREDICTED_FIELD_NUMBER: _builtins.int
     WORK_RATE_TOKENS_PER_SECOND_PER_ENGINE_FIELD_NUMBER: _builtins.int
     LANES_FIELD_NUMBER: _builtins.int
+    KV_CACHE_MISS_RATE_FIELD_NUMBER: _builtins.int
+    EVICT_BELOW_REUSE_PER_S_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     engines_reporting: _builtins.int
     """with a fresh load report"""
@@ -836,6 +838,15 @@ class PoolState(_message.Message):
     """Prompt tokens per second one engine takes under load, as the pool gate
     learned it; unset until it has paced a backlog.
     """
+    kv_cache_miss_rate: _builtins.float
+    """The prefix-cache miss rate of the pool's fresh load reports (0..1,
+    weighted by batch capacity); unset while no engine measures it.
+    """
+    evict_below_reuse_per_s: _builtins.float
+    """The KV-cache eviction advice its ReportLoad answers carry now
+    (LoadReportAck.evict_below_reuse_per_s): evict cached blocks reused less
+    often than this many times per second.
+    """
     @_builtins.property
     def lanes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolLaneBacklog]:
         """every configured lane, by priority"""
@@ -853,13 +864,20 @@ class PoolState(_message.Message):
         desired_engines_predicted: _builtins.int = ...,
         work_rate_tokens_per_second_per_engine: _builtins.float | None = ...,
         lanes: _abc.Iterable[Global___PoolLaneBacklog] | None = ...,
+        kv_cache_miss_rate: _builtins.float | None = ...,
+        evict_below_reuse_per_s: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_work_rate_tokens_per_second_per_engine", b"_work_rate_tokens_per_second_per_engine", "work_rate_tokens_per_second_per_engine", b"work_rate_tokens_per_second_per_engine"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_cache_miss_rate", b"_kv_cache_miss_rate", "_work_rate_tokens_per_second_per_engine", b"_work_rate_tokens_per_second_per_engine", "kv_cache_miss_rate", b"kv_cache_miss_rate", "work_rate_tokens_per_second_per_engine", b"work_rate_tokens_per_second_per_engine"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_work_rate_tokens_per_second_per_engine", b"_work_rate_tokens_per_second_per_engine", "backpressure_score", b"backpressure_score", "demand_requests_per_second", b"demand_requests_per_second", "demand_tokens_per_second", b"demand_tokens_per_second", "desired_engines", b"desired_engines", "desired_engines_predicted", b"desired_engines_predicted", "engines_reporting", b"engines_reporting", "lanes", b"lanes", "pool", b"pool", "pricing_multiplier", b"pricing_multiplier", "work_rate_tokens_per_second_per_engine", b"work_rate_tokens_per_second_per_engine"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_cache_miss_rate", b"_kv_cache_miss_rate", "_work_rate_tokens_per_second_per_engine", b"_work_rate_tokens_per_second_per_engine", "backpressure_score", b"backpressure_score", "demand_requests_per_second", b"demand_requests_per_second", "demand_tokens_per_second", b"demand_tokens_per_second", "desired_engines", b"desired_engines", "desired_engines_predicted", b"desired_engines_predicted", "engines_reporting", b"engines_reporting", "evict_below_reuse_per_s", b"evict_below_reuse_per_s", "kv_cache_miss_rate", b"kv_cache_miss_rate", "lanes", b"lanes", "pool", b"pool", "pricing_multiplier", b"pricing_multiplier", "work_rate_tokens_per_second_per_engine", b"work_rate_tokens_per_second_per_engine"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__kv_cache_miss_rate: _TypeAlias = _typing.Literal["kv_cache_miss_rate"]  # noqa: Y015
+    _WhichOneofArgType__kv_cache_miss_rate: _TypeAlias = _typing.Literal["_kv_cache_miss_rate", b"_kv_cache_miss_rate"]  # noqa: Y015
     _WhichOneofReturnType__work_rate_tokens_per_second_per_engine: _TypeAlias = _typing.Literal["work_rate_tokens_per_second_per_engine"]  # noqa: Y015
     _WhichOneofArgType__work_rate_tokens_per_second_per_engine: _TypeAlias = _typing.Literal["_work_rate_tokens_per_second_per_engine", b"_work_rate_tokens_per_second_per_engine"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_cache_miss_rate) -> _WhichOneofReturnType__kv_cache_miss_rate | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__work_rate_tokens_per_second_per_engine) -> _WhichOneofReturnType__work_rate_tokens_per_second_per_engine | None: ...
 
 Global___PoolState: _TypeAlias = PoolState  # noqa: Y015
