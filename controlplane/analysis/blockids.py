@@ -7,9 +7,8 @@ opaque: two blocks are the same block when their ids are equal as JSON values
 (``5`` and ``"5"`` differ). In CSV the column holds a JSON list (``"[1, 2]"``).
 
 The reader keeps them as a ragged column: per request the number of ids, and
-all ids back to back as int64 *codes*, each distinct id interned once in
-order of first appearance in the file (so the same file gives the same codes
-whichever parser path read it). A missing value (absent key, null, empty
+all ids back to back as int64 *codes* (the ids themselves while they are all
+int64 integers, else interned: ``BlockColumn``). A missing value (absent key, null, empty
 cell) is a request without block ids; it counts as zero blocks, and is
 counted.
 
@@ -90,11 +89,27 @@ def csv_chunk(column: list[str]) -> BlockChunk | None:
     return BlockChunk(lengths, [item for ids in lists for item in ids], 0)
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64s(ids: Sequence[Hashable]) -> bool:
+    return all(type(item) is int and INT64_MIN <= item <= INT64_MAX for item in ids)
+
+
 class BlockColumn:
-    """The ragged column the reader appends to, in file order."""
+    """The ragged column the reader appends to, in file order.
+
+    While every id is an integer that fits int64 (Mooncake's, Bailian's) the
+    ids are kept as they are: no per-id Python object, which on a million
+    requests of twenty ids is the difference between 150 MB and 1 GB. The
+    first other id (a string, a larger integer) turns the column into codes:
+    every id so far, then every id after, interned in order of first
+    appearance (so the same file gives the same codes whichever parser path
+    read it). Either way equal codes mean equal ids.
+    """
 
     def __init__(self) -> None:
-        self.index: dict[Hashable, int] = {}
+        self.index: dict[Hashable, int] | None = None  # None: the codes are the ids
         self.missing = 0
         self._lengths: list[Int64Array] = []
         self._codes: list[Int64Array] = []
@@ -102,9 +117,20 @@ class BlockColumn:
         self._row_codes = array("q")
 
     def intern(self, ids: Sequence[Hashable]) -> list[int]:
+        if self.index is None:
+            self._to_codes()
         index = self.index
+        assert index is not None
         setdefault = index.setdefault
         return [setdefault(item, len(index)) for item in ids]
+
+    def _to_codes(self) -> None:
+        """Switch from raw integers to interned codes, converting what is stored."""
+        self.flush_rows()
+        self.index = {}
+        raw, self._codes = self._codes, []
+        for chunk in raw:
+            self._codes.append(np.array(self.intern(chunk.tolist()), dtype=np.int64))
 
     def add_row(self, ids: list[Hashable] | None) -> None:
         """One scalar row (already parsed: this cannot fail)."""
@@ -112,8 +138,10 @@ class BlockColumn:
             self.missing += 1
             self._row_lengths.append(0)
             return
+        if self.index is None and not _int64s(ids):
+            self._to_codes()
         self._row_lengths.append(len(ids))
-        self._row_codes.extend(self.intern(ids))
+        self._row_codes.extend(ids if self.index is None else self.intern(ids))  # type: ignore[arg-type]
 
     def flush_rows(self) -> None:
         if len(self._row_lengths):
@@ -128,17 +156,19 @@ class BlockColumn:
             self.missing += rows
             self._lengths.append(np.zeros(rows, np.int64))
             return
+        ids = chunk.ids
+        if isinstance(ids, list) and self.index is None and _int64s(ids):
+            ids = np.array(ids, dtype=np.int64)
         self.missing += chunk.missing
         self._lengths.append(chunk.lengths)
-        self._codes.append(self._intern_chunk(chunk.ids))
+        self._codes.append(self._chunk_codes(ids))
 
-    def _intern_chunk(self, ids: Int64Array | list[Hashable]) -> Int64Array:
+    def _chunk_codes(self, ids: Int64Array | list[Hashable]) -> Int64Array:
         if isinstance(ids, list):
             return np.array(self.intern(ids), dtype=np.int64)
-        if not ids.size:
-            return np.zeros(0, np.int64)
-        # Intern each distinct id once, in order of first appearance, so the
-        # codes are those the row-by-row path would give.
+        if self.index is None or not ids.size:
+            return ids
+        # Intern each distinct id once, in order of first appearance.
         distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")
         codes = np.empty(distinct.size, dtype=np.int64)

@@ -66,11 +66,10 @@ class RequestLog:
     grid_us: int | None = None  # the timestamps' step (grid.py); set by checks.check_log
     forced: bool = False  # fatal findings were overridden with --force
     # Block ids (blockids.py), when the log has a block-id column: request r's
-    # interned ids are block_codes[block_offsets[r]:block_offsets[r + 1]].
+    # ids (as int64 codes) are block_codes[block_offsets[r]:block_offsets[r + 1]].
     block_offsets: npt.NDArray[np.int64] | None = None
     block_codes: npt.NDArray[np.int64] | None = None
     blocks_missing: int = 0  # requests whose block ids were missing (counted as none)
-    distinct_blocks: int = 0
 
     def __len__(self) -> int:
         return int(self.ts_us.size)

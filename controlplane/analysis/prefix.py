@@ -36,6 +36,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +58,9 @@ MIN_WINDOW_SHARE = 0.5  # of the width, for a window's rate to count as a load
 # A share of requests whose id count is not ceil(input_length / block_size)
 # above which the block size is probably wrong (and said so).
 MISMATCH_WARN_SHARE = 0.05
+# Integer ids spread over at most this many times their count are used as
+# array indices directly; sparser ones (hashes) are ranked first.
+DENSE_SPAN = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,28 +153,49 @@ class PrefixAnalysis:
         return self.has_lengths and self.mismatch_share > MISMATCH_WARN_SHARE
 
 
+def dense_codes(codes: IntArray) -> tuple[IntArray, int]:
+    """Codes in ``0..distinct-1`` (equal where equal) and the number of distinct ones.
+
+    Ids that already lie in a range at most ``DENSE_SPAN`` times their count
+    (Mooncake numbers its blocks 0, 1, 2, ...) are kept: no sort needed."""
+    if not codes.size:
+        return codes, 0
+    low, high = int(codes.min()), int(codes.max())
+    if low >= 0 and high < DENSE_SPAN * codes.size:
+        seen = np.zeros(high + 1, dtype=np.bool_)
+        seen[codes] = True
+        return codes, int(np.count_nonzero(seen))
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64, copy=False), int(distinct.size)
+
+
 def unbounded_hits(offsets: IntArray, codes: IntArray) -> IntArray:
     """Leading-run hits per request against an unbounded cache, vectorised.
 
     A block is cached at request ``r`` exactly when it appeared in an earlier
     request, so the leading run ends at the first block whose first
     appearance is ``r`` itself. Same result as ``PrefixCache(None).access``
-    request after request (the tests check it)."""
+    request after request (the tests check it). ``codes`` as from ``dense_codes``."""
     lengths = np.diff(offsets)
     n = int(lengths.size)
     hits = np.zeros(n, dtype=np.int64)
     if not codes.size:
         return hits
-    request_of = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    first = np.full(int(codes.max()) + 1, n, dtype=np.int64)
+    # int32 where it fits: these arrays are as long as the whole trace's blocks.
+    kind: type[np.signedinteger[Any]] = np.int32 if n < 2**31 else np.int64
+    request_of: npt.NDArray[np.signedinteger[Any]] = np.repeat(np.arange(n, dtype=kind), lengths)
+    first: npt.NDArray[np.signedinteger[Any]] = np.full(int(codes.max()) + 1, n, dtype=kind)
     np.minimum.at(first, codes, request_of)
     cached = first[codes] < request_of
-    position = np.arange(codes.size, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
-    # Position of each miss, and the request's length where cached: the
-    # minimum per request is where its leading run ends.
-    stop = np.where(cached, np.repeat(lengths, lengths), position)
+    del first, request_of
+    # Each block's position in the trace, or past its end where cached: the
+    # minimum over a request is where its leading run ends (or past the end).
+    stop = np.arange(codes.size, dtype=np.int64)
+    stop[cached] = codes.size
+    del cached
     nonempty = lengths > 0
-    hits[nonempty] = np.minimum.reduceat(stop, offsets[:-1][nonempty])
+    starts = offsets[:-1][nonempty]
+    hits[nonempty] = np.minimum(np.minimum.reduceat(stop, starts) - starts, lengths[nonempty])
     return hits
 
 
@@ -291,6 +316,7 @@ def analyze_prefix(
     else:
         block_size, source = DEFAULT_BLOCK_SIZE, "default"
     order, offsets, codes = _in_arrival_order(log)
+    codes, distinct = dense_codes(codes)
     lengths = np.diff(offsets)
     has_lengths = "prompt_tokens" in log.columns
     prompt = log.prompt_tokens[order] if has_lengths else lengths * block_size
@@ -324,7 +350,7 @@ def analyze_prefix(
         requests_without_blocks=int(np.count_nonzero(lengths == 0)),
         missing=log.blocks_missing,
         blocks=int(lengths.sum()),
-        distinct_blocks=log.distinct_blocks,
+        distinct_blocks=distinct,
         tokens=int(tokens.sum()),
         length_mismatches=int(np.count_nonzero((lengths > 0) & (lengths != expected)))
         if has_lengths

@@ -153,7 +153,6 @@ class _State:
             block_offsets=offsets if with_blocks else None,
             block_codes=codes if with_blocks else None,
             blocks_missing=builder.blocks.missing if with_blocks else 0,
-            distinct_blocks=len(builder.blocks.index),
         )
 
 

@@ -244,6 +244,25 @@ def test_a_hand_computed_trace(app: typer.Typer, tmp_path: Path) -> None:
     assert prefix["distinct_blocks"] == 6 and prefix["length_mismatches"] == 0
 
 
+def test_ids_of_every_kind_are_compared_as_values(app: typer.Typer, tmp_path: Path) -> None:
+    """Hash-sized, negative and beyond-int64 integers, and strings that look
+    like them: the integer columns are switched to interned codes at the first
+    id that is not an int64, and equal ids stay equal across the switch."""
+    big, huge = 2**62 + 11, 2**64 + 3
+    reqs = [
+        Req(0, 1000, [big, -4]),
+        Req(10, 1000, [big, -4]),  # 2 hits
+        Req(20, 1000, [huge, "7"]),  # switch: not an int64
+        Req(30, 1000, [big, -4, 7]),  # 2 hits: 7 is not "7"
+        Req(40, 1000, [huge, "7"]),  # 2 hits
+    ]
+    prefix = analyse(app, write_jsonl(tmp_path / "kinds.jsonl", reqs))["prefix_cache"]
+    unbounded = prefix["caches"][0]
+    assert (unbounded["hit_blocks"], unbounded["blocks"]) == (6, 11)
+    assert prefix["distinct_blocks"] == 5
+    assert_matches(unbounded, reference(reqs, None, 512, 60)[0])
+
+
 def test_kv_capacity_in_tokens_is_whole_blocks(app: typer.Typer, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "t.jsonl", make_trace(5, n=120))
     prefix = analyse(app, path, "--kv-capacity-tokens", "20000", "--cache-blocks", "39")
