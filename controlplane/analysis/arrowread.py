@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.analysis.blockids import BlockChunk
 from controlplane.analysis.columns import LABELS, ColumnBuilder, OptionalStamps
 from controlplane.analysis.parsing import (
     fast_counts,
@@ -195,8 +196,33 @@ def add_table(
             if values_list is None:
                 return False
             labels[name] = values_list
-    builder.append_chunk(ts, counts, floats, labels)
+    blocks = None
+    if "block_ids" in paths:
+        blocks = _block_ids(_field(table, paths["block_ids"]))
+        if blocks is None:
+            return False
+    builder.append_chunk(ts, counts, floats, labels, blocks)
     return True
+
+
+def _block_ids(array: Any) -> BlockChunk | None:
+    """A list column of integer or string ids; None (row by row) for anything else."""
+    kind = array.type
+    if pa.types.is_null(kind):
+        return BlockChunk(np.zeros(len(array), np.int64), np.zeros(0, np.int64), len(array))
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return None
+    values = pc.list_flatten(array)  # null lists contribute nothing
+    if values.null_count:
+        return None  # a null inside a list is a bad value: the scalar path names it
+    lengths = pc.list_value_length(array).fill_null(0).cast(pa.int64()).to_numpy()
+    missing = array.null_count
+    item = values.type
+    if pa.types.is_integer(item) and not pa.types.is_uint64(item):
+        return BlockChunk(lengths, values.cast(pa.int64()).to_numpy(), missing)
+    if pa.types.is_string(item) or pa.types.is_large_string(item):
+        return BlockChunk(lengths, values.to_pylist(), missing)
+    return None
 
 
 # --------------------------------------------------------------------------- JSON Lines
@@ -205,6 +231,11 @@ def add_table(
 def _json_type(values: Iterable[object]) -> Any:
     """The Arrow type for one field from sample values, or None if unsafe (``load()`` first)."""
     kinds = {type(v) for v in values if v is not None}
+    if kinds == {list}:  # block ids: a list of integers or of strings
+        items = {type(item) for ids in values if isinstance(ids, list) for item in ids}
+        if items <= {int}:
+            return pa.list_(pa.int64())
+        return pa.list_(pa.string()) if items == {str} else None
     if kinds <= {int}:
         return pa.int64() if kinds else pa.string()
     if kinds <= {int, float}:

@@ -32,6 +32,17 @@ from controlplane.analysis.forecast import (
 )
 from controlplane.analysis.jsonout import analysis_to_dict, forecast_to_dict, plan_to_dict
 from controlplane.analysis.plan import DEFAULT_LEAD_TIME_S, EngineCapacity, plan_capacity
+from controlplane.analysis.prefix import DEFAULT_WINDOW_S, PrefixParams
+from controlplane.analysis.prefix_cli import (
+    BlockIdsColOpt,
+    BlockSizeOpt,
+    CacheBlocksOpt,
+    KvCapacityOpt,
+    KvWindowOpt,
+    PrefixOptionError,
+    check_options,
+    prefix_params,
+)
 from controlplane.analysis.presets import OPTION_FOR_FIELD, ColumnOptions, LogFormat
 from controlplane.analysis.progress import Phases
 from controlplane.analysis.reader import LogReadError, RequestLog, read_log
@@ -134,13 +145,19 @@ def input_options(
     log_format: LogFormat,
     time_unit: TimeUnit | None,
     columns: tuple[str | None, str | None, str | None, str | None, str | None],
+    block_ids_col: str | None = None,
+    block_ids: bool = False,
 ) -> ColumnOptions:
-    fields = ("timestamp", "prompt_tokens", "output_tokens", "tenant", "lane")
-    mapping = {f: c for f, c in zip(fields, columns, strict=True) if c is not None}
+    """``block_ids``: read the block-id column (only ``analyze`` uses it)."""
+    fields = ("timestamp", "prompt_tokens", "output_tokens", "tenant", "lane", "block_ids")
+    named = (*columns, block_ids_col)
+    mapping = {f: c for f, c in zip(fields, named, strict=True) if c is not None}
     for canonical, column in mapping.items():
         if not column.strip():
             _fail(f"{OPTION_FOR_FIELD[canonical]} must name a column")
-    return ColumnOptions(log_format=log_format, mapping=mapping, time_unit=time_unit)
+    return ColumnOptions(
+        log_format=log_format, mapping=mapping, time_unit=time_unit, block_ids=block_ids
+    )
 
 
 def _show_progress(path: Path, no_progress: bool) -> bool:
@@ -234,9 +251,19 @@ def analyze_command(
     tenant_col: TenantColOpt = None,
     lane_col: LaneColOpt = None,
     force: ForceOpt = False,
+    block_ids_col: BlockIdsColOpt = None,
+    block_size: BlockSizeOpt = None,
+    cache_blocks: CacheBlocksOpt = None,
+    kv_capacity_tokens: KvCapacityOpt = None,
+    kv_window_seconds: KvWindowOpt = DEFAULT_WINDOW_S,
 ) -> None:
-    """Burst statistics of a request log: rates, inter-arrivals, lengths, incidents."""
+    """Burst statistics of a request log: rates, inter-arrivals, lengths, incidents;
+    prefix-cache hit rates when it has block ids."""
     rule = _rule(burst_k, burst_min_seconds, baseline_seconds)
+    try:
+        check_options(block_size, cache_blocks, kv_capacity_tokens, kv_window_seconds)
+    except PrefixOptionError as exc:
+        _fail(str(exc))
     if bin_seconds < 1:
         _fail(f"--bin-seconds must be a whole number of seconds, at least 1 (got {bin_seconds})")
     if max_tenants < 1:
@@ -248,13 +275,23 @@ def analyze_command(
     except ReportPathError as exc:
         _fail(str(exc))
     options = input_options(
-        log_format, time_unit, (time_col, prompt_col, output_col, tenant_col, lane_col)
-    )
-    params = AnalysisParams(
-        rule=rule, per_tenant=per_tenant, max_tenants=max_tenants, bin_seconds=bin_seconds
+        log_format,
+        time_unit,
+        (time_col, prompt_col, output_col, tenant_col, lane_col),
+        block_ids_col,
+        block_ids=True,
     )
     with Phases(_show_progress(log, no_progress)) as phases:
         request_log = load_log(log, on_bad_row, options, force, phases)
+        params = AnalysisParams(
+            rule=rule,
+            per_tenant=per_tenant,
+            max_tenants=max_tenants,
+            bin_seconds=bin_seconds,
+            prefix=_prefix_params(
+                request_log, block_size, cache_blocks, kv_capacity_tokens, kv_window_seconds
+            ),
+        )
         with phases.steps("analysing") as step:
             analysis = analyze(request_log, params, progress=step)
     if json_out and analysis.binning.widened:  # the text report says it on stdout
@@ -274,6 +311,32 @@ def analyze_command(
         except OSError as exc:
             _fail(f"--html: cannot write {html_path}: {exc.strerror or exc}")
         typer.echo(f"HTML report: {path}", err=json_out)
+
+
+def _prefix_params(
+    log: RequestLog,
+    block_size: int | None,
+    cache_blocks: list[int] | None,
+    kv_capacity_tokens: list[int] | None,
+    kv_window_seconds: int,
+) -> PrefixParams:
+    if not log.has_block_ids and (cache_blocks or kv_capacity_tokens or block_size):
+        typer.echo(
+            "warning: --cache-blocks, --kv-capacity-tokens and --block-size are ignored: "
+            "the log has no block ids",
+            err=True,
+        )
+    preset = None if log.resolution is None else log.resolution.preset
+    try:
+        return prefix_params(
+            block_size,
+            None if preset is None else preset.block_size,
+            cache_blocks,
+            kv_capacity_tokens,
+            kv_window_seconds,
+        )
+    except PrefixOptionError as exc:
+        _fail(str(exc))
 
 
 def plan_command(

@@ -17,6 +17,7 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.analysis.blockids import BlockChunk, BlockColumn, csv_chunk, parse_block_ids
 from controlplane.analysis.parsing import (
     fast_counts,
     fast_optional_floats,
@@ -57,6 +58,7 @@ class ColumnBuilder:
         self.labels: dict[str, dict[str, int]] = {name: {} for name in LABELS}
         self._chunks: dict[str, list[npt.NDArray[np.generic]]] = {name: [] for name in _DTYPES}
         self._ints, self._floats = self._fresh_rows()
+        self.blocks = BlockColumn()  # block ids (blockids.py), kept when the log has them
 
     @staticmethod
     def _fresh_rows() -> tuple[dict[str, array[int]], dict[str, array[float]]]:
@@ -98,12 +100,14 @@ class ColumnBuilder:
             end = parse_optional_ts(get("end"), unit)
             if end is not None:
                 latency = max(0, end - ts) / US_PER_MS  # arrival to completion
+        ids = parse_block_ids(get("block_ids")) if "block_ids" in present else None
         codes = [self.intern(name, get(name)) if name in present else 0 for name in LABELS]
         ints, floats = self._ints, self._floats
         for name, value in zip((*_INT64, *LABELS), (ts, prompt, output, *codes), strict=True):
             ints[name].append(value)
         floats["queue_wait"].append(wait)
         floats["latency"].append(latency)
+        self.blocks.add_row(ids)
 
     def _flush_rows(self) -> None:
         if not len(self._ints["ts"]):
@@ -112,6 +116,7 @@ class ColumnBuilder:
         for name, values in buffers.items():
             self._chunks[name].append(np.frombuffer(values, dtype=_DTYPES[name]).copy())
         self._ints, self._floats = self._fresh_rows()
+        self.blocks.flush_rows()
 
     # ------------------------------------------------------------------ vector path
 
@@ -144,8 +149,13 @@ class ColumnBuilder:
 
         if not self.derive_chunk(floats, ts, stamps, index):
             return False
+        blocks = None
+        if "block_ids" in index:
+            blocks = csv_chunk(column("block_ids"))
+            if blocks is None:
+                return False
         labels = {name: column(name) for name in LABELS if name in index}
-        self.append_chunk(ts, counts, floats, labels)
+        self.append_chunk(ts, counts, floats, labels, blocks)
         return True
 
     def append_chunk(
@@ -154,6 +164,7 @@ class ColumnBuilder:
         counts: Mapping[str, npt.NDArray[np.int64]],
         floats: Mapping[str, npt.NDArray[np.float64]],
         labels: Mapping[str, Sequence[object]],
+        blocks: BlockChunk | None = None,
     ) -> None:
         """Append a parsed chunk (every value already valid) in file order."""
         n = int(ts.size)
@@ -167,6 +178,7 @@ class ColumnBuilder:
             self._chunks[name].append(
                 self._label_codes(name, labels[name]) if name in labels else np.zeros(n, np.int32)
             )
+        self.blocks.add_chunk(blocks, n)
 
     def derive_chunk(
         self,

@@ -16,6 +16,7 @@ from controlplane.analysis.plan import (
     TARGET_UTILIZATION,
     CapacityPlan,
 )
+from controlplane.analysis.prefix_out import prefix_to_dict
 from controlplane.analysis.stats import Timeline
 from controlplane.analysis.summary import Analysis, EntitySummary, Incident
 
@@ -140,6 +141,7 @@ def analysis_to_dict(analysis: Analysis) -> dict[str, Any]:
         "incidents": []
         if timeline is None
         else [incident_to_dict(i, timeline) for i in analysis.incidents],
+        "prefix_cache": prefix_to_dict(analysis.prefix),
     }
 
 

@@ -65,6 +65,11 @@ class RequestLog:
     findings: list[Finding] = field(default_factory=list)  # set by checks.check_log
     grid_us: int | None = None  # the timestamps' step (grid.py); set by checks.check_log
     forced: bool = False  # fatal findings were overridden with --force
+    # Block ids (blockids.py), when the log has a block-id column: request r's
+    # ids (as int64 codes) are block_codes[block_offsets[r]:block_offsets[r + 1]].
+    block_offsets: npt.NDArray[np.int64] | None = None
+    block_codes: npt.NDArray[np.int64] | None = None
+    blocks_missing: int = 0  # requests whose block ids were missing (counted as none)
 
     def __len__(self) -> int:
         return int(self.ts_us.size)
@@ -80,6 +85,10 @@ class RequestLog:
     @property
     def has_decisions(self) -> bool:
         return "decision" in self.columns
+
+    @property
+    def has_block_ids(self) -> bool:
+        return self.block_offsets is not None
 
     @property
     def has_lanes(self) -> bool:

@@ -42,6 +42,8 @@ COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
     "queue_start": ("queue_start", "queue_start_ts"),
     "exec_start": ("exec_start", "exec_start_ts"),
     "end": ("end", "end_ts"),
+    # One id per fixed-size block of the prompt (blockids.py): KV-cache traces.
+    "block_ids": ("hash_ids", "block_ids", "block_hashes"),
 }
 # Fields the column options map, and the option that names each.
 OPTION_FOR_FIELD = {
@@ -50,13 +52,17 @@ OPTION_FOR_FIELD = {
     "output_tokens": "--output-col",
     "tenant": "--tenant-col",
     "lane": "--lane-col",
+    "block_ids": "--block-ids-col",
 }
+# Columns that only identify a preset; they are not analysed.
+IDENTIFYING_ONLY = ("request_id", "chat_id", "parent_chat_id")
 
 
 class LogFormat(StrEnum):
     auto = "auto"
     azure = "azure"
     mooncake = "mooncake"
+    bailian = "bailian"
     openai = "openai"
     ledger = "ledger"
     burstgpt = "burstgpt"
@@ -72,6 +78,8 @@ class Preset:
     identify: tuple[str, ...]
     # Unit of numeric timestamps that are offsets from the start (None: the data says).
     relative_unit: TimeUnit | None = None
+    # Tokens per block of its block ids (None: the --block-size default).
+    block_size: int | None = None
 
 
 _BATCH = "response.body."  # OpenAI Batch API output lines wrap the response object
@@ -114,6 +122,25 @@ PRESETS: tuple[Preset, ...] = (
         ("timestamp", "prompt_tokens", "output_tokens"),
         TimeUnit.s,
     ),
+    # Alibaba's Qwen "Bailian" usage traces: Mooncake's columns plus the
+    # conversation's chat ids, timestamps in seconds, 16-token blocks. Before
+    # Mooncake, whose columns it also has.
+    Preset(
+        LogFormat.bailian,
+        "Bailian (Qwen) usage trace",
+        {
+            "timestamp": ("timestamp",),
+            "prompt_tokens": ("input_length",),
+            "output_tokens": ("output_length",),
+            "block_ids": ("hash_ids",),
+            "chat_id": ("chat_id",),
+            "parent_chat_id": ("parent_chat_id",),
+        },
+        ("timestamp", "prompt_tokens", "output_tokens", "chat_id", "parent_chat_id"),
+        TimeUnit.s,
+        block_size=16,
+    ),
+    # Mooncake's FAST'25 traces: milliseconds since the start, 512-token blocks.
     Preset(
         LogFormat.mooncake,
         "Mooncake trace",
@@ -121,9 +148,11 @@ PRESETS: tuple[Preset, ...] = (
             "timestamp": ("timestamp",),
             "prompt_tokens": ("input_length",),
             "output_tokens": ("output_length",),
+            "block_ids": ("hash_ids",),
         },
         ("timestamp", "prompt_tokens", "output_tokens"),
         TimeUnit.ms,
+        block_size=512,
     ),
     Preset(
         LogFormat.openai,
@@ -151,6 +180,8 @@ class ColumnOptions:
     log_format: LogFormat = LogFormat.auto
     mapping: Mapping[str, str] = field(default_factory=dict)  # canonical -> column
     time_unit: TimeUnit | None = None
+    # Read block ids (analyze's prefix-cache figures); plan and forecast skip them.
+    block_ids: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +270,10 @@ def resolve(column_names: Iterable[str], options: ColumnOptions) -> Resolution:
                 f"{OPTION_FOR_FIELD[canonical]} {wanted}: no such column (found {names.shown()})"
             )
         columns[canonical] = name
-    columns.pop("request_id", None)  # identifies the ledger preset; not analysed
+    for identifying in IDENTIFYING_ONLY:
+        columns.pop(identifying, None)
+    if not options.block_ids:
+        columns.pop("block_ids", None)
     return Resolution(columns, preset, how)
 
 

@@ -127,6 +127,8 @@ class _State:
     def result(self, fmt: str) -> RequestLog:
         data = self.builder.columns()
         builder = self.builder
+        offsets, codes = builder.blocks.result()
+        with_blocks = "block_ids" in self.columns
         return RequestLog(
             source=self.name,
             fmt=fmt,
@@ -148,6 +150,9 @@ class _State:
             resolution=self.resolution,
             time=self.time,
             column_names=self.column_names,
+            block_offsets=offsets if with_blocks else None,
+            block_codes=codes if with_blocks else None,
+            blocks_missing=builder.blocks.missing if with_blocks else 0,
         )
 
 

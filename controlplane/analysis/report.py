@@ -20,6 +20,7 @@ from controlplane.analysis import plots
 from controlplane.analysis.grid import describe_step
 from controlplane.analysis.jsonout import analysis_to_dict
 from controlplane.analysis.report_bursts import burst_table, incident_story, timeline_html
+from controlplane.analysis.report_prefix import prefix_section_body
 from controlplane.analysis.stats import Distribution, SeriesStats
 from controlplane.analysis.summary import Analysis, EntitySummary, Incident
 from controlplane.analysis.terminal import CV_BURSTY, PEAK_TO_MEAN_LIMIT, bin_words, num
@@ -252,6 +253,7 @@ def render_html(analysis: Analysis) -> str:
         "interarrival",
         "lengths",
         "windows",
+        "prefix-cache",
         "tenants",
         "incidents",
         "data-quality",
@@ -325,6 +327,9 @@ def render_html(analysis: Analysis) -> str:
             _windows_table(analysis, scale)
             + _img(plots.windows_figure(analysis), "10-minute windows"),
         )
+    )
+    parts.append(
+        _section("prefix-cache", "Prefix cache", prefix_section_body(analysis.prefix, scale))
     )
     parts.append(
         _section(

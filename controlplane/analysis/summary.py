@@ -16,6 +16,7 @@ from controlplane.analysis.bursts import (
     merge_axes,
 )
 from controlplane.analysis.grid import Binning, choose_binning, timestamp_grid_us
+from controlplane.analysis.prefix import PrefixAnalysis, PrefixParams, analyze_prefix
 from controlplane.analysis.progress import StepCallback
 from controlplane.analysis.reader import RequestLog
 from controlplane.analysis.stats import (
@@ -125,6 +126,7 @@ class AnalysisParams:
     max_tenants: int = DEFAULT_MAX_TENANTS
     window_seconds: int = WINDOW_SECONDS
     bin_seconds: int = 1  # asked for; widened to whole steps of the timestamps' grid
+    prefix: PrefixParams = field(default_factory=PrefixParams)  # logs with block ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,7 @@ class Analysis:
     tenants_not_shown: int
     incidents: list[Incident]
     out_of_order_rows: int
+    prefix: PrefixAnalysis | None = None  # None: the log has no block ids (prefix.py)
 
 
 def _label_counts(codes: npt.NDArray[np.int32], names: list[str]) -> dict[str, int]:
@@ -254,9 +257,11 @@ def analyze(
             tenants_not_shown=0,
             incidents=[],
             out_of_order_rows=0,
+            prefix=analyze_prefix(log, params.prefix, binning.grid_us),
         )
     tenant_count = min(params.max_tenants, len(log.tenant_names)) if params.per_tenant else 0
-    total_steps = 2 + (tenant_count if log.has_tenants else 0)
+    prefix_steps = 1 + len(set(params.prefix.cache_blocks)) if log.has_block_ids else 0
+    total_steps = 2 + (tenant_count if log.has_tenants else 0) + prefix_steps
     step("overall", 0, total_steps)
     overall, series = summarise_entity(log, slice(None), timeline, params, None)
     width = timeline.bin_seconds
@@ -268,8 +273,14 @@ def analyze(
         else None
     )
     tenants, not_shown = _tenant_summaries(log, timeline, params, step, total_steps)
-    step("incidents", total_steps - 1, total_steps)
+    step("incidents", total_steps - prefix_steps - 1, total_steps)
     incidents = _incidents(log, timeline, series, overall.bursts, request_baseline, token_baseline)
+    first = total_steps - prefix_steps
+
+    def prefix_step(label: str, done: int, _total: int) -> None:
+        step(label, first + done, total_steps)
+
+    prefix = analyze_prefix(log, params.prefix, binning.grid_us, prefix_step)
     step("done", total_steps, total_steps)
     return Analysis(
         log=log,
@@ -284,6 +295,7 @@ def analyze(
         tenants_not_shown=not_shown,
         incidents=incidents,
         out_of_order_rows=int(np.count_nonzero(np.diff(log.ts_us) < 0)),
+        prefix=prefix,
     )
 
 

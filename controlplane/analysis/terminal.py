@@ -11,6 +11,7 @@ from controlplane.analysis.plan import (
     TARGET_UTILIZATION,
     CapacityPlan,
 )
+from controlplane.analysis.prefix_out import prefix_lines
 from controlplane.analysis.stats import Distribution, SeriesStats
 from controlplane.analysis.summary import Analysis, EntitySummary
 from controlplane.analysis.timescale import is_relative, since_zero
@@ -232,6 +233,8 @@ def analysis_text(analysis: Analysis) -> str:
                 f"{num(t.interarrival.cv if t.interarrival else None):>7}"
                 f"{num(t.tokens_per_s.p99 if t.tokens_per_s else None):>11}{len(t.bursts):>7}"
             )
+    out.append("")
+    out.extend(prefix_lines(analysis.prefix))
     return "\n".join(out) + "\n"
 
 

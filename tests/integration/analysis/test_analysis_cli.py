@@ -69,6 +69,7 @@ def test_analyze_json_schema(app: typer.Typer, tenant_log: Path) -> None:
         "tenants",
         "tenants_not_shown",
         "incidents",
+        "prefix_cache",
     }
     assert doc["parameters"] == {
         "bin_seconds": 1,

@@ -256,7 +256,7 @@ def test_format_option_must_fit(app: typer.Typer, tmp_path: Path) -> None:
     code, _, err = run(app, "analyze", str(path), "--format", "excel")
     assert code == 2 and "excel" in err  # typer lists the choices
     help_text = CliRunner().invoke(app, ["analyze", "--help"], env={"COLUMNS": "200"}).stdout
-    assert "<auto|azure|mooncake|openai|ledger|burstgpt>" in help_text
+    assert "<auto|azure|mooncake|bailian|openai|ledger|burstgpt>" in help_text
     assert "<s|ms|us|ns>" in help_text and "--tenant-col" in help_text
 
 

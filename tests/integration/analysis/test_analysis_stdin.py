@@ -133,8 +133,14 @@ def test_phases_draw_reading_and_analysing(mooncake_file: Path) -> None:
             pass
     drawn = screen.getvalue()
     assert "analysing: overall" in drawn and "rendering HTML report" in drawn
-    assert [label for label, _, _ in labels] == ["overall", "incidents", "done"]
-    assert [done for _, done, _ in labels] == [0, 1, 2] and labels[-1][2] == 2
+    # The file has block ids: the prefix cache is a step of its own.
+    assert [label for label, _, _ in labels] == [
+        "overall",
+        "incidents",
+        "prefix cache: unbounded",
+        "done",
+    ]
+    assert [done for _, done, _ in labels] == [0, 1, 2, 3] and labels[-1][2] == 3
 
 
 def test_analysis_progress_counts_tenants(tmp_path: Path) -> None:
