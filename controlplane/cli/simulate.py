@@ -245,7 +245,10 @@ def simulate(
     batch 30%, by a hash of its row), the trace is time-scaled to each
     --load x the pool's measured capacity, and every policy sees the same
     input. Reports SLO attainment, goodput, wasted work, TTFT and waits per
-    lane, with the drop-late baseline and the premium-only bound."""
+    lane, with the drop-late baseline and the premium-only bound. When the
+    trace has block ids (hash_ids; synthetic:chat-sessions) each engine has
+    a prefix cache, and the report adds its hit rate per lane and pricing
+    window and the billing drift under fixed and dynamic prices."""
     from controlplane.sim.engine import EngineParams
     from controlplane.sim.profiles import engine_profile as profile_of
     from controlplane.sim.report import to_json

@@ -44,9 +44,10 @@ from controlplane.domain.units import NS_PER_S
 from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.service.demand import PoolDemand
 from controlplane.settings import Settings
-from controlplane.sim.engine import Engine, Pool
+from controlplane.sim.engine import Engine
 from controlplane.sim.harness import POOL as POOL  # re-exported: the tests name it
 from controlplane.sim.harness import Job, Simulation
+from controlplane.sim.pool import Pool
 from controlplane.sim.trace import TraceRequest
 from fastpath import Reason
 

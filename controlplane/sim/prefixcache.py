@@ -33,7 +33,7 @@ units are whole trace blocks (a partial last block is never cached).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 
@@ -120,3 +120,22 @@ class PrefixCache:
     @property
     def cached_units(self) -> int:
         return len(self.refs) + len(self.lru)
+
+
+class MissMeter:
+    """One engine's miss rate as a sidecar would report it: hits and
+    queries (tokens) over the last ``window_ns``, None before any query."""
+
+    def __init__(self, window_ns: int) -> None:
+        self.window_ns = window_ns
+        self._marks: deque[tuple[int, int, int]] = deque()  # (t, queries, hits)
+
+    def rate(self, now_ns: int, queries: int, hits: int) -> float | None:
+        marks = self._marks
+        marks.append((now_ns, queries, hits))
+        while len(marks) > 1 and marks[1][0] <= now_ns - self.window_ns:
+            marks.popleft()
+        _, q0, h0 = marks[0]
+        if queries == q0:
+            return None
+        return 1.0 - (hits - h0) / (queries - q0)

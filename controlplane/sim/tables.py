@@ -236,8 +236,8 @@ DRIFT_HEAD = (
     "cost / charge fixed", "cost / charge dynamic", "drift fixed", "drift dynamic",
 )  # fmt: skip
 DRIFT_SUMMARY_HEAD = (
-    "load", "policy", "hit rate", "burst windows s", "burst |drift| fixed",
-    "burst |drift| dynamic", "max |drift| fixed", "max |drift| dynamic",
+    "load", "policy", "hit rate", "burst windows s", "burst drift fixed",
+    "burst drift dynamic", "max drift fixed", "max drift dynamic",
 )  # fmt: skip
 
 
@@ -291,7 +291,8 @@ def reuse_sections(runs: list[RunStats]) -> list[Section]:
          "actual_cost; drift: cost / charge against the fixed price's median window before "
          "the burst):",
          DRIFT_HEAD, drift),
-        ("Billing drift, per run (|drift| of the windows overlapping the injected burst):",
+        ("Billing drift, per run (burst: the mean absolute drift of the windows overlapping "
+         "the injected burst; max: the largest absolute drift of any window):",
          DRIFT_SUMMARY_HEAD, summary),
     ]  # fmt: skip
     return out

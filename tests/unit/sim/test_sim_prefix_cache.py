@@ -9,8 +9,7 @@ import random
 import pytest
 
 from controlplane.sim.engine import Engine, EngineParams, SimRequest
-from controlplane.sim.harness import MissMeter
-from controlplane.sim.prefixcache import PrefixCache
+from controlplane.sim.prefixcache import MissMeter, PrefixCache
 
 UNIT = 64  # tokens per block id: 4 of the engine's 16-token blocks
 
