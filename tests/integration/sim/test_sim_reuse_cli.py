@@ -52,12 +52,13 @@ def test_a_trace_with_block_ids_is_simulated_with_a_prefix_cache(tmp_path: Path)
     assert json.loads(r.output)["runs"][0]["reuse"] is None
 
 
-def test_the_text_report_has_the_reuse_and_drift_tables() -> None:
+def test_the_text_report_has_the_reuse_and_drift_tables(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
     r = runner.invoke(
         app,
         ["simulate", "synthetic:chat-sessions:0:90", "--policy", "fifo", "--load", "0.6",
          "--pricing-window-s", "10", "--pricing-steps", "0.4:1.2", "--burst",
-         "standard:4:20:10"],
+         "standard:4:20:10", "--html", str(page)],
         catch_exceptions=False,
     )  # fmt: skip
     assert r.exit_code == 0, r.output
@@ -67,6 +68,8 @@ def test_the_text_report_has_the_reuse_and_drift_tables() -> None:
                   "Billing drift (pricing windows of 10 s", "Billing drift, per run"):  # fmt: skip
         assert title in out, title
     assert "drift fixed  drift dynamic" in out
+    html = page.read_text()  # the HTML report carries the same tables
+    assert "<h2>Prefix cache over time" in html and "<h2>Billing drift, per run" in html
 
 
 def test_bad_prefix_and_pricing_options_are_named(tmp_path: Path) -> None:
