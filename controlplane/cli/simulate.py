@@ -22,8 +22,10 @@ from controlplane.sim.scaling import AutoscaleMode
 
 DEFAULT_TRACE_HELP = (
     "A trace file: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or JSON Lines (map "
-    "the columns with --time-col/--prompt-col/--output-col and give --time-unit); or "
-    "synthetic:heavy-burst / synthetic:long-prompt, optionally :SEED[:DURATION_S]."
+    "the columns with --time-col/--prompt-col/--output-col and give --time-unit; rows with "
+    "hash_ids, as Mooncake's, drive the prefix cache); or synthetic:heavy-burst / "
+    "long-prompt / diurnal / chat-sessions (multi-turn, with prefix reuse), optionally "
+    ":SEED[:DURATION_S]."
 )
 
 
@@ -176,6 +178,52 @@ def simulate(
     time_unit: Annotated[
         TimeUnit, typer.Option(help="Unit of the time column; auto reads datetimes only.")
     ] = TimeUnit.AUTO,
+    blocks_col: Annotated[
+        str,
+        typer.Option(help="Trace column of prompt block ids (read when the first row has it)."),
+    ] = "hash_ids",
+    block_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens per block id: a trace file's (default 512, Mooncake's), or the size "
+            "synthetic:chat-sessions makes them (default 64). A multiple of the engine's "
+            "block_size.",
+            show_default=False,
+        ),
+    ] = None,
+    prefix_cache: Annotated[
+        bool,
+        typer.Option(
+            help="Model each engine's prefix cache (when the trace has block ids); "
+            "--no-prefix-cache: every prompt token is computed."
+        ),
+    ] = True,
+    pricing_window_s: Annotated[
+        int | None,
+        typer.Option(
+            help="Pricing window, seconds of simulated time (default: the plane's "
+            "BURSTGATE_PRICING_WINDOW_S default, 300).",
+            show_default=False,
+        ),
+    ] = None,
+    pricing_steps: Annotated[
+        str | None,
+        typer.Option(
+            help="Pricing steps MISS_RATE:MULTIPLIER,... (e.g. 0.3:1.2,0.6:1.5; default: the "
+            "plane's BURSTGATE_PRICING_STEPS default).",
+            show_default=False,
+        ),
+    ] = None,
+    price: Annotated[
+        str | None,
+        typer.Option(
+            help="The price both ledgers use, KEY=VALUE,... over the default (input, "
+            "cached_input, output, gpu_prefill, gpu_decode per million tokens; gpu_overhead "
+            "per request; currency). Default: input=0.5,cached_input=0.5,output=1.5,"
+            "gpu_prefill=0.2,gpu_decode=0.8,gpu_overhead=0.00002,currency=USD.",
+            show_default=False,
+        ),
+    ] = None,
     write_trace: Annotated[
         Path | None,
         typer.Option(
@@ -197,11 +245,15 @@ def simulate(
     batch 30%, by a hash of its row), the trace is time-scaled to each
     --load x the pool's measured capacity, and every policy sees the same
     input. Reports SLO attainment, goodput, wasted work, TTFT and waits per
-    lane, with the drop-late baseline and the premium-only bound."""
+    lane, with the drop-late baseline and the premium-only bound. When the
+    trace has block ids (hash_ids; synthetic:chat-sessions) each engine has
+    a prefix cache, and the report adds its hit rate per lane and pricing
+    window and the billing drift under fixed and dynamic prices."""
     from controlplane.sim.engine import EngineParams
     from controlplane.sim.profiles import engine_profile as profile_of
     from controlplane.sim.report import to_json
-    from controlplane.sim.run import Burst, SimSpec, prepare_trace
+    from controlplane.sim.reuse import DEFAULT_PRICE, parse_price, parse_steps
+    from controlplane.sim.run import PLANE_STEPS, PLANE_WINDOW_S, Burst, SimSpec, prepare_trace
     from controlplane.sim.run import simulate as run_simulation
     from controlplane.sim.synthetic import per_second_stats, write_azure_csv
     from controlplane.sim.tables import sections, to_table
@@ -212,6 +264,10 @@ def simulate(
     slowdowns = _slowdowns(prefill_slowdown)
     if engine_profile is not None and engine_config is not None:
         fail("--engine-profile and --engine-config: give one or the other")
+    if block_tokens is not None and block_tokens < 1:
+        fail(f"--block-tokens: must be >= 1, got {block_tokens}")
+    if pricing_window_s is not None and pricing_window_s < 1:
+        fail(f"--pricing-window-s: must be >= 1, got {pricing_window_s}")
     if html is not None and (why := plotting_missing("--html")):
         fail(why)
     for target, flag in ((html, "--html"), (write_trace, "--write-trace")):
@@ -229,7 +285,11 @@ def simulate(
         spec = SimSpec(
             trace=trace,
             columns=ColumnMap(
-                time=time_col, prompt=prompt_col, output=output_col, time_unit=str(time_unit)
+                time=time_col,
+                prompt=prompt_col,
+                output=output_col,
+                time_unit=str(time_unit),
+                blocks=blocks_col,
             ),
             policies=policies,
             configs=tuple(config or ()),
@@ -248,6 +308,11 @@ def simulate(
             min_engines=min_engines,
             engine_startup_s=engine_startup_s,
             scale_down_delay_s=scale_down_delay_s,
+            prefix_cache=prefix_cache,
+            block_tokens=block_tokens,
+            pricing_window_s=pricing_window_s or PLANE_WINDOW_S,
+            pricing_steps=parse_steps(pricing_steps) if pricing_steps else list(PLANE_STEPS),
+            price=parse_price(price) if price else DEFAULT_PRICE,
         )
         requests = prepare_trace(spec)
         if write_trace is not None:
@@ -267,10 +332,18 @@ def simulate(
         typer.echo(to_json(runs))
     else:
         shape = per_second_stats(requests)
+        from controlplane.sim.run import prefix_unit
+
+        unit = prefix_unit(spec, requests)
+        cache = (
+            f"prefix cache: {unit}-token blocks" if unit is not None
+            else "prefix cache: off" if not prefix_cache and any(r.blocks for r in requests)
+            else "prefix cache: none (no block ids in the trace)"
+        )  # fmt: skip
         typer.echo(
             f"{name}: {len(requests):,} requests (per-second arrivals CV {shape.cv:.2f}, "
             f"peak/mean {shape.peak_to_mean:.1f}), {engines} engine(s) of {profile}, "
-            f"clients: {client}\n"
+            f"clients: {client}, {cache}\n"
         )
         if markdown:
             typer.echo(to_table(runs))

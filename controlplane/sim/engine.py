@@ -31,6 +31,14 @@ What it models, in vLLM's terms (V1 scheduler, simplified):
   Prefill and decode tokens are priced apart because public vLLM figures
   price them apart (and so a sensitivity run can slow prefill alone).
 
+- **A prefix cache** (optional, ``prefix_unit_tokens``): requests that
+  carry block ids (a trace's ``hash_ids``) start with the leading run of
+  their blocks found in the engine's cache already computed, so their
+  prefill costs only the missed tokens; cached blocks live in the free part
+  of the KV cache and are evicted when running requests need the memory
+  (``prefixcache.py`` says how faithfully). Without block ids, or without
+  the cache, nothing changes.
+
 It is deterministic: no randomness, integer nanoseconds. The named
 calibrations (``h100-8b`` the default, ``h100-8b-peak``, ``h100x4-70b``)
 are in ``profiles.py`` with their public sources; docs/simulate.md derives
@@ -47,6 +55,7 @@ from typing import Any
 import yaml
 
 from controlplane.domain.units import NS_PER_S
+from controlplane.sim.prefixcache import PrefixCache
 
 NS_PER_US = NS_PER_S // 1_000_000
 DEFAULT_PARAMS_FILE = Path(__file__).with_name("engine.yaml")
@@ -135,21 +144,33 @@ class SimRequest:
 
     __slots__ = (
         "arrival_ns",
+        "block_ids",
         "blocks",
+        "cached_tokens",
         "computed",
         "done_ns",
         "engine",
         "first_token_ns",
         "generated",
+        "held",
         "key",
         "output",
         "preemptions",
+        "prefill_computed",
         "prompt",
+        "registered",
         "released_ns",
         "started_ns",
     )
 
-    def __init__(self, key: Any, prompt: int, output: int, arrival_ns: int) -> None:
+    def __init__(
+        self,
+        key: Any,
+        prompt: int,
+        output: int,
+        arrival_ns: int,
+        block_ids: tuple[int, ...] = (),
+    ) -> None:
         self.key = key  # the harness's identity of the request
         self.prompt = prompt
         self.output = max(1, output)  # an LLM answers with at least one token
@@ -163,6 +184,14 @@ class SimRequest:
         self.generated = 0  # output tokens produced
         self.blocks = 0
         self.preemptions = 0
+        # The prefix cache's: the prompt's block ids (a trace's hash_ids),
+        # the cached units this request references, how many of its ids
+        # were looked at for caching, and what its first lookup found.
+        self.block_ids = block_ids
+        self.held: list[int] = []
+        self.registered = 0
+        self.cached_tokens = -1  # prompt tokens found cached when it first started
+        self.prefill_computed = 0  # prompt (and recomputed) tokens the engine computed
 
     @property
     def known_tokens(self) -> int:
@@ -177,9 +206,16 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, engine_id: int, params: EngineParams) -> None:
+    def __init__(
+        self, engine_id: int, params: EngineParams, prefix_unit_tokens: int | None = None
+    ) -> None:
+        """``prefix_unit_tokens``: the tokens per block id of the requests'
+        ``block_ids`` to cache prefixes by; None: no prefix cache."""
         self.engine_id = engine_id
         self.p = params
+        self.cache: PrefixCache | None = None
+        if prefix_unit_tokens is not None:
+            self.cache = PrefixCache(prefix_unit_tokens, params.block_size)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.free_blocks = params.kv_blocks
@@ -192,6 +228,9 @@ class Engine:
         self.generation_tokens_total = 0
         self.steps = 0
         self.finished_total = 0
+        self.prefill_us_total = 0.0  # step time spent on prefill (tokens and their attention)
+        # The prefix-cache miss rate its sidecar last reported (sim/harness.py).
+        self.miss_rate_reported: float | None = None
         self._scheduled: list[tuple[SimRequest, int]] = []
 
     # ---------------------------------------------------------------- state
@@ -253,8 +292,7 @@ class Engine:
                 self.waiting.remove(req)
             except ValueError:
                 return False
-        self.free_blocks += req.blocks
-        req.blocks = 0
+        self._release(req)
         self.outstanding_tokens -= req.prompt + req.output
         return True
 
@@ -272,12 +310,64 @@ class Engine:
             return False
         self.free_blocks -= need
         req.blocks += need
+        if self.cache is not None:
+            self.cache.evict_to(self.free_blocks)
         return True
+
+    def _release(self, req: SimRequest) -> None:
+        """Free ``req``'s blocks; the cached units it held stay cached."""
+        freed = req.blocks
+        if req.held:
+            assert self.cache is not None
+            shared = len(req.held) * self.cache.unit_blocks
+            freed += self.cache.release(req.held) * self.cache.unit_blocks - shared
+            req.held = []
+        req.registered = 0
+        self.free_blocks += freed
+        req.blocks = 0
+
+    def _start_waiting(self, req: SimRequest, budget: int) -> int | None:
+        """Tokens the head of the queue computes in this step (its prefix
+        hit skipped), or None when the KV cache cannot hold them."""
+        c = self.cache
+        if c is None or req.computed or not req.block_ids:
+            want = min(req.known_tokens - req.computed, budget)
+            return want if self._grow(req, req.computed + want) else None
+        # Look the prompt up: the leading cached run, all but the last token at most.
+        hit, free = c.match(req.block_ids, (req.known_tokens - 1) // c.unit_tokens)
+        hit_tokens = hit * c.unit_tokens
+        want = min(req.known_tokens - hit_tokens, budget)
+        private = self._blocks_for(hit_tokens + want) - hit * c.unit_blocks
+        if private + free * c.unit_blocks > self.free_blocks:
+            return None
+        taken = req.block_ids[:hit]
+        c.take(taken)
+        self.free_blocks -= free * c.unit_blocks
+        req.held = list(taken)
+        req.registered = hit
+        req.blocks = hit * c.unit_blocks
+        req.computed = hit_tokens
+        c.queries += req.known_tokens
+        c.hits += hit_tokens
+        if req.cached_tokens < 0:
+            req.cached_tokens = min(hit_tokens, req.prompt)
+        grown = self._grow(req, hit_tokens + want)
+        assert grown  # checked above
+        return want
+
+    def _cache_computed(self, req: SimRequest) -> None:
+        """Cache the prompt units ``req`` has now computed in full."""
+        c = self.cache
+        assert c is not None
+        full = min(len(req.block_ids), min(req.computed, req.prompt) // c.unit_tokens)
+        for unit in req.block_ids[req.registered : full]:
+            if c.register(unit):
+                req.held.append(unit)
+        req.registered = max(req.registered, full)
 
     def _preempt(self, req: SimRequest) -> None:
         self.running.remove(req)
-        self.free_blocks += req.blocks
-        req.blocks = 0
+        self._release(req)
         req.computed = 0  # recompute: prompt and generated tokens again
         req.preemptions += 1
         self.preemptions += 1
@@ -316,9 +406,15 @@ class Engine:
             and len(self.running) < self.p.max_num_seqs
         ):
             req = self.waiting[0]
-            want = min(req.known_tokens - req.computed, budget)
-            if not self._grow(req, req.computed + want):
-                break  # head-of-line: the FIFO waits for memory
+            if self.cache is None:  # (the common case, without a call)
+                want = min(req.known_tokens - req.computed, budget)
+                if not self._grow(req, req.computed + want):
+                    break  # head-of-line: the FIFO waits for memory
+            else:
+                started = self._start_waiting(req, budget)
+                if started is None:
+                    break
+                want = started
             self.waiting.popleft()
             if req.started_ns < 0:
                 req.started_ns = now_ns
@@ -342,6 +438,9 @@ class Engine:
             + p.prefill_attention_us_per_pair * pairs
             + p.attention_us_per_kv_token * context
         )
+        self.prefill_us_total += (
+            p.prefill_token_us * prefill + p.prefill_attention_us_per_pair * pairs
+        )
         self._scheduled = scheduled
         self.stepping = True
         self.last_batch_tokens = tokens
@@ -354,13 +453,18 @@ class Engine:
         self.stepping = False
         first: list[SimRequest] = []
         finished: list[SimRequest] = []
+        caching = self.cache is not None
         for req, n in self._scheduled:
             req.computed += n
+            if caching and req.registered < len(req.block_ids):
+                self._cache_computed(req)
             if req.computed < req.known_tokens:
                 self.prompt_tokens_total += n
+                req.prefill_computed += n
                 continue  # a prefill chunk: no token sampled yet
             if req.generated == 0:
                 self.prompt_tokens_total += n
+                req.prefill_computed += n
             req.generated += 1
             self.generation_tokens_total += 1
             if req.first_token_ns < 0:
@@ -369,113 +473,9 @@ class Engine:
             if req.generated >= req.output:
                 req.done_ns = end_ns
                 self.running.remove(req)
-                self.free_blocks += req.blocks
-                req.blocks = 0
+                self._release(req)
                 self.outstanding_tokens -= req.prompt + req.output
                 self.finished_total += 1
                 finished.append(req)
         self._scheduled = []
         return StepResult(end_ns, first, finished)
-
-
-class Pool:
-    """Identical engines behind a least-outstanding-tokens router.
-
-    The pool may grow and shrink while a run goes on (an autoscaler in the
-    loop, sim/scaling.py): an engine ``start``ed now is provisioned (it
-    costs engine-seconds) but serves nothing until it is made ``ready`` an
-    engine start-up later; a ``drain``ed engine takes no new work, finishes
-    what it holds and is ``retire``d once idle (a Kubernetes pod's graceful
-    termination). ``engines`` are the engines serving (ready or draining),
-    ``starting`` those not up yet; ``engine_ns`` integrates how many are
-    provisioned (starting, serving, draining) over time."""
-
-    def __init__(self, n_engines: int, params: EngineParams) -> None:
-        if n_engines < 1:
-            raise ValueError(f"engines: must be >= 1, got {n_engines}")
-        self.params = params
-        self.engines = [Engine(i, params) for i in range(n_engines)]
-        self.by_id = {e.engine_id: e for e in self.engines}
-        self.starting: list[Engine] = []
-        self.draining: set[int] = set()  # engine ids
-        self.retired: list[Engine] = []
-        self.engines_max = n_engines
-        self._changed_ns = 0
-        self._engine_ns = 0
-
-    # ------------------------------------------------------------- routing
-
-    def route(self) -> Engine:
-        """The ready engine with the fewest outstanding tokens (lowest id on ties)."""
-        return min(
-            (e for e in self.engines if e.engine_id not in self.draining),
-            key=lambda e: (e.outstanding_tokens, e.engine_id),
-        )
-
-    # ------------------------------------------------------------- scaling
-
-    @property
-    def provisioned(self) -> int:
-        return len(self.engines) + len(self.starting)
-
-    @property
-    def replicas(self) -> int:
-        """Engines counted as the Deployment's replicas: starting or ready,
-        not draining (a terminating pod is no longer a replica)."""
-        return self.provisioned - len(self.draining)
-
-    def _account(self, now_ns: int) -> None:
-        self._engine_ns += self.provisioned * (now_ns - self._changed_ns)
-        self._changed_ns = now_ns
-
-    def engine_seconds(self, until_ns: int) -> float:
-        """Engine-seconds provisioned from 0 to ``until_ns``."""
-        return (self._engine_ns + self.provisioned * (until_ns - self._changed_ns)) / NS_PER_S
-
-    def start(self, now_ns: int) -> Engine:
-        """Provision a new engine; it serves once :meth:`ready` is called."""
-        self._account(now_ns)
-        engine = Engine(max(self.by_id) + 1, self.params)
-        self.by_id[engine.engine_id] = engine
-        self.starting.append(engine)
-        self.engines_max = max(self.engines_max, self.provisioned)
-        return engine
-
-    def ready(self, engine: Engine) -> bool:
-        """A started engine is up; False if it was cancelled meanwhile."""
-        if engine not in self.starting:
-            return False
-        self.starting.remove(engine)
-        self.engines.append(engine)
-        return True
-
-    def stop_one(self, now_ns: int) -> Engine | None:
-        """Take one replica away: the newest engine still starting (it has
-        cost start-up time only), else the serving engine with the least
-        outstanding work is drained. Returns the engine drained (to be
-        retired once idle), or None when a starting one was cancelled or
-        no replica can go (one ready engine is always kept)."""
-        self._account(now_ns)
-        if self.starting:
-            self.starting.pop()
-            return None
-        ready = [e for e in self.engines if e.engine_id not in self.draining]
-        if len(ready) <= 1:
-            return None
-        victim = min(ready, key=lambda e: (e.outstanding_tokens, -e.engine_id))
-        self.draining.add(victim.engine_id)
-        return victim
-
-    def retire_idle(self, now_ns: int) -> None:
-        """Retire every draining engine that has finished its work."""
-        for engine in [e for e in self.engines if e.engine_id in self.draining]:
-            if not engine.busy and not engine.stepping:
-                self._account(now_ns)
-                self.engines.remove(engine)
-                self.draining.discard(engine.engine_id)
-                self.retired.append(engine)
-
-    @property
-    def all_engines(self) -> list[Engine]:
-        """Every engine that ever served (for counters such as preemptions)."""
-        return [*self.engines, *self.retired]

@@ -12,6 +12,14 @@ does not know its SLO), or retry only while its SLO can still be met (the
 model burstgate was first measured with). Engines report their load every
 ``report_interval_s``, in vLLM's terms, to the policy.
 
+With a prefix cache (``prefix_unit_tokens``; the trace's requests carry
+block ids) each engine also reports its prefix-cache miss rate, measured
+as a sidecar would from vLLM's counters (tokens looked up and found over
+the last ``MISS_WINDOW_S``), and those reports feed the plane's own
+pricing windows (``controlplane.ledger.pricing.PricingBook``): each request
+is quoted the multiplier in force when it is released (its admission),
+whatever the policy, as the plane would have priced it.
+
 Everything is integer nanoseconds on one heap of events; with the same
 inputs and seed a run is identical.
 """
@@ -26,7 +34,11 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.domain.units import NS_PER_S
-from controlplane.sim.engine import Engine, EngineParams, Pool, SimRequest
+from controlplane.ledger.pricing import PricingBook
+from controlplane.sim.capacity import estimate_capacity_rps as estimate_capacity_rps
+from controlplane.sim.engine import Engine, EngineParams, SimRequest
+from controlplane.sim.pool import Pool
+from controlplane.sim.prefixcache import MissMeter
 from controlplane.sim.trace import TraceRequest
 
 if TYPE_CHECKING:
@@ -42,6 +54,9 @@ class TenantSpec:
     share: float
     lane: str
 
+
+# The one pool the simulated engines serve (the plane's name for it).
+POOL = "sim-pool"
 
 # The issue's measurement setup: three tenants, one per lane.
 DEFAULT_TENANTS = (
@@ -78,6 +93,9 @@ class Job:
     # kept so a policy adapter can pass it as a retry key once the
     # admission API has one (it has none today).
     retry_key: str = ""
+    # The pricing multiplier quoted when it was released (its admission);
+    # 1.0 without pricing windows.
+    multiplier: float = 1.0
     attempts: int = 0  # arrivals at the front door, the first included
     outcome: str = ""  # SERVED | REFUSED | ABORTED | "" (still open)
     ended_ns: int = -1  # when it was served, refused for good or aborted
@@ -130,6 +148,12 @@ class Sample:
     running: list[int]
     kv_usage: list[float]
     engines: int = 0  # provisioned (starting, serving or draining)
+    # Cumulative over every engine that ever served, at t_ns: prefix-cache
+    # tokens looked up and found, prefill tokens computed, prefill step time (us).
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prefill_tokens: int = 0
+    prefill_us: float = 0.0
 
 
 @dataclass
@@ -146,6 +170,10 @@ class SimResult:
     engines_max: int = 0  # the most engines provisioned at once
     # What the autoscaler did (sim/scaling.py ScalingLoop.summary); empty: none ran.
     scaling: dict[str, Any] = field(default_factory=dict)
+    # The prefix cache's tokens per block id (None: no cache) and the
+    # pricing windows the engines' miss-rate reports fed (None: none).
+    prefix_unit_tokens: int | None = None
+    pricing: PricingBook | None = None
 
 
 class ClientKind(StrEnum):
@@ -204,6 +232,10 @@ class ClientModel:
 # engines coming up and the autoscaler, then arrivals and retries.
 _STEP, _WAKE, _REPORT, _READY, _SCALE, _ARRIVE, _RETRY = range(7)
 
+# The window a sidecar measures an engine's prefix-cache miss rate over
+# (the change of vLLM's query and hit counters across it).
+MISS_WINDOW_S = 5.0
+
 
 class Runner:
     def __init__(
@@ -220,11 +252,22 @@ class Runner:
         sample_interval_s: float = 1.0,
         seed: int = 0,
         scaling: ScalingLoop | None = None,
+        prefix_unit_tokens: int | None = None,
+        pricing: PricingBook | None = None,
     ) -> None:
+        """``prefix_unit_tokens``: model a prefix cache per engine, the
+        trace's block ids being that many tokens each (None: none);
+        ``pricing``: the plane's pricing windows, fed the engines' reported
+        miss rates and quoted at each release."""
         self.now = 0
         # With an autoscaler the pool starts at its minimum, warm.
         self.scaling = scaling
-        self.pool = Pool(scaling.params.min_engines if scaling else engines, params)
+        self.pool = Pool(
+            scaling.params.min_engines if scaling else engines, params, prefix_unit_tokens
+        )
+        self.prefix_unit_tokens = prefix_unit_tokens
+        self.pricing = pricing
+        self._meters: dict[int, MissMeter] = {}
         self.policy = policy
         self.client = client or ClientModel()
         self.rng = random.Random(seed)
@@ -235,7 +278,8 @@ class Runner:
             lane = lane_of.get(tr.tenant)
             if lane is None:
                 raise ValueError(f"trace row {tr.row}: tenant {tr.tenant!r} is not configured")
-            req = SimRequest(tr.row, tr.prompt_tokens, tr.output_tokens, tr.t_ns)
+            blocks = tr.blocks if prefix_unit_tokens is not None else ()
+            req = SimRequest(tr.row, tr.prompt_tokens, tr.output_tokens, tr.t_ns, blocks)
             slo_ns = int(slo[lane] * NS_PER_S)
             self.jobs.append(Job(req, tr.tenant, lane, slo_ns, retry_key=str(tr.row)))
         self._heap: list[tuple[int, int, int, Any]] = []
@@ -250,6 +294,8 @@ class Runner:
     # -------------------------------------------------------- the policy's API
 
     def release(self, job: Job) -> None:
+        if self.pricing is not None:  # the multiplier locked at admission
+            job.multiplier = self.pricing.quote(POOL, "", self.now).multiplier
         engine = self.pool.route()
         engine.submit(job.req, self.now)
         if not engine.stepping:
@@ -332,7 +378,13 @@ class Runner:
                 self.policy.tick()
             elif kind == _REPORT:
                 for engine in self.pool.engines:
+                    if engine.cache is not None:
+                        self._measure_miss(engine, t)
                     self.policy.report(engine)
+                if self.pricing is not None:
+                    # What a plane with traffic does at every Admit: its
+                    # windows roll, each recorded with the multiplier in force.
+                    self.pricing.quote(POOL, "", t)
                 if self._open > 0:  # reports stop with the last request
                     self._push(t + self._report_ns, _REPORT, None)
             elif kind == _READY:
@@ -355,7 +407,25 @@ class Runner:
             engine_seconds=self.pool.engine_seconds(duration),
             engines_max=self.pool.engines_max,
             scaling=self.scaling.summary() if self.scaling else {},
+            prefix_unit_tokens=self.prefix_unit_tokens,
+            pricing=self.pricing,
         )
+
+    def _measure_miss(self, engine: Engine, now: int) -> None:
+        """The engine's windowed miss rate, as its sidecar reports it: kept
+        on the engine for the policy's load report, and observed by the
+        pricing windows."""
+        c = engine.cache
+        assert c is not None
+        meter = self._meters.get(engine.engine_id)
+        if meter is None:
+            meter = self._meters[engine.engine_id] = MissMeter(int(MISS_WINDOW_S * NS_PER_S))
+        rate = meter.rate(now, c.queries, c.hits)
+        engine.miss_rate_reported = rate
+        if rate is None:
+            return
+        if self.pricing is not None:
+            self.pricing.observe_load(POOL, rate, now)
 
     def _scale(self) -> None:
         """One autoscaler evaluation: start or drain engines to its count."""
@@ -379,47 +449,11 @@ class Runner:
         waiting = [e.num_waiting for e in es]
         running = [e.num_running for e in es]
         kv = [round(e.kv_usage, 4) for e in es]
-        self.samples.append(Sample(t, waiting, running, kv, self.pool.provisioned))
-
-
-def estimate_capacity_rps(
-    trace: list[TraceRequest], params: EngineParams, *, sample: int = 2_000, seed: int = 0
-) -> float:
-    """Requests per second one engine sustains on this trace's length mix.
-
-    ``sample`` requests drawn from the trace are all offered at once (the
-    engine saturated, its own scheduler deciding); the rate is measured
-    between the 10th and the 90th percentile of completions, so neither the
-    ramp-up nor the tail of the last long requests counts. A trace shorter
-    than ``sample`` is drawn from with replacement: a few hundred requests
-    offered at once mostly run side by side (256 sequences) and would
-    measure the ramp, not the engine's sustained rate.
-
-    Saturated with long prompts the engine starts more requests than its
-    KV cache holds, then preempts and recomputes them (the long-prompt
-    trace recomputes each prompt ~2.6 times): that is what vLLM's scheduler
-    does, so the estimate keeps it. A stream of requests at up to this rate
-    does not thrash; ~10-20 % above it, on long prompts, it does (the load
-    at which the engine falls behind is what "1.0x" means)."""
-    rng = random.Random(seed)
-    few = len(trace) < sample
-    picked = rng.choices(trace, k=sample) if few else rng.sample(trace, sample)
-    return _saturated_rps(picked, params)
-
-
-def _saturated_rps(picked: list[TraceRequest], params: EngineParams) -> float:
-    engine = Engine(0, params)
-    for i, tr in enumerate(picked):
-        engine.submit(SimRequest(i, tr.prompt_tokens, tr.output_tokens, 0), 0)
-    now = 0
-    done: list[int] = []
-    while engine.busy:
-        end = engine.start_step(now)
-        if end is None:  # pragma: no cover - a busy engine always schedules
-            break
-        done += [end] * len(engine.finish_step(end).finished)
-        now = end
-    lo, hi = len(done) // 10, len(done) * 9 // 10
-    if hi - lo < 2 or done[hi - 1] <= done[lo]:
-        return len(done) * NS_PER_S / max(1, now)
-    return (hi - lo - 1) * NS_PER_S / (done[hi - 1] - done[lo])
+        sample = Sample(t, waiting, running, kv, self.pool.provisioned)
+        if self.prefix_unit_tokens is not None:
+            every = self.pool.all_engines
+            sample.prefix_queries = sum(e.cache.queries for e in every if e.cache is not None)
+            sample.prefix_hits = sum(e.cache.hits for e in every if e.cache is not None)
+            sample.prefill_tokens = sum(e.prompt_tokens_total for e in every)
+            sample.prefill_us = sum(e.prefill_us_total for e in every)
+        self.samples.append(sample)

@@ -31,6 +31,7 @@ from controlplane.sim.tables import (
     comparison,
     lane_rows,
     policy_label,
+    reuse_sections,
     runs_rows,
     summary_cells,
 )
@@ -267,6 +268,13 @@ def render_html(runs: list[RunStats], *, title: str, command: str) -> str:
         "<h2>Comparison</h2>" + _table(*comparison(runs)[1:]),
         "<h2>Per lane</h2>" + _table(LANE_HEAD, lane_rows(runs)),
         "<h2>Summary</h2>" + _table(SUMMARY_HEAD, [summary_cells(r) for r in runs]),
+        # the prefix cache's and the billing drift's tables, when one was modelled
+        *(
+            f"<h2>{escape(name)}</h2>" + _table(head, rows)
+            for name, head, rows in (
+                reuse_sections(runs) if any(r.reuse is not None for r in runs) else []
+            )
+        ),
         *(f"<h2>{escape(name)}</h2>{_img(png, name)}" for name, png in plots),
     ]
     data = to_json(runs).replace("</", "<\\/")

@@ -44,12 +44,12 @@ from controlplane.domain.units import NS_PER_S
 from controlplane.service import AdmissionService, ServiceLimits
 from controlplane.service.demand import PoolDemand
 from controlplane.settings import Settings
-from controlplane.sim.engine import Engine, Pool
+from controlplane.sim.engine import Engine
+from controlplane.sim.harness import POOL as POOL  # re-exported: the tests name it
 from controlplane.sim.harness import Job, Simulation
+from controlplane.sim.pool import Pool
 from controlplane.sim.trace import TraceRequest
 from fastpath import Reason
-
-POOL = "sim-pool"
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +231,11 @@ class Burstgate:
     def report(self, engine: Engine) -> None:
         p = engine.p
         # What a vLLM sidecar reports: an unbounded waiting queue (capacity
-        # 0), no prefix-cache miss rate (the model has no prefix cache).
+        # 0), and the prefix-cache miss rate it measured (None without a
+        # prefix cache, or before any lookup).
         self.svc.report_load(
             POOL, f"engine-{engine.engine_id}", engine.last_batch_tokens if engine.busy else 0,
-            p.max_num_batched_tokens, engine.num_waiting, 0, None,
+            p.max_num_batched_tokens, engine.num_waiting, 0, engine.miss_rate_reported,
             1.0 if engine.busy else 0.0,
             requests_running=engine.num_running, max_num_seqs=p.max_num_seqs,
             kv_cache_usage=engine.kv_usage,

@@ -31,6 +31,7 @@ import numpy as np
 
 from controlplane.domain.units import NS_PER_MS, NS_PER_S
 from controlplane.sim.harness import ABORTED, OUTCOMES, REFUSED, SERVED, Job, SimResult
+from controlplane.sim.reuse import ReuseStats
 
 
 @dataclass(slots=True)
@@ -90,6 +91,8 @@ class RunStats:
     engine_seconds: float = 0.0  # engines provisioned x seconds, over the run
     engines_max: int = 0  # the most engines provisioned at once
     scaling: dict[str, Any] = field(default_factory=dict)  # ScalingLoop.summary
+    # The prefix caches and the billing drift (sim/reuse.py); None: no cache modelled.
+    reuse: ReuseStats | None = None
 
 
 def _pct(values: list[int], q: float) -> float:

@@ -10,6 +10,7 @@ sees the premium tenants' share of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 
@@ -18,8 +19,12 @@ from controlplane.domain.autoscaler import (
     DEFAULT_SCALE_DOWN_DELAY_S,
     ScalerParams,
 )
+from controlplane.domain.catalog import PriceEntry
 from controlplane.domain.policy import Policy
+from controlplane.domain.pricing import StepTable
 from controlplane.domain.units import NS_PER_S
+from controlplane.ledger.pricing import PricingBook
+from controlplane.settings import Settings
 from controlplane.sim.engine import EngineParams
 from controlplane.sim.harness import (
     DEFAULT_TENANTS,
@@ -41,8 +46,15 @@ from controlplane.sim.policies import (
 )
 from controlplane.sim.profiles import DEFAULT_PROFILE
 from controlplane.sim.report import RunStats, mark_best, summarise
+from controlplane.sim.reuse import DEFAULT_PRICE, reuse_stats
 from controlplane.sim.scaling import NEEDS_DEMAND, AutoscaleMode, ScalingLoop
-from controlplane.sim.synthetic import generate, parse_spec, per_second_stats
+from controlplane.sim.synthetic import (
+    DEFAULT_BLOCK_TOKENS,
+    bind_system_prompts,
+    generate,
+    parse_spec,
+    per_second_stats,
+)
 from controlplane.sim.trace import (
     ColumnMap,
     TraceRequest,
@@ -51,6 +63,12 @@ from controlplane.sim.trace import (
     load_trace,
     scale_to_rate,
 )
+
+# A trace file's block ids: Mooncake's 512 tokens unless --block-tokens says.
+FILE_BLOCK_TOKENS = 512
+# The plane's own defaults (BURSTGATE_PRICING_WINDOW_S, _PRICING_STEPS).
+PLANE_WINDOW_S: int = Settings.model_fields["pricing_window_s"].default
+PLANE_STEPS: list[tuple[Decimal, Decimal]] = Settings.model_fields["pricing_steps"].default
 
 
 class PolicyName(StrEnum):
@@ -120,6 +138,22 @@ class SimSpec:
     min_engines: int = 1
     engine_startup_s: float = DEFAULT_ENGINE_STARTUP_S
     scale_down_delay_s: float = DEFAULT_SCALE_DOWN_DELAY_S
+    # The prefix cache (engine.py, prefixcache.py): on when the trace has
+    # block ids; tokens per block id (None: a file's 512, a synthetic
+    # trace's own 64).
+    prefix_cache: bool = True
+    block_tokens: int | None = None
+    # The plane's pricing windows and steps the engines' miss rates feed,
+    # and the price both ledgers use (reuse.py).
+    pricing_window_s: int = PLANE_WINDOW_S
+    pricing_steps: list[tuple[Decimal, Decimal]] = field(default_factory=lambda: list(PLANE_STEPS))
+    price: PriceEntry = DEFAULT_PRICE
+
+    def unit_tokens(self) -> int:
+        """Tokens per block id of this spec's trace."""
+        if self.block_tokens is not None:
+            return self.block_tokens
+        return DEFAULT_BLOCK_TOKENS if parse_spec(str(self.trace)) else FILE_BLOCK_TOKENS
 
     def scaler_params(self) -> ScalerParams:
         return ScalerParams(
@@ -129,13 +163,46 @@ class SimSpec:
 
 
 def prepare_trace(spec: SimSpec) -> list[TraceRequest]:
+    if spec.block_tokens is not None and spec.block_tokens < 1:
+        raise ValueError(f"--block-tokens: must be >= 1, got {spec.block_tokens}")
     synthetic = parse_spec(str(spec.trace))
     if synthetic is not None:
         name, seed, duration = synthetic
-        trace = generate(name, seed=seed, duration_s=duration)[: spec.limit]
+        trace = generate(name, seed=seed, duration_s=duration, block_tokens=spec.unit_tokens())
+        trace = trace[: spec.limit]
     else:
         trace = load_trace(spec.trace, spec.columns, limit=spec.limit)
-    return assign_tenants(trace, {t.name: t.share for t in spec.tenants}, seed=spec.seed)
+        check_blocks(trace, spec.unit_tokens())
+    trace = assign_tenants(trace, {t.name: t.share for t in spec.tenants}, seed=spec.seed)
+    if synthetic is not None:
+        trace = bind_system_prompts(synthetic[0], synthetic[1], trace, spec.unit_tokens())
+    return trace
+
+
+def check_blocks(trace: list[TraceRequest], unit_tokens: int) -> None:
+    """A request cannot have more block ids than its prompt has blocks: a
+    wrong --block-tokens, said before a run that takes minutes."""
+    for r in trace:
+        if len(r.blocks) > -(-r.prompt_tokens // unit_tokens):
+            raise ValueError(
+                f"--block-tokens: row {r.row} has {len(r.blocks)} block ids for a "
+                f"{r.prompt_tokens}-token prompt, more than {unit_tokens}-token blocks allow; "
+                "give the trace's block size with --block-tokens"
+            )
+
+
+def prefix_unit(spec: SimSpec, trace: list[TraceRequest]) -> int | None:
+    """Tokens per block id to cache prefixes by, or None: no prefix cache
+    (turned off, or no request has block ids)."""
+    if not spec.prefix_cache or not any(r.blocks for r in trace):
+        return None
+    unit = spec.unit_tokens()
+    if unit % spec.params.block_size:
+        raise ValueError(
+            f"--block-tokens: must be a multiple of the engine's block_size "
+            f"({spec.params.block_size}), got {unit}"
+        )
+    return unit
 
 
 def premium_only(spec: SimSpec, scaled: list[TraceRequest]) -> list[TraceRequest]:
@@ -211,14 +278,20 @@ def simulate(spec: SimSpec, trace: list[TraceRequest] | None = None) -> list[Run
     """Every (load, prefill slowdown, policy) run; ``trace``: the spec's
     trace already prepared (``prepare_trace``), to read it once."""
     _checked(spec)
+    if spec.pricing_window_s < 1:
+        raise ValueError(f"--pricing-window-s: must be >= 1, got {spec.pricing_window_s}")
+    StepTable(spec.pricing_steps)  # its checks, before a run that takes minutes
     trace = prepare_trace(spec) if trace is None else trace
     if len(trace) < 2:
         raise ValueError(f"{spec.trace}: a simulation needs at least 2 requests")
     mean_tokens = sum(r.prompt_tokens + r.output_tokens for r in trace) / len(trace)
+    unit = prefix_unit(spec, trace)
     capacity: dict[float, float] = {}  # per slowdown: the pool's requests/s
     for slowdown in spec.prefill_slowdowns:
         params = spec.params.with_prefill_slowdown(slowdown)
-        capacity[slowdown] = estimate_capacity_rps(trace, params, seed=spec.seed) * spec.engines
+        capacity[slowdown] = spec.engines * estimate_capacity_rps(
+            trace, params, seed=spec.seed, prefix_unit_tokens=unit
+        )
     window = None
     if spec.burst is not None:
         start = int(spec.burst.start_s * NS_PER_S)
@@ -248,14 +321,18 @@ def simulate(spec: SimSpec, trace: list[TraceRequest] | None = None) -> list[Run
                     if isinstance(policy, Burstgate):
                         policy.engine_startup_s = spec.engine_startup_s
                     scaling = ScalingLoop(AutoscaleMode(mode), spec.scaler_params(), policy)
+                pricing = None
+                if unit is not None:
+                    pricing = PricingBook(spec.pricing_window_s, StepTable(spec.pricing_steps))
                 result = Runner(
                     premium_only(spec, scaled) if name == BOUND else scaled, policy,
                     engines=spec.engines, params=params, tenants=spec.tenants,
                     slo_s=spec.slo_s, client=ClientModel(spec.client), seed=spec.seed,
-                    scaling=scaling,
+                    scaling=scaling, prefix_unit_tokens=unit, pricing=pricing,
                 ).run()  # fmt: skip
                 result.capacity_rps = pool_rps
                 stats = summarise(result, load, pool_rps * mean_tokens, window)
+                stats.reuse = reuse_stats(result, spec.price, window)
                 stats.autoscale = mode
                 stats.bound = name == BOUND
                 stats.prefill_slowdown = slowdown

@@ -36,7 +36,7 @@ from controlplane.domain.autoscaler import (
     queue_length_recommendation,
 )
 from controlplane.domain.units import NS_PER_S
-from controlplane.sim.engine import Pool
+from controlplane.sim.pool import Pool
 
 
 class AutoscaleMode(StrEnum):

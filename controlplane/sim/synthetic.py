@@ -16,6 +16,17 @@ one shared Azure trace.
   compressed into three hours (the trough a quarter of the peak), with
   waves of 8-40 minutes on top: minute-scale swings for the autoscalers
   (``simulate --autoscale``), drawn per seed.
+- ``chat-sessions``: multi-turn conversations with prefix reuse, for the
+  prefix cache (``simulate`` models one per engine): conversations start as
+  a Poisson process; each has 1-10 turns (1 + geometric, mean ~2.5) some
+  seconds of thinking apart (log-normal, median 20 s); turn k's prompt is
+  its tenant's system prompt + the conversation so far (a first-turn
+  context document, every earlier question and answer) + the new question,
+  so its leading blocks repeat turn k-1's. Requests carry block ids
+  (``TraceRequest.blocks``, ``block_tokens`` tokens each) and a ``session``:
+  a conversation keeps one tenant, and :func:`bind_system_prompts` puts
+  each tenant's own system prompt (512-3072 tokens, drawn per tenant) in
+  front once tenants are assigned. Reuse exists without a public trace.
 
 Generation is seeded and deterministic (``random.Random(seed)``, nothing
 else), times are rounded to 100 ns so that the Azure CSV written by
@@ -29,10 +40,12 @@ tests assert (:func:`per_second_stats`).
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -77,9 +90,24 @@ class Diurnal:
 
 
 @dataclass(frozen=True, slots=True)
+class Sessions:
+    """Conversations starting at ``sessions_per_s`` (Poisson); 1 + a
+    geometric number of further turns (each one more with probability
+    ``more_turns``, at most ``max_turns``), ``think_s`` (median, sigma) of a
+    log-normal apart; stopped once a prompt would pass ``max_prompt``."""
+
+    sessions_per_s: float
+    more_turns: float
+    max_turns: int
+    think_s: tuple[float, float]
+    max_prompt: int
+    system_tokens: tuple[int, int]  # a tenant's system prompt, drawn per tenant
+
+
+@dataclass(frozen=True, slots=True)
 class Shape:
     name: str
-    arrivals: OnOff | Diurnal
+    arrivals: OnOff | Diurnal | Sessions
     duration_s: float  # default length of the trace
     prompt: Callable[[random.Random], int]
     output: Callable[[random.Random], int]
@@ -147,8 +175,31 @@ SHAPES: dict[str, Shape] = {
             output=_clip_lognormal(180, 0.7, 4, 2_000),
             summary="chat (prompts ~1k, outputs ~200) whose rate swings over minutes and hours",
         ),
+        Shape(
+            "chat-sessions",
+            # ~2.5 requests per conversation: ~5/s, about one h100-8b
+            # engine's capacity on this mix (simulate rescales it anyway).
+            Sessions(
+                2.0,
+                more_turns=0.6,
+                max_turns=10,
+                think_s=(20.0, 0.8),
+                max_prompt=32_000,
+                system_tokens=(512, 3_072),
+            ),
+            duration_s=600.0,  # ~3k requests
+            # A question (median 120 tokens); the first turn also brings a
+            # context document (median 800: a file, a retrieved passage).
+            # prompt: the question; the document is drawn with CONTEXT.
+            prompt=_clip_lognormal(120, 0.8, 8, 2_000),
+            output=_clip_lognormal(200, 0.7, 8, 1_500),
+            summary="multi-turn chat with per-tenant system prompts (prefix reuse; block ids)",
+        ),
     )
 }
+# The first turn's context document (chat-sessions).
+CONTEXT = _clip_lognormal(800, 0.8, 0, 8_000)
+DEFAULT_BLOCK_TOKENS = 64  # chat-sessions' block ids: 4 of the engine's 16-token blocks
 
 
 def diurnal_rate(shape: Diurnal, rng: random.Random, duration_s: float) -> Callable[[float], float]:
@@ -183,10 +234,13 @@ def _diurnal_arrivals(rng: random.Random, shape: Diurnal, duration_s: float) -> 
     return out
 
 
-def _arrivals(rng: random.Random, shape: OnOff | Diurnal, duration_s: float) -> list[int]:
+def _arrivals(
+    rng: random.Random, shape: OnOff | Diurnal | Sessions, duration_s: float
+) -> list[int]:
     """Arrival times in ns, ascending, rounded to the CSV's 100 ns."""
     if isinstance(shape, Diurnal):
         return _diurnal_arrivals(rng, shape, duration_s)
+    assert isinstance(shape, OnOff)  # sessions have their own (_sessions)
     out: list[int] = []
     t = 0.0
     burst = False
@@ -206,8 +260,97 @@ def _arrivals(rng: random.Random, shape: OnOff | Diurnal, duration_s: float) -> 
     return out
 
 
-def generate(name: str, *, seed: int = 0, duration_s: float | None = None) -> list[TraceRequest]:
-    """The synthetic trace ``name``: deterministic for (name, seed, duration)."""
+def _sessions(
+    rng: random.Random, shape: Shape, duration_s: float, block_tokens: int
+) -> list[TraceRequest]:
+    """chat-sessions' requests, times in ns from the first conversation's
+    start, prompts without their system prompt (:func:`bind_system_prompts`)."""
+    cfg = shape.arrivals
+    assert isinstance(cfg, Sessions)
+    ids = itertools.count(1)  # conversation block ids; system prompts live above 2**62
+    out: list[tuple[int, int, int, int, tuple[int, ...]]] = []  # t, session, prompt, output, ids
+    t, session = rng.expovariate(cfg.sessions_per_s), 0
+    mu = math.log(cfg.think_s[0])
+    while t < duration_s:
+        full: list[int] = []  # ids of the conversation's whole blocks so far
+        length, at, turn = CONTEXT(rng), t, 0
+        while at < duration_s and turn < cfg.max_turns:
+            length += shape.prompt(rng)
+            if length + cfg.system_tokens[1] > cfg.max_prompt:
+                break
+            whole, part = divmod(length, block_tokens)
+            full += [next(ids) for _ in range(whole - len(full))]
+            # A partial last block is this prompt's own: more text follows it next turn.
+            blocks = (*full, next(ids)) if part else tuple(full)
+            output = shape.output(rng)
+            at_ns = round(at * NS_PER_S / _TICK_NS) * _TICK_NS
+            out.append((at_ns, session, length, output, blocks))
+            length += output  # the answer is part of the next turn's prompt
+            turn += 1
+            if rng.random() >= cfg.more_turns:
+                break
+            at += min(300.0, rng.lognormvariate(mu, cfg.think_s[1]))
+        session += 1
+        t += rng.expovariate(cfg.sessions_per_s)
+    out.sort(key=lambda x: (x[0], x[1]))
+    t0 = out[0][0] if out else 0
+    return [
+        TraceRequest(at - t0, prompt, output, "", row, blocks, sess)
+        for row, (at, sess, prompt, output, blocks) in enumerate(out)
+    ]
+
+
+_SYSTEM_ID_BASE = 1 << 62  # system prompt ids: apart from any conversation's
+
+
+def system_prompt_tokens(name: str, seed: int, tenant: str, block_tokens: int) -> int:
+    """The tenant's system prompt length in ``name``'s trace (whole blocks)."""
+    shape = SHAPES[name].arrivals
+    assert isinstance(shape, Sessions)
+    lo, hi = shape.system_tokens
+    tokens = random.Random(f"{name}:{seed}:system:{tenant}").randint(lo, hi)
+    return max(1, round(tokens / block_tokens)) * block_tokens
+
+
+def bind_system_prompts(
+    name: str, seed: int, trace: Sequence[TraceRequest], block_tokens: int
+) -> list[TraceRequest]:
+    """Put each tenant's system prompt in front of its requests (tenants
+    assigned): its tokens, and block ids of its own shared by every request
+    of the tenant (``shared_blocks``: what a burst's copy keeps)."""
+    if not is_sessions(name):
+        return list(trace)
+    prompts: dict[str, tuple[int, tuple[int, ...]]] = {}
+    out = []
+    for r in trace:
+        got = prompts.get(r.tenant)
+        if got is None:
+            tokens = system_prompt_tokens(name, seed, r.tenant, block_tokens)
+            digest = hashlib.blake2b(f"{name}:{seed}:{r.tenant}".encode(), digest_size=6).digest()
+            base = _SYSTEM_ID_BASE + (int.from_bytes(digest, "big") << 10)
+            got = prompts[r.tenant] = (tokens, tuple(range(base, base + tokens // block_tokens)))
+        tokens, ids = got
+        out.append(
+            replace(r, prompt_tokens=tokens + r.prompt_tokens, blocks=ids + r.blocks,
+                    shared_blocks=len(ids))
+        )  # fmt: skip
+    return out
+
+
+def is_sessions(name: str) -> bool:
+    shape = SHAPES.get(name)
+    return shape is not None and isinstance(shape.arrivals, Sessions)
+
+
+def generate(
+    name: str,
+    *,
+    seed: int = 0,
+    duration_s: float | None = None,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
+) -> list[TraceRequest]:
+    """The synthetic trace ``name``: deterministic for (name, seed, duration)
+    (and ``block_tokens``, the size of chat-sessions' block ids)."""
     shape = SHAPES.get(name)
     if shape is None:
         raise ValueError(f"TRACE: unknown synthetic trace {name!r}; known: {', '.join(SHAPES)}")
@@ -215,6 +358,13 @@ def generate(name: str, *, seed: int = 0, duration_s: float | None = None) -> li
     if not (math.isfinite(duration) and duration > 0):
         raise ValueError(f"TRACE: synthetic duration must be > 0 seconds, got {duration!r}")
     rng = random.Random(f"{name}:{seed}")  # a str seed: stable across processes
+    if isinstance(shape.arrivals, Sessions):
+        if block_tokens < 1:
+            raise ValueError(f"--block-tokens: must be >= 1, got {block_tokens}")
+        reqs = _sessions(rng, shape, duration, block_tokens)
+        if len(reqs) < 2:
+            raise ValueError(f"TRACE: {name} over {duration:g} s has fewer than 2 requests")
+        return reqs
     times = _arrivals(rng, shape.arrivals, duration)
     if len(times) < 2:
         raise ValueError(f"TRACE: {name} over {duration:g} s has fewer than 2 requests")

@@ -9,7 +9,11 @@ and the HTML report print the very same strings.
   policy, wasted work, refusals and aborts, and requests served after a
   refusal;
 - per run and lane; the injected burst's window (when there is one); the
-  per-run summary.
+  per-run summary;
+- with a prefix cache (a trace with block ids): its hit rate per run and
+  lane, and per pricing window its hit rate, prefill cost, the miss rate
+  reported and the multiplier in force, and the billing drift under fixed
+  and dynamic prices (sim/reuse.py defines them).
 """
 
 from __future__ import annotations
@@ -212,6 +216,85 @@ def sections(runs: list[RunStats]) -> list[Section]:
     if any(r.autoscale != "off" for r in runs):
         out.append((SCALING_TITLE, SCALING_HEAD, scaling_rows(runs)))
     out.append(("Per run:", SUMMARY_HEAD, [summary_cells(r) for r in runs]))
+    if any(r.reuse is not None for r in runs):
+        out += reuse_sections(runs)
+    return out
+
+
+# ---- the prefix cache and the billing drift (sim/reuse.py) ----
+
+REUSE_LANE_HEAD = (
+    "load", "policy", "lane", "requests", "prompt tokens", "cache hit rate",
+    "prefill computed / asked",
+)  # fmt: skip
+WINDOW_HEAD = (
+    "load", "policy", "window s", "hit rate", "prefill computed / asked",
+    "prefill ms / 1k tok", "miss rate reported", "multiplier",
+)  # fmt: skip
+DRIFT_HEAD = (
+    "load", "policy", "window s", "settled", "actual cost", "charge fixed", "charge dynamic",
+    "cost / charge fixed", "cost / charge dynamic", "drift fixed", "drift dynamic",
+)  # fmt: skip
+DRIFT_SUMMARY_HEAD = (
+    "load", "policy", "hit rate", "burst windows s", "burst drift fixed",
+    "burst drift dynamic", "max drift fixed", "max drift dynamic",
+)  # fmt: skip
+
+
+def _f(x: float, fmt: str) -> str:
+    return NONE if math.isnan(x) else format(x, fmt)
+
+
+def _drift(x: float) -> str:
+    return NONE if math.isnan(x) else f"{100 * x:+.1f}%"
+
+
+def reuse_sections(runs: list[RunStats]) -> list[Section]:
+    cached = [r for r in runs if r.reuse is not None]
+    lanes: list[tuple[str, ...]] = []
+    windows: list[tuple[str, ...]] = []
+    drift: list[tuple[str, ...]] = []
+    summary: list[tuple[str, ...]] = []
+    for r in cached:
+        u = r.reuse
+        assert u is not None
+        for lane, g in [*u.lanes.items()]:
+            lanes.append((at(r), policy_label(r), lane, f"{g.requests:,}", f"{g.prompt_tokens:,}",
+                          _f(g.hit_rate, ".1%"), _f(g.computed_over_asked, ".2f")))  # fmt: skip
+        for w in u.windows:
+            start = f"{w.start_s:,.0f}"
+            windows.append((
+                at(r), policy_label(r), start, _f(w.hit_rate, ".1%"),
+                _f(w.computed_over_asked, ".2f"), _f(w.prefill_ms_per_ktok, ",.1f"),
+                _f(w.miss_reported, ".3f"), f"{w.multiplier:g}",
+            ))  # fmt: skip
+            drift.append((
+                at(r), policy_label(r), start, f"{w.settled:,}", f"{w.cost:,.4f}",
+                f"{w.charge_fixed:,.4f}", f"{w.charge_dynamic:,.4f}", _f(w.ratio_fixed, ".3f"),
+                _f(w.ratio_dynamic, ".3f"), _drift(w.drift_fixed), _drift(w.drift_dynamic),
+            ))  # fmt: skip
+        summary.append((
+            at(r), policy_label(r), _f(u.hit_rate, ".1%"),
+            ", ".join(f"{s:,.0f}" for s in u.burst_windows) or NONE,
+            _drift(u.burst_drift_fixed), _drift(u.burst_drift_dynamic),
+            _drift(u.max_drift_fixed), _drift(u.max_drift_dynamic),
+        ))  # fmt: skip
+    u0 = cached[0].reuse
+    assert u0 is not None
+    every = f"pricing windows of {u0.window_s} s"
+    out: list[Section] = [
+        (f"Prefix cache per run and lane ({u0.block_tokens}-token blocks; served requests):",
+         REUSE_LANE_HEAD, lanes),
+        (f"Prefix cache over time ({every}; the multiplier in force, set by the previous "
+         "window's reported miss rate):", WINDOW_HEAD, windows),
+        (f"Billing drift ({every}, by completion; {u0.currency}; the ledger's user_charge and "
+         "actual_cost; drift: cost / charge against the fixed price's median window before "
+         "the burst):",
+         DRIFT_HEAD, drift),
+        ("Billing drift, per run (burst: the mean absolute drift of the windows overlapping "
+         "the injected burst; max: the largest absolute drift of any window):",
+         DRIFT_SUMMARY_HEAD, summary),
+    ]  # fmt: skip
     return out
 
 

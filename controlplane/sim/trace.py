@@ -20,7 +20,18 @@ Otherwise request ``row`` goes to the tenant whose cumulative normalised share
 first exceeds ``u = int.from_bytes(blake2b(f"{seed}:{row}".encode("ascii"),
 digest_size=8).digest(), "big") / 2**64``, walking ``shares`` in dict order (the
 last tenant takes any rounding remainder). This depends only on seed and row,
-so it is identical across runs, processes and platforms.
+so it is identical across runs, processes and platforms. A request of a
+multi-turn session (``session`` >= 0, synthetic traces) hashes
+``f"{seed}:s{session}"`` instead, so a whole conversation has one tenant.
+
+Block ids (prefix caching). A row may carry ``hash_ids`` (``ColumnMap.blocks``),
+as the Mooncake traces do: one id per fixed-size block of the prompt, equal ids
+meaning equal content and equal prefix. The column is optional: when the first
+row has it every row must (a JSON list of integers, in a CSV cell too, no id
+twice in a row); when it does not, no request has block ids and the prefix
+cache has nothing to work with. The block size is not in the file: ``simulate
+--block-tokens`` (512, Mooncake's, by default) says it. (``burstgate analyze``
+has its own reader; this one is the simulator's, kept small.)
 """
 
 from __future__ import annotations
@@ -66,6 +77,14 @@ class TraceRequest:
     output_tokens: int
     tenant: str  # assigned by assign_tenants (default "" when loaded)
     row: int  # 0-based index of the row in the input, stable identity
+    # The prompt's block ids (a trace's hash_ids; synthetic sessions make
+    # their own); () = unknown, nothing to cache by.
+    blocks: tuple[int, ...] = ()
+    # A multi-turn conversation (synthetic traces); -1 = none.
+    session: int = -1
+    # Leading blocks shared beyond this request's own conversation (its
+    # tenant's system prompt): what a burst's copy keeps (inject_burst).
+    shared_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +94,8 @@ class ColumnMap:
     output: str = "GeneratedTokens"
     tenant: str | None = None  # optional column holding a tenant id
     time_unit: str = "auto"  # "s", "ms", "us", "ns", "datetime", or "auto"
+    # Optional column of prompt block ids, read when the first row has it.
+    blocks: str | None = "hash_ids"
 
 
 # -- parsing ------------------------------------------------------------------------------
@@ -104,6 +125,35 @@ class _Source:
 
     def __init__(self, path: str, columns: ColumnMap) -> None:
         self.path, self.columns, self.line = path, columns, 0
+        self.with_blocks: bool | None = None  # decided by the first row
+
+    def block_ids(self, get: Mapping[str, object]) -> tuple[int, ...]:
+        col = self.columns.blocks
+        if col is None:
+            return ()
+        if self.with_blocks is None:
+            self.with_blocks = col in get
+        if not self.with_blocks:
+            return ()
+        if col not in get:
+            raise TraceError(
+                f"{self.path}:{self.line}: missing column {col!r} (the first row has block ids, "
+                "so every row must)"
+            )
+        value = get[col]
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise self.error(col, "expected a JSON list of integer block ids", value) from None
+        if not isinstance(value, list) or not all(
+            isinstance(b, int) and not isinstance(b, bool) for b in value
+        ):
+            raise self.error(col, "expected a list of integer block ids", excerpt_of(value))
+        ids = tuple(value)
+        if len(set(ids)) != len(ids):
+            raise self.error(col, "a block id repeats within one request", excerpt_of(value))
+        return ids
 
     def error(self, column: str, what: str, got: object) -> TraceError:
         return TraceError(f"{self.path}:{self.line}: column {column!r}: {what}, got {got!r}")
@@ -156,7 +206,13 @@ class _Source:
             output_tokens=self.tokens(c.output, get[c.output]),
             tenant=self.tenant(get[c.tenant]) if c.tenant is not None else "",
             row=row,
+            blocks=self.block_ids(get),
         )
+
+
+def excerpt_of(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _wanted(columns: ColumnMap) -> list[str]:
@@ -182,6 +238,8 @@ def _read_csv(f: Iterator[str], src: _Source) -> Iterator[TraceRequest]:
     header = [h.strip() for h in first]
     _missing(src, header)
     index = {n: header.index(n) for n in _wanted(src.columns)}
+    if src.columns.blocks is not None and src.columns.blocks in header:
+        index[src.columns.blocks] = header.index(src.columns.blocks)
     for row, (src.line, fields) in enumerate(lines):
         if len(fields) != len(header):
             raise TraceError(f"{src.path}:{src.line}: {len(fields)} fields, header {len(header)}")
@@ -274,7 +332,7 @@ def scale_to_rate(reqs: Sequence[TraceRequest], target_rps: float) -> list[Trace
     return [replace(r, t_ns=t0 + (2 * (r.t_ns - t0) * new_span + span) // (2 * span)) for r in reqs]
 
 
-def _unit_hash(seed: int, row: int) -> float:
+def _unit_hash(seed: int, row: int | str) -> float:
     digest = hashlib.blake2b(f"{seed}:{row}".encode("ascii"), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
@@ -306,11 +364,11 @@ def assign_tenants(
     total = math.fsum(shares.values())
     names, cumulative = list(shares), list(accumulate(s / total for s in shares.values()))
 
-    def pick(row: int) -> str:
-        u = _unit_hash(seed, row)
+    def pick(r: TraceRequest) -> str:
+        u = _unit_hash(seed, r.row) if r.session < 0 else _unit_hash(seed, f"s{r.session}")
         return next((n for n, c in zip(names, cumulative, strict=True) if u < c), names[-1])
 
-    return [replace(r, tenant=pick(r.row)) for r in reqs]
+    return [replace(r, tenant=pick(r)) for r in reqs]
 
 
 def inject_burst(
@@ -331,6 +389,12 @@ def inject_burst(
     the window, so the burst follows the tenant's own shape. Copies get rows after the
     current maximum. Result sorted by time (then row); when nothing is added (factor 1,
     or no such requests in the window) the input comes back unchanged.
+
+    A copy is a new user, not a replay: it keeps its source's first
+    ``shared_blocks`` block ids (the tenant's system prompt) and gets new
+    ids, never used before, for the rest of its prompt (a trace read from a
+    file has no shared blocks, so a copy's whole prompt is new content), and
+    belongs to no session.
     """
     if not (math.isfinite(factor) and factor >= 1):
         raise ValueError(f"burst factor must be >= 1, got {factor}")
@@ -350,12 +414,18 @@ def inject_burst(
     width = hi - lo
     gap = width // m
     next_row = max(r.row for r in reqs) + 1
+    next_id = 1 + max((max(r.blocks) for r in reqs if r.blocks), default=-1)
     copies = []
     for i, src in enumerate(sources):
         off = src.t_ns - lo + rng.randint(-gap, gap)
         off %= 2 * width  # reflect into [0, width)
         off = off if off < width else 2 * width - 1 - off
-        copies.append(replace(src, t_ns=lo + off, row=next_row + i))
+        keep = src.blocks[: src.shared_blocks]
+        fresh = tuple(range(next_id, next_id + len(src.blocks) - len(keep)))
+        next_id += len(fresh)
+        copies.append(
+            replace(src, t_ns=lo + off, row=next_row + i, blocks=keep + fresh, session=-1)
+        )
     return sorted([*reqs, *copies], key=lambda r: (r.t_ns, r.row))
 
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.sim.engine import Engine, EngineParams, Pool, SimRequest
+from controlplane.sim.engine import Engine, EngineParams, SimRequest
+from controlplane.sim.pool import Pool
 
 SMALL_KV = EngineParams(kv_capacity_tokens=4_096, block_size=16, max_num_batched_tokens=1_024)
 

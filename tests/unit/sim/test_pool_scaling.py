@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.sim.engine import EngineParams, Pool, SimRequest
+from controlplane.sim.engine import EngineParams, SimRequest
+from controlplane.sim.pool import Pool
 
 S = 1_000_000_000
 
