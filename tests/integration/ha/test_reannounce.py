@@ -13,6 +13,7 @@ Complete is refunded and billed once at the multiplier locked on A."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -37,8 +38,9 @@ FALLBACK = 40  # the pool gate's in-flight limit without load reports
 OPEN = 30  # reservations open on A when it crashes
 NEW = 20  # Admits sent to the pool after the crash, at once
 PROMPT, MAX_TOKENS, USED = 10, 10, 4
+TTL = 1.0
 SETTINGS = {
-    "ha_lease_ttl_s": 1.0, "ha_margin_s": 0.25, "pricing_window_s": 2,
+    "ha_lease_ttl_s": TTL, "ha_margin_s": 0.25, "pricing_window_s": 2,
     "policy": Policy(gate_fallback_inflight=FALLBACK),
 }  # fmt: skip
 
@@ -76,18 +78,40 @@ def entry(rid: str, pool: str, **kw: object) -> pb.OpenReservation:
 async def keep_admitting(
     sdk: AsyncAdmissionClient, pool: str, prefix: str, n: int
 ) -> list[Admission]:
-    """Admit ``n`` requests at once, resending those the SDK refused
-    because no replica decided them (the old owner's lease still runs)."""
+    """Admit ``n`` requests at once, resending those no replica decided
+    (the old owner's lease still runs): the SDK's offline answer, or
+    NOT_OWNER once its redirects are spent."""
 
     async def one(rid: str) -> Admission:
         while True:
             a = await sdk.admit("acme", rid, prompt_tokens=PROMPT, max_tokens=MAX_TOKENS,
                                 pool=pool)  # fmt: skip
-            if not a.offline:
+            if not a.offline and a.reason != "not_owner":
                 return a
             await asyncio.sleep(0.05)
 
     return list(await asyncio.gather(*(one(f"{prefix}-{i}") for i in range(n))))
+
+
+def until_leases_are_short(url: str) -> None:
+    """Until every cell lease and tenant share runs out within two TTLs: a
+    replica that started alone took them for ``ha_lone_ttl_s`` (30 s,
+    docs/ha.md "Database outages") and shortens them at its first renew after
+    B joined; a crash before that would leave its cells to B only after half
+    a minute, and B's share of the tenant's rate near zero until then."""
+    import psycopg
+
+    def short() -> bool:
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT (SELECT max(EXTRACT(EPOCH FROM expires_at - clock_timestamp()))"
+                " FROM ha_cell_leases WHERE owner IS NOT NULL),"
+                " (SELECT coalesce(max(EXTRACT(EPOCH FROM expires_at - clock_timestamp())), 0)"
+                " FROM ha_tenant_rates)"
+            ).fetchone()
+        return row is not None and row[0] is not None and max(row) < 2 * TTL
+
+    wait_until(short, message="the leases to be renewed at the TTL of two members")
 
 
 def reannounce(p: Plane, *entries: pb.OpenReservation) -> pb.ReannounceResponse:
@@ -139,6 +163,7 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
             locked = {o.pricing_multiplier for o in opened}
             assert locked == {"1.200000"}, locked
             # A crashes: nothing released, its leases run out on the clock
+            await asyncio.to_thread(until_leases_are_short, a.url)
             asrv._run(asrv.plane.ownership.crash())
             await asyncio.to_thread(a.stop)
             # The pool's traffic goes on: this sidecar's and another one's
@@ -160,14 +185,17 @@ def test_open_reservations_move_to_the_new_owner_and_the_gate_never_exceeds_its_
                                           generated_tokens=USED)  # fmt: skip
                 assert done.delivered and not done.duplicate, done
                 assert done.pricing_multiplier == "1.200000", done
+            answers.update(f"{n.reason or 'admitted'}{' (offline)' if n.offline else ''}"
+                           for n in news)  # fmt: skip
             return len(admitted_new), sorted(locked), restored / OPEN
 
+    answers: Counter[str] = Counter()
     admitted_new, _, fraction = asyncio.run(run())
     print(f"\nre-announced and restored: {fraction:.1%} of {OPEN} open reservations; "
           f"B released {admitted_new} new (limit {FALLBACK} - {OPEN} restored)")  # fmt: skip
     assert fraction >= 0.99
     # B counted the restored ones before releasing: the fallback limit held
-    assert admitted_new == FALLBACK - OPEN
+    assert admitted_new == FALLBACK - OPEN, answers
     svc = bsrv.plane.service
     assert bsrv.on_loop(lambda: svc.stats.restored_total) == OPEN
     # the restored reservations were settled (refunded): only the new ones remain
@@ -233,6 +261,7 @@ def test_a_complete_that_overtakes_the_hand_over_is_refunded_at_the_locked_multi
             held = await sdk.admit("acme", "held", prompt_tokens=PROMPT, max_tokens=MAX_TOKENS,
                                    pool=pool)  # fmt: skip
             assert held.admitted and held.pricing_multiplier == "1.200000"
+            await asyncio.to_thread(until_leases_are_short, a.url)
             asrv._run(asrv.plane.ownership.crash())
             await asyncio.to_thread(a.stop)
             # B claims the cell once A's lease has run out (as an Admit would)
