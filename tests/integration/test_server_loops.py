@@ -131,11 +131,21 @@ def test_stop_waits_for_calls_their_callers_gave_up_on(make_server: Any, migrate
     assert [e.pool.checkedout() for e in engines] == [0, 0]
     if plane.engine.dialect.name == "postgresql":  # closed, not parked in a pool nobody closes
         url = make_url(migrated_url)
-        with psycopg.connect(url.set(database="postgres").render_as_string(False)) as admin:
-            left = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (url.database,)
-            ).fetchone()
-        assert left == (0,), "a connection of the stopped server is still open"
+
+        def backends() -> list[Any]:
+            with psycopg.connect(url.set(database="postgres").render_as_string(False)) as admin:
+                return admin.execute(
+                    "SELECT pid, state, backend_type, left(query, 60) FROM pg_stat_activity"
+                    " WHERE datname = %s", (url.database,),
+                ).fetchall()  # fmt: skip
+
+        # A backend outlives its client's close by a moment (seen under load
+        # in CI: one still listed right after stop); a parked connection
+        # stays open, so seconds tell the two apart.
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not backends(), message="no backend", timeout=5)
+        left = backends()
+        assert not left, f"a connection of the stopped server is still open: {left}"
     srv.loop.call_soon_threadsafe(srv.loop.stop)
     srv.thread.join(timeout=30)
     srv.loop.close()
