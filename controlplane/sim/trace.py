@@ -52,6 +52,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from controlplane.domain.errors import excerpt
 from controlplane.domain.units import NS_PER_S
 
 _UNIT_NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
@@ -149,10 +150,10 @@ class _Source:
         if not isinstance(value, list) or not all(
             isinstance(b, int) and not isinstance(b, bool) for b in value
         ):
-            raise self.error(col, "expected a list of integer block ids", excerpt_of(value))
+            raise self.error(col, "expected a list of integer block ids", excerpt(value))
         ids = tuple(value)
         if len(set(ids)) != len(ids):
-            raise self.error(col, "a block id repeats within one request", excerpt_of(value))
+            raise self.error(col, "a block id repeats within one request", excerpt(value))
         return ids
 
     def error(self, column: str, what: str, got: object) -> TraceError:
@@ -208,11 +209,6 @@ class _Source:
             row=row,
             blocks=self.block_ids(get),
         )
-
-
-def excerpt_of(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _wanted(columns: ColumnMap) -> list[str]:
