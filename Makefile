@@ -36,9 +36,9 @@ test: install-test pg-up lint
 
 ## Every benchmark in bench/ at a tiny size: a benchmark that no longer runs
 ## fails here (tests/integration/test_benchmarks_run.py). make test runs these
-## too. About 4.4 CPU-minutes in all (ha_acceptance, litellm and the soak the
-## most), so on 2 cores it takes 2.5-3.5 minutes alone; four workers were
-## measured slower than two (3 min 32 s), so it runs on one per core.
+## too. About 2 CPU-minutes in all (ha_acceptance, the soak and litellm the
+## most): 1 min 40 s alone on 2 quiet cores (2026-12-08); four workers were
+## measured slower than two, so it runs on one per core.
 bench-smoke: install-test pg-up
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile -m bench_smoke
 
